@@ -1,0 +1,26 @@
+// Built instead of the CUDA backend when TANDEM_CUDA is OFF or CUDA is absent:
+// every CUDA entry point of core throws a clear error, and no device exists.
+#include "core/allocator.h"
+#include "core/cuda/memory.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace tandem {
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  TANDEM_FAIL(what, ": Tandem was built without CUDA (reconfigure with -DTANDEM_CUDA=ON)");
+}
+}  // namespace
+
+bool cuda_compiled() { return false; }
+int cuda_device_count() { return 0; }
+Allocator& cuda_allocator(int) { no_cuda("cuda_allocator"); }
+
+namespace cuda_detail {
+void copy(Tensor&, const Tensor&) { no_cuda("copy to or from a CUDA tensor"); }
+void fill(Tensor&, double) { no_cuda("fill_ on a CUDA tensor"); }
+void add_(Tensor&, const Tensor&, double) { no_cuda("add_ on a CUDA tensor"); }
+}  // namespace cuda_detail
+
+}  // namespace tandem

@@ -1,0 +1,47 @@
+// batch_norm over the channel dimension of x [N, C, ...] (BatchNorm1d/2d).
+// Training: normalise with the batch statistics (biased variance) and, when
+// running_mean/running_var are defined, update them in place with momentum
+// and the unbiased variance, as PyTorch does. Eval: normalise with the running
+// statistics. save_mean/save_invstd [C] are what backward needs: the batch
+// mean and 1/sqrt(var + eps) in training, the running ones in eval.
+// weight/bias [C] may be undefined (affine=false).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tandem::kernels {
+
+struct BatchNormForward {
+  Tensor output, save_mean, save_invstd;
+};
+
+struct BatchNormGrads {
+  Tensor input, weight, bias;
+};
+
+BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                                    double momentum, double eps);
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                                   bool need_input, bool need_weight, bool need_bias);
+
+namespace cpu {
+BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                                    double momentum, double eps);
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                                   bool need_input, bool need_weight, bool need_bias);
+}  // namespace cpu
+
+namespace cuda {
+BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                                    double momentum, double eps);
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                                   bool need_input, bool need_weight, bool need_bias);
+}  // namespace cuda
+
+}  // namespace tandem::kernels

@@ -1,0 +1,34 @@
+// conv2d forward and backward. x [N, C, H, W], weight [K, C, R, S], bias [K]
+// or undefined; output [N, K, P, Q] with P = (H + 2*pad_h - R) / stride_h + 1.
+// Inputs need not be contiguous; outputs are contiguous. dtype f32 (f64 on CPU).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tandem::kernels {
+
+struct Conv2dArgs {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+};
+
+struct Conv2dGrads {
+  Tensor input, weight, bias;  // undefined where not asked for
+};
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
+Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
+
+namespace cpu {
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
+Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
+}  // namespace cpu
+
+namespace cuda {
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
+Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
+}  // namespace cuda
+
+}  // namespace tandem::kernels

@@ -1,0 +1,30 @@
+// Internal: routes a kernel entry point to cpu:: or cuda:: by the device of a
+// tensor, after checking that every operand lives on that device. Without the
+// CUDA backend the cuda:: side is never referenced and a CUDA tensor throws.
+#pragma once
+
+#include <initializer_list>
+
+#include "core/tensor.h"
+
+namespace tandem::kernels {
+
+// Throws "<op>: ... built without CUDA ..." (defined in kernels/dispatch.cpp).
+[[noreturn]] void throw_no_cuda(const char* op);
+
+// All defined tensors must share one device; returns it.
+Device common_device(const char* op, std::initializer_list<Tensor> tensors);
+
+// All defined floating tensors must share one dtype (f32, or f64 on CPU).
+DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors);
+
+}  // namespace tandem::kernels
+
+#ifdef TANDEM_WITH_CUDA
+#define TANDEM_DISPATCH(device, fn, ...) \
+  ((device).is_cuda() ? ::tandem::kernels::cuda::fn(__VA_ARGS__) : ::tandem::kernels::cpu::fn(__VA_ARGS__))
+#else
+#define TANDEM_DISPATCH(device, fn, ...)                                             \
+  ((device).is_cuda() ? (::tandem::kernels::throw_no_cuda(#fn), ::tandem::kernels::cpu::fn(__VA_ARGS__)) \
+                      : ::tandem::kernels::cpu::fn(__VA_ARGS__))
+#endif

@@ -1,0 +1,32 @@
+// linear: y = x * weight^T + bias, x [N, in], weight [out, in], bias [out] or
+// undefined. matmul: plain 2-D product a [M, K] * b [K, N].
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tandem::kernels {
+
+struct LinearGrads {
+  Tensor input, weight, bias;
+};
+
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
+                            bool need_weight, bool need_bias);
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+namespace cpu {
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
+                            bool need_weight, bool need_bias);
+Tensor matmul(const Tensor& a, const Tensor& b);
+}  // namespace cpu
+
+namespace cuda {
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
+                            bool need_weight, bool need_bias);
+Tensor matmul(const Tensor& a, const Tensor& b);
+}  // namespace cuda
+
+}  // namespace tandem::kernels

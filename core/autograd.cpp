@@ -95,8 +95,8 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     stack.pop_back();
     for (const Edge& e : n->next_edges) {
       if (!e.valid()) continue;
-      ++deps[e.fn.get()];
       visit(e.fn);
+      ++deps[e.fn.get()];
     }
   }
 

@@ -1,0 +1,50 @@
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+namespace tandem::app {
+
+int parse_options(int argc, char** argv, TrainOptions& o) {
+  CLI::App app{"tandem-mnist: train the MNIST convnet (conv-bn-relu-pool x2, fc-relu-fc, log-softmax, NLL)"};
+  app.option_defaults()->always_capture_default();
+  app.add_option("--data-dir", o.data_dir,
+                 "directory with the IDX files (raw or .gz; also DIR/MNIST/raw). "
+                 "Default: Debian's Fashion-MNIST");
+  app.add_option("--epochs", o.epochs, "training epochs")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", o.batch_size, "training batch size")->check(CLI::PositiveNumber);
+  app.add_option("--test-batch-size", o.test_batch_size, "evaluation batch size")->check(CLI::PositiveNumber);
+  app.add_option("--lr", o.lr, "learning rate")->check(CLI::NonNegativeNumber);
+  app.add_option("--gamma", o.gamma, "StepLR decay of the learning rate per epoch")->check(CLI::PositiveNumber);
+  app.add_option("--optimizer", o.optimizer, "adadelta, sgd or adam")
+      ->check(CLI::IsMember({"adadelta", "sgd", "adam"}));
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "seed for weights and shuffling");
+  app.add_option("--limit", o.limit, "use only the first N training samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--test-limit", o.test_limit, "use only the first N test samples (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  bool no_shuffle = false;
+  app.add_flag("--no-shuffle", no_shuffle, "visit training samples in file order");
+  app.add_option("--device", o.device, "auto, cpu, cuda or cuda:N (auto: CUDA when a GPU is visible)");
+  app.add_option("--threads", o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-interval", o.log_interval, "iterations between progress lines")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--init-weights", o.init_weights, "start from these weights (safetensors, PyTorch names)");
+  app.add_option("--save-weights", o.save_weights, "write the trained weights here (safetensors)");
+  app.add_option("--metrics-out", o.metrics_out, "write JSON lines: one per iteration and per evaluation");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tandem-mnist: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  o.shuffle = !no_shuffle;
+  return -1;
+}
+
+}  // namespace tandem::app

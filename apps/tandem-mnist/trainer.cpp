@@ -1,0 +1,186 @@
+#include "trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+
+#include "core/autograd.h"
+#include "core/random.h"
+#include "core/thread_pool.h"
+#include "data/data_loader.h"
+#include "data/mnist.h"
+#include "data/sampler.h"
+#include "kernels/elementwise.h"
+#include "metrics.h"
+#include "nn/functional.h"
+#include "nn/models/mnist_net.h"
+#include "optim/optimizer.h"
+
+namespace tandem::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string format_eta(double seconds) {
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", static_cast<long long>(s / 3600),
+                static_cast<long long>(s / 60 % 60), static_cast<long long>(s % 60));
+  return buf;
+}
+
+Device choose_device(const std::string& text) {
+  if (text == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
+  Device d = Device::parse(text);
+  if (d.is_cuda()) {
+    TANDEM_CHECK(cuda_compiled(), "--device ", text, ": this build has no CUDA backend");
+    const int n = cuda_device_count();
+    TANDEM_CHECK(d.index < n, "--device ", text, ": only ", n, " CUDA device(s) visible");
+  }
+  return d;
+}
+
+std::string describe_data(const std::string& dir) {
+  if (dir == kDefaultDataDir) return "Fashion-MNIST (Debian's dataset-fashion-mnist) in " + dir;
+  return dir;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> params) {
+  if (o.optimizer == "sgd")
+    return std::make_unique<optim::SGD>(std::move(params),
+                                        optim::SGDOptions{o.lr, o.momentum, 0.0, o.weight_decay, false});
+  if (o.optimizer == "adam") {
+    optim::AdamOptions a;
+    a.lr = o.lr;
+    a.weight_decay = o.weight_decay;
+    return std::make_unique<optim::Adam>(std::move(params), a);
+  }
+  return std::make_unique<optim::Adadelta>(std::move(params), optim::AdadeltaOptions{o.lr, 0.9, 1e-6, o.weight_decay});
+}
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t correct = 0, total = 0;
+};
+
+EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
+  NoGradGuard no_grad;
+  model.eval();
+  EvalResult r;
+  double loss_sum = 0;
+  loader.begin_epoch(0);
+  while (auto batch = loader.next()) {
+    Tensor x = batch->images.to(device), y = batch->labels.to(device);
+    Tensor out = model(x);
+    const int64_t n = x.size(0);
+    loss_sum += F::nll_loss(out, y).item<double>() * static_cast<double>(n);
+    std::vector<int64_t> pred = kernels::argmax(out).to_vector<int64_t>();
+    std::vector<int64_t> truth = batch->labels.to_vector<int64_t>();
+    for (int64_t i = 0; i < n; ++i) r.correct += pred[i] == truth[i];
+    r.total += n;
+  }
+  model.train();
+  r.loss = r.total ? loss_sum / static_cast<double>(r.total) : 0.0;
+  r.accuracy = r.total ? static_cast<double>(r.correct) / static_cast<double>(r.total) : 0.0;
+  return r;
+}
+
+}  // namespace
+
+void run_training(const TrainOptions& o) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const Device device = choose_device(o.device);
+  manual_seed(o.seed);
+
+  auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train);
+  auto test_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Test);
+  if (o.limit > 0) train_set->limit(o.limit);
+  if (o.test_limit > 0) test_set->limit(o.test_limit);
+  spdlog::info("data: {} ({} train, {} test samples)", describe_data(o.data_dir), train_set->size(),
+               test_set->size());
+  spdlog::info("device: {}, threads: {}", device.str(), num_threads());
+
+  std::shared_ptr<data::Sampler> sampler;
+  if (o.shuffle)
+    sampler = std::make_shared<data::RandomSampler>(train_set->size(), o.seed);
+  else
+    sampler = std::make_shared<data::SequentialSampler>(train_set->size());
+  data::DataLoader train_loader(train_set, sampler, o.batch_size);
+  data::DataLoader test_loader(test_set, std::make_shared<data::SequentialSampler>(test_set->size()),
+                               o.test_batch_size);
+
+  nn::models::MnistNet model;
+  if (!o.init_weights.empty()) {
+    nn::load_weights(model, o.init_weights);
+    spdlog::info("initial weights: {}", o.init_weights);
+  }
+  model.to(device);
+  model.train();
+  auto optimizer = make_optimizer(o, model.parameters());
+  optim::StepLR scheduler(*optimizer, 1, o.gamma);
+  MetricsWriter metrics(o.metrics_out);
+
+  const int64_t iters = train_loader.num_batches();
+  spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o.epochs, iters, o.batch_size,
+               o.optimizer, o.lr);
+  for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
+    const auto epoch_start = Clock::now();
+    double window_time = 0, window_data = 0;
+    int64_t window_n = 0, samples = 0;
+    train_loader.begin_epoch(epoch - 1);
+    auto tick = Clock::now();
+    for (int64_t it = 1;; ++it) {
+      auto batch = train_loader.next();
+      if (!batch) break;
+      const double data_time = seconds_since(tick);
+      Tensor x = batch->images.to(device), y = batch->labels.to(device);
+      Tensor loss = F::nll_loss(model(x), y);
+      optimizer->zero_grad();
+      loss.backward();
+      optimizer->step();
+      samples += x.size(0);
+
+      const bool log_now = it % o.log_interval == 0 || it == iters;
+      double loss_value = 0;
+      if (metrics.enabled() || log_now) loss_value = loss.item<double>();  // syncs a GPU
+      const double iter_time = seconds_since(tick);
+      tick = Clock::now();
+      window_time += iter_time;
+      window_data += data_time;
+      ++window_n;
+      metrics.write({{"type", "train"}, {"epoch", epoch}, {"iter", it}, {"loss", loss_value},
+                     {"lr", optimizer->lr()}, {"time", iter_time}, {"data_time", data_time}});
+      if (log_now) {
+        const double avg = window_time / window_n;
+        const double eta = avg * static_cast<double>((iters - it) + (o.epochs - epoch) * iters);
+        spdlog::info("Epoch(train) [{}][{}/{}] lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} loss: {:.4f}",
+                     epoch, it, iters, optimizer->lr(), format_eta(eta), avg, window_data / window_n,
+                     loss_value);
+        window_time = window_data = 0;
+        window_n = 0;
+      }
+    }
+    const double train_seconds = seconds_since(epoch_start);
+    metrics.write({{"type", "epoch"}, {"epoch", epoch}, {"samples", samples}, {"seconds", train_seconds},
+                   {"samples_per_s", samples / train_seconds}});
+    spdlog::info("Epoch(train) [{}] done: {} samples in {:.1f} s ({:.0f} samples/s)", epoch, samples,
+                 train_seconds, samples / train_seconds);
+
+    EvalResult ev = evaluate(model, test_loader, device);
+    metrics.write({{"type", "eval"}, {"epoch", epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
+    spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", epoch, ev.loss, ev.accuracy,
+                 ev.correct, ev.total);
+    scheduler.step();
+  }
+
+  if (!o.save_weights.empty()) {
+    nn::save_weights(model, o.save_weights);
+    spdlog::info("weights saved: {}", o.save_weights);
+  }
+}
+
+}  // namespace tandem::app

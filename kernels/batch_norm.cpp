@@ -1,0 +1,75 @@
+// Device-neutral batch_norm entry points: validate the input rank, the [C]
+// shapes of weight/bias/running stats/saved stats, the running stats'
+// contiguity (they are updated in place), devices and dtypes, then route to
+// cpu:: or cuda::. No math here.
+#include "kernels/batch_norm.h"
+
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+namespace {
+
+void check_channel_vector(const char* op, const char* what, const Tensor& t, int64_t C) {
+  if (!t.defined()) return;
+  TANDEM_CHECK(t.dim() == 1 && t.size(0) == C, op, ": expected ", what, " of shape [", C,
+               "] (one value per channel), got ", t.str());
+}
+
+void check_input(const char* op, const Tensor& x) {
+  TANDEM_CHECK(x.defined(), op, ": input is undefined");
+  TANDEM_CHECK(x.dim() >= 2, op, ": expected input [N, C, ...] with at least 2 dimensions, got ", x.str());
+}
+
+}  // namespace
+
+BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                                    double momentum, double eps) {
+  constexpr const char* op = "batch_norm_forward";
+  check_input(op, x);
+  const int64_t C = x.size(1);
+  check_channel_vector(op, "weight", weight, C);
+  check_channel_vector(op, "bias", bias, C);
+  check_channel_vector(op, "running_mean", running_mean, C);
+  check_channel_vector(op, "running_var", running_var, C);
+  TANDEM_CHECK(running_mean.defined() == running_var.defined(), op,
+               ": running_mean and running_var must be both defined or both undefined");
+  TANDEM_CHECK(eps > 0, op, ": eps must be positive, got ", eps);
+  if (running_mean.defined()) {
+    TANDEM_CHECK(running_mean.is_contiguous() && running_var.is_contiguous(), op,
+                 ": running_mean and running_var must be contiguous (they are updated in place)");
+  }
+  if (training) {
+    TANDEM_CHECK(C == 0 || x.numel() / C > 1, op,
+                 ": expected more than 1 value per channel when training, got input ", shape_str(x.shape()));
+  } else {
+    TANDEM_CHECK(running_mean.defined(), op,
+                 ": eval mode (training=false) needs running_mean and running_var; got undefined ones");
+  }
+  const Device device = common_device(op, {x, weight, bias, running_mean, running_var});
+  common_float_dtype(op, {x, weight, bias, running_mean, running_var});
+  return TANDEM_DISPATCH(device, batch_norm_forward, x, weight, bias, running_mean, running_var, training,
+                         momentum, eps);
+}
+
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                                   bool need_input, bool need_weight, bool need_bias) {
+  constexpr const char* op = "batch_norm_backward";
+  check_input(op, x);
+  const int64_t C = x.size(1);
+  TANDEM_CHECK(grad_out.defined() && grad_out.shape() == x.shape(), op, ": expected grad_out ",
+               shape_str(x.shape()), " like the input, got ",
+               grad_out.defined() ? grad_out.str() : "undefined tensor");
+  TANDEM_CHECK(save_mean.defined() && save_invstd.defined(), op,
+               ": save_mean and save_invstd (from the forward) must be defined");
+  check_channel_vector(op, "weight", weight, C);
+  check_channel_vector(op, "save_mean", save_mean, C);
+  check_channel_vector(op, "save_invstd", save_invstd, C);
+  const Device device = common_device(op, {grad_out, x, weight, save_mean, save_invstd});
+  common_float_dtype(op, {grad_out, x, weight, save_mean, save_invstd});
+  return TANDEM_DISPATCH(device, batch_norm_backward, grad_out, x, weight, save_mean, save_invstd, training,
+                         need_input, need_weight, need_bias);
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,59 @@
+// Device-neutral conv2d entry points: validate ranks, shapes, channel counts,
+// stride/padding, devices and dtypes with messages naming what was expected,
+// then route to cpu:: or cuda:: by the operands' device. No math here.
+#include "kernels/conv.h"
+
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+namespace {
+
+void check_args(const char* op, const Conv2dArgs& a) {
+  TANDEM_CHECK(a.stride_h >= 1 && a.stride_w >= 1, op, ": stride must be >= 1, got (", a.stride_h, ", ",
+               a.stride_w, ")");
+  TANDEM_CHECK(a.pad_h >= 0 && a.pad_w >= 0, op, ": padding must be >= 0, got (", a.pad_h, ", ", a.pad_w,
+               ")");
+}
+
+// Checks x and weight against each other; returns the output shape.
+Shape check_input_weight(const char* op, const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
+  TANDEM_CHECK(x.defined() && weight.defined(), op, ": input and weight must be defined");
+  TANDEM_CHECK(x.dim() == 4, op, ": expected input [N, C, H, W], got ", x.str());
+  TANDEM_CHECK(weight.dim() == 4, op, ": expected weight [K, C, R, S], got ", weight.str());
+  TANDEM_CHECK(x.size(1) == weight.size(1), op, ": input has ", x.size(1), " channels but weight ",
+               shape_str(weight.shape()), " expects ", weight.size(1));
+  check_args(op, a);
+  const int64_t hp = x.size(2) + 2 * a.pad_h, wp = x.size(3) + 2 * a.pad_w;
+  TANDEM_CHECK(hp >= weight.size(2) && wp >= weight.size(3), op, ": padded input ", hp, "x", wp,
+               " is smaller than the kernel ", weight.size(2), "x", weight.size(3));
+  return {x.size(0), weight.size(0), (hp - weight.size(2)) / a.stride_h + 1,
+          (wp - weight.size(3)) / a.stride_w + 1};
+}
+
+}  // namespace
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args) {
+  constexpr const char* op = "conv2d_forward";
+  check_input_weight(op, x, weight, args);
+  if (bias.defined()) {
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": expected bias [",
+                 weight.size(0), "], got ", bias.str());
+  }
+  const Device device = common_device(op, {x, weight, bias});
+  common_float_dtype(op, {x, weight, bias});
+  return TANDEM_DISPATCH(device, conv2d_forward, x, weight, bias, args);
+}
+
+Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
+  constexpr const char* op = "conv2d_backward";
+  const Shape out_shape = check_input_weight(op, x, weight, args);
+  TANDEM_CHECK(grad_out.defined() && grad_out.shape() == out_shape, op, ": expected grad_out ",
+               shape_str(out_shape), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
+  const Device device = common_device(op, {grad_out, x, weight});
+  common_float_dtype(op, {grad_out, x, weight});
+  return TANDEM_DISPATCH(device, conv2d_backward, grad_out, x, weight, args, need_input, need_weight,
+                         need_bias);
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,124 @@
+// CPU log_softmax (over the last dim of [N, C]) and mean nll_loss
+// (kernels/loss.h) under tandem::kernels::cpu.
+// Assumes: validated by kernels/loss.cpp (ranks, shapes, int64 targets);
+// inputs may be non-contiguous. Target values are checked here, where the
+// data is readable: a value outside [0, C) throws naming the row and value.
+// Guarantees: PyTorch's semantics (max-shifted log-sum-exp, NaN rows for +-inf maxima; loss = -mean of
+// the picked log-probabilities, a 0-D tensor of the input's dtype). Rows are
+// split across the pool only when there are many of them.
+#include <cmath>
+
+#include "kernels/cpu/common.h"
+#include "kernels/loss.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+int64_t row_grain(int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)); }
+
+template <typename T>
+Tensor log_softmax_impl(const Tensor& x_in) {
+  const Tensor x = x_in.contiguous();
+  const int64_t N = x.size(0), C = x.size(1);
+  Tensor y = Tensor::empty({N, C}, x.dtype());
+  const T* xp = x.data<T>();
+  T* yp = y.data<T>();
+  if (C == 0) return y;
+  detail::parallel_range(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = xp + r * C;
+      T* yr = yp + r * C;
+      T m = xr[0];
+      for (int64_t c = 1; c < C; ++c) m = xr[c] > m ? xr[c] : m;
+      T s = 0;
+      for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
+      const T shift = m + std::log(s);
+      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - shift;
+    }
+  });
+  return y;
+}
+
+template <typename T>
+Tensor log_softmax_backward_impl(const Tensor& gy_in, const Tensor& y_in) {
+  const Tensor gy = gy_in.contiguous(), y = y_in.contiguous();
+  const int64_t N = y.size(0), C = y.size(1);
+  Tensor gx = Tensor::empty({N, C}, y.dtype());
+  const T* gp = gy.data<T>();
+  const T* yp = y.data<T>();
+  T* op = gx.data<T>();
+  detail::parallel_range(N, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* g = gp + r * C;
+      const T* yr = yp + r * C;
+      T s = 0;
+      for (int64_t c = 0; c < C; ++c) s += g[c];
+      for (int64_t c = 0; c < C; ++c) op[r * C + c] = g[c] - std::exp(yr[c]) * s;
+    }
+  });
+  return gx;
+}
+
+void check_targets(const int64_t* t, int64_t N, int64_t C) {
+  for (int64_t i = 0; i < N; ++i) {
+    TANDEM_CHECK(t[i] >= 0 && t[i] < C, "nll_loss: target[", i, "] = ", t[i],
+                 " is out of range; expected a class index in [0, ", C, ")");
+  }
+}
+
+template <typename T>
+Tensor nll_forward_impl(const Tensor& lp_in, const Tensor& target_in) {
+  const Tensor lp = lp_in.contiguous(), target = target_in.contiguous();
+  const int64_t N = lp.size(0), C = lp.size(1);
+  const T* p = lp.data<T>();
+  const int64_t* t = target.data<int64_t>();
+  check_targets(t, N, C);
+  double sum = 0;
+  for (int64_t i = 0; i < N; ++i) sum += double(p[i * C + t[i]]);
+  Tensor loss = Tensor::empty({}, lp.dtype());
+  *loss.data<T>() = T(-sum / double(N));  // N == 0 gives NaN, as PyTorch
+  return loss;
+}
+
+template <typename T>
+Tensor nll_backward_impl(const Tensor& gy, const Tensor& lp, const Tensor& target_in) {
+  const Tensor target = target_in.contiguous();
+  const int64_t N = lp.size(0), C = lp.size(1);
+  const int64_t* t = target.data<int64_t>();
+  check_targets(t, N, C);
+  const T g = gy.contiguous().data<T>()[0];
+  Tensor gx = Tensor::zeros({N, C}, lp.dtype());
+  T* op = gx.data<T>();
+  const T v = -g / T(N);
+  for (int64_t i = 0; i < N; ++i) op[i * C + t[i]] = v;
+  return gx;
+}
+
+}  // namespace
+
+Tensor log_softmax_forward(const Tensor& x) {
+  detail::check_cpu("log_softmax_forward", x);
+  return detail::dispatch_float(x.dtype(), "log_softmax_forward",
+                                [&](auto t) { return log_softmax_impl<decltype(t)>(x); });
+}
+
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
+  detail::check_cpu("log_softmax_backward", y);
+  return detail::dispatch_float(y.dtype(), "log_softmax_backward",
+                                [&](auto t) { return log_softmax_backward_impl<decltype(t)>(grad_out, y); });
+}
+
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
+  detail::check_cpu("nll_loss_forward", log_probs);
+  return detail::dispatch_float(log_probs.dtype(), "nll_loss_forward",
+                                [&](auto t) { return nll_forward_impl<decltype(t)>(log_probs, target); });
+}
+
+Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target) {
+  detail::check_cpu("nll_loss_backward", log_probs);
+  return detail::dispatch_float(log_probs.dtype(), "nll_loss_backward", [&](auto t) {
+    return nll_backward_impl<decltype(t)>(grad_out, log_probs, target);
+  });
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,148 @@
+// CPU max_pool2d forward/backward (kernels/pool.h) under tandem::kernels::cpu.
+// Assumes: validated by kernels/pool.cpp (4-D input, padding <= kernel/2, so
+// every window holds at least one real element); inputs may be
+// non-contiguous. Guarantees PyTorch's semantics: floor mode; indices are
+// int64 flat positions h*W + w within the input plane; the first maximum in
+// scan order wins, a NaN counts as a maximum (as PyTorch's CPU kernel), and
+// padding never wins. Planes (n, c) are split across the thread pool; the
+// backward scatters each plane's gradients into its own input plane, so no
+// two threads write the same memory and the result is deterministic.
+#include <algorithm>
+#include <limits>
+
+#include "kernels/cpu/common.h"
+#include "kernels/pool.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+// Replaces (best, bi) by (v, i) where PyTorch's CPU kernel would:
+// v > best or v is NaN. Branch-free, so random data costs no mispredictions
+// and the 2x2 row loop vectorises.
+template <typename T>
+inline void take_max(T v, int64_t i, T& best, int64_t& bi) {
+  const bool take = (v > best) | (v != v);
+  best = take ? v : best;
+  bi = take ? i : bi;
+}
+
+// One output row of a 2x2 window with stride 2 and no padding: input rows r0
+// and r0 + W, flat index of r0[0] is base. Scan order (0,0) (0,1) (1,0) (1,1);
+// starting from the first element equals the general path's start from -inf.
+template <typename T>
+void pool_row_2x2(const T* r0, int64_t W, int64_t base, int64_t Q, T* y, int64_t* idx) {
+  const T* r1 = r0 + W;
+  for (int64_t q = 0; q < Q; ++q) {
+    T best = r0[2 * q];
+    int64_t bi = base + 2 * q;
+    take_max(r0[2 * q + 1], base + 2 * q + 1, best, bi);
+    take_max(r1[2 * q], base + W + 2 * q, best, bi);
+    take_max(r1[2 * q + 1], base + W + 2 * q + 1, best, bi);
+    y[q] = best;
+    idx[q] = bi;
+  }
+}
+
+template <typename T>
+MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
+  const Tensor x = x_in.contiguous();
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t P = (H + 2 * a.pad_h - a.kernel_h) / a.stride_h + 1;
+  const int64_t Q = (W + 2 * a.pad_w - a.kernel_w) / a.stride_w + 1;
+  MaxPool2dForward r;
+  r.output = Tensor::empty({N, C, P, Q}, x.dtype());
+  r.indices = Tensor::empty({N, C, P, Q}, kInt64);
+  const T* xp = x.data<T>();
+  T* yp = r.output.data<T>();
+  int64_t* ip = r.indices.data<int64_t>();
+  const int64_t planes = N * C;
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, P * Q * a.kernel_h * a.kernel_w));
+  const bool fast_2x2 = a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 &&
+                        a.pad_h == 0 && a.pad_w == 0;
+
+  detail::parallel_range(planes, grain, [&](int64_t pl0, int64_t pl1) {
+    for (int64_t pl = pl0; pl < pl1; ++pl) {
+      const T* xs = xp + pl * H * W;
+      T* ys = yp + pl * P * Q;
+      int64_t* is = ip + pl * P * Q;
+      if (fast_2x2) {
+        for (int64_t p = 0; p < P; ++p) {
+          pool_row_2x2(xs + 2 * p * W, W, 2 * p * W, Q, ys + p * Q, is + p * Q);
+        }
+        continue;
+      }
+      for (int64_t p = 0; p < P; ++p) {
+        int64_t h0 = p * a.stride_h - a.pad_h;
+        const int64_t h1 = std::min(h0 + a.kernel_h, H);
+        h0 = std::max<int64_t>(h0, 0);
+        for (int64_t q = 0; q < Q; ++q) {
+          int64_t w0 = q * a.stride_w - a.pad_w;
+          const int64_t w1 = std::min(w0 + a.kernel_w, W);
+          w0 = std::max<int64_t>(w0, 0);
+          T best = -std::numeric_limits<T>::infinity();
+          int64_t bi = h0 * W + w0;
+          for (int64_t h = h0; h < h1; ++h) {
+            for (int64_t w = w0; w < w1; ++w) {
+              take_max(xs[h * W + w], h * W + w, best, bi);
+            }
+          }
+          ys[p * Q + q] = best;
+          is[p * Q + q] = bi;
+        }
+      }
+    }
+  });
+  return r;
+}
+
+template <typename T>
+Tensor backward_impl(const Tensor& gy_in, const Tensor& idx_in, const Shape& input_shape) {
+  const Tensor gy = gy_in.contiguous(), idx = idx_in.contiguous();
+  const int64_t N = input_shape[0], C = input_shape[1], H = input_shape[2], W = input_shape[3];
+  const int64_t PQ = gy.size(2) * gy.size(3), HW = H * W;
+  Tensor gx = Tensor::empty(input_shape, gy.dtype());
+  const T* gp = gy.data<T>();
+  const int64_t* ip = idx.data<int64_t>();
+  T* xp = gx.data<T>();
+  if (HW == 0) return gx;  // nothing to scatter into (and no valid index)
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, HW + PQ));
+  detail::parallel_range(N * C, grain, [&](int64_t pl0, int64_t pl1) {
+    for (int64_t pl = pl0; pl < pl1; ++pl) {
+      T* xs = xp + pl * HW;
+      std::fill(xs, xs + HW, T(0));
+      const T* gs = gp + pl * PQ;
+      const int64_t* is = ip + pl * PQ;
+      bool bad = false;
+      for (int64_t i = 0; i < PQ; ++i) {
+        const int64_t k = is[i];
+        const bool out = static_cast<uint64_t>(k) >= static_cast<uint64_t>(HW);
+        bad |= out;
+        xs[out ? 0 : k] += out ? T(0) : gs[i];
+      }
+      if (bad) {
+        for (int64_t i = 0; i < PQ; ++i) {
+          TANDEM_CHECK(is[i] >= 0 && is[i] < HW, "max_pool2d_backward: index ", is[i], " in plane ", pl,
+                       " is outside the input plane of ", HW, " elements");
+        }
+      }
+    }
+  });
+  return gx;
+}
+
+}  // namespace
+
+MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& args) {
+  detail::check_cpu("max_pool2d_forward", x);
+  return detail::dispatch_float(x.dtype(), "max_pool2d_forward",
+                                [&](auto t) { return forward_impl<decltype(t)>(x, args); });
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape) {
+  detail::check_cpu("max_pool2d_backward", grad_out);
+  return detail::dispatch_float(grad_out.dtype(), "max_pool2d_backward", [&](auto t) {
+    return backward_impl<decltype(t)>(grad_out, indices, input_shape);
+  });
+}
+
+}  // namespace tandem::kernels::cpu

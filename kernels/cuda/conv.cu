@@ -1,0 +1,349 @@
+// conv2d on CUDA: cuDNN forward, backward data and backward filter (cross-correlation, groups 1,
+// dilation 1, float32), with custom kernels for the bias add and the bias gradient; the two
+// per-channel launchers declared in context.h live here and are shared with linear.cu.
+//
+// Algorithms: chosen once per (device, op, shape, TF32 setting) with cuDNN's heuristic
+// (cudnnGet*Algorithm_v7) and cached. Among the candidates cuDNN reports as supported we take
+// the first deterministic one (so a seeded run repeats exactly), else the first one. Unless
+// TANDEM_ALLOW_TF32=1, the math type is CUDNN_FMA_MATH and tensor-op (TF32) candidates are
+// skipped, so results match float32 CPU math to rounding. Workspace comes from the caching
+// allocator and is handed back right after the call is queued (safe in stream order).
+// Inputs may be strided (made contiguous first); outputs are contiguous.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/allocator.h"
+#include "kernels/conv.h"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+// ---- per-channel kernels ----
+
+__global__ void add_channel_bias_kernel(float* y, const float* bias, int64_t C, int64_t S, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) { y[i] += bias[(i / S) % C]; }
+}
+
+// One block per channel; double accumulation.
+__global__ void channel_sum_kernel(const float* dy, float* out, int64_t N, int64_t C, int64_t S) {
+  const int64_t c = blockIdx.x;
+  const int64_t m = N * S;
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+    const int64_t n = i / S, s = i - n * S;
+    acc += dy[(n * C + c) * S + s];
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[c] = static_cast<float>(acc);
+}
+
+// ---- cuDNN descriptors (RAII) ----
+
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc(int n, int c, int h, int w) {
+    TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+};
+
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc(int k, int c, int r, int s) {
+    TANDEM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
+    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, r, s));
+  }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc(int ph, int pw, int sh, int sw) {
+    TANDEM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    TANDEM_CUDNN_CHECK(
+        cudnnSetConvolution2dDescriptor(d, ph, pw, sh, sw, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+// A workspace block from the caching allocator, handed back when the scope ends.
+struct Workspace {
+  Allocator& alloc;
+  size_t nbytes;
+  void* ptr = nullptr;
+  Workspace(int device, size_t n) : alloc(tandem::cuda_allocator(device)), nbytes(n) {
+    if (n > 0) ptr = alloc.allocate(n);
+  }
+  ~Workspace() {
+    if (ptr) alloc.deallocate(ptr, nbytes);
+  }
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+};
+
+// ---- shapes, descriptors and the algorithm cache ----
+
+struct ConvGeometry {
+  int n, c, h, w, k, r, s, p, q, ph, pw, sh, sw;
+};
+
+ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
+  TANDEM_CHECK(x.dim() == 4, op, ": input must be 4-D [N, C, H, W], got ", x.str());
+  TANDEM_CHECK(weight.dim() == 4, op, ": weight must be 4-D [K, C, R, S], got ", weight.str());
+  TANDEM_CHECK(weight.size(1) == x.size(1), op, ": weight ", weight.str(), " expects ", weight.size(1),
+               " input channels, input ", x.str(), " has ", x.size(1));
+  TANDEM_CHECK(a.stride_h >= 1 && a.stride_w >= 1 && a.pad_h >= 0 && a.pad_w >= 0, op,
+               ": stride must be >= 1 and padding >= 0, got stride (", a.stride_h, ", ", a.stride_w, "), padding (",
+               a.pad_h, ", ", a.pad_w, ")");
+  const int64_t hp = x.size(2) + 2 * a.pad_h, wp = x.size(3) + 2 * a.pad_w;
+  TANDEM_CHECK(hp >= weight.size(2) && wp >= weight.size(3), op, ": kernel ", weight.size(2), "x", weight.size(3),
+               " larger than the padded input ", hp, "x", wp);
+  ConvGeometry g{};
+  g.n = to_int(x.size(0), op, "batch size");
+  g.c = to_int(x.size(1), op, "input channels");
+  g.h = to_int(x.size(2), op, "input height");
+  g.w = to_int(x.size(3), op, "input width");
+  g.k = to_int(weight.size(0), op, "output channels");
+  g.r = to_int(weight.size(2), op, "kernel height");
+  g.s = to_int(weight.size(3), op, "kernel width");
+  g.ph = to_int(a.pad_h, op, "pad_h");
+  g.pw = to_int(a.pad_w, op, "pad_w");
+  g.sh = to_int(a.stride_h, op, "stride_h");
+  g.sw = to_int(a.stride_w, op, "stride_w");
+  g.p = static_cast<int>((hp - g.r) / g.sh + 1);
+  g.q = static_cast<int>((wp - g.s) / g.sw + 1);
+  to_int(x.numel(), op, "input elements");
+  to_int(int64_t(g.n) * g.k * g.p * g.q, op, "output elements");
+  return g;
+}
+
+enum class ConvOp { Forward, BackwardData, BackwardFilter };
+
+struct AlgoChoice {
+  int algo;
+  cudnnMathType_t math;
+  size_t workspace;
+};
+
+using AlgoKey = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, bool>;
+
+std::mutex g_algo_mu;
+std::map<AlgoKey, AlgoChoice>& algo_cache() {
+  static auto* cache = new std::map<AlgoKey, AlgoChoice>();  // leaked: lives with the process
+  return *cache;
+}
+
+bool math_allowed(cudnnMathType_t m) {
+  return allow_tf32() || (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+}
+
+// Picks among cuDNN's heuristic candidates (see the file comment).
+template <typename Perf>
+bool pick(const std::vector<Perf>& perf, int returned, Perf& out) {
+  const Perf* first = nullptr;
+  for (int i = 0; i < returned; ++i) {
+    const Perf& p = perf[i];
+    if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType)) continue;
+    if (!first) first = &p;
+    if (p.determinism == CUDNN_DETERMINISTIC) {
+      out = p;
+      return true;
+    }
+  }
+  if (!first) return false;
+  out = *first;
+  return true;
+}
+
+// The math type to set on the descriptor for a chosen candidate: FMA unless TF32 is allowed.
+cudnnMathType_t math_for(cudnnMathType_t candidate) { return allow_tf32() ? candidate : CUDNN_FMA_MATH; }
+
+struct Descriptors {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  explicit Descriptors(const ConvGeometry& g)
+      : x(g.n, g.c, g.h, g.w), y(g.n, g.k, g.p, g.q), w(g.k, g.c, g.r, g.s), conv(g.ph, g.pw, g.sh, g.sw) {}
+};
+
+AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t handle, const Descriptors& d) {
+  const AlgoKey key{device, static_cast<int>(op), g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.ph, g.pw, g.sh, g.sw,
+                    allow_tf32()};
+  {
+    std::lock_guard<std::mutex> lock(g_algo_mu);
+    auto it = algo_cache().find(key);
+    if (it != algo_cache().end()) return it->second;
+  }
+  AlgoChoice choice{};
+  int max_count = 0, returned = 0;
+  switch (op) {
+    case ConvOp::Forward: {
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(handle, &max_count));
+      std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(std::max(max_count, 1));
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.d, d.w.d, d.conv.d, d.y.d, max_count,
+                                                                &returned, perf.data()));
+      cudnnConvolutionFwdAlgoPerf_t best{};
+      if (pick(perf, returned, best)) {
+        choice.algo = best.algo;
+        choice.math = math_for(best.mathType);
+      } else {
+        choice.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
+        choice.math = math_for(CUDNN_DEFAULT_MATH);
+      }
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
+          handle, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), &choice.workspace));
+      break;
+    }
+    case ConvOp::BackwardData: {
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(handle, &max_count));
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(std::max(max_count, 1));
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.d, d.y.d, d.conv.d, d.x.d, max_count,
+                                                                     &returned, perf.data()));
+      cudnnConvolutionBwdDataAlgoPerf_t best{};
+      if (pick(perf, returned, best)) {
+        choice.algo = best.algo;
+        choice.math = math_for(best.mathType);
+      } else {
+        choice.algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+        choice.math = math_for(CUDNN_DEFAULT_MATH);
+      }
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
+          handle, d.w.d, d.y.d, d.conv.d, d.x.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algo),
+          &choice.workspace));
+      break;
+    }
+    case ConvOp::BackwardFilter: {
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(handle, &max_count));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(std::max(max_count, 1));
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.d, d.y.d, d.conv.d, d.w.d,
+                                                                       max_count, &returned, perf.data()));
+      cudnnConvolutionBwdFilterAlgoPerf_t best{};
+      if (pick(perf, returned, best)) {
+        choice.algo = best.algo;
+        choice.math = math_for(best.mathType);
+      } else {
+        choice.algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
+        choice.math = math_for(CUDNN_DEFAULT_MATH);
+      }
+      TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
+      TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          handle, d.x.d, d.y.d, d.conv.d, d.w.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algo),
+          &choice.workspace));
+      break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  algo_cache().emplace(key, choice);
+  return choice;
+}
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+}  // namespace
+
+// ---- shared launchers ----
+
+void add_channel_bias(float* y, const float* bias, int64_t N, int64_t C, int64_t S, cudaStream_t stream) {
+  const int64_t n = N * C * S;
+  if (n == 0) return;
+  add_channel_bias_kernel<<<grid_for(n), 256, 0, stream>>>(y, bias, C, S, n);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void channel_sum(const float* dy, float* out, int64_t N, int64_t C, int64_t S, cudaStream_t stream) {
+  if (C == 0) return;
+  TANDEM_CHECK(C <= 0x7fffffff, "channel_sum: ", C, " channels exceed the grid limit");
+  channel_sum_kernel<<<static_cast<unsigned>(C), 256, 0, stream>>>(dy, out, N, C, S);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// ---- conv2d ----
+
+Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dArgs& args) {
+  const char* op = "conv2d_forward";
+  const int dev = check_f32_cuda(op, {x_in, weight_in, bias_in});
+  const ConvGeometry g = geometry(op, x_in, weight_in, args);
+  if (bias_in.defined())
+    TANDEM_CHECK(bias_in.dim() == 1 && bias_in.size(0) == g.k, op, ": bias must be [", g.k, "], got ",
+                 bias_in.str());
+  Tensor y = Tensor::empty({g.n, g.k, g.p, g.q}, kFloat32, x_in.device());
+  if (y.numel() == 0) return y;
+  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  const cudaStream_t stream = compute_stream(dev);
+  const cudnnHandle_t handle = cudnn_handle(dev);
+  DeviceGuard guard(dev);
+  Descriptors d(g);
+  const AlgoChoice c = choose(ConvOp::Forward, dev, g, handle, d);
+  TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
+  Workspace ws(dev, c.workspace);
+  TANDEM_CUDNN_CHECK(cudnnConvolutionForward(handle, &kOne, d.x.d, x.raw_data(), d.w.d, weight.raw_data(), d.conv.d,
+                                             static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.ptr, ws.nbytes,
+                                             &kZero, d.y.d, y.raw_data()));
+  if (bias_in.defined()) {
+    const Tensor bias = bias_in.contiguous();
+    add_channel_bias(f32_ptr(y), f32_ptr(bias), g.n, g.k, int64_t(g.p) * g.q, stream);
+  }
+  return y;
+}
+
+Conv2dGrads conv2d_backward(const Tensor& grad_out_in, const Tensor& x_in, const Tensor& weight_in,
+                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
+  const char* op = "conv2d_backward";
+  const int dev = check_f32_cuda(op, {grad_out_in, x_in, weight_in});
+  const ConvGeometry g = geometry(op, x_in, weight_in, args);
+  const Shape out_shape{g.n, g.k, g.p, g.q};
+  TANDEM_CHECK(grad_out_in.shape() == out_shape, op, ": grad_output must be ", shape_str(out_shape), ", got ",
+               grad_out_in.str());
+  const Device device = x_in.device();
+  Conv2dGrads grads;
+  if (need_input) grads.input = Tensor::empty(x_in.shape(), kFloat32, device);
+  if (need_weight) grads.weight = Tensor::empty(weight_in.shape(), kFloat32, device);
+  if (need_bias) grads.bias = Tensor::empty({g.k}, kFloat32, device);
+  if (grad_out_in.numel() == 0) {  // empty batch: zero gradients, nothing for cuDNN to do
+    for (Tensor* t : {&grads.input, &grads.weight, &grads.bias})
+      if (t->defined()) t->zero_();
+    return grads;
+  }
+  const Tensor dy = grad_out_in.contiguous();
+  const cudaStream_t stream = compute_stream(dev);
+  const cudnnHandle_t handle = cudnn_handle(dev);
+  DeviceGuard guard(dev);
+  Descriptors d(g);
+  if (need_input) {
+    const Tensor weight = weight_in.contiguous();
+    const AlgoChoice c = choose(ConvOp::BackwardData, dev, g, handle, d);
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
+    Workspace ws(dev, c.workspace);
+    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &kOne, d.w.d, weight.raw_data(), d.y.d, dy.raw_data(),
+                                                    d.conv.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
+                                                    ws.ptr, ws.nbytes, &kZero, d.x.d, grads.input.raw_data()));
+  }
+  if (need_weight) {
+    const Tensor x = x_in.contiguous();
+    const AlgoChoice c = choose(ConvOp::BackwardFilter, dev, g, handle, d);
+    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
+    Workspace ws(dev, c.workspace);
+    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &kOne, d.x.d, x.raw_data(), d.y.d, dy.raw_data(),
+                                                      d.conv.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
+                                                      ws.ptr, ws.nbytes, &kZero, d.w.d, grads.weight.raw_data()));
+  }
+  if (need_bias) channel_sum(f32_ptr(dy), f32_ptr(grads.bias), g.n, g.k, int64_t(g.p) * g.q, stream);
+  return grads;
+}
+
+}  // namespace tandem::kernels::cuda

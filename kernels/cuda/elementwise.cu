@@ -1,0 +1,144 @@
+// Elementwise and reduction ops on CUDA (float32): add, sub, mul of same-shape operands, scale by
+// a scalar (multiplied in float, as float(s) * a), sum of all elements to a 0-D tensor (two
+// deterministic passes with double accumulation: per-block partials, then one block), argmax over
+// dim 1 of a 2-D tensor to int64 (one warp per row; first maximum wins, NaN counts as the
+// maximum, as torch.argmax). Inputs may be strided (made contiguous first); outputs are
+// contiguous; all work is on the compute stream.
+#include <algorithm>
+
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/elementwise.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+enum BinaryOp : int { kAdd = 0, kSub = 1, kMul = 2 };
+
+__global__ void binary_kernel(const float* a, const float* b, float* out, int op, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) {
+    const float x = a[i], y = b[i];
+    out[i] = op == kAdd ? x + y : op == kSub ? x - y : x * y;
+  }
+}
+
+__global__ void scale_kernel(const float* a, float s, float* out, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) { out[i] = s * a[i]; }
+}
+
+__global__ void partial_sum_kernel(const float* a, int64_t n, double* partial) {
+  double acc = 0;
+  TANDEM_GRID_STRIDE_LOOP(i, n) { acc += a[i]; }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void final_sum_kernel(const double* partial, int count, float* out) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = static_cast<float>(acc);
+}
+
+// (v, i) beats (w, j) when it is the first maximum: NaN beats numbers, larger beats smaller,
+// and equal values (or two NaNs) go to the lower index.
+__device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
+  const bool vn = isnan(v), wn = isnan(w);
+  if (vn != wn) return vn;
+  if (!vn && v != w) return v > w;
+  return i < j;
+}
+
+constexpr int kWarpsPerBlock = 8;
+
+__global__ void argmax_kernel(const float* a, int64_t* out, int64_t N, int64_t C) {
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float* r = a + row * C;
+  float best = r[0];
+  int64_t best_i = 0;
+  for (int64_t j = lane; j < C; j += 32) {
+    if (beats(r[j], j, best, best_i)) {
+      best = r[j];
+      best_i = j;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, o);
+    if (beats(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
+  if (lane == 0) out[row] = best_i;
+}
+
+Tensor binary(const char* op_name, int op, const Tensor& a_in, const Tensor& b_in) {
+  const int dev = check_f32_cuda(op_name, {a_in, b_in});
+  TANDEM_CHECK(a_in.shape() == b_in.shape(), op_name, ": operands must have the same shape, got ", a_in.str(), " and ",
+               b_in.str());
+  const Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), kFloat32, a.device());
+  const int64_t n = a.numel();
+  if (n == 0) return out;
+  DeviceGuard guard(dev);
+  binary_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(a), f32_ptr(b), f32_ptr(out), op, n);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return out;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary("add", kAdd, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary("sub", kSub, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary("mul", kMul, a, b); }
+
+Tensor scale(const Tensor& a_in, double s) {
+  const int dev = check_f32_cuda("scale", {a_in});
+  const Tensor a = a_in.contiguous();
+  Tensor out = Tensor::empty(a.shape(), kFloat32, a.device());
+  const int64_t n = a.numel();
+  if (n == 0) return out;
+  DeviceGuard guard(dev);
+  scale_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(a), static_cast<float>(s), f32_ptr(out), n);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return out;
+}
+
+Tensor sum(const Tensor& a_in) {
+  const int dev = check_f32_cuda("sum", {a_in});
+  const Tensor a = a_in.contiguous();
+  const int64_t n = a.numel();
+  Tensor out = Tensor::empty({}, kFloat32, a.device());
+  if (n == 0) return out.zero_();
+  constexpr int kThreads = 256, kMaxBlocks = 1024;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+  Tensor partial = Tensor::empty({blocks}, kFloat64, a.device());
+  DeviceGuard guard(dev);
+  const cudaStream_t stream = compute_stream(dev);
+  partial_sum_kernel<<<blocks, kThreads, 0, stream>>>(f32_ptr(a), n, static_cast<double*>(partial.raw_data()));
+  TANDEM_CUDA_CHECK_LAUNCH();
+  final_sum_kernel<<<1, kThreads, 0, stream>>>(static_cast<const double*>(partial.raw_data()), blocks, f32_ptr(out));
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return out;
+}
+
+Tensor argmax(const Tensor& a_in) {
+  const int dev = check_f32_cuda("argmax", {a_in});
+  TANDEM_CHECK(a_in.dim() == 2, "argmax: expected a 2-D [N, C] tensor, got ", a_in.str());
+  const int64_t N = a_in.size(0), C = a_in.size(1);
+  TANDEM_CHECK(C > 0 || N == 0, "argmax: cannot take the argmax of empty rows in ", a_in.str());
+  TANDEM_CHECK((N + kWarpsPerBlock - 1) / kWarpsPerBlock <= 0x7fffffff, "argmax: too many rows in ", a_in.str());
+  const Tensor a = a_in.contiguous();
+  Tensor out = Tensor::empty({N}, kInt64, a.device());
+  if (N == 0) return out;
+  DeviceGuard guard(dev);
+  argmax_kernel<<<static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0,
+                  compute_stream(dev)>>>(f32_ptr(a), static_cast<int64_t*>(out.raw_data()), N, C);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return out;
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,111 @@
+// linear and matmul on CUDA with cuBLAS sgemm (float32; TF32 only with TANDEM_ALLOW_TF32=1).
+// cuBLAS is column-major; a row-major [R, C] matrix is the column-major [C, R] matrix, its
+// transpose. So each row-major product Z = A * B is computed as the column-major Z^T = B^T * A^T,
+// with no data moved:
+//   linear      y [N, out]  = x [N, in] * W^T        -> gemm(T, N): m=out, n=N,  k=in
+//   grad input  dx [N, in]  = dy [N, out] * W        -> gemm(N, N): m=in,  n=N,  k=out
+//   grad weight dW [out, in] = dy^T * x [N, in]      -> gemm(N, T): m=in,  n=out, k=N
+//   matmul      c [M, N]    = a [M, K] * b [K, N]    -> gemm(N, N): m=N,   n=M,  k=K
+// Bias add and bias gradient use the per-channel kernels of conv.cu with S = 1. Inputs may be
+// strided (made contiguous first); outputs are contiguous. All work is on the compute stream.
+#include <algorithm>
+
+#include "kernels/cuda/context.h"
+#include "kernels/linear.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+// Column-major C[m, n] = op(A)[m, k] * op(B)[k, n], leading dimensions as stored; handles empty
+// sizes that cuBLAS rejects (zero leading dimensions) or treats specially (k = 0).
+void sgemm(int dev, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda,
+           const float* b, int ldb, float* c, int ldc) {
+  if (m == 0 || n == 0) return;
+  const cudaStream_t stream = compute_stream(dev);
+  DeviceGuard guard(dev);
+  if (k == 0) {  // empty sum: C = 0
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(float) * size_t(m) * size_t(n), stream));
+    return;
+  }
+  TANDEM_CUBLAS_CHECK(cublasSgemm(cublas_handle(dev), ta, tb, m, n, k, &kOne, a, lda, b, ldb, &kZero, c, ldc));
+}
+
+}  // namespace
+
+Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
+  const char* op = "linear_forward";
+  const int dev = check_f32_cuda(op, {x_in, weight_in, bias_in});
+  TANDEM_CHECK(x_in.dim() == 2, op, ": input must be 2-D [N, in], got ", x_in.str());
+  TANDEM_CHECK(weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op, ": weight must be [out, ",
+               x_in.size(1), "], got ", weight_in.str());
+  const int N = to_int(x_in.size(0), op, "batch size");
+  const int in = to_int(x_in.size(1), op, "in_features");
+  const int out = to_int(weight_in.size(0), op, "out_features");
+  if (bias_in.defined())
+    TANDEM_CHECK(bias_in.dim() == 1 && bias_in.size(0) == out, op, ": bias must be [", out, "], got ", bias_in.str());
+  const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
+  Tensor y = Tensor::empty({N, out}, kFloat32, x_in.device());
+  sgemm(dev, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, f32_ptr(weight), std::max(in, 1), f32_ptr(x), std::max(in, 1),
+        f32_ptr(y), std::max(out, 1));
+  if (bias_in.defined()) {
+    const Tensor bias = bias_in.contiguous();
+    add_channel_bias(f32_ptr(y), f32_ptr(bias), N, out, 1, compute_stream(dev));
+  }
+  return y;
+}
+
+LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const Tensor& weight_in, bool need_input,
+                            bool need_weight, bool need_bias) {
+  const char* op = "linear_backward";
+  const int dev = check_f32_cuda(op, {grad_out_in, x_in, weight_in});
+  TANDEM_CHECK(x_in.dim() == 2 && weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op,
+               ": expected input [N, in] and weight [out, in], got ", x_in.str(), " and ", weight_in.str());
+  const int N = to_int(x_in.size(0), op, "batch size");
+  const int in = to_int(x_in.size(1), op, "in_features");
+  const int out = to_int(weight_in.size(0), op, "out_features");
+  TANDEM_CHECK(grad_out_in.shape() == Shape({N, out}), op, ": grad_output must be [", N, ", ", out, "], got ",
+               grad_out_in.str());
+  const Device device = x_in.device();
+  const Tensor dy = grad_out_in.contiguous();
+  LinearGrads grads;
+  if (need_input) {
+    const Tensor weight = weight_in.contiguous();
+    grads.input = Tensor::empty({N, in}, kFloat32, device);
+    sgemm(dev, CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, f32_ptr(weight), std::max(in, 1), f32_ptr(dy),
+          std::max(out, 1), f32_ptr(grads.input), std::max(in, 1));
+  }
+  if (need_weight) {
+    const Tensor x = x_in.contiguous();
+    grads.weight = Tensor::empty({out, in}, kFloat32, device);
+    sgemm(dev, CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, f32_ptr(x), std::max(in, 1), f32_ptr(dy), std::max(out, 1),
+          f32_ptr(grads.weight), std::max(in, 1));
+  }
+  if (need_bias) {
+    grads.bias = Tensor::empty({out}, kFloat32, device);
+    if (N == 0) {
+      grads.bias.zero_();
+    } else {
+      channel_sum(f32_ptr(dy), f32_ptr(grads.bias), N, out, 1, compute_stream(dev));
+    }
+  }
+  return grads;
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  const char* op = "matmul";
+  const int dev = check_f32_cuda(op, {a_in, b_in});
+  TANDEM_CHECK(a_in.dim() == 2 && b_in.dim() == 2 && a_in.size(1) == b_in.size(0), op,
+               ": expected a [M, K] and b [K, N], got ", a_in.str(), " and ", b_in.str());
+  const int M = to_int(a_in.size(0), op, "M");
+  const int K = to_int(a_in.size(1), op, "K");
+  const int N = to_int(b_in.size(1), op, "N");
+  const Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  Tensor c = Tensor::empty({M, N}, kFloat32, a_in.device());
+  sgemm(dev, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, f32_ptr(b), std::max(N, 1), f32_ptr(a), std::max(K, 1), f32_ptr(c),
+        std::max(N, 1));
+  return c;
+}
+
+}  // namespace tandem::kernels::cuda

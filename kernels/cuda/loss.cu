@@ -1,0 +1,177 @@
+// log_softmax over the rows of x [N, C] and the mean nll_loss of int64 targets [N], on CUDA.
+// log_softmax: one warp per row (max, sum of exp, in float); backward dx = g - exp(y) * sum(g).
+// nll_loss forward: one block sums -log_probs[i, target[i]] (double accumulation) and divides by
+// N; backward writes -grad / N at each row's target into a zeroed [N, C]; grad is read on the
+// device, so nothing waits for the host.
+// Out-of-range targets: the host cannot see the targets without waiting for the device, so the
+// kernels skip such rows (never reading or writing out of bounds) and record the first one in the
+// device's kernel-error record (context.h). The error is thrown, naming the row and the value, at
+// the next read of any result from that device (e.g. loss.item()); the loss value itself is then
+// never seen by the caller.
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/loss.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float warp_all_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float warp_all_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__global__ void log_softmax_forward_kernel(const float* x, float* y, int64_t N, int64_t C) {
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;  // the whole warp leaves together
+  const float* xr = x + row * C;
+  float m = -INFINITY;
+  for (int64_t j = lane; j < C; j += 32) m = fmaxf(m, xr[j]);
+  m = warp_all_max(m);
+  float s = 0.0f;
+  for (int64_t j = lane; j < C; j += 32) s += expf(xr[j] - m);
+  s = warp_all_sum(s);
+  const float lse = m + logf(s);
+  float* yr = y + row * C;
+  for (int64_t j = lane; j < C; j += 32) yr[j] = xr[j] - lse;
+}
+
+__global__ void log_softmax_backward_kernel(const float* g, const float* y, float* dx, int64_t N, int64_t C) {
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= N) return;
+  const float* gr = g + row * C;
+  const float* yr = y + row * C;
+  float s = 0.0f;
+  for (int64_t j = lane; j < C; j += 32) s += gr[j];
+  s = warp_all_sum(s);
+  float* dr = dx + row * C;
+  for (int64_t j = lane; j < C; j += 32) dr[j] = gr[j] - expf(yr[j]) * s;
+}
+
+__device__ void report_bad_target(KernelErrorRecord* rec, int64_t row, int64_t value, int64_t C) {
+  if (atomicCAS(&rec->code, int(kNoKernelError), int(kNllTargetOutOfRange)) == int(kNoKernelError)) {
+    rec->a = row;
+    rec->b = value;
+    rec->c = C;
+  }
+}
+
+__global__ void nll_forward_kernel(const float* lp, const int64_t* target, int64_t N, int64_t C, float* out,
+                                   KernelErrorRecord* rec) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+    const int64_t t = target[i];
+    if (t < 0 || t >= C) {
+      report_bad_target(rec, i, t, C);
+      continue;
+    }
+    acc -= lp[i * C + t];
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = static_cast<float>(acc / double(N));  // N = 0 gives NaN, as PyTorch
+}
+
+__global__ void nll_backward_kernel(const float* grad, const int64_t* target, float* dx, int64_t N, int64_t C,
+                                    KernelErrorRecord* rec) {
+  const float g = -grad[0] / static_cast<float>(N);
+  TANDEM_GRID_STRIDE_LOOP(i, N) {
+    const int64_t t = target[i];
+    if (t < 0 || t >= C) {
+      report_bad_target(rec, i, t, C);
+      continue;
+    }
+    dx[i * C + t] = g;
+  }
+}
+
+unsigned row_blocks(int64_t N) { return static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock); }
+
+void check_rows(const char* op, const Tensor& x) {
+  TANDEM_CHECK(x.dim() == 2, op, ": expected a 2-D [N, C] tensor, got ", x.str());
+  TANDEM_CHECK((x.size(0) + kWarpsPerBlock - 1) / kWarpsPerBlock <= 0x7fffffff, op, ": too many rows in ", x.str());
+}
+
+void check_target(const char* op, const Tensor& log_probs, const Tensor& target) {
+  TANDEM_CHECK(log_probs.dim() == 2, op, ": log_probs must be [N, C], got ", log_probs.str());
+  TANDEM_CHECK(target.defined() && target.dtype() == kInt64 && target.device() == log_probs.device(), op,
+               ": target must be int64 on ", log_probs.device().str(), ", got ", target.str());
+  TANDEM_CHECK(target.dim() == 1 && target.size(0) == log_probs.size(0), op, ": target must be [",
+               log_probs.size(0), "], got ", target.str());
+}
+
+}  // namespace
+
+Tensor log_softmax_forward(const Tensor& x_in) {
+  const char* op = "log_softmax_forward";
+  const int dev = check_f32_cuda(op, {x_in});
+  check_rows(op, x_in);
+  const Tensor x = x_in.contiguous();
+  Tensor y = Tensor::empty(x.shape(), kFloat32, x.device());
+  const int64_t N = x.size(0), C = x.size(1);
+  if (N == 0 || C == 0) return y;
+  DeviceGuard guard(dev);
+  log_softmax_forward_kernel<<<row_blocks(N), kWarpsPerBlock * 32, 0, compute_stream(dev)>>>(f32_ptr(x), f32_ptr(y),
+                                                                                             N, C);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return y;
+}
+
+Tensor log_softmax_backward(const Tensor& grad_out_in, const Tensor& y_in) {
+  const char* op = "log_softmax_backward";
+  const int dev = check_f32_cuda(op, {grad_out_in, y_in});
+  check_rows(op, y_in);
+  TANDEM_CHECK(grad_out_in.shape() == y_in.shape(), op, ": grad_output ", grad_out_in.str(), " does not match output ",
+               y_in.str());
+  const Tensor g = grad_out_in.contiguous(), y = y_in.contiguous();
+  Tensor dx = Tensor::empty(y.shape(), kFloat32, y.device());
+  const int64_t N = y.size(0), C = y.size(1);
+  if (N == 0 || C == 0) return dx;
+  DeviceGuard guard(dev);
+  log_softmax_backward_kernel<<<row_blocks(N), kWarpsPerBlock * 32, 0, compute_stream(dev)>>>(
+      f32_ptr(g), f32_ptr(y), f32_ptr(dx), N, C);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return dx;
+}
+
+Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& target_in) {
+  const char* op = "nll_loss_forward";
+  const int dev = check_f32_cuda(op, {log_probs_in});
+  check_target(op, log_probs_in, target_in);
+  const Tensor lp = log_probs_in.contiguous(), target = target_in.contiguous();
+  Tensor loss = Tensor::empty({}, kFloat32, lp.device());
+  KernelErrorRecord* rec = kernel_error_record(dev);
+  DeviceGuard guard(dev);
+  nll_forward_kernel<<<1, 256, 0, compute_stream(dev)>>>(f32_ptr(lp), static_cast<const int64_t*>(target.raw_data()),
+                                                         lp.size(0), lp.size(1), f32_ptr(loss), rec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  mark_kernel_error_check_pending(dev);
+  return loss;
+}
+
+Tensor nll_loss_backward(const Tensor& grad_out_in, const Tensor& log_probs_in, const Tensor& target_in) {
+  const char* op = "nll_loss_backward";
+  const int dev = check_f32_cuda(op, {grad_out_in, log_probs_in});
+  check_target(op, log_probs_in, target_in);
+  TANDEM_CHECK(grad_out_in.numel() == 1, op, ": grad_output must hold one value, got ", grad_out_in.str());
+  const Tensor g = grad_out_in.contiguous(), target = target_in.contiguous();
+  Tensor dx = Tensor::zeros(log_probs_in.shape(), kFloat32, log_probs_in.device());
+  const int64_t N = log_probs_in.size(0), C = log_probs_in.size(1);
+  if (N == 0) return dx;
+  KernelErrorRecord* rec = kernel_error_record(dev);
+  DeviceGuard guard(dev);
+  nll_backward_kernel<<<grid_for(N), 256, 0, compute_stream(dev)>>>(
+      f32_ptr(g), static_cast<const int64_t*>(target.raw_data()), f32_ptr(dx), N, C, rec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  mark_kernel_error_check_pending(dev);
+  return dx;
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,57 @@
+// Device-neutral linear and matmul entry points: validate ranks, the inner
+// dimensions, the bias shape, devices and dtypes, then route to cpu:: or
+// cuda::. No math here.
+#include "kernels/linear.h"
+
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+namespace {
+
+void check_input_weight(const char* op, const Tensor& x, const Tensor& weight) {
+  TANDEM_CHECK(x.defined() && weight.defined(), op, ": input and weight must be defined");
+  TANDEM_CHECK(x.dim() == 2, op, ": expected input [N, in_features], got ", x.str());
+  TANDEM_CHECK(weight.dim() == 2, op, ": expected weight [out_features, in_features], got ", weight.str());
+  TANDEM_CHECK(x.size(1) == weight.size(1), op, ": input has ", x.size(1), " features but weight ",
+               shape_str(weight.shape()), " expects ", weight.size(1));
+}
+
+}  // namespace
+
+Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  constexpr const char* op = "linear_forward";
+  check_input_weight(op, x, weight);
+  if (bias.defined()) {
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": expected bias [", weight.size(0),
+                 "], got ", bias.str());
+  }
+  const Device device = common_device(op, {x, weight, bias});
+  common_float_dtype(op, {x, weight, bias});
+  return TANDEM_DISPATCH(device, linear_forward, x, weight, bias);
+}
+
+LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
+                            bool need_weight, bool need_bias) {
+  constexpr const char* op = "linear_backward";
+  check_input_weight(op, x, weight);
+  const Shape expected{x.size(0), weight.size(0)};
+  TANDEM_CHECK(grad_out.defined() && grad_out.shape() == expected, op, ": expected grad_out ",
+               shape_str(expected), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
+  const Device device = common_device(op, {grad_out, x, weight});
+  common_float_dtype(op, {grad_out, x, weight});
+  return TANDEM_DISPATCH(device, linear_backward, grad_out, x, weight, need_input, need_weight, need_bias);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  constexpr const char* op = "matmul";
+  TANDEM_CHECK(a.defined() && b.defined(), op, ": operands must be defined");
+  TANDEM_CHECK(a.dim() == 2 && b.dim() == 2, op, ": expected two 2-D matrices, got ", a.str(), " and ",
+               b.str());
+  TANDEM_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: ", shape_str(a.shape()), " x ",
+               shape_str(b.shape()));
+  const Device device = common_device(op, {a, b});
+  common_float_dtype(op, {a, b});
+  return TANDEM_DISPATCH(device, matmul, a, b);
+}
+
+}  // namespace tandem::kernels

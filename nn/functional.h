@@ -1,0 +1,37 @@
+// Differentiable ops: each runs its kernel (kernels/*.h) and, when grad mode
+// is on and an input requires grad, records a Node whose backward calls the
+// matching backward kernel for exactly the inputs that need a gradient.
+// Nodes save detached tensors (data, no history), so no reference cycles.
+#pragma once
+
+#include "core/tensor.h"
+
+namespace tandem::nn::functional {
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride = 1,
+              int64_t padding = 0);
+// running_mean/running_var may be undefined (then training uses batch
+// statistics only and eval is an error); weight/bias may be undefined.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                  double eps = 1e-5);
+Tensor relu(const Tensor& x);
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);  // last dimension of a 2-D tensor
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target);  // mean over the batch
+Tensor flatten(const Tensor& x, int64_t start_dim = 1);
+Tensor reshape(const Tensor& x, const Shape& shape);
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& a, double s);
+Tensor sum(const Tensor& a);  // 0-D
+Tensor matmul(const Tensor& a, const Tensor& b);
+
+}  // namespace tandem::nn::functional
+
+namespace tandem {
+namespace F = nn::functional;
+}

@@ -1,0 +1,82 @@
+// The layers of the MNIST net and the containers around them. Each holds its
+// parameters under PyTorch's names (weight, bias, running_mean, running_var,
+// num_batches_tracked) and initialises them as PyTorch's reset_parameters.
+#pragma once
+
+#include <initializer_list>
+#include <memory>
+
+#include "nn/module.h"
+
+namespace tandem::nn {
+
+struct Conv2dOptions {
+  int64_t in_channels, out_channels, kernel_size, stride = 1, padding = 0;
+  bool bias = true;
+};
+
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(const Conv2dOptions& o);
+  Conv2d(int64_t in, int64_t out, int64_t kernel, int64_t stride = 1, int64_t padding = 0)
+      : Conv2d(Conv2dOptions{in, out, kernel, stride, padding}) {}
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+  const Conv2dOptions options;
+};
+
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  const int64_t num_features;
+  const double eps, momentum;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(int64_t kernel, int64_t stride = -1, int64_t padding = 0)
+      : kernel_(kernel), stride_(stride), padding_(padding) {}
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  int64_t kernel_, stride_, padding_;
+};
+
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1) : start_dim_(start_dim) {}
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  int64_t start_dim_;
+};
+
+class LogSoftmax : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+
+// Children named "0", "1", ... as torch.nn.Sequential.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<std::shared_ptr<Module>> modules);
+  void push_back(std::shared_ptr<Module> m);
+  Tensor forward(const Tensor& x) override;
+};
+
+}  // namespace tandem::nn

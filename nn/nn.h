@@ -1,0 +1,8 @@
+// Umbrella header of the nn module.
+#pragma once
+
+#include "nn/functional.h"
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/models/mnist_net.h"
+#include "nn/module.h"

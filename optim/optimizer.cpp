@@ -1,0 +1,196 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "kernels/optim.h"
+
+namespace tandem::optim {
+
+namespace {
+std::vector<ParamGroup> one_group(std::vector<Tensor> params, double lr, double wd) {
+  ParamGroup g;
+  g.params = std::move(params);
+  g.lr = lr;
+  g.weight_decay = wd;
+  return {g};
+}
+}  // namespace
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, const char* name) : groups_(std::move(groups)), name_(name) {
+  size_t n = 0;
+  for (auto& g : groups_) {
+    TANDEM_CHECK(g.lr >= 0.0, name_, ": learning rate must be >= 0, got ", g.lr);
+    TANDEM_CHECK(g.weight_decay >= 0.0, name_, ": weight_decay must be >= 0, got ", g.weight_decay);
+    for (auto& p : g.params)
+      TANDEM_CHECK(p.requires_grad(), name_, ": parameter ", n, " (", p.str(), ") does not require grad");
+    n += g.params.size();
+  }
+  TANDEM_CHECK(n > 0, name_, ": no parameters to optimise");
+  state_.resize(n);
+}
+
+void Optimizer::zero_grad() {
+  for (auto& g : groups_)
+    for (auto& p : g.params) p.set_grad(Tensor());
+}
+
+void Optimizer::set_lr(double lr) {
+  for (auto& g : groups_) g.lr = lr;
+}
+
+Tensor& Optimizer::buffer(ParamState& s, const std::string& name, const Tensor& p) {
+  auto it = s.buffers.find(name);
+  if (it == s.buffers.end()) it = s.buffers.emplace(name, Tensor::zeros(p.shape(), p.dtype(), p.device())).first;
+  return it->second;
+}
+
+std::map<std::string, Tensor> Optimizer::state_dict() const {
+  std::map<std::string, Tensor> out;
+  for (size_t i = 0; i < state_.size(); ++i) {
+    for (auto& [name, t] : state_[i].buffers) out["state." + std::to_string(i) + "." + name] = t;
+    out["state." + std::to_string(i) + ".step"] = Tensor::scalar(static_cast<double>(state_[i].step), kInt64);
+  }
+  for (size_t g = 0; g < groups_.size(); ++g)
+    out["group." + std::to_string(g) + ".lr"] = Tensor::scalar(groups_[g].lr, kFloat64);
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
+  std::vector<ParamState> loaded(state_.size());
+  std::vector<const Tensor*> params;
+  for (auto& g : groups_)
+    for (auto& p : g.params) params.push_back(&p);
+  for (auto& [key, t] : state) {
+    if (key.rfind("group.", 0) == 0) continue;
+    const auto dot1 = key.find('.'), dot2 = key.find('.', dot1 + 1);
+    TANDEM_CHECK(key.rfind("state.", 0) == 0 && dot2 != std::string::npos, name_,
+                 ": unexpected optimizer state key '", key, "'");
+    const size_t i = std::stoul(key.substr(dot1 + 1, dot2 - dot1 - 1));
+    const std::string field = key.substr(dot2 + 1);
+    TANDEM_CHECK(i < loaded.size(), name_, ": state for parameter ", i, " but only ", loaded.size(), " parameters");
+    if (field == "step") {
+      loaded[i].step = t.item<int64_t>();
+    } else {
+      TANDEM_CHECK(t.shape() == params[i]->shape(), name_, ": state '", key, "' has shape ", shape_str(t.shape()),
+                   ", expected ", shape_str(params[i]->shape()));
+      loaded[i].buffers[field] = t.to(params[i]->device()).to(params[i]->dtype()).clone();
+    }
+  }
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    auto it = state.find("group." + std::to_string(g) + ".lr");
+    if (it != state.end()) groups_[g].lr = it->second.item<double>();
+  }
+  state_ = std::move(loaded);
+}
+
+// ---- SGD ----
+
+SGD::SGD(std::vector<Tensor> params, const SGDOptions& o) : SGD(one_group(std::move(params), o.lr, o.weight_decay), o) {}
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& o) : Optimizer(std::move(groups), "SGD"), options_(o) {
+  TANDEM_CHECK(o.momentum >= 0.0, "SGD: momentum must be >= 0, got ", o.momentum);
+  TANDEM_CHECK(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
+               "SGD: nesterov needs momentum > 0 and dampening 0");
+}
+
+void SGD::step() {
+  size_t i = 0;
+  for (auto& g : groups_) {
+    for (auto& p : g.params) {
+      ParamState& s = state(i++);
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      const bool first = s.step == 0;
+      Tensor buf = options_.momentum != 0.0 ? buffer(s, "momentum_buffer", p) : Tensor();
+      kernels::SgdStep fn{static_cast<float>(g.lr), static_cast<float>(options_.momentum),
+                          static_cast<float>(options_.dampening), static_cast<float>(g.weight_decay),
+                          options_.nesterov, first};
+      kernels::sgd_update(p, grad, buf, fn);
+      ++s.step;
+    }
+  }
+}
+
+// ---- Adadelta ----
+
+Adadelta::Adadelta(std::vector<Tensor> params, const AdadeltaOptions& o)
+    : Optimizer(one_group(std::move(params), o.lr, o.weight_decay), "Adadelta"), options_(o) {
+  TANDEM_CHECK(o.rho >= 0.0 && o.rho <= 1.0, "Adadelta: rho must be in [0, 1], got ", o.rho);
+  TANDEM_CHECK(o.eps >= 0.0, "Adadelta: eps must be >= 0, got ", o.eps);
+}
+
+void Adadelta::step() {
+  size_t i = 0;
+  for (auto& g : groups_) {
+    for (auto& p : g.params) {
+      ParamState& s = state(i++);
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      Tensor& sq = buffer(s, "square_avg", p);
+      Tensor& acc = buffer(s, "acc_delta", p);
+      kernels::AdadeltaStep fn{static_cast<float>(g.lr), static_cast<float>(options_.rho),
+                               static_cast<float>(options_.eps), static_cast<float>(g.weight_decay)};
+      kernels::adadelta_update(p, grad, sq, acc, fn);
+      ++s.step;
+    }
+  }
+}
+
+// ---- Adam / AdamW ----
+
+Adam::Adam(std::vector<Tensor> params, const AdamOptions& o)
+    : Optimizer(one_group(std::move(params), o.lr, o.weight_decay), o.decoupled_weight_decay ? "AdamW" : "Adam"),
+      options_(o) {
+  TANDEM_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0 && o.beta2 >= 0.0 && o.beta2 < 1.0, name_,
+               ": betas must be in [0, 1), got ", o.beta1, ", ", o.beta2);
+  TANDEM_CHECK(o.eps >= 0.0, name_, ": eps must be >= 0, got ", o.eps);
+}
+
+void Adam::step() {
+  size_t i = 0;
+  for (auto& g : groups_) {
+    for (auto& p : g.params) {
+      ParamState& s = state(i++);
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      ++s.step;
+      Tensor& m = buffer(s, "exp_avg", p);
+      Tensor& v = buffer(s, "exp_avg_sq", p);
+      const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(s.step));
+      const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(s.step));
+      kernels::AdamStep fn{static_cast<float>(g.lr), static_cast<float>(options_.beta1),
+                           static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
+                           static_cast<float>(g.weight_decay), options_.decoupled_weight_decay,
+                           static_cast<float>(bc1), static_cast<float>(bc2)};
+      kernels::adam_update(p, grad, m, v, fn);
+    }
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamOptions o)
+    : Adam(std::move(params), [&] {
+        o.decoupled_weight_decay = true;
+        return o;
+      }()) {}
+
+// ---- StepLR ----
+
+StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
+    : opt_(optimizer), step_size_(step_size), gamma_(gamma) {
+  TANDEM_CHECK(step_size > 0, "StepLR: step_size must be positive, got ", step_size);
+  for (auto& g : opt_.param_groups()) base_lrs_.push_back(g.lr);
+}
+
+double StepLR::get_lr(size_t group) const {
+  return base_lrs_.at(group) * std::pow(gamma_, static_cast<double>(epoch_ / step_size_));
+}
+
+void StepLR::step() { set_last_epoch(epoch_ + 1); }
+
+void StepLR::set_last_epoch(int64_t epoch) {
+  epoch_ = epoch;
+  auto& groups = opt_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = get_lr(g);
+}
+
+}  // namespace tandem::optim

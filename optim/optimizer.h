@@ -1,0 +1,121 @@
+// Optimizers with PyTorch's semantics. Parameters are held by handle (they
+// share data with the model's); state lives per parameter, created on the
+// first step. A parameter whose .grad is undefined is skipped, as in PyTorch.
+// state_dict flattens the per-parameter state to "state.<i>.<name>" tensors
+// (i counts parameters across groups in order) plus "group.<g>.lr" scalars.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem::optim {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  double lr = 0.0;
+  double weight_decay = 0.0;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual void step() = 0;
+  // Sets every gradient to none (PyTorch's default since 2.0).
+  void zero_grad();
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  double lr() const { return groups_.at(0).lr; }
+  void set_lr(double lr);  // every group
+
+  std::map<std::string, Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, Tensor>& state);
+
+ protected:
+  Optimizer(std::vector<ParamGroup> groups, const char* name);
+  struct ParamState {
+    std::map<std::string, Tensor> buffers;
+    int64_t step = 0;
+  };
+  // State of the i-th parameter overall (groups in order).
+  ParamState& state(size_t index) { return state_[index]; }
+  // Allocates a zero buffer like p on first use.
+  Tensor& buffer(ParamState& s, const std::string& name, const Tensor& p);
+
+  std::vector<ParamGroup> groups_;
+  const char* name_;
+
+ private:
+  std::vector<ParamState> state_;
+};
+
+struct SGDOptions {
+  double lr = 0.01, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, const SGDOptions& options);
+  SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
+  void step() override;
+
+ private:
+  SGDOptions options_;
+};
+
+struct AdadeltaOptions {
+  double lr = 1.0, rho = 0.9, eps = 1e-6, weight_decay = 0.0;
+};
+
+class Adadelta : public Optimizer {
+ public:
+  Adadelta(std::vector<Tensor> params, const AdadeltaOptions& options);
+  void step() override;
+
+ private:
+  AdadeltaOptions options_;
+};
+
+struct AdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool decoupled_weight_decay = false;  // true: AdamW
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, const AdamOptions& options);
+  void step() override;
+
+ protected:
+  AdamOptions options_;
+};
+
+// AdamW: Adam with decoupled weight decay (p *= 1 - lr * weight_decay).
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamOptions options);
+};
+
+// Multiplies every group's lr by gamma each step_size calls of step()
+// (call it once per epoch), from the lrs the optimizer had at construction.
+class StepLR {
+ public:
+  StepLR(Optimizer& optimizer, int64_t step_size, double gamma);
+  void step();
+  int64_t last_epoch() const { return epoch_; }
+  void set_last_epoch(int64_t epoch);  // for resuming
+  double get_lr(size_t group = 0) const;
+
+ private:
+  Optimizer& opt_;
+  int64_t step_size_;
+  double gamma_;
+  int64_t epoch_ = 0;
+  std::vector<double> base_lrs_;
+};
+
+}  // namespace tandem::optim

@@ -1,0 +1,66 @@
+#include <gtest/gtest.h>
+
+#include "core/autograd.h"
+#include "nn/functional.h"
+
+using namespace tandem;
+
+TEST(Autograd, GradientsAccumulateAcrossUses) {
+  Tensor a = Tensor::from_vector<double>({1, 2, 3}, {3}).set_requires_grad(true);
+  // y = sum(a * a + a): dy/da = 2a + 1
+  Tensor y = F::sum(F::add(F::mul(a, a), a));
+  y.backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{3, 5, 7}));
+  // A second backward adds to .grad.
+  F::sum(a).backward();
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{4, 6, 8}));
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor a = Tensor::ones({2}, kFloat64).set_requires_grad(true);
+  NoGradGuard guard;
+  Tensor y = F::mul(a, a);
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(y.grad_fn(), nullptr);
+}
+
+TEST(Autograd, BackwardOfNonScalarNeedsGradient) {
+  Tensor a = Tensor::ones({2}, kFloat64).set_requires_grad(true);
+  Tensor y = F::scale(a, 2.0);
+  EXPECT_THROW(y.backward(), Error);
+  y.backward(Tensor::from_vector<double>({1, 10}, {2}));
+  EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{2, 20}));
+}
+
+TEST(Autograd, PostAccumulateHooksFireOncePerBackwardInReverseExecutionOrder) {
+  // Three layers used in order w1, w2, w3; w2 is used twice, so its gradient
+  // is only final once both uses have been differentiated.
+  Tensor x = Tensor::from_vector<double>({1, 2}, {1, 2});
+  Tensor w1 = Tensor::from_vector<double>({1, 0, 0, 1}, {2, 2}).set_requires_grad(true);
+  Tensor w2 = Tensor::from_vector<double>({2, 0, 0, 2}, {2, 2}).set_requires_grad(true);
+  Tensor w3 = Tensor::from_vector<double>({1, 1, 1, 1}, {2, 2}).set_requires_grad(true);
+  std::vector<std::string> fired;
+  w1.register_post_accumulate_grad_hook([&](const Tensor& t) {
+    fired.push_back("w1");
+    EXPECT_TRUE(t.grad().defined());
+  });
+  w2.register_post_accumulate_grad_hook([&](const Tensor&) { fired.push_back("w2"); });
+  w3.register_post_accumulate_grad_hook([&](const Tensor&) { fired.push_back("w3"); });
+
+  for (int iter = 0; iter < 2; ++iter) {
+    fired.clear();
+    Tensor h = F::matmul(F::matmul(F::matmul(x, w1), w2), w2);
+    Tensor y = F::sum(F::matmul(h, w3));
+    y.backward();
+    EXPECT_EQ(fired, (std::vector<std::string>{"w3", "w2", "w1"})) << "iteration " << iter;
+  }
+}
+
+TEST(Autograd, HookSeesFinalGradient) {
+  Tensor w = Tensor::from_vector<double>({3}, {1}).set_requires_grad(true);
+  double seen = 0;
+  w.register_post_accumulate_grad_hook([&](const Tensor& t) { seen = t.grad().item<double>(); });
+  // y = w*w + w*w -> dy/dw = 4w = 12, arriving along two paths.
+  F::sum(F::add(F::mul(w, w), F::mul(w, w))).backward();
+  EXPECT_DOUBLE_EQ(seen, 12.0);
+}

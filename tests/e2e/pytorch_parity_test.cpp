@@ -1,0 +1,193 @@
+// End-to-end parity with PyTorch: runs the tandem-mnist binary for 50 steps (batch 64, unshuffled,
+// the first 3200 Fashion-MNIST images, one thread) from the same initial weights PyTorch used, and
+// compares the per-iteration training losses and the final eval with tests/fixtures/mnist_losses.json
+// (made by tests/fixtures/make_fixtures.py, which records the recipe next to the numbers).
+// Assumes: <build>/apps/tandem-mnist exists and takes the flags listed in the fixture README;
+// Fashion-MNIST is in /usr/share/datasets/fashion-mnist (or $TANDEM_FASHION_MNIST_DIR), else the
+// tests skip. nlohmann/json is header-only and on the default include path.
+// Tolerances come from the fixture (per recipe): tight for the first steps, where PyTorch's own
+// float32 drift (threads, oneDNN on/off, 1-ulp weight changes) is <= 1e-5 relative, then growing
+// with the drift PyTorch shows by itself (chaotic for Adadelta lr 1.0); each is >= 2x that drift.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string data_dir() {
+  const char* env = std::getenv("TANDEM_FASHION_MNIST_DIR");
+  return env && *env ? env : "/usr/share/datasets/fashion-mnist";
+}
+
+json load_fixture() {
+  std::ifstream in(TANDEM_SOURCE_DIR "/tests/fixtures/mnist_losses.json");
+  if (!in) throw std::runtime_error("cannot open tests/fixtures/mnist_losses.json");
+  return json::parse(in);
+}
+
+std::string tail(const fs::path& file, size_t max_chars = 3000) {
+  std::ifstream in(file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > max_chars ? "..." + s.substr(s.size() - max_chars) : s;
+}
+
+// Runs argv with stdout and stderr sent to `log`; returns the exit status (-1 if it did not start,
+// 128 + signal if killed).
+int run(const std::vector<std::string>& argv, const fs::path& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = 0;
+  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return -1;
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+}
+
+double rel(double actual, double expected) {
+  return std::abs(actual - expected) / std::abs(expected);
+}
+
+double mean(const std::vector<double>& v, int first, int last) {  // steps from 1, inclusive
+  double s = 0;
+  for (int k = first; k <= last; ++k) s += v[k - 1];
+  return s / (last - first + 1);
+}
+
+void check_recipe(const std::string& name) {
+  const std::string dir = data_dir();
+  if (!fs::exists(fs::path(dir) / "train-images-idx3-ubyte.gz") &&
+      !fs::exists(fs::path(dir) / "train-images-idx3-ubyte")) {
+    GTEST_SKIP() << "Fashion-MNIST not found in " << dir
+                 << " (run scripts/setup.sh, or set TANDEM_FASHION_MNIST_DIR)";
+  }
+  const std::string binary = TANDEM_BINARY_DIR "/apps/tandem-mnist";
+  ASSERT_TRUE(fs::exists(binary)) << binary << " is missing: build the tandem-mnist target";
+
+  const json fixture = load_fixture();
+  json recipe;
+  for (const auto& r : fixture.at("recipes"))
+    if (r.at("name") == name) recipe = r;
+  ASSERT_FALSE(recipe.is_null()) << "recipe " << name << " not in mnist_losses.json";
+  const int steps = fixture.at("steps").get<int>();
+  const std::vector<double> ref = recipe.at("losses").get<std::vector<double>>();
+  ASSERT_EQ(static_cast<int>(ref.size()), steps);
+
+  const fs::path tmp = fs::temp_directory_path() /
+                       ("tandem_parity_" + name + "_" + std::to_string(getpid()));
+  fs::create_directories(tmp);
+  const fs::path metrics = tmp / "metrics.jsonl", log = tmp / "log.txt";
+  std::vector<std::string> argv = {
+      binary,          "--init-weights", TANDEM_SOURCE_DIR "/tests/fixtures/mnist_init.safetensors",
+      "--no-shuffle",  "--limit",        std::to_string(steps * fixture.at("batch_size").get<int>()),
+      "--epochs",      "1",              "--batch-size", std::to_string(fixture.at("batch_size").get<int>()),
+      "--test-limit",  std::to_string(fixture.at("data").at("test_samples").get<int>()),
+      "--threads",     "1",              "--device",     "cpu",
+      "--metrics-out", metrics.string(), "--data-dir",   dir};
+  for (const auto& f : recipe.at("tandem_flags")) argv.push_back(f.get<std::string>());
+  std::string cmd;
+  for (const auto& a : argv) cmd += a + " ";
+  SCOPED_TRACE("command: " + cmd);
+
+  const int rc = run(argv, log);
+  ASSERT_EQ(rc, 0) << "tandem-mnist failed; its output:\n" << tail(log);
+
+  // ---- parse the metrics JSON lines ----
+  std::vector<double> losses;
+  json epoch_line, eval_line;
+  std::ifstream in(metrics);
+  ASSERT_TRUE(in) << "no metrics file at " << metrics;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const std::exception& e) {
+      FAIL() << metrics << ":" << line_no << ": not JSON (" << e.what() << "): " << line;
+    }
+    const std::string type = j.value("type", "");
+    if (type == "train") {
+      ASSERT_EQ(j.at("epoch").get<int>(), 1) << line;
+      ASSERT_EQ(j.at("iter").get<int>(), static_cast<int>(losses.size()) + 1)
+          << "iterations must count from 1 without gaps: " << line;
+      EXPECT_LE(rel(j.at("lr").get<double>(), recipe.at("lr").get<double>()), 1e-6) << line;
+      losses.push_back(j.at("loss").get<double>());
+    } else if (type == "epoch") {
+      epoch_line = j;
+    } else if (type == "eval") {
+      eval_line = j;
+    }
+  }
+  ASSERT_EQ(static_cast<int>(losses.size()), steps) << "train lines in " << metrics;
+  ASSERT_FALSE(epoch_line.is_null()) << "no epoch line in " << metrics;
+  EXPECT_EQ(epoch_line.at("samples").get<int64_t>(), steps * fixture.at("batch_size").get<int64_t>());
+
+  // ---- per-step losses ----
+  const json& tol = recipe.at("tolerance");
+  for (const auto& row : tol.at("per_step_rtol")) {
+    const int first = row.at(0).get<int>(), last = row.at(1).get<int>();
+    const double rtol = row.at(2).get<double>();
+    for (int k = first; k <= last; ++k) {
+      EXPECT_TRUE(std::isfinite(losses[k - 1])) << "step " << k;
+      EXPECT_LE(rel(losses[k - 1], ref[k - 1]), rtol)
+          << name << " step " << k << ": tandem " << losses[k - 1] << ", PyTorch " << ref[k - 1];
+    }
+  }
+  // ---- means over windows of steps ----
+  for (const auto& row : tol.at("window_mean_rtol")) {
+    const int first = row.at(0).get<int>(), last = row.at(1).get<int>();
+    const double rtol = row.at(2).get<double>();
+    const double t = mean(losses, first, last), p = mean(ref, first, last);
+    EXPECT_LE(rel(t, p), rtol) << name << " mean loss over steps " << first << "-" << last
+                               << ": tandem " << t << ", PyTorch " << p;
+  }
+  // ---- eval after the 50 steps ----
+  ASSERT_FALSE(eval_line.is_null()) << "no eval line in " << metrics;
+  const double test_loss = eval_line.at("test_loss").get<double>();
+  const double acc = eval_line.at("test_accuracy").get<double>();
+  const double ref_loss = recipe.at("eval").at("test_loss").get<double>();
+  const double ref_acc = recipe.at("eval").at("test_accuracy").get<double>();
+  EXPECT_LE(rel(test_loss, ref_loss), tol.at("eval").at("test_loss_rtol").get<double>())
+      << name << " test_loss: tandem " << test_loss << ", PyTorch " << ref_loss;
+  EXPECT_LE(std::abs(acc - ref_acc), tol.at("eval").at("test_accuracy_atol").get<double>())
+      << name << " test_accuracy: tandem " << acc << ", PyTorch " << ref_acc;
+
+  if (!::testing::Test::HasFailure()) fs::remove_all(tmp);
+}
+
+TEST(PytorchParity, AdadeltaLossesMatchPytorch) { check_recipe("adadelta"); }
+
+TEST(PytorchParity, SgdMomentumLossesMatchPytorch) { check_recipe("sgd_momentum"); }
+
+}  // namespace

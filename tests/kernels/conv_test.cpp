@@ -1,0 +1,200 @@
+// conv2d forward/backward against a naive direct convolution in double:
+// strides, padding, non-square images and kernels, 1x1 kernels, no bias,
+// non-contiguous inputs, gradients asked for selectively, several threads
+// (the per-chunk weight-gradient reduction), and argument errors.
+#include <gtest/gtest.h>
+
+#include "kernels/conv.h"
+#include "kernel_test_util.h"
+
+using namespace tandem;
+using namespace tandem::test;
+using tandem::kernels::Conv2dArgs;
+
+namespace {
+
+struct Case {
+  int64_t N, C, H, W, K, R, S;
+  Conv2dArgs args;
+  bool bias;
+};
+
+int64_t out_size(int64_t in, int64_t pad, int64_t k, int64_t stride) { return (in + 2 * pad - k) / stride + 1; }
+
+// Input coordinate of output position o, kernel offset k; -1 when in padding.
+int64_t in_coord(int64_t o, int64_t k, int64_t stride, int64_t pad, int64_t size) {
+  const int64_t i = o * stride - pad + k;
+  return (i < 0 || i >= size) ? -1 : i;
+}
+
+std::vector<double> ref_forward(const Case& c, const std::vector<double>& x, const std::vector<double>& w,
+                                const std::vector<double>& b) {
+  const int64_t P = out_size(c.H, c.args.pad_h, c.R, c.args.stride_h);
+  const int64_t Q = out_size(c.W, c.args.pad_w, c.S, c.args.stride_w);
+  std::vector<double> y(c.N * c.K * P * Q, 0.0);
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t k = 0; k < c.K; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          double acc = c.bias ? b[k] : 0.0;
+          for (int64_t ch = 0; ch < c.C; ++ch)
+            for (int64_t r = 0; r < c.R; ++r)
+              for (int64_t s = 0; s < c.S; ++s) {
+                const int64_t ih = in_coord(p, r, c.args.stride_h, c.args.pad_h, c.H);
+                const int64_t iw = in_coord(q, s, c.args.stride_w, c.args.pad_w, c.W);
+                if (ih < 0 || iw < 0) continue;
+                acc += x[((n * c.C + ch) * c.H + ih) * c.W + iw] * w[((k * c.C + ch) * c.R + r) * c.S + s];
+              }
+          y[((n * c.K + k) * P + p) * Q + q] = acc;
+        }
+  return y;
+}
+
+struct RefGrads {
+  std::vector<double> x, w, b;
+};
+
+RefGrads ref_backward(const Case& c, const std::vector<double>& gy, const std::vector<double>& x,
+                      const std::vector<double>& w) {
+  const int64_t P = out_size(c.H, c.args.pad_h, c.R, c.args.stride_h);
+  const int64_t Q = out_size(c.W, c.args.pad_w, c.S, c.args.stride_w);
+  RefGrads g{std::vector<double>(x.size(), 0.0), std::vector<double>(w.size(), 0.0),
+             std::vector<double>(c.K, 0.0)};
+  for (int64_t n = 0; n < c.N; ++n)
+    for (int64_t k = 0; k < c.K; ++k)
+      for (int64_t p = 0; p < P; ++p)
+        for (int64_t q = 0; q < Q; ++q) {
+          const double go = gy[((n * c.K + k) * P + p) * Q + q];
+          g.b[k] += go;
+          for (int64_t ch = 0; ch < c.C; ++ch)
+            for (int64_t r = 0; r < c.R; ++r)
+              for (int64_t s = 0; s < c.S; ++s) {
+                const int64_t ih = in_coord(p, r, c.args.stride_h, c.args.pad_h, c.H);
+                const int64_t iw = in_coord(q, s, c.args.stride_w, c.args.pad_w, c.W);
+                if (ih < 0 || iw < 0) continue;
+                const int64_t xi = ((n * c.C + ch) * c.H + ih) * c.W + iw;
+                const int64_t wi = ((k * c.C + ch) * c.R + r) * c.S + s;
+                g.x[xi] += go * w[wi];
+                g.w[wi] += go * x[xi];
+              }
+        }
+  return g;
+}
+
+void check_case(const Case& c, DType dtype, bool non_contig_input, uint64_t seed) {
+  Generator gen(seed);
+  const Tensor x = random_tensor({c.N, c.C, c.H, c.W}, dtype, gen);
+  const Tensor w = random_tensor({c.K, c.C, c.R, c.S}, dtype, gen);
+  const Tensor b = c.bias ? random_tensor({c.K}, dtype, gen) : Tensor();
+  const Tensor x_arg = non_contig_input ? non_contiguous(x) : x;
+  const std::vector<double> xv = values(x), wv = values(w), bv = c.bias ? values(b) : std::vector<double>();
+  const Tol tol = tol_for(dtype);
+
+  const Tensor y = kernels::conv2d_forward(x_arg, w, b, c.args);
+  const int64_t P = out_size(c.H, c.args.pad_h, c.R, c.args.stride_h);
+  const int64_t Q = out_size(c.W, c.args.pad_w, c.S, c.args.stride_w);
+  ASSERT_EQ(y.shape(), (Shape{c.N, c.K, P, Q}));
+  ASSERT_TRUE(y.is_contiguous());
+  EXPECT_TRUE(all_close(y, ref_forward(c, xv, wv, bv), tol));
+
+  const Tensor gy = random_tensor(y.shape(), dtype, gen);
+  const RefGrads ref = ref_backward(c, values(gy), xv, wv);
+  const auto g = kernels::conv2d_backward(non_contig_input ? non_contiguous(gy) : gy, x_arg, w, c.args, true,
+                                          true, c.bias);
+  EXPECT_TRUE(all_close(g.input, ref.x, tol)) << "input grad";
+  EXPECT_TRUE(all_close(g.weight, ref.w, tol)) << "weight grad";
+  if (c.bias) {
+    EXPECT_TRUE(all_close(g.bias, ref.b, tol)) << "bias grad";
+  } else {
+    EXPECT_FALSE(g.bias.defined());
+  }
+
+  // Only some gradients: the others stay undefined, the asked ones agree.
+  const auto gw_only = kernels::conv2d_backward(gy, x, w, c.args, false, true, false);
+  EXPECT_FALSE(gw_only.input.defined());
+  EXPECT_FALSE(gw_only.bias.defined());
+  EXPECT_TRUE(all_close(gw_only.weight, ref.w, tol));
+  const auto gx_only = kernels::conv2d_backward(gy, x, w, c.args, true, false, false);
+  EXPECT_FALSE(gx_only.weight.defined());
+  EXPECT_TRUE(all_close(gx_only.input, ref.x, tol));
+  const auto gb_only = kernels::conv2d_backward(gy, x, w, c.args, false, false, true);
+  EXPECT_FALSE(gb_only.input.defined());
+  EXPECT_FALSE(gb_only.weight.defined());
+  EXPECT_TRUE(all_close(gb_only.bias, ref.b, tol));
+}
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {2, 3, 7, 7, 4, 3, 3, {1, 1, 0, 0}, true},    // plain
+      {2, 3, 9, 6, 5, 3, 3, {2, 2, 1, 1}, true},    // stride 2, padding 1, non-square image
+      {3, 2, 8, 11, 3, 2, 3, {2, 1, 1, 0}, false},  // non-square kernel, mixed stride/padding, no bias
+      {2, 4, 5, 6, 3, 1, 1, {1, 1, 0, 0}, true},    // 1x1: the column matrix is the input
+      {1, 2, 6, 5, 2, 1, 1, {2, 2, 0, 0}, true},    // 1x1 with stride
+      {2, 1, 4, 4, 2, 5, 5, {1, 1, 2, 2}, true},    // kernel wider than the padded-out input
+      {2, 2, 7, 9, 3, 3, 2, {3, 2, 1, 1}, true},    // stride 3 with padding
+  };
+  return c;
+}
+
+}  // namespace
+
+TEST(Conv2d, MatchesNaiveFloat64) {
+  for (size_t i = 0; i < cases().size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    check_case(cases()[i], kFloat64, false, 10 + i);
+  }
+}
+
+TEST(Conv2d, MatchesNaiveFloat32) {
+  for (size_t i = 0; i < cases().size(); ++i) {
+    SCOPED_TRACE("case " + std::to_string(i));
+    check_case(cases()[i], kFloat32, false, 20 + i);
+  }
+}
+
+TEST(Conv2d, NonContiguousInputs) {
+  check_case(cases()[1], kFloat64, true, 30);
+  check_case(cases()[2], kFloat32, true, 31);
+}
+
+TEST(Conv2d, SeveralThreadsSplitTheBatch) {
+  // Enough work per image that the batch is cut into chunks, with an uneven
+  // split (5 images over 2 or 3 chunks), so the weight-gradient reduction runs.
+  const Case c{5, 8, 16, 15, 16, 3, 3, {1, 1, 1, 1}, true};
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadCountGuard guard(threads);
+    check_case(c, kFloat64, false, 40);
+    check_case(c, kFloat32, false, 41);
+  }
+}
+
+TEST(Conv2d, MnistShapes) {
+  // The two convolutions of the MNIST net, at a reduced batch.
+  check_case({3, 1, 28, 28, 32, 3, 3, {1, 1, 0, 0}, true}, kFloat32, false, 50);
+  check_case({2, 32, 13, 13, 64, 3, 3, {1, 1, 0, 0}, true}, kFloat32, false, 51);
+}
+
+TEST(Conv2d, RejectsBadArguments) {
+  const Tensor x = Tensor::zeros({1, 3, 5, 5});
+  const Tensor w = Tensor::zeros({2, 4, 3, 3});
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w, Tensor(), {}); }, {"3 channels", "4"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(Tensor::zeros({3, 5, 5}), w, Tensor(), {}); },
+                          {"[N, C, H, W]"}));
+  const Tensor w3 = Tensor::zeros({2, 3, 3, 3});
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor::zeros({3}), {}); }, {"bias"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor(), {0, 1, 0, 0}); }, {"stride"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, Tensor::zeros({2, 3, 7, 7}), Tensor(), {}); },
+                          {"smaller than the kernel"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x.to(kInt64), w3.to(kInt64), Tensor(), {}); },
+                          {"float32"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3.to(kFloat64), Tensor(), {}); }, {"float32"}));
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::conv2d_backward(Tensor::zeros({1, 2, 4, 4}), x, w3, {}, true, true, false); },
+      {"grad_out", "[1, 2, 3, 3]"}));
+}
+
+TEST(Conv2dCpu, RejectsNonFloatDtypes) {
+  const Tensor x = Tensor::zeros({1, 1, 3, 3}, kInt32);
+  EXPECT_TRUE(throws_with([&] { kernels::cpu::conv2d_forward(x, x, Tensor(), {}); }, {"int32"}));
+}

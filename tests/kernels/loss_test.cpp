@@ -1,0 +1,111 @@
+// log_softmax and nll_loss against plain references: values and gradients,
+// extreme inputs (shift invariance), non-contiguous inputs, out-of-range
+// targets (the error names the row and the value), and argument errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/loss.h"
+#include "kernel_test_util.h"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+std::vector<double> ref_log_softmax(const std::vector<double>& x, int64_t N, int64_t C) {
+  std::vector<double> y(x.size());
+  for (int64_t n = 0; n < N; ++n) {
+    double m = x[n * C];
+    for (int64_t c = 1; c < C; ++c) m = std::max(m, x[n * C + c]);
+    double s = 0;
+    for (int64_t c = 0; c < C; ++c) s += std::exp(x[n * C + c] - m);
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = x[n * C + c] - m - std::log(s);
+  }
+  return y;
+}
+
+}  // namespace
+
+TEST(LogSoftmax, ForwardAndBackward) {
+  for (DType dtype : {kFloat64, kFloat32}) {
+    Generator gen(1);
+    const int64_t N = 6, C = 10;
+    const Tensor x = random_tensor({N, C}, dtype, gen, -5, 5);
+    const std::vector<double> y = ref_log_softmax(values(x), N, C);
+    const Tol tol = tol_for(dtype);
+    const Tensor out = kernels::log_softmax_forward(x);
+    EXPECT_TRUE(all_close(out, y, tol));
+    EXPECT_TRUE(all_close(kernels::log_softmax_forward(non_contiguous(x)), y, tol));
+
+    // dx = dy - softmax * sum(dy)
+    const Tensor gy = random_tensor({N, C}, dtype, gen);
+    const std::vector<double> gyv = values(gy);
+    std::vector<double> gx(N * C);
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t c = 0; c < C; ++c) s += gyv[n * C + c];
+      for (int64_t c = 0; c < C; ++c) gx[n * C + c] = gyv[n * C + c] - std::exp(y[n * C + c]) * s;
+    }
+    EXPECT_TRUE(all_close(kernels::log_softmax_backward(gy, out), gx, tol));
+  }
+}
+
+TEST(LogSoftmax, LargeLogitsStayFinite) {
+  const Tensor x = Tensor::from_vector<float>({1000, 1001, 999, -1000, 0, 1}, {2, 3});
+  const std::vector<double> y = ref_log_softmax(values(x), 2, 3);
+  EXPECT_TRUE(all_close(kernels::log_softmax_forward(x), y, tol_for(kFloat32)));
+}
+
+TEST(LogSoftmax, ManyRowsOnSeveralThreads) {
+  ThreadCountGuard guard(2);
+  Generator gen(2);
+  const Tensor x = random_tensor({5000, 10}, kFloat32, gen, -3, 3);
+  EXPECT_TRUE(all_close(kernels::log_softmax_forward(x), ref_log_softmax(values(x), 5000, 10),
+                        tol_for(kFloat32)));
+}
+
+TEST(NllLoss, ForwardAndBackward) {
+  for (DType dtype : {kFloat64, kFloat32}) {
+    Generator gen(3);
+    const int64_t N = 7, C = 5;
+    const Tensor lp = random_tensor({N, C}, dtype, gen, -4, 0);
+    const std::vector<int64_t> t{0, 4, 2, 2, 1, 3, 4};
+    const Tensor target = Tensor::from_vector<int64_t>(t, {N});
+    const std::vector<double> lpv = values(lp);
+    double sum = 0;
+    for (int64_t n = 0; n < N; ++n) sum += lpv[n * C + t[n]];
+    const Tensor loss = kernels::nll_loss_forward(lp, target);
+    EXPECT_EQ(loss.dim(), 0);
+    EXPECT_EQ(loss.dtype(), dtype);
+    EXPECT_TRUE(all_close(loss, {-sum / N}, tol_for(dtype)));
+    EXPECT_TRUE(all_close(kernels::nll_loss_forward(non_contiguous(lp), target), {-sum / N}, tol_for(dtype)));
+
+    const double g = 0.75;
+    std::vector<double> gx(N * C, 0.0);
+    for (int64_t n = 0; n < N; ++n) gx[n * C + t[n]] = -g / N;
+    const Tensor go = Tensor::scalar(g, dtype);
+    EXPECT_TRUE(all_close(kernels::nll_loss_backward(go, lp, target), gx, tol_for(dtype)));
+  }
+}
+
+TEST(NllLoss, OutOfRangeTargetNamesRowAndValue) {
+  const Tensor lp = Tensor::zeros({3, 4});
+  const Tensor high = Tensor::from_vector<int64_t>({0, 1, 7}, {3});
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_forward(lp, high); }, {"target[2] = 7", "[0, 4)"}));
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_backward(Tensor::scalar(1.0), lp, high); }, {"= 7"}));
+  const Tensor negative = Tensor::from_vector<int64_t>({-1, 1, 2}, {3});
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_forward(lp, negative); }, {"target[0] = -1"}));
+  const Tensor edge = Tensor::from_vector<int64_t>({0, 4, 3}, {3});
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_forward(lp, edge); }, {"target[1] = 4"}));
+}
+
+TEST(NllLoss, RejectsBadArguments) {
+  const Tensor lp = Tensor::zeros({3, 4});
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_forward(lp, Tensor::zeros({3}, kInt32)); }, {"int64"}));
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_forward(lp, Tensor::zeros({2}, kInt64)); }, {"[3]"}));
+  EXPECT_TRUE(throws_with([&] { kernels::nll_loss_forward(Tensor::zeros({3}), Tensor::zeros({3}, kInt64)); },
+                          {"[N, C]"}));
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::nll_loss_backward(Tensor::zeros({2}), lp, Tensor::zeros({3}, kInt64)); }, {"scalar"}));
+}

@@ -1,8 +1,8 @@
 // Allocators. The host allocator hands out 64-byte aligned blocks and keeps
 // freed blocks in per-size free lists, so a training step that allocates the
 // same shapes every iteration reaches a steady state with no calls to the
-// system allocator. The CUDA allocator (core/cuda/allocator.cpp) does the same
-// per device; without CUDA, asking for it throws.
+// system allocator. The CUDA allocator does the same
+// per device (core/cuda/runtime.cpp); without CUDA, asking for it throws.
 #pragma once
 
 #include <cstddef>

@@ -78,8 +78,8 @@ Header read_header(FILE* f, const std::string& path) {
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   TANDEM_CHECK(n <= file_size - 8, "safetensors file '", path, "': header length ", n,
                " is larger than the file after the 8-byte length prefix (", file_size - 8, " bytes)");
-  TANDEM_CHECK(n <= kMaxHeaderBytes, "safetensors file '", path, "': header length ", n, " exceeds the limit of ",
-               kMaxHeaderBytes, " bytes");
+  TANDEM_CHECK(n <= kMaxHeaderBytes, "safetensors file '", path, "': header length ", n,
+               " exceeds the limit of ", kMaxHeaderBytes, " bytes");
   std::string text(n, '\0');
   read_exact(f, text.data(), n, 8, path, "the JSON header");
 
@@ -149,8 +149,9 @@ Header read_header(FILE* f, const std::string& path) {
     uint64_t numel = 1;
     for (const json& d : v["shape"]) {
       const uint64_t s = as_offset(d, path, name, "shape");
-      TANDEM_CHECK(s <= (uint64_t(1) << 62) && (s == 0 || numel <= (uint64_t(1) << 62) / s), "safetensors file '",
-                   path, "', tensor '", name, "': shape ", v["shape"].dump(), " is too large");
+      TANDEM_CHECK(s <= (uint64_t(1) << 62) && (s == 0 || numel <= (uint64_t(1) << 62) / s),
+                   "safetensors file '", path, "', tensor '", name, "': shape ", v["shape"].dump(),
+                   " is too large");
       numel *= s;
       e.shape.push_back(static_cast<int64_t>(s));
     }
@@ -175,9 +176,9 @@ Header read_header(FILE* f, const std::string& path) {
   uint64_t covered = 0;
   const Entry* last = nullptr;
   for (const Entry* e : by_offset) {
-    TANDEM_CHECK(e->begin >= covered, "safetensors file '", path, "': tensor '", e->name, "' [", e->begin, ", ",
-                 e->end, ") overlaps tensor '", last ? last->name : "", "' [", last ? last->begin : 0, ", ",
-                 covered, ")");
+    TANDEM_CHECK(e->begin >= covered, "safetensors file '", path, "': tensor '", e->name, "' [", e->begin,
+                 ", ", e->end, ") overlaps tensor '", last ? last->name : "", "' [", last ? last->begin : 0,
+                 ", ", covered, ")");
     TANDEM_CHECK(e->begin == covered, "safetensors file '", path, "': hole in the data region: bytes [",
                  covered, ", ", e->begin, ") before tensor '", e->name, "' belong to no tensor");
     if (e->end > covered || last == nullptr) {
@@ -236,8 +237,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   };
   std::vector<Item> items;
   for (const auto& [name, t] : tensors) {
-    TANDEM_CHECK(!name.empty() && name != kMetadataKey, "save_safetensors('", path, "'): invalid tensor name '",
-                 name, "'");
+    TANDEM_CHECK(!name.empty() && name != kMetadataKey, "save_safetensors('", path,
+                 "'): invalid tensor name '", name, "'");
     TANDEM_CHECK(t.defined(), "save_safetensors('", path, "'): tensor '", name, "' is undefined");
     items.push_back({&name, t.to(Device::cpu()).contiguous()});
   }
@@ -260,8 +261,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   try {
     text = h.dump();
   } catch (const json::exception& e) {
-    TANDEM_FAIL("save_safetensors('", path, "'): cannot encode the header (names and metadata must be UTF-8): ",
-                e.what());
+    TANDEM_FAIL("save_safetensors('", path,
+                "'): cannot encode the header (names and metadata must be UTF-8): ", e.what());
   }
   text.append((8 - (8 + text.size()) % 8) % 8, ' ');
   uint8_t len_bytes[8];
@@ -269,8 +270,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TANDEM_CHECK(fd >= 0, "cannot save safetensors file '", path, "': cannot create '", tmp, "': ",
-               std::strerror(errno), " (is the directory there and writable?)");
+  TANDEM_CHECK(fd >= 0, "cannot save safetensors file '", path, "': cannot create '", tmp,
+               "': ", std::strerror(errno), " (is the directory there and writable?)");
   bool open = true;
   try {
     write_all(fd, len_bytes, 8, tmp);
@@ -288,8 +289,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    TANDEM_FAIL("cannot save safetensors file '", path, "': renaming '", tmp, "' over it failed: ",
-                std::strerror(err));
+    TANDEM_FAIL("cannot save safetensors file '", path, "': renaming '", tmp,
+                "' over it failed: ", std::strerror(err));
   }
   // Make the rename itself durable; failure here (some filesystems) does not undo the save.
   const std::string dir = std::filesystem::path(path).parent_path().string();

@@ -39,9 +39,8 @@ class Dataset {
 // True when `t` is a host tensor of this shape/dtype that no other handle or
 // view refers to, so it can be overwritten in place without anyone noticing.
 inline bool reusable_buffer(const Tensor& t, const Shape& shape, DType dtype) {
-  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
-         t.dtype() == dtype && t.shape() == shape && t.device().is_cpu() && t.offset() == 0 &&
-         t.is_contiguous();
+  return t.defined() && t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 && t.dtype() == dtype &&
+         t.shape() == shape && t.device().is_cpu() && t.offset() == 0 && t.is_contiguous();
 }
 
 }  // namespace tandem::data

@@ -22,13 +22,20 @@ constexpr uint64_t kMaxElements = uint64_t(1) << 48;
 
 const char* idx_type_name(uint8_t t) {
   switch (t) {
-    case 0x08: return "unsigned byte";
-    case 0x09: return "signed byte";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
-    default: return "unknown";
+    case 0x08:
+      return "unsigned byte";
+    case 0x09:
+      return "signed byte";
+    case 0x0B:
+      return "int16";
+    case 0x0C:
+      return "int32";
+    case 0x0D:
+      return "float32";
+    case 0x0E:
+      return "float64";
+    default:
+      return "unknown";
   }
 }
 
@@ -57,8 +64,8 @@ class RawReader final : public Reader {
   ~RawReader() override { std::fclose(f_); }
   size_t read(void* dst, size_t n) override {
     const size_t got = std::fread(dst, 1, n, f_);
-    TANDEM_CHECK(got == n || !std::ferror(f_), "read error in IDX file '", path_, "': ",
-                 std::strerror(errno));
+    TANDEM_CHECK(got == n || !std::ferror(f_), "read error in IDX file '", path_,
+                 "': ", std::strerror(errno));
     return got;
   }
 
@@ -143,9 +150,8 @@ Tensor read_idx(const std::string& path) {
   std::vector<uint8_t> dim_bytes(4 * ndim);
   const size_t header_bytes = 4 + dim_bytes.size();
   const size_t ndims_read = reader->read(dim_bytes.data(), dim_bytes.size());
-  TANDEM_CHECK(ndims_read == dim_bytes.size(), "IDX file '", path, "' is truncated: the header of ",
-               ndim, " dimensions needs ", header_bytes, " bytes, ", length_kind, " is ",
-               4 + ndims_read, " bytes");
+  TANDEM_CHECK(ndims_read == dim_bytes.size(), "IDX file '", path, "' is truncated: the header of ", ndim,
+               " dimensions needs ", header_bytes, " bytes, ", length_kind, " is ", 4 + ndims_read, " bytes");
   Shape shape(ndim);
   uint64_t numel = 1;
   for (int d = 0; d < ndim; ++d) {
@@ -175,8 +181,8 @@ Tensor read_idx(const std::string& path) {
     }
     TANDEM_CHECK(actual == expected, "IDX file '", path, "' is ",
                  actual < expected ? "truncated" : "longer than its header says", ": shape ",
-                 shape_str(shape), " needs ", expected, " bytes, decompressed length is ", actual,
-                 " bytes", note);
+                 shape_str(shape), " needs ", expected, " bytes, decompressed length is ", actual, " bytes",
+                 note);
   } else {
     TANDEM_CHECK(got == numel, "IDX file '", path, "' is truncated: shape ", shape_str(shape), " needs ",
                  expected, " bytes, could read only ", header_bytes + got, " bytes");
@@ -200,11 +206,11 @@ void write_idx(const std::string& path, const Tensor& tensor) {
   FILE* f = std::fopen(path.c_str(), "wb");
   TANDEM_CHECK(f != nullptr, "cannot create IDX file '", path, "': ", std::strerror(errno));
   bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size();
-  if (ok && host.numel() > 0)
-    ok = std::fwrite(host.raw_data(), 1, host.nbytes(), f) == host.nbytes();
+  if (ok && host.numel() > 0) ok = std::fwrite(host.raw_data(), 1, host.nbytes(), f) == host.nbytes();
   const int saved_errno = errno;
   ok = (std::fclose(f) == 0) && ok;
-  TANDEM_CHECK(ok, "write error on IDX file '", path, "': ", std::strerror(saved_errno ? saved_errno : errno));
+  TANDEM_CHECK(ok, "write error on IDX file '", path,
+               "': ", std::strerror(saved_errno ? saved_errno : errno));
 }
 
 }  // namespace tandem::data

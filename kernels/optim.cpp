@@ -14,7 +14,8 @@ void check_same(const char* op, const char* what, const Tensor& param, const Ten
   TANDEM_CHECK(t.shape() == param.shape(), op, ": ", what, " ", t.str(), " does not match the parameter ",
                param.str());
   if (in_place) {
-    TANDEM_CHECK(t.is_contiguous(), op, ": ", what, " ", t.str(), " must be contiguous (it is updated in place)");
+    TANDEM_CHECK(t.is_contiguous(), op, ": ", what, " ", t.str(),
+                 " must be contiguous (it is updated in place)");
   }
 }
 

@@ -31,8 +31,9 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   constexpr const char* op = "max_pool2d_backward";
   TANDEM_CHECK(grad_out.defined() && indices.defined(), op, ": grad_out and indices must be defined");
   TANDEM_CHECK(input_shape.size() == 4, op, ": expected a 4-D input shape, got ", shape_str(input_shape));
-  TANDEM_CHECK(grad_out.dim() == 4 && grad_out.size(0) == input_shape[0] && grad_out.size(1) == input_shape[1],
-               op, ": grad_out ", grad_out.str(), " does not match input shape ", shape_str(input_shape));
+  TANDEM_CHECK(
+      grad_out.dim() == 4 && grad_out.size(0) == input_shape[0] && grad_out.size(1) == input_shape[1], op,
+      ": grad_out ", grad_out.str(), " does not match input shape ", shape_str(input_shape));
   TANDEM_CHECK(indices.shape() == grad_out.shape(), op, ": indices ", indices.str(),
                " do not match grad_out ", grad_out.str());
   TANDEM_CHECK(indices.dtype() == kInt64, op, ": expected int64 indices, got ", indices.str());

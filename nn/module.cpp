@@ -52,15 +52,21 @@ NamedTensors Module::state_dict() const {
 void Module::load_state_dict(const std::map<std::string, Tensor>& state, bool strict) {
   NamedTensors mine = state_dict();
   std::set<std::string> expected;
+  // Tensors present with the wrong shape or kind are reported before missing ones.
+  std::string missing;
   for (auto& [name, t] : mine) {
     expected.insert(name);
     auto it = state.find(name);
-    TANDEM_CHECK(it != state.end(), "missing tensor '", name, "' (expected shape ", shape_str(t.shape()), ")");
+    if (it == state.end()) {
+      if (missing.empty()) missing = "missing tensor '" + name + "' (expected shape " + shape_str(t.shape()) + ")";
+      continue;
+    }
     TANDEM_CHECK(it->second.shape() == t.shape(), "tensor '", name, "' has shape ",
                  shape_str(it->second.shape()), ", expected ", shape_str(t.shape()));
     TANDEM_CHECK(is_floating(it->second.dtype()) == is_floating(t.dtype()), "tensor '", name, "' is ",
                  dtype_name(it->second.dtype()), ", expected ", dtype_name(t.dtype()));
   }
+  TANDEM_CHECK(missing.empty(), missing);
   if (strict)
     for (auto& [name, t] : state)
       TANDEM_CHECK(expected.count(name), "unexpected tensor '", name, "' (this model has no such parameter or buffer)");

@@ -193,4 +193,22 @@ void StepLR::set_last_epoch(int64_t epoch) {
   for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = get_lr(g);
 }
 
+// ---- CosineAnnealingLR ----
+
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
+    : opt_(optimizer), t_max_(t_max), eta_min_(eta_min) {
+  TANDEM_CHECK(t_max > 0, "CosineAnnealingLR: t_max must be positive, got ", t_max);
+  for (auto& g : opt_.param_groups()) base_lrs_.push_back(g.lr);
+}
+
+void CosineAnnealingLR::step() { set_last_step(t_ + 1); }
+
+void CosineAnnealingLR::set_last_step(int64_t t) {
+  t_ = t;
+  const double progress = static_cast<double>(std::min(t_, t_max_)) / static_cast<double>(t_max_);
+  auto& groups = opt_.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    groups[g].lr = eta_min_ + (base_lrs_[g] - eta_min_) * (1.0 + std::cos(M_PI * progress)) / 2.0;
+}
+
 }  // namespace tandem::optim

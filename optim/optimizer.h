@@ -118,4 +118,22 @@ class StepLR {
   std::vector<double> base_lrs_;
 };
 
+// Cosine annealing from the optimizer's lrs at construction down to eta_min
+// over t_max calls of step() (call it once per iteration), as PyTorch's
+// CosineAnnealingLR: lr = eta_min + (base - eta_min) * (1 + cos(pi * t / t_max)) / 2.
+class CosineAnnealingLR {
+ public:
+  CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min = 0.0);
+  void step();
+  int64_t last_step() const { return t_; }
+  void set_last_step(int64_t t);
+
+ private:
+  Optimizer& opt_;
+  int64_t t_max_;
+  double eta_min_;
+  int64_t t_ = 0;
+  std::vector<double> base_lrs_;
+};
+
 }  // namespace tandem::optim

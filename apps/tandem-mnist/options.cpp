@@ -16,6 +16,9 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--test-batch-size", o.test_batch_size, "evaluation batch size")->check(CLI::PositiveNumber);
   app.add_option("--lr", o.lr, "learning rate")->check(CLI::NonNegativeNumber);
   app.add_option("--gamma", o.gamma, "StepLR decay of the learning rate per epoch")->check(CLI::PositiveNumber);
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "step: multiply by --gamma after every epoch; cosine: anneal to 0 over all iterations")
+      ->check(CLI::IsMember({"step", "cosine"}));
   app.add_option("--optimizer", o.optimizer, "adadelta, sgd or adam")
       ->check(CLI::IsMember({"adadelta", "sgd", "adam"}));
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::NonNegativeNumber);

@@ -121,10 +121,12 @@ void run_training(const TrainOptions& o) {
   model.to(device);
   model.train();
   auto optimizer = make_optimizer(o, model.parameters());
-  optim::StepLR scheduler(*optimizer, 1, o.gamma);
+  const int64_t iters = train_loader.num_batches();
+  optim::StepLR epoch_schedule(*optimizer, 1, o.gamma);
+  optim::CosineAnnealingLR iter_schedule(*optimizer, iters * o.epochs);
+  const bool cosine = o.lr_schedule == "cosine";
   MetricsWriter metrics(o.metrics_out);
 
-  const int64_t iters = train_loader.num_batches();
   spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o.epochs, iters, o.batch_size,
                o.optimizer, o.lr);
   for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
@@ -142,6 +144,8 @@ void run_training(const TrainOptions& o) {
       optimizer->zero_grad();
       loss.backward();
       optimizer->step();
+      const double lr_used = optimizer->lr();
+      if (cosine) iter_schedule.step();
       samples += x.size(0);
 
       const bool log_now = it % o.log_interval == 0 || it == iters;
@@ -153,12 +157,12 @@ void run_training(const TrainOptions& o) {
       window_data += data_time;
       ++window_n;
       metrics.write({{"type", "train"}, {"epoch", epoch}, {"iter", it}, {"loss", loss_value},
-                     {"lr", optimizer->lr()}, {"time", iter_time}, {"data_time", data_time}});
+                     {"lr", lr_used}, {"time", iter_time}, {"data_time", data_time}});
       if (log_now) {
         const double avg = window_time / window_n;
         const double eta = avg * static_cast<double>((iters - it) + (o.epochs - epoch) * iters);
         spdlog::info("Epoch(train) [{}][{}/{}] lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} loss: {:.4f}",
-                     epoch, it, iters, optimizer->lr(), format_eta(eta), avg, window_data / window_n,
+                     epoch, it, iters, lr_used, format_eta(eta), avg, window_data / window_n,
                      loss_value);
         window_time = window_data = 0;
         window_n = 0;
@@ -174,7 +178,7 @@ void run_training(const TrainOptions& o) {
     metrics.write({{"type", "eval"}, {"epoch", epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
     spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", epoch, ev.loss, ev.accuracy,
                  ev.correct, ev.total);
-    scheduler.step();
+    if (!cosine) epoch_schedule.step();
   }
 
   if (!o.save_weights.empty()) {

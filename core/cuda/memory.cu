@@ -152,7 +152,8 @@ void copy_same_device(Tensor& dst, const Tensor& src) {
   if (n == 0) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     if (dst.raw_data() != src.raw_data())
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+      TANDEM_CUDA_CHECK(
+          cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
     return;
   }
   const CopyLayout l = make_layout(dst, &src);
@@ -186,7 +187,8 @@ void copy_host_to_device(Tensor& dst, const Tensor& src) {
   Tensor target = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
   const cudaStream_t stream = compute_stream(dev);
   DeviceGuard guard(dev);
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(target.raw_data(), host.raw_data(), target.nbytes(), cudaMemcpyHostToDevice, stream));
+  TANDEM_CUDA_CHECK(
+      cudaMemcpyAsync(target.raw_data(), host.raw_data(), target.nbytes(), cudaMemcpyHostToDevice, stream));
   if (is_pinned_host(host.raw_data())) TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
   if (!target.is_same(dst)) copy_same_device(dst, target);
 }
@@ -226,7 +228,8 @@ void copy_across_devices(Tensor& dst, const Tensor& src) {
   {
     DeviceGuard guard(sdev);
     TANDEM_CUDA_CHECK(cudaStreamWaitEvent(sstream, dst_ready, 0));
-    TANDEM_CUDA_CHECK(cudaMemcpyPeerAsync(landing.raw_data(), ddev, packed.raw_data(), sdev, landing.nbytes(), sstream));
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyPeerAsync(landing.raw_data(), ddev, packed.raw_data(), sdev, landing.nbytes(), sstream));
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
     TANDEM_CUDA_CHECK(cudaEventRecord(copied, sstream));
   }

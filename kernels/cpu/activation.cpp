@@ -4,6 +4,7 @@
 // Guarantees: fresh contiguous outputs; large tensors are split across the
 // thread pool in contiguous slices, small ones stay on the calling thread.
 #include "kernels/activation.h"
+
 #include "kernels/cpu/common.h"
 #include "kernels/functors.h"
 
@@ -43,7 +44,8 @@ Tensor backward_impl(const Tensor& gy_in, const Tensor& y_in) {
 
 Tensor relu_forward(const Tensor& x) {
   detail::check_cpu("relu_forward", x);
-  return detail::dispatch_float(x.dtype(), "relu_forward", [&](auto t) { return forward_impl<decltype(t)>(x); });
+  return detail::dispatch_float(x.dtype(), "relu_forward",
+                                [&](auto t) { return forward_impl<decltype(t)>(x); });
 }
 
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y) {

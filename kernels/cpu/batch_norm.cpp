@@ -7,10 +7,14 @@
 // running_var updated with the unbiased one (n/(n-1)); save_mean/save_invstd
 // are the statistics used (batch in training, running in eval). Each channel
 // is handled by one thread in tight vectorised passes over its N rows of
-// H*W values; sums of rows accumulate in double.
+// H*W values (forward: one pass for the shifted first and second moments,
+// one to write; backward: one for the two sums, one to write); sums of rows
+// accumulate in double.
+#include "kernels/batch_norm.h"
+
+#include <algorithm>
 #include <cmath>
 
-#include "kernels/batch_norm.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
@@ -30,7 +34,9 @@ Layout layout_of(const Tensor& x) {
 }
 
 // Channels per parallel chunk: aim for >= 32K elements of work per chunk.
-int64_t channel_grain(const Layout& l) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.N * l.HW)); }
+int64_t channel_grain(const Layout& l) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.N * l.HW));
+}
 
 template <typename T>
 BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
@@ -61,14 +67,19 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
     for (int64_t c = c0; c < c1; ++c) {
       T mean, invstd;
       if (training) {
-        double sum = 0;
-        for (int64_t n = 0; n < l.N; ++n) sum += CArrMap<T>(xp + (n * l.C + c) * l.HW, l.HW).sum();
-        const double mean_d = M > 0 ? sum / double(M) : 0.0;
-        mean = T(mean_d);
-        double var_sum = 0;
+        // One pass for both moments, shifted by the channel's first value so
+        // that the sum of squares does not cancel catastrophically.
+        const T shift = M > 0 ? xp[c * l.HW] : T(0);
+        double s1 = 0, s2 = 0;
         for (int64_t n = 0; n < l.N; ++n) {
-          var_sum += (CArrMap<T>(xp + (n * l.C + c) * l.HW, l.HW) - mean).square().sum();
+          const CArrMap<T> row(xp + (n * l.C + c) * l.HW, l.HW);  // L1-resident: read twice
+          s1 += (row - shift).sum();
+          s2 += (row - shift).square().sum();
         }
+        const double m = M > 0 ? s1 / double(M) : 0.0;
+        const double var_sum = std::max(0.0, s2 - s1 * m);  // sum of (x - mean)^2
+        const double mean_d = double(shift) + m;
+        mean = T(mean_d);
         const double var = M > 0 ? var_sum / double(M) : 0.0;
         invstd = T(1.0 / std::sqrt(var + eps));
         if (update) {

@@ -7,10 +7,12 @@
 // buffers; weight/bias gradients are summed per chunk and then reduced in
 // chunk order, so results are deterministic for a given thread count.
 // Gradients that were not asked for are not computed (and cost nothing).
+#include "kernels/conv.h"
+
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
-#include "kernels/conv.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
@@ -37,6 +39,55 @@ Geometry make_geometry(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
   return g;
 }
 
+// Row copy and add for the short rows of im2col/col2im, with AVX-512: masked
+// loads (never reading past the source row) and full-width stores, which may
+// spill up to kSpill elements past dst + n. Callers own that slack and
+// write it properly afterwards (or pad their buffers). Masked stores are
+// avoided on purpose: they are slow on some cores and defeat store forwarding.
+template <typename T>
+constexpr int64_t kSpill = 64 / sizeof(T);
+
+template <typename T>
+inline void copy_spill(T* __restrict dst, const T* __restrict src, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+      _mm512_storeu_ps(dst + i, _mm512_maskz_loadu_ps(m, src + i));
+    }
+    return;
+  } else {
+    for (int64_t i = 0; i < n; i += 8) {
+      const __mmask8 m = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
+      _mm512_storeu_pd(dst + i, _mm512_maskz_loadu_pd(m, src + i));
+    }
+    return;
+  }
+#endif
+  std::copy(src, src + n, dst);
+}
+
+// dst[0, n) += src[0, n); dst[n, n + kSpill) is read and written back unchanged.
+template <typename T>
+inline void add_spill(T* __restrict dst, const T* __restrict src, int64_t n) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+      _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_maskz_loadu_ps(m, src + i)));
+    }
+    return;
+  } else {
+    for (int64_t i = 0; i < n; i += 8) {
+      const __mmask8 m = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
+      _mm512_storeu_pd(dst + i, _mm512_add_pd(_mm512_loadu_pd(dst + i), _mm512_maskz_loadu_pd(m, src + i)));
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
 // Smallest q >= 0 with q*stride >= v (v may be negative).
 inline int64_t first_at_least(int64_t v, int64_t stride) { return v <= 0 ? 0 : (v + stride - 1) / stride; }
 
@@ -47,6 +98,8 @@ inline void valid_q_range(const Geometry& g, int64_t s, int64_t& lo, int64_t& hi
 }
 
 // col[(c*R + r)*S + s][p*Q + q] = x[c][p*sh - ph + r][q*sw - pw + s] (0 outside).
+// col needs kSpill<T> elements of slack past its end; rows are written in
+// increasing address order, so every spill is overwritten by the next row.
 template <typename T>
 void im2col(const T* x, const Geometry& g, T* col) {
   const int64_t PQ = g.pq();
@@ -66,7 +119,7 @@ void im2col(const T* x, const Geometry& g, T* col) {
           const T* src = x + (c * g.H + ih) * g.W;
           std::fill(d, d + lo, T(0));
           if (g.sw == 1) {
-            if (hi > lo) std::memcpy(d + lo, src + (lo - g.pw + s), (hi - lo) * sizeof(T));
+            copy_spill(d + lo, src + (lo - g.pw + s), hi - lo);
           } else {
             for (int64_t q = lo; q < hi; ++q) d[q] = src[q * g.sw - g.pw + s];
           }
@@ -77,7 +130,10 @@ void im2col(const T* x, const Geometry& g, T* col) {
   }
 }
 
-// The adjoint of im2col: dx[c][ih][iw] += col[...] (dx must start zeroed).
+// The adjoint of im2col: dx[c][ih][iw] += col[...]. dx must start zeroed and
+// have kSpill<T> elements of slack past its end (see add_spill). Output rows
+// are visited even p first, then odd p, so that consecutive read-modify-writes
+// of one image row do not overlap while the previous store is in flight.
 template <typename T>
 void col2im(const T* col, const Geometry& g, T* dx) {
   const int64_t PQ = g.pq();
@@ -87,15 +143,18 @@ void col2im(const T* col, const Geometry& g, T* dx) {
         const T* src = col + ((c * g.R + r) * g.S + s) * PQ;
         int64_t lo, hi;
         valid_q_range(g, s, lo, hi);
-        for (int64_t p = 0; p < g.P; ++p) {
-          const int64_t ih = p * g.sh - g.ph + r;
-          if (ih < 0 || ih >= g.H) continue;
-          const T* sp = src + p * g.Q;
-          T* drow = dx + (c * g.H + ih) * g.W - g.pw + s;  // drow[q*sw] is column q's target
-          if (g.sw == 1) {
-            for (int64_t q = lo; q < hi; ++q) drow[q] += sp[q];
-          } else {
-            for (int64_t q = lo; q < hi; ++q) drow[q * g.sw] += sp[q];
+        if (hi <= lo) continue;
+        for (int64_t parity = 0; parity < 2; ++parity) {
+          for (int64_t p = parity; p < g.P; p += 2) {
+            const int64_t ih = p * g.sh - g.ph + r;
+            if (ih < 0 || ih >= g.H) continue;
+            const T* sp = src + p * g.Q;
+            T* drow = dx + (c * g.H + ih) * g.W;  // column q lands at q*sw - pw + s
+            if (g.sw == 1) {
+              add_spill(drow + lo - g.pw + s, sp + lo, hi - lo);
+            } else {
+              for (int64_t q = lo; q < hi; ++q) drow[q * g.sw - g.pw + s] += sp[q];
+            }
           }
         }
       }
@@ -121,7 +180,8 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   const int64_t CRS = g.crs(), PQ = g.pq();
   const bool direct = g.identity_col();
   const int64_t chunks = batch_chunks(g);
-  Tensor workspace = direct ? Tensor() : Tensor::empty({chunks, CRS * PQ}, x.dtype());
+  const int64_t col_stride = CRS * PQ + kSpill<T>;  // im2col spills past its end
+  Tensor workspace = direct ? Tensor() : Tensor::empty({chunks * col_stride}, x.dtype());
 
   const T* xp = x.data<T>();
   const T* wp = w.data<T>();
@@ -131,7 +191,7 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
 
   detail::for_each_chunk(g.N, chunks, [&](int64_t chunk, int64_t n0, int64_t n1) {
     const CMatMap<T> wm(wp, g.K, CRS);
-    T* col = direct ? nullptr : ws + chunk * CRS * PQ;
+    T* col = direct ? nullptr : ws + chunk * col_stride;
     for (int64_t n = n0; n < n1; ++n) {
       const T* xn = xp + n * g.C * g.H * g.W;
       if (!direct) im2col(xn, g, col);
@@ -166,14 +226,17 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   }
 
   const int64_t chunks = batch_chunks(g);
-  // Per-chunk buffers: column matrix (weight grad), column gradient (input
+  // Per-chunk buffers: column matrix (weight grad, with im2col's slack),
+  // column gradient and a padded image for col2im to accumulate into (input
   // grad), partial weight and bias gradients for chunks after the first
   // (chunk 0 accumulates straight into the outputs).
-  const int64_t col_sz = (need_weight && !direct) ? CRS * PQ : 0;
+  const int64_t col_sz = (need_weight && !direct) ? CRS * PQ + kSpill<T> : 0;
   const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
+  const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
   const int64_t dw_sz = need_weight ? g.K * CRS : 0;
   const int64_t db_sz = need_bias ? g.K : 0;
-  const int64_t per_chunk = col_sz + dcol_sz + dw_sz + db_sz;
+  const int64_t partial_off = col_sz + dcol_sz + img_sz;
+  const int64_t per_chunk = partial_off + dw_sz + db_sz;
   Tensor workspace = per_chunk > 0 ? Tensor::empty({chunks * per_chunk}, x.dtype()) : Tensor();
   T* ws = per_chunk > 0 ? workspace.data<T>() : nullptr;
 
@@ -188,8 +251,9 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
     T* base = ws + chunk * per_chunk;
     T* col = base;
     T* dcol = col + col_sz;
-    T* dw = chunk == 0 ? gwp : dcol + dcol_sz;
-    T* db = chunk == 0 ? gbp : dcol + dcol_sz + dw_sz;
+    T* img = dcol + dcol_sz;
+    T* dw = chunk == 0 ? gwp : base + partial_off;
+    T* db = chunk == 0 ? gbp : base + partial_off + dw_sz;
     if (need_weight) std::fill(dw, dw + g.K * CRS, T(0));
     if (need_bias) std::fill(db, db + g.K, T(0));
     const CMatMap<T> wm(wp, g.K, CRS);
@@ -210,8 +274,9 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
           MatMap<T>(gxn, CRS, PQ).noalias() = wm.transpose() * gyn;
         } else {
           MatMap<T>(dcol, CRS, PQ).noalias() = wm.transpose() * gyn;
-          std::fill(gxn, gxn + CHW, T(0));
-          col2im(dcol, g, gxn);
+          std::fill(img, img + img_sz, T(0));
+          col2im(dcol, g, img);
+          std::memcpy(gxn, img, CHW * sizeof(T));
         }
       }
     }
@@ -220,7 +285,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   // Reduce the partial weight/bias gradients in chunk order.
   const int64_t step = (g.N + chunks - 1) / chunks, used = (g.N + step - 1) / step;
   for (int64_t c = 1; c < used; ++c) {
-    const T* base = ws + c * per_chunk + col_sz + dcol_sz;
+    const T* base = ws + c * per_chunk + partial_off;
     if (need_weight) {
       for (int64_t i = 0; i < g.K * CRS; ++i) gwp[i] += base[i];
     }

@@ -7,11 +7,12 @@
 // partials added in chunk order (deterministic for a given thread count).
 // argmax returns int64 [N]: the first maximum of each row, a NaN counting as
 // the maximum (as PyTorch).
+#include "kernels/elementwise.h"
+
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/common.h"
-#include "kernels/elementwise.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -73,16 +74,17 @@ Tensor argmax_impl(const Tensor& a_in) {
   Tensor out = Tensor::empty({N}, kInt64);
   const T* ap = a.data<T>();
   int64_t* op = out.data<int64_t>();
-  detail::parallel_range(N, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, C)), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const T* row = ap + r * C;
-      int64_t best = 0;
-      for (int64_t c = 1; c < C && !std::isnan(row[best]); ++c) {
-        if (row[c] > row[best] || std::isnan(row[c])) best = c;
-      }
-      op[r] = best;
-    }
-  });
+  detail::parallel_range(N, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, C)),
+                         [&](int64_t r0, int64_t r1) {
+                           for (int64_t r = r0; r < r1; ++r) {
+                             const T* row = ap + r * C;
+                             int64_t best = 0;
+                             for (int64_t c = 1; c < C && !std::isnan(row[best]); ++c) {
+                               if (row[c] > row[best] || std::isnan(row[c])) best = c;
+                             }
+                             op[r] = best;
+                           }
+                         });
   return out;
 }
 

@@ -6,8 +6,9 @@
 // Guarantees: fresh contiguous outputs. Big products are split into row
 // blocks of the output, one single-threaded GEMM per block, so each output
 // element is computed by exactly one thread in a fixed order.
-#include "kernels/cpu/common.h"
 #include "kernels/linear.h"
+
+#include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -26,7 +27,8 @@ using RowVecMap = Eigen::Map<Eigen::Matrix<T, 1, Eigen::Dynamic>, Eigen::Unalign
 
 // Chunks of output rows so that each holds >= ~256K multiply-adds.
 int64_t row_chunks(int64_t rows, int64_t work_per_row) {
-  return detail::num_chunks(rows, std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, work_per_row)));
+  return detail::num_chunks(rows,
+                            std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, work_per_row)));
 }
 
 template <typename T>

@@ -6,10 +6,11 @@
 // Guarantees: PyTorch's semantics (max-shifted log-sum-exp, NaN rows for +-inf maxima; loss = -mean of
 // the picked log-probabilities, a 0-D tensor of the input's dtype). Rows are
 // split across the pool only when there are many of them.
+#include "kernels/loss.h"
+
 #include <cmath>
 
 #include "kernels/cpu/common.h"
-#include "kernels/loss.h"
 
 namespace tandem::kernels::cpu {
 namespace {

@@ -6,8 +6,9 @@
 // gradient may be non-contiguous (read through a contiguous copy).
 // Guarantees: every element is updated exactly once; large tensors are split
 // across the thread pool in contiguous slices.
-#include "kernels/cpu/common.h"
 #include "kernels/optim.h"
+
+#include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -73,8 +74,9 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
 void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
                      const Tensor& acc_delta, const AdadeltaStep& step) {
   detail::check_cpu("adadelta_update", param);
-  detail::dispatch_float(param.dtype(), "adadelta_update",
-                         [&](auto t) { adadelta_impl<decltype(t)>(param, grad, square_avg, acc_delta, step); });
+  detail::dispatch_float(param.dtype(), "adadelta_update", [&](auto t) {
+    adadelta_impl<decltype(t)>(param, grad, square_avg, acc_delta, step);
+  });
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,

@@ -7,11 +7,12 @@
 // padding never wins. Planes (n, c) are split across the thread pool; the
 // backward scatters each plane's gradients into its own input plane, so no
 // two threads write the same memory and the result is deterministic.
+#include "kernels/pool.h"
+
 #include <algorithm>
 #include <limits>
 
 #include "kernels/cpu/common.h"
-#include "kernels/pool.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -26,13 +27,17 @@ inline void take_max(T v, int64_t i, T& best, int64_t& bi) {
   bi = take ? i : bi;
 }
 
-// One output row of a 2x2 window with stride 2 and no padding: input rows r0
-// and r0 + W, flat index of r0[0] is base. Scan order (0,0) (0,1) (1,0) (1,1);
-// starting from the first element equals the general path's start from -inf.
+// 2x2 window, stride 2, no padding, in blocks of kBlock outputs of one
+// output row: a fixed trip count the compiler turns into straight vector
+// code (even/odd lanes of two input rows), so the data-dependent choices cost
+// no branches. Scan order (0,0) (0,1) (1,0) (1,1); starting from the first
+// element equals the general path's start from -inf.
+constexpr int64_t kBlock = 16;
+
 template <typename T>
-void pool_row_2x2(const T* r0, int64_t W, int64_t base, int64_t Q, T* y, int64_t* idx) {
-  const T* r1 = r0 + W;
-  for (int64_t q = 0; q < Q; ++q) {
+inline void pool_block_2x2(const T* __restrict r0, const T* __restrict r1, int64_t base, int64_t W,
+                           T* __restrict y, int64_t* __restrict idx) {
+  for (int64_t q = 0; q < kBlock; ++q) {
     T best = r0[2 * q];
     int64_t bi = base + 2 * q;
     take_max(r0[2 * q + 1], base + 2 * q + 1, best, bi);
@@ -42,6 +47,74 @@ void pool_row_2x2(const T* r0, int64_t W, int64_t base, int64_t Q, T* y, int64_t
     idx[q] = bi;
   }
 }
+
+// One output row: full blocks read and write in place; a partial block goes
+// through small local buffers (so nothing past the row is read or written).
+template <typename T>
+void pool_row_2x2(const T* r0, int64_t W, int64_t base, int64_t Q, T* y, int64_t* idx) {
+  const T* r1 = r0 + W;
+  int64_t q0 = 0;
+  for (; q0 + kBlock <= Q; q0 += kBlock) {
+    pool_block_2x2(r0 + 2 * q0, r1 + 2 * q0, base + 2 * q0, W, y + q0, idx + q0);
+  }
+  if (q0 == Q) return;
+  const int64_t n = Q - q0;
+  alignas(64) T a[2 * kBlock] = {}, b[2 * kBlock] = {}, ty[kBlock];
+  alignas(64) int64_t ti[kBlock];
+  std::copy(r0 + 2 * q0, r0 + 2 * q0 + 2 * n, a);
+  std::copy(r1 + 2 * q0, r1 + 2 * q0 + 2 * n, b);
+  // Indices computed from the local copies are relative to the block start.
+  pool_block_2x2(a, b, 0, 2 * kBlock, ty, ti);
+  const int64_t block_base = base + 2 * q0;
+  for (int64_t j = 0; j < n; ++j) {
+    y[q0 + j] = ty[j];
+    const int64_t rel = ti[j];  // in the local layout: row 0 or 1 of width 2*kBlock
+    idx[q0 + j] = block_base + (rel >= 2 * kBlock ? W + rel - 2 * kBlock : rel);
+  }
+}
+
+#if defined(__AVX512F__)
+// The float row with AVX-512: 16 outputs per step from 32 + 32 input values
+// (masked loads at the row's end, nothing past it is read), even/odd lanes
+// split by permutes, the same take_max rule on lane masks, and masked stores
+// of the values and the int64 indices. Needs W + 32 < 2^31 (int32 offsets).
+inline void pool_row_2x2(const float* r0, int64_t W, int64_t base, int64_t Q, float* y, int64_t* idx) {
+  const float* r1 = r0 + W;
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i off_01 = _mm512_set1_epi32(1), off_10 = _mm512_set1_epi32(int32_t(W)),
+                off_11 = _mm512_set1_epi32(int32_t(W + 1));
+  for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+    const int64_t n = std::min<int64_t>(16, Q - q0), n2 = 2 * n;
+    const __mmask16 m = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+    const __mmask16 m_lo = n2 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n2) - 1);
+    const __mmask16 m_hi = n2 >= 32 ? __mmask16(0xFFFF) : n2 > 16 ? __mmask16((1u << (n2 - 16)) - 1) : 0;
+    const float* a = r0 + 2 * q0;
+    const float* b = r1 + 2 * q0;
+    const __m512 a0 = _mm512_maskz_loadu_ps(m_lo, a), a1 = _mm512_maskz_loadu_ps(m_hi, a + 16);
+    const __m512 b0 = _mm512_maskz_loadu_ps(m_lo, b), b1 = _mm512_maskz_loadu_ps(m_hi, b + 16);
+    __m512 best = _mm512_permutex2var_ps(a0, even, a1);
+    __m512i off = _mm512_setzero_si512();  // 0, 1, W or W + 1 within the window
+    auto take = [&](__m512 v, __m512i o) {
+      const __mmask16 t = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      best = _mm512_mask_mov_ps(best, t, v);
+      off = _mm512_mask_mov_epi32(off, t, o);
+    };
+    take(_mm512_permutex2var_ps(a0, odd, a1), off_01);
+    take(_mm512_permutex2var_ps(b0, even, b1), off_10);
+    take(_mm512_permutex2var_ps(b0, odd, b1), off_11);
+    _mm512_mask_storeu_ps(y + q0, m, best);
+    const __m512i rel = _mm512_add_epi32(even, off);  // 2*lane + window offset
+    const __m512i start = _mm512_set1_epi64(base + 2 * q0);
+    const __m512i lo = _mm512_add_epi64(start, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(rel)));
+    _mm512_mask_storeu_epi64(idx + q0, __mmask8(m & 0xFF), lo);
+    if (n > 8) {
+      const __m512i hi = _mm512_add_epi64(start, _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(rel, 1)));
+      _mm512_mask_storeu_epi64(idx + q0 + 8, __mmask8(m >> 8), hi);
+    }
+  }
+}
+#endif
 
 template <typename T>
 MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
@@ -58,7 +131,7 @@ MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
   const int64_t planes = N * C;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, P * Q * a.kernel_h * a.kernel_w));
   const bool fast_2x2 = a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 &&
-                        a.pad_h == 0 && a.pad_w == 0;
+                        a.pad_h == 0 && a.pad_w == 0 && W < (int64_t{1} << 30);
 
   detail::parallel_range(planes, grain, [&](int64_t pl0, int64_t pl1) {
     for (int64_t pl = pl0; pl < pl1; ++pl) {

@@ -205,7 +205,8 @@ AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t ha
       }
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
-          handle, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo), &choice.workspace));
+          handle, d.x.d, d.w.d, d.conv.d, d.y.d, static_cast<cudnnConvolutionFwdAlgo_t>(choice.algo),
+          &choice.workspace));
       break;
     }
     case ConvOp::BackwardData: {

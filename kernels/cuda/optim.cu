@@ -1,7 +1,7 @@
 // Fused optimizer updates on CUDA: one thread per element applies the per-element functor of
 // kernels/functors.h (SgdStep, AdadeltaStep, AdamStep), the same code the CPU kernels run, so
-// the update math is written once. Tensors must be contiguous float32 of one shape on one device
-// (they are updated in place, so no contiguous copy is made); work is on the compute stream.
+// the update math is written once. float32 tensors of one shape on one device; param and state
+// are updated in place and must be contiguous, the gradient may be strided. Compute stream only.
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/optim.h"
@@ -26,17 +26,20 @@ __global__ void adam_kernel(AdamStep step, float* p, const float* g, float* m, f
   TANDEM_GRID_STRIDE_LOOP(i, n) { step(p[i], g[i], m[i], v[i]); }
 }
 
-// Checks the operands of an update and returns the device index.
-int check_update(const char* op, const Tensor& param, std::initializer_list<Tensor> others) {
-  TANDEM_CHECK(param.defined(), op, ": param is undefined");
-  const int dev = check_f32_cuda(op, {param});
-  for (const Tensor& t : others) {
-    TANDEM_CHECK(t.defined(), op, ": a gradient or state tensor is undefined for param ", param.str());
+// Checks the operands of an update and returns the device index. The gradient may be strided
+// (it is read through a contiguous copy); param and state are updated in place, so they must be
+// contiguous.
+int check_update(const char* op, const Tensor& param, const Tensor& grad, std::initializer_list<Tensor> state) {
+  TANDEM_CHECK(param.defined() && grad.defined(), op, ": param and grad must be defined");
+  const int dev = check_f32_cuda(op, {param, grad});
+  TANDEM_CHECK(param.is_contiguous(), op, ": param must be contiguous (it is updated in place), got ", param.str());
+  TANDEM_CHECK(grad.shape() == param.shape(), op, ": grad ", grad.str(), " does not match param ", param.str());
+  for (const Tensor& t : state) {
+    TANDEM_CHECK(t.defined(), op, ": a state tensor of param ", param.str(), " is undefined");
     check_f32_cuda(op, {param, t});
-    TANDEM_CHECK(t.shape() == param.shape(), op, ": ", t.str(), " does not match param ", param.str());
-    TANDEM_CHECK(t.is_contiguous(), op, ": tensors must be contiguous, got ", t.str());
+    TANDEM_CHECK(t.shape() == param.shape(), op, ": state ", t.str(), " does not match param ", param.str());
+    TANDEM_CHECK(t.is_contiguous(), op, ": state ", t.str(), " must be contiguous (it is updated in place)");
   }
-  TANDEM_CHECK(param.is_contiguous(), op, ": tensors must be contiguous, got ", param.str());
   return dev;
 }
 
@@ -45,33 +48,36 @@ int check_update(const char* op, const Tensor& param, std::initializer_list<Tens
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& step) {
   const char* op = "sgd_update";
   const bool has_buf = step.momentum != 0.0f;
-  const int dev = has_buf ? check_update(op, param, {grad, momentum_buf}) : check_update(op, param, {grad});
+  const int dev = has_buf ? check_update(op, param, grad, {momentum_buf}) : check_update(op, param, grad, {});
   const int64_t n = param.numel();
   if (n == 0) return;
+  const Tensor g = grad.contiguous();
   DeviceGuard guard(dev);
-  sgd_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(grad),
+  sgd_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(g),
                                                            has_buf ? f32_ptr(momentum_buf) : nullptr, n);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
                      const AdadeltaStep& step) {
-  const int dev = check_update("adadelta_update", param, {grad, square_avg, acc_delta});
+  const int dev = check_update("adadelta_update", param, grad, {square_avg, acc_delta});
   const int64_t n = param.numel();
   if (n == 0) return;
+  const Tensor g = grad.contiguous();
   DeviceGuard guard(dev);
-  adadelta_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(grad),
+  adadelta_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(g),
                                                                 f32_ptr(square_avg), f32_ptr(acc_delta), n);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                  const AdamStep& step) {
-  const int dev = check_update("adam_update", param, {grad, exp_avg, exp_avg_sq});
+  const int dev = check_update("adam_update", param, grad, {exp_avg, exp_avg_sq});
   const int64_t n = param.numel();
   if (n == 0) return;
+  const Tensor g = grad.contiguous();
   DeviceGuard guard(dev);
-  adam_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(grad), f32_ptr(exp_avg),
+  adam_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(g), f32_ptr(exp_avg),
                                                             f32_ptr(exp_avg_sq), n);
   TANDEM_CUDA_CHECK_LAUNCH();
 }

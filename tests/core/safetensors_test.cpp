@@ -3,6 +3,8 @@
 // format loads; our header is 8-aligned and the data tiles the region), atomic
 // save (failures leave the previous file and no temporary behind), and every
 // malformed-file case with its message.
+#include "core/safetensors.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,7 +16,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "core/safetensors.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;
@@ -94,7 +95,8 @@ TEST(Safetensors, RoundTripAllDtypes) {
     EXPECT_TRUE(r.device().is_cpu());
     EXPECT_EQ(bytes_of(r), bytes_of(t)) << name;
   }
-  EXPECT_EQ(out.at("f16").to(kFloat32).to_vector<float>(), (std::vector<float>{0.5f, -65504.f, 1.f / 1024, 7.f}));
+  EXPECT_EQ(out.at("f16").to(kFloat32).to_vector<float>(),
+            (std::vector<float>{0.5f, -65504.f, 1.f / 1024, 7.f}));
   EXPECT_EQ(out.at("i64").to_vector<int64_t>()[0], INT64_MIN);
   EXPECT_TRUE(load_safetensors_metadata(p).empty());
 }
@@ -103,9 +105,9 @@ TEST(Safetensors, NonContiguousInputSavedAsContiguous) {
   TempDir dir;
   Tensor base = Tensor::from_vector<float>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {3, 4});
   TensorMap in;
-  in["t"] = base.transpose(0, 1);              // [4, 3]
-  in["s"] = base.slice(1, 1, 4, 2);            // [3, 2] columns 1 and 3
-  in["row"] = base.select(0, 2);               // contiguous view with an offset
+  in["t"] = base.transpose(0, 1);    // [4, 3]
+  in["s"] = base.slice(1, 1, 4, 2);  // [3, 2] columns 1 and 3
+  in["row"] = base.select(0, 2);     // contiguous view with an offset
   const std::string p = dir.file("views.safetensors");
   save_safetensors(p, in);
   const TensorMap out = load_safetensors(p);

@@ -2,6 +2,8 @@
 // several workers, and synchronously), batches kept by the consumer stay
 // intact, drop_last, worker exceptions rethrown on the consumer at the failing
 // batch, destruction and restart mid-epoch without hangs, argument errors.
+#include "data/data_loader.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "core/error.h"
-#include "data/data_loader.h"
 
 using namespace tandem;
 using data::Batch;
@@ -37,7 +38,8 @@ class FakeDataset : public data::Dataset {
       out.images.data<float>()[k] = static_cast<float>(i);
       out.labels.data<int64_t>()[k] = i;
     }
-    if (jitter_) std::this_thread::sleep_for(std::chrono::microseconds((indices.empty() ? 0 : indices[0]) % 7 * 50));
+    if (jitter_)
+      std::this_thread::sleep_for(std::chrono::microseconds((indices.empty() ? 0 : indices[0]) % 7 * 50));
   }
   mutable std::atomic<int> calls{0};
 
@@ -130,7 +132,7 @@ TEST(DataLoader, WorkerExceptionRethrownAtItsBatch) {
     }
     EXPECT_HAS(error_of([&] { loader.next(); }), "sample 55 is poisoned");
     EXPECT_HAS(error_of([&] { loader.next(); }), "sample 55 is poisoned");  // sticky for the epoch
-    loader.begin_epoch(1);  // a new epoch starts cleanly
+    loader.begin_epoch(1);                                                  // a new epoch starts cleanly
     auto first = loader.next();
     ASSERT_TRUE(first.has_value());
     EXPECT_EQ(first->labels.to_vector<int64_t>()[0], 0);

@@ -1,6 +1,8 @@
 // IDX reader/writer: good raw and gzip files (gzip detected by content, not
 // name), and the error messages for truncated, over-long, bad-magic,
 // unsupported-type and missing files.
+#include "data/idx.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -12,7 +14,6 @@
 #include <vector>
 
 #include "core/error.h"
-#include "data/idx.h"
 
 using namespace tandem;
 namespace fs = std::filesystem;

@@ -1,6 +1,8 @@
 // Samplers: sequential order, and RandomSampler's defining properties: a
 // permutation, a pure function of (seed, epoch), equal to Fisher-Yates driven
 // by Generator(seed + epoch).below().
+#include "data/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +10,6 @@
 
 #include "core/error.h"
 #include "core/random.h"
-#include "data/sampler.h"
 
 using namespace tandem;
 using data::RandomSampler;

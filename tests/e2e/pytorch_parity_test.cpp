@@ -4,7 +4,7 @@
 // (made by tests/fixtures/make_fixtures.py, which records the recipe next to the numbers).
 // Assumes: <build>/apps/tandem-mnist exists and takes the flags listed in the fixture README;
 // Fashion-MNIST is in /usr/share/datasets/fashion-mnist (or $TANDEM_FASHION_MNIST_DIR), else the
-// tests skip. nlohmann/json is header-only and on the default include path.
+// tests skip. Links nlohmann_json (tests/CMakeLists.txt).
 // Tolerances come from the fixture (per recipe): tight for the first steps, where PyTorch's own
 // float32 drift (threads, oneDNN on/off, 1-ulp weight changes) is <= 1e-5 relative, then growing
 // with the drift PyTorch shows by itself (chaotic for Adadelta lr 1.0); each is >= 2x that drift.

@@ -1,8 +1,9 @@
 // relu forward/backward against the plain definition, on contiguous and
 // non-contiguous inputs, float32/float64, small and pool-splitting sizes.
+#include "kernels/activation.h"
+
 #include <gtest/gtest.h>
 
-#include "kernels/activation.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;

@@ -3,11 +3,12 @@
 // updated with momentum and the unbiased variance), eval (running stats),
 // 2-D and 4-D inputs, affine or not, without running stats, non-contiguous
 // input, several threads, and argument errors.
+#include "kernels/batch_norm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "kernels/batch_norm.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -99,7 +100,8 @@ RefGrads ref_backward(const std::vector<double>& gy, const std::vector<double>& 
   return g;
 }
 
-void check_training(const Shape& shape, DType dtype, bool affine, bool running, bool non_contig, uint64_t seed) {
+void check_training(const Shape& shape, DType dtype, bool affine, bool running, bool non_contig,
+                    uint64_t seed) {
   Generator gen(seed);
   const Dims d = dims_of(shape);
   const double momentum = 0.1, eps = 1e-5;
@@ -114,8 +116,8 @@ void check_training(const Shape& shape, DType dtype, bool affine, bool running, 
                             rv0 = running ? values(rv) : std::vector<double>();
   const Tol tol = tol_for(dtype);
 
-  const auto r = kernels::batch_norm_forward(non_contig ? non_contiguous(x) : x, w, b, rm, rv, true, momentum,
-                                             eps);
+  const auto r =
+      kernels::batch_norm_forward(non_contig ? non_contiguous(x) : x, w, b, rm, rv, true, momentum, eps);
   const RefStats s = batch_stats(xv, d);
   EXPECT_TRUE(all_close(r.output, normalise(xv, d, s.mean, s.var_biased, wv, bv, eps), tol)) << "output";
   EXPECT_TRUE(all_close(r.save_mean, s.mean, tol)) << "save_mean";
@@ -216,7 +218,8 @@ TEST(BatchNorm, EvalUsesRunningStats) {
 
     const Tensor gy = random_tensor(shape, dtype, gen);
     const RefGrads ref = ref_backward(values(gy), values(x), d, rm0, rv0, values(w), eps, false);
-    const auto g = kernels::batch_norm_backward(gy, x, w, r.save_mean, r.save_invstd, false, true, true, true);
+    const auto g =
+        kernels::batch_norm_backward(gy, x, w, r.save_mean, r.save_invstd, false, true, true, true);
     EXPECT_TRUE(all_close(g.input, ref.x, tol));
     EXPECT_TRUE(all_close(g.weight, ref.w, tol));
     EXPECT_TRUE(all_close(g.bias, ref.b, tol));
@@ -230,17 +233,24 @@ TEST(BatchNorm, RejectsBadArguments) {
                           {"weight", "[3]"}));
   EXPECT_TRUE(throws_with([&] { kernels::batch_norm_forward(x, c3, c3, c3, Tensor(), true, 0.1, 1e-5); },
                           {"running_mean and running_var"}));
-  EXPECT_TRUE(throws_with([&] { kernels::batch_norm_forward(x, c3, c3, Tensor(), Tensor(), false, 0.1, 1e-5); },
-                          {"eval"}));
   EXPECT_TRUE(throws_with(
-      [&] { kernels::batch_norm_forward(Tensor::zeros({1, 3}), c3, c3, c3, c3, true, 0.1, 1e-5); },
+      [&] { kernels::batch_norm_forward(x, c3, c3, Tensor(), Tensor(), false, 0.1, 1e-5); }, {"eval"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::batch_norm_forward(Tensor::zeros({1, 3}), c3, c3, c3, c3, true, 0.1, 1e-5);
+      },
       {"more than 1 value per channel"}));
-  EXPECT_TRUE(throws_with([&] { kernels::batch_norm_forward(Tensor::zeros({5}), Tensor(), Tensor(), Tensor(),
-                                                            Tensor(), true, 0.1, 1e-5); },
-                          {"at least 2 dimensions"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::batch_norm_forward(Tensor::zeros({5}), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1,
+                                    1e-5);
+      },
+      {"at least 2 dimensions"}));
   EXPECT_TRUE(throws_with(
       [&] { kernels::batch_norm_forward(x, c3.to(kFloat64), c3, c3, c3, true, 0.1, 1e-5); }, {"float32"}));
   EXPECT_TRUE(throws_with(
-      [&] { kernels::batch_norm_backward(Tensor::zeros({2, 3, 4}), x, c3, c3, c3, true, true, true, true); },
+      [&] {
+        kernels::batch_norm_backward(Tensor::zeros({2, 3, 4}), x, c3, c3, c3, true, true, true, true);
+      },
       {"grad_out"}));
 }

@@ -2,9 +2,10 @@
 // strides, padding, non-square images and kernels, 1x1 kernels, no bias,
 // non-contiguous inputs, gradients asked for selectively, several threads
 // (the per-chunk weight-gradient reduction), and argument errors.
+#include "kernels/conv.h"
+
 #include <gtest/gtest.h>
 
-#include "kernels/conv.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -19,7 +20,9 @@ struct Case {
   bool bias;
 };
 
-int64_t out_size(int64_t in, int64_t pad, int64_t k, int64_t stride) { return (in + 2 * pad - k) / stride + 1; }
+int64_t out_size(int64_t in, int64_t pad, int64_t k, int64_t stride) {
+  return (in + 2 * pad - k) / stride + 1;
+}
 
 // Input coordinate of output position o, kernel offset k; -1 when in padding.
 int64_t in_coord(int64_t o, int64_t k, int64_t stride, int64_t pad, int64_t size) {
@@ -179,18 +182,26 @@ TEST(Conv2d, RejectsBadArguments) {
   const Tensor x = Tensor::zeros({1, 3, 5, 5});
   const Tensor w = Tensor::zeros({2, 4, 3, 3});
   EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w, Tensor(), {}); }, {"3 channels", "4"}));
-  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(Tensor::zeros({3, 5, 5}), w, Tensor(), {}); },
-                          {"[N, C, H, W]"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::conv2d_forward(Tensor::zeros({3, 5, 5}), w, Tensor(), {});
+      },
+      {"[N, C, H, W]"}));
   const Tensor w3 = Tensor::zeros({2, 3, 3, 3});
   EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor::zeros({3}), {}); }, {"bias"}));
   EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor(), {0, 1, 0, 0}); }, {"stride"}));
-  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, Tensor::zeros({2, 3, 7, 7}), Tensor(), {}); },
-                          {"smaller than the kernel"}));
-  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x.to(kInt64), w3.to(kInt64), Tensor(), {}); },
-                          {"float32"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::conv2d_forward(x, Tensor::zeros({2, 3, 7, 7}), Tensor(), {});
+      },
+      {"smaller than the kernel"}));
+  EXPECT_TRUE(
+      throws_with([&] { kernels::conv2d_forward(x.to(kInt64), w3.to(kInt64), Tensor(), {}); }, {"float32"}));
   EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3.to(kFloat64), Tensor(), {}); }, {"float32"}));
   EXPECT_TRUE(throws_with(
-      [&] { kernels::conv2d_backward(Tensor::zeros({1, 2, 4, 4}), x, w3, {}, true, true, false); },
+      [&] {
+        kernels::conv2d_backward(Tensor::zeros({1, 2, 4, 4}), x, w3, {}, true, true, false);
+      },
       {"grad_out", "[1, 2, 3, 3]"}));
 }
 

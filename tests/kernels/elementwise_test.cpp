@@ -1,12 +1,13 @@
 // add/sub/mul/scale/sum/argmax against plain loops: float32/float64,
 // non-contiguous operands, large sums (accuracy and thread split), argmax
 // ties and NaN (PyTorch: first maximum, NaN wins), and argument errors.
+#include "kernels/elementwise.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-#include "kernels/elementwise.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -90,8 +91,8 @@ TEST(Elementwise, Argmax) {
 
 TEST(Elementwise, RejectsBadArguments) {
   EXPECT_TRUE(throws_with([&] { kernels::add(Tensor::zeros({3}), Tensor::zeros({4})); }, {"same shape"}));
-  EXPECT_TRUE(throws_with([&] { kernels::mul(Tensor::zeros({3}), Tensor::zeros({3}, kFloat64)); },
-                          {"float32"}));
+  EXPECT_TRUE(
+      throws_with([&] { kernels::mul(Tensor::zeros({3}), Tensor::zeros({3}, kFloat64)); }, {"float32"}));
   EXPECT_TRUE(throws_with([&] { kernels::sum(Tensor::zeros({3}, kInt64)); }, {"int64"}));
   EXPECT_TRUE(throws_with([&] { kernels::argmax(Tensor::zeros({3})); }, {"2-D"}));
   EXPECT_TRUE(throws_with([&] { kernels::argmax(Tensor::zeros({3, 0})); }, {"empty"}));

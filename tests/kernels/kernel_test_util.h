@@ -40,8 +40,8 @@ inline ::testing::AssertionResult all_close(const Tensor& got, const std::vector
   for (size_t i = 0; i < g.size(); ++i) {
     const double err = std::abs(g[i] - ref[i]);
     if (!(err <= tol.atol + tol.rtol * std::abs(ref[i]))) {
-      return ::testing::AssertionFailure() << "index " << i << ": got " << g[i] << ", expected " << ref[i]
-                                           << " (|diff| " << err << ")";
+      return ::testing::AssertionFailure()
+             << "index " << i << ": got " << g[i] << ", expected " << ref[i] << " (|diff| " << err << ")";
     }
   }
   return ::testing::AssertionSuccess();

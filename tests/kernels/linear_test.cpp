@@ -1,9 +1,10 @@
 // linear forward/backward and matmul against double-loop references: with
 // and without bias, gradients asked for selectively, non-contiguous and
 // transposed operands, several threads (row-split GEMMs), and errors.
+#include "kernels/linear.h"
+
 #include <gtest/gtest.h>
 
-#include "kernels/linear.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -44,8 +45,8 @@ void check_linear(int64_t N, int64_t I, int64_t O, bool bias, DType dtype, bool 
     for (int64_t n = 0; n < N; ++n)
       for (int64_t o = 0; o < O; ++o) y[n * O + o] += bv[o];
   }
-  const Tensor out = kernels::linear_forward(non_contig ? non_contiguous(x) : x,
-                                             non_contig ? non_contiguous(w) : w, b);
+  const Tensor out =
+      kernels::linear_forward(non_contig ? non_contiguous(x) : x, non_contig ? non_contiguous(w) : w, b);
   ASSERT_EQ(out.shape(), (Shape{N, O}));
   EXPECT_TRUE(all_close(out, y, tol)) << "forward";
 
@@ -119,19 +120,27 @@ TEST(Matmul, LargeOnSeveralThreads) {
   ThreadCountGuard guard(2);
   Generator gen(10);
   const Tensor a = random_tensor({150, 200}, kFloat32, gen), b = random_tensor({200, 90}, kFloat32, gen);
-  EXPECT_TRUE(all_close(kernels::matmul(a, b), ref_mm(values(a), values(b), 150, 200, 90, false),
-                        tol_for(kFloat32)));
+  EXPECT_TRUE(
+      all_close(kernels::matmul(a, b), ref_mm(values(a), values(b), 150, 200, 90, false), tol_for(kFloat32)));
 }
 
 TEST(Linear, RejectsBadArguments) {
   const Tensor x = Tensor::zeros({2, 3}), w = Tensor::zeros({4, 5});
   EXPECT_TRUE(throws_with([&] { kernels::linear_forward(x, w, Tensor()); }, {"3 features", "5"}));
-  EXPECT_TRUE(throws_with([&] { kernels::linear_forward(x, Tensor::zeros({4, 3}), Tensor::zeros({3})); },
-                          {"bias", "[4]"}));
-  EXPECT_TRUE(throws_with([&] { kernels::linear_forward(Tensor::zeros({2, 3, 1}), w, Tensor()); },
-                          {"[N, in_features]"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::linear_forward(x, Tensor::zeros({4, 3}), Tensor::zeros({3}));
+      },
+      {"bias", "[4]"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::linear_forward(Tensor::zeros({2, 3, 1}), w, Tensor());
+      },
+      {"[N, in_features]"}));
   EXPECT_TRUE(throws_with([&] { kernels::matmul(x, w); }, {"inner dimensions"}));
   EXPECT_TRUE(throws_with(
-      [&] { kernels::linear_backward(Tensor::zeros({2, 5}), x, Tensor::zeros({4, 3}), true, true, true); },
+      [&] {
+        kernels::linear_backward(Tensor::zeros({2, 5}), x, Tensor::zeros({4, 3}), true, true, true);
+      },
       {"grad_out", "[2, 4]"}));
 }

@@ -1,11 +1,12 @@
 // log_softmax and nll_loss against plain references: values and gradients,
 // extreme inputs (shift invariance), non-contiguous inputs, out-of-range
 // targets (the error names the row and the value), and argument errors.
+#include "kernels/loss.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "kernels/loss.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -61,8 +62,8 @@ TEST(LogSoftmax, ManyRowsOnSeveralThreads) {
   ThreadCountGuard guard(2);
   Generator gen(2);
   const Tensor x = random_tensor({5000, 10}, kFloat32, gen, -3, 3);
-  EXPECT_TRUE(all_close(kernels::log_softmax_forward(x), ref_log_softmax(values(x), 5000, 10),
-                        tol_for(kFloat32)));
+  EXPECT_TRUE(
+      all_close(kernels::log_softmax_forward(x), ref_log_softmax(values(x), 5000, 10), tol_for(kFloat32)));
 }
 
 TEST(NllLoss, ForwardAndBackward) {

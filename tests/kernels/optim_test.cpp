@@ -2,11 +2,12 @@
 // a plain re-statement of torch.optim's update rules (PyTorch 1.13,
 // single-tensor path) in double; float32 and float64; large tensors on
 // several threads; argument errors.
+#include "kernels/optim.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "kernels/optim.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -45,8 +46,8 @@ void check_sgd(const SgdConfig& cfg, DType dtype, int64_t n, uint64_t seed) {
       }
       rp[i] -= cfg.lr * d;
     }
-    const SgdStep s{float(cfg.lr), float(cfg.momentum), float(cfg.dampening), float(cfg.weight_decay),
-                    cfg.nesterov, step == 0};
+    const SgdStep s{float(cfg.lr),           float(cfg.momentum), float(cfg.dampening),
+                    float(cfg.weight_decay), cfg.nesterov,        step == 0};
     kernels::sgd_update(p, g, buf, s);
   }
   const Tol tol = dtype == kFloat64 ? Tol{1e-7, 1e-7} : Tol{1e-5, 1e-5};
@@ -111,8 +112,8 @@ void check_adam(bool decoupled, double wd, DType dtype, int64_t n, uint64_t seed
       rv[i] = beta2 * rv[i] + (1 - beta2) * grad * grad;
       rp[i] -= lr / bc1 * rm[i] / (std::sqrt(rv[i]) / std::sqrt(bc2) + eps);
     }
-    const AdamStep s{float(lr), float(beta1), float(beta2), float(eps), float(wd), decoupled, float(bc1),
-                     float(bc2)};
+    const AdamStep s{float(lr), float(beta1), float(beta2), float(eps),
+                     float(wd), decoupled,    float(bc1),   float(bc2)};
     kernels::adam_update(p, g, m, v, s);
   }
   const Tol tol = dtype == kFloat64 ? Tol{1e-6, 1e-5} : Tol{1e-5, 1e-4};
@@ -165,10 +166,10 @@ TEST(OptimUpdate, RejectsBadArguments) {
   EXPECT_TRUE(throws_with([&] { kernels::sgd_update(p, Tensor::zeros({5}), Tensor(), SgdStep{}); },
                           {"grad", "does not match"}));
   const Tensor strided = Tensor::zeros({4, 2}).select(1, 0);
-  EXPECT_TRUE(throws_with([&] { kernels::adadelta_update(strided, g, Tensor::zeros({4}), Tensor::zeros({4}),
-                                                         AdadeltaStep{}); },
-                          {"contiguous"}));
-  EXPECT_TRUE(throws_with([&] { kernels::adam_update(p, g, Tensor::zeros({4}, kFloat64), Tensor::zeros({4}),
-                                                     AdamStep{}); },
-                          {"float32"}));
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::adadelta_update(strided, g, Tensor::zeros({4}), Tensor::zeros({4}), AdadeltaStep{}); },
+      {"contiguous"}));
+  EXPECT_TRUE(throws_with(
+      [&] { kernels::adam_update(p, g, Tensor::zeros({4}, kFloat64), Tensor::zeros({4}), AdamStep{}); },
+      {"float32"}));
 }

@@ -2,11 +2,13 @@
 // fast path, stride != kernel with padding, non-square sizes and odd
 // (floor-mode) edges, ties going to the first maximum, overlapping windows
 // accumulating in backward, int64 flat indices, and argument errors.
+#include "kernels/pool.h"
+
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
-#include "kernels/pool.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -126,6 +128,27 @@ TEST(MaxPool2d, RejectsBadArguments) {
   const auto r = kernels::max_pool2d_forward(x, {});
   EXPECT_TRUE(throws_with([&] { kernels::max_pool2d_backward(r.output, r.indices.to(kInt32), x.shape()); },
                           {"int64"}));
-  EXPECT_TRUE(throws_with([&] { kernels::max_pool2d_backward(r.output, r.indices, {2, 1, 4, 4}); },
-                          {"does not match"}));
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::max_pool2d_backward(r.output, r.indices, {2, 1, 4, 4});
+      },
+      {"does not match"}));
+}
+
+TEST(MaxPool2d, NanWinsAsInPyTorch) {
+  // Expected values and indices printed by PyTorch 1.13 (F.max_pool2d with
+  // return_indices): a NaN replaces the running maximum, so the last NaN of
+  // a window in scan order wins.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> v{1, nan, 3, 0, nan, 2, 5, nan, 0, 0, -1, -2, 7, 0, -3, nan};
+  for (DType dtype : {kFloat32, kFloat64}) {
+    const Tensor x = Tensor::from_vector<double>(v, {1, 1, 4, 4}).to(dtype);
+    const auto r = kernels::max_pool2d_forward(x, {2, 2, 2, 2, 0, 0});
+    EXPECT_EQ(r.indices.to_vector<int64_t>(), (std::vector<int64_t>{4, 7, 12, 15}));
+    const std::vector<double> y = values(r.output);
+    EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1]) && y[2] == 7 && std::isnan(y[3]));
+    const auto r3 = kernels::max_pool2d_forward(x, {3, 3, 1, 1, 1, 1});
+    EXPECT_EQ(r3.indices.to_vector<int64_t>(),
+              (std::vector<int64_t>{4, 4, 7, 7, 4, 4, 7, 7, 4, 4, 15, 15, 12, 12, 15, 15}));
+  }
 }

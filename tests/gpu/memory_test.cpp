@@ -1,0 +1,168 @@
+// CUDA copies, casts, fill_ and add_ (core/cuda/memory.cu) against the CPU paths of Tensor:
+// round trips of every dtype, casts on the device and across host/device, strided sources and
+// destinations on either side, fills, add_, and a copy between two devices where two exist.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "gpu_test_util.h"
+
+using namespace tandem;
+using namespace tandem::gpu_test;
+
+namespace {
+
+const DType kAllDtypes[] = {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kUInt8};
+
+// Values every dtype holds exactly: small non-negative integers and halves.
+Tensor exact_values(const Shape& shape, DType dtype) {
+  std::vector<double> v(shape_numel(shape));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = is_floating(dtype) ? double(i % 97) * 0.5 : double(i % 97);
+  return Tensor::from_vector<double>(v, shape).to(dtype);
+}
+
+}  // namespace
+
+TEST(CudaMemory, RoundTripEveryDtype) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  for (DType dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor host = exact_values({3, 5, 7}, dt);
+    const Tensor dev = host.to(gpu());
+    EXPECT_TRUE(dev.device().is_cuda());
+    EXPECT_EQ(dev.dtype(), dt);
+    EXPECT_TRUE(same(dev.to(Device::cpu()), host));
+  }
+}
+
+TEST(CudaMemory, Int64StaysExact) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const int64_t big = (int64_t{1} << 53) + 1;  // not representable as a double
+  const Tensor host = Tensor::from_vector<int64_t>({big, -big, 7, big + 2, 0, -1}, {2, 3});
+  const Tensor dev = host.to(gpu());
+  EXPECT_EQ(dev.to_vector<int64_t>(), host.to_vector<int64_t>());
+  // A strided device-to-device copy of the same dtype moves bits, no conversion.
+  EXPECT_EQ(dev.transpose(0, 1).contiguous().to_vector<int64_t>(),
+            host.transpose(0, 1).contiguous().to_vector<int64_t>());
+}
+
+TEST(CudaMemory, CastsOnDeviceMatchCpuCasts) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Generator gen(11);
+  const Tensor f32 = random_cpu({4, 33}, gen, -70000.0, 70000.0);  // beyond float16's range too
+  const Tensor small = random_cpu({4, 33}, gen, -3.0, 3.0);
+  for (const Tensor* src : {&f32, &small}) {
+    const Tensor dsrc = src->to(gpu());
+    for (DType to : {kFloat64, kFloat16, kBFloat16, kInt32, kInt64}) {
+      SCOPED_TRACE(dtype_name(to));
+      const Tensor on_device = dsrc.to(to);
+      EXPECT_TRUE(on_device.device().is_cuda());
+      EXPECT_TRUE(same(on_device, src->to(to)));
+      // and back to float32 on the device
+      EXPECT_TRUE(same(on_device.to(kFloat32), src->to(to).to(kFloat32)));
+    }
+  }
+  const Tensor f64 = random_cpu({17}, gen, -1.0, 1.0, kFloat64);
+  EXPECT_TRUE(same(f64.to(gpu()).to(kFloat32), f64.to(kFloat32)));
+}
+
+TEST(CudaMemory, CastsAcrossHostAndDevice) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Generator gen(12);
+  const Tensor src = random_cpu({6, 10}, gen, -5.0, 5.0);
+  // host float32 -> device float16 / bfloat16 / float64
+  for (DType to : {kFloat16, kBFloat16, kFloat64}) {
+    SCOPED_TRACE(dtype_name(to));
+    Tensor dst = Tensor::empty({6, 10}, to, gpu());
+    dst.copy_(src);
+    EXPECT_TRUE(same(dst, src.to(to)));
+    // device -> host float64 with a cast on the way down
+    Tensor back = Tensor::empty({6, 10}, kFloat64);
+    back.copy_(dst);
+    EXPECT_TRUE(same(back, src.to(to).to(kFloat64)));
+  }
+}
+
+TEST(CudaMemory, StridedSourcesAndDestinations) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Generator gen(13);
+  const Tensor host = random_cpu({5, 6, 7}, gen);
+  const Tensor dev = host.to(gpu());
+  // strided source on the device
+  EXPECT_TRUE(same(dev.transpose(0, 2).contiguous(), host.transpose(0, 2).contiguous()));
+  EXPECT_TRUE(same(dev.slice(1, 1, 6, 2).contiguous(), host.slice(1, 1, 6, 2).contiguous()));
+  EXPECT_TRUE(same(dev.select(2, 3).to(Device::cpu()), host.select(2, 3)));
+  // strided source on the host, uploaded
+  EXPECT_TRUE(same(host.transpose(1, 2).to(gpu()), host.transpose(1, 2).contiguous()));
+  // strided destination on the device, from host and from device
+  Tensor dbig = Tensor::zeros({5, 6, 7}, kFloat32, gpu());
+  Tensor hbig = Tensor::zeros({5, 6, 7});
+  const Tensor patch = random_cpu({5, 3, 7}, gen);
+  Tensor dview = dbig.slice(1, 0, 6, 2);
+  dview.copy_(patch);
+  Tensor hview = hbig.slice(1, 0, 6, 2);
+  hview.copy_(patch);
+  EXPECT_TRUE(same(dbig, hbig));
+  Tensor dview2 = dbig.transpose(0, 2);
+  dview2.copy_(dev.transpose(0, 2));
+  EXPECT_TRUE(same(dbig, host));
+  // strided destination on the host, from the device, with a cast
+  Tensor hdst = Tensor::zeros({7, 6, 5}, kFloat64);
+  Tensor hdst_view = hdst.transpose(0, 2);
+  hdst_view.copy_(dev);
+  EXPECT_TRUE(same(hdst, host.transpose(0, 2).to(kFloat64)));
+}
+
+TEST(CudaMemory, FillEveryDtypeAndLayout) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  for (DType dt : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor d = Tensor::full({4, 9}, 3.0, dt, gpu());
+    EXPECT_TRUE(same(d, Tensor::full({4, 9}, 3.0, dt)));
+    d.zero_();
+    EXPECT_TRUE(same(d, Tensor::zeros({4, 9}, dt)));
+    // a strided fill touches only the view
+    Tensor col = d.select(1, 2);
+    col.fill_(5.0);
+    Tensor ref = Tensor::zeros({4, 9}, dt);
+    Tensor ref_col = ref.select(1, 2);
+    ref_col.fill_(5.0);
+    EXPECT_TRUE(same(d, ref));
+  }
+  Tensor neg_zero = Tensor::full({3}, -0.0, kFloat32, gpu());
+  for (float v : neg_zero.to_vector<float>()) EXPECT_TRUE(std::signbit(v));
+}
+
+TEST(CudaMemory, AddInPlaceMatchesCpu) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Generator gen(14);
+  for (DType dt : {kFloat32, kFloat64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor a = random_cpu({8, 13}, gen, -1.0, 1.0, dt);
+    const Tensor b = random_cpu({13, 8}, gen, -1.0, 1.0, dt);
+    Tensor da = a.to(gpu());
+    const Tensor db = b.to(gpu());
+    da.add_(db.transpose(0, 1), -0.75);  // strided source
+    a.add_(b.transpose(0, 1), -0.75);
+    EXPECT_TRUE(close(da, a, 1e-6, 1e-6));
+  }
+  Tensor ints = Tensor::zeros({3}, kInt64, gpu());
+  EXPECT_TRUE(throws_with([&] { ints.add_(ints); }, {"add_", "int64"}));
+}
+
+TEST(CudaMemory, CopyBetweenTwoDevices) {
+  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  if (tandem::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  Generator gen(15);
+  const Tensor host = random_cpu({9, 11}, gen);
+  const Tensor d0 = host.to(Device::cuda(0));
+  const Tensor d1 = d0.to(Device::cuda(1));
+  EXPECT_EQ(d1.device().index, 1);
+  EXPECT_TRUE(same(d1, host));
+  Tensor d1_half = Tensor::empty({11, 9}, kFloat16, Device::cuda(1));
+  d1_half.copy_(d0.transpose(0, 1));  // strided source, cast, other device
+  EXPECT_TRUE(same(d1_half, host.transpose(0, 1).to(kFloat16)));
+}

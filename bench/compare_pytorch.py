@@ -43,6 +43,9 @@ def parse_args(argv=None):
     p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     p.add_argument("--limit", type=int, default=12800, help="training samples per epoch")
     p.add_argument("--test-limit", type=int, default=1000, help="test samples (untimed eval)")
+    p.add_argument("--test-batch-size", type=int, default=None,
+                   help="eval batch (default: --batch-size, so that eval activations do not "
+                        "set the peak RSS)")
     p.add_argument("--epochs", type=int, default=1,
                    help="epochs per run; with more than one the first is dropped as warm-up")
     p.add_argument("--batch-size", type=int, default=64)
@@ -62,7 +65,9 @@ def common_flags(args, threads, metrics):
     flags = ["--data-dir", args.data_dir, "--epochs", str(args.epochs),
              "--batch-size", str(args.batch_size), "--optimizer", args.optimizer,
              "--lr", str(args.lr), "--seed", str(args.seed), "--limit", str(args.limit),
-             "--test-limit", str(args.test_limit), "--threads", str(threads),
+             "--test-limit", str(args.test_limit),
+             "--test-batch-size", str(args.test_batch_size or args.batch_size),
+             "--threads", str(threads),
              "--device", "cpu", "--metrics-out", metrics]
     if args.no_shuffle:
         flags.append("--no-shuffle")

@@ -101,7 +101,7 @@ inline void valid_q_range(const Geometry& g, int64_t s, int64_t& lo, int64_t& hi
 // col needs kSpill<T> elements of slack past its end; rows are written in
 // increasing address order, so every spill is overwritten by the next row.
 template <typename T>
-void im2col(const T* x, const Geometry& g, T* col) {
+void im2col(const T* x, const Geometry g, T* col) {  // g by value: stays in registers
   const int64_t PQ = g.pq();
   for (int64_t c = 0; c < g.C; ++c) {
     for (int64_t r = 0; r < g.R; ++r) {
@@ -117,13 +117,13 @@ void im2col(const T* x, const Geometry& g, T* col) {
             continue;
           }
           const T* src = x + (c * g.H + ih) * g.W;
-          std::fill(d, d + lo, T(0));
+          if (lo > 0) std::fill(d, d + lo, T(0));
           if (g.sw == 1) {
             copy_spill(d + lo, src + (lo - g.pw + s), hi - lo);
           } else {
             for (int64_t q = lo; q < hi; ++q) d[q] = src[q * g.sw - g.pw + s];
           }
-          std::fill(d + hi, d + g.Q, T(0));
+          if (hi < g.Q) std::fill(d + hi, d + g.Q, T(0));
         }
       }
     }
@@ -135,7 +135,7 @@ void im2col(const T* x, const Geometry& g, T* col) {
 // are visited even p first, then odd p, so that consecutive read-modify-writes
 // of one image row do not overlap while the previous store is in flight.
 template <typename T>
-void col2im(const T* col, const Geometry& g, T* dx) {
+void col2im(const T* col, const Geometry g, T* dx) {  // g by value: stays in registers
   const int64_t PQ = g.pq();
   for (int64_t c = 0; c < g.C; ++c) {
     for (int64_t r = 0; r < g.R; ++r) {

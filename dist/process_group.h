@@ -1,0 +1,54 @@
+// Process groups: the collectives of one job across `size()` ranks. Every call
+// is asynchronous and returns a Work; collectives run in the order they were
+// issued on every rank (callers must issue them in the same order on every
+// rank). Tensors are used in place and must stay alive and untouched until the
+// Work completes. CPU tensors go to Gloo, CUDA tensors to NCCL.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "dist/store.h"
+
+namespace tandem::dist {
+
+enum class ReduceOp { Sum, Max, Min };
+
+// One issued collective. wait() throws tandem::Error, naming the operation,
+// when it failed or did not finish within the timeout (the group's by default).
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() = 0;
+  virtual void wait(Millis timeout) = 0;
+  // The operation's name, e.g. "allreduce(float32[1048576])".
+  virtual std::string description() const = 0;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size, Millis timeout) : rank_(rank), size_(size), timeout_(timeout) {}
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Millis timeout() const { return timeout_; }
+  virtual std::string backend() const = 0;  // "gloo", "nccl"
+
+  // Element-wise reduction of `tensor` across ranks, result on every rank.
+  virtual std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;
+  // Copies root's `tensor` into every rank's `tensor`.
+  virtual std::shared_ptr<Work> broadcast(Tensor& tensor, int root) = 0;
+  // outputs[r] receives rank r's `input` (outputs.size() == size(), same shape as input).
+  virtual std::shared_ptr<Work> allgather(std::vector<Tensor>& outputs, const Tensor& input) = 0;
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+ protected:
+  int rank_, size_;
+  Millis timeout_;
+};
+
+}  // namespace tandem::dist

@@ -8,6 +8,8 @@ namespace tandem {
 namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
 thread_local bool grad_enabled = true;
+// Callbacks of the backward running on this thread (null outside one).
+thread_local std::vector<std::function<void()>>* current_callbacks = nullptr;
 }  // namespace
 
 Node::Node() : sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
@@ -58,7 +60,34 @@ void record(const std::shared_ptr<Node>& fn, std::initializer_list<Tensor> input
   for (Tensor* out : outputs) out->set_grad_fn(fn, nr++);
 }
 
+void queue_callback(std::function<void()> fn) {
+  TANDEM_CHECK(current_callbacks != nullptr, "queue_callback: no backward is running on this thread");
+  current_callbacks->push_back(std::move(fn));
+}
+
+bool in_backward() { return current_callbacks != nullptr; }
+
+namespace {
+void run_graph(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
+}  // namespace
+
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  TANDEM_CHECK(current_callbacks == nullptr, "backward: re-entrant backward on the same thread is not supported");
+  std::vector<std::function<void()>> callbacks;
+  struct Scope {
+    explicit Scope(std::vector<std::function<void()>>* c) { current_callbacks = c; }
+    ~Scope() { current_callbacks = nullptr; }
+  } scope(&callbacks);
+  run_graph(roots, grads);
+  // Callbacks may queue more callbacks; run until none are left.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto fn = std::move(callbacks[i]);
+    fn();
+  }
+}
+
+namespace {
+void run_graph(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
   TANDEM_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " roots but ", grads.size(),
                " gradients");
   // Dependencies: how many edges point at each node from within the graph.
@@ -144,5 +173,6 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
 }
 
+}  // namespace
 }  // namespace autograd
 }  // namespace tandem

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,7 +88,14 @@ void record(const std::shared_ptr<Node>& fn, std::initializer_list<Tensor> input
             std::initializer_list<Tensor*> outputs);
 
 // Runs backward from roots; grads[i] defaults to ones for a scalar root.
+// Callbacks queued during the run (queue_callback) run after the last node,
+// in the order queued, still inside backward(); their exceptions propagate.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
+
+// From inside a running backward (a hook or a node on this thread): runs fn
+// once the whole graph has been processed. Throws outside a backward.
+void queue_callback(std::function<void()> fn);
+bool in_backward();
 
 }  // namespace autograd
 }  // namespace tandem

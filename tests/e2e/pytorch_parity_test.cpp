@@ -8,13 +8,8 @@
 // Tolerances come from the fixture (per recipe): tight for the first steps, where PyTorch's own
 // float32 drift (threads, oneDNN on/off, 1-ulp weight changes) is <= 1e-5 relative, then growing
 // with the drift PyTorch shows by itself (chaotic for Adadelta lr 1.0); each is >= 2x that drift.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -24,7 +19,7 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
+#include "process.h"
 
 namespace {
 
@@ -43,33 +38,8 @@ json load_fixture() {
 }
 
 std::string tail(const fs::path& file, size_t max_chars = 3000) {
-  std::ifstream in(file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
+  const std::string s = tandem::test::read_file(file);
   return s.size() > max_chars ? "..." + s.substr(s.size() - max_chars) : s;
-}
-
-// Runs argv with stdout and stderr sent to `log`; returns the exit status (-1 if it did not start,
-// 128 + signal if killed).
-int run(const std::vector<std::string>& argv, const fs::path& log) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  pid_t pid = 0;
-  int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return -1;
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
 }
 
 double rel(double actual, double expected) {
@@ -117,7 +87,7 @@ void check_recipe(const std::string& name) {
   for (const auto& a : argv) cmd += a + " ";
   SCOPED_TRACE("command: " + cmd);
 
-  const int rc = run(argv, log);
+  const int rc = tandem::test::run_process(argv, log);
   ASSERT_EQ(rc, 0) << "tandem-mnist failed; its output:\n" << tail(log);
 
   // ---- parse the metrics JSON lines ----

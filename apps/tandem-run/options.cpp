@@ -1,0 +1,91 @@
+// tandem-run's options (see options.h). Usage errors print one line and end
+// with exit code 2, as argparse (and so torchrun) does.
+#include "options.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <thread>
+
+namespace tandem::run {
+
+int parse_options(int argc, char** argv, RunOptions& o) {
+  CLI::App app{
+      "tandem-run: start PROGRAM once per local rank with torchrun's environment (RANK, LOCAL_RANK, "
+      "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forward its output and "
+      "signals, and end the whole group when one worker fails.",
+      "tandem-run"};
+  app.usage("tandem-run [OPTIONS] PROGRAM [ARGS...]");
+  app.option_defaults()->always_capture_default();
+  app.prefix_command();  // PROGRAM and everything after it belong to the worker
+  std::string nproc = "1";
+  std::string nnodes = "1";
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc,
+                 "workers on this node: a number, or 'cpu' for one per CPU core");
+  app.add_option("--nnodes", nnodes, "number of nodes (one tandem-run per node)");
+  app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0 .. nnodes-1")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0 (rank 0's store)");
+  app.add_option("--master-port,--master_port", o.master_port, "port of rank 0's store on node 0")
+      ->check(CLI::Range(1, 65535));
+  app.add_flag("--standalone", o.standalone, "one node: listen on 127.0.0.1 and pick a free port");
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "restart the whole worker group up to this many times after a failure")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "write each rank's stdout and stderr to DIR/rank_<r>.log instead of the console");
+  app.add_option("--grace-period", o.grace_seconds,
+                 "seconds between SIGTERM and SIGKILL when ending workers")
+      ->check(CLI::NonNegativeNumber);
+  bool no_python = false;
+  app.add_flag("--no-python,--no_python", no_python, "accepted for torchrun compatibility (always the case)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "tandem-run: error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  auto usage_error = [](const std::string& msg) {
+    std::fprintf(stderr, "tandem-run: error: %s (see --help)\n", msg.c_str());
+    return 2;
+  };
+
+  o.command = app.remaining();
+  if (o.command.empty()) return usage_error("no PROGRAM given: tandem-run [OPTIONS] PROGRAM [ARGS...]");
+  if (!o.command.front().empty() && o.command.front()[0] == '-' && o.command.front() != "-")
+    return usage_error("unknown option " + o.command.front());
+
+  if (nproc == "cpu") {
+    o.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  } else {
+    try {
+      size_t used = 0;
+      o.nproc_per_node = std::stoi(nproc, &used);
+      if (used != nproc.size()) throw std::invalid_argument(nproc);
+    } catch (const std::exception&) {
+      return usage_error("--nproc-per-node: '" + nproc + "' is not a number or 'cpu'");
+    }
+    if (o.nproc_per_node < 1) return usage_error("--nproc-per-node must be >= 1, got " + nproc);
+  }
+  if (nnodes.find(':') != std::string::npos)
+    return usage_error("--nnodes " + nnodes + ": elastic MIN:MAX node counts are not supported; give one number");
+  try {
+    size_t used = 0;
+    o.nnodes = std::stoi(nnodes, &used);
+    if (used != nnodes.size()) throw std::invalid_argument(nnodes);
+  } catch (const std::exception&) {
+    return usage_error("--nnodes: '" + nnodes + "' is not a number");
+  }
+  if (o.nnodes < 1) return usage_error("--nnodes must be >= 1, got " + nnodes);
+  if (o.standalone && o.nnodes != 1)
+    return usage_error("--standalone runs on one node, but --nnodes is " + nnodes);
+  if (o.node_rank >= o.nnodes)
+    return usage_error("--node-rank " + std::to_string(o.node_rank) + " must be smaller than --nnodes " +
+                       std::to_string(o.nnodes));
+  if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1 << 24))
+    return usage_error("--nnodes x --nproc-per-node is implausibly large");
+  return -1;
+}
+
+}  // namespace tandem::run

@@ -1,0 +1,93 @@
+// Bind tests (see port.h). Every socket is closed before returning.
+#include "port.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace tandem::run {
+namespace {
+
+// 0 when bindable, else the errno of bind (or of socket()).
+int try_bind(const sockaddr* sa, socklen_t len, int family) {
+  const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return errno;
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  int err = 0;
+  if (::bind(fd, sa, len) != 0) err = errno;
+  ::close(fd);
+  return err;
+}
+
+std::string in_use(const std::string& addr, int port) {
+  return "MASTER_PORT " + std::to_string(port) + " on " + addr +
+         " is already in use (another job or a leftover worker?); choose another with --master-port, "
+         "or use --standalone";
+}
+
+}  // namespace
+
+PortCheck check_port_free(const std::string& addr, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = ::getaddrinfo(addr.c_str(), service.c_str(), &hints, &res); rc != 0)
+    return {false, "cannot resolve --master-addr '" + addr + "': " + ::gai_strerror(rc)};
+  bool any_local = false;
+  PortCheck result;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    const int err = try_bind(ai->ai_addr, ai->ai_addrlen, ai->ai_family);
+    if (err == 0) {
+      any_local = true;
+    } else if (err == EADDRINUSE) {
+      result = {false, in_use(addr, port)};
+      break;
+    } else if (err == EACCES) {
+      result = {false, "MASTER_PORT " + service + " on " + addr + " cannot be bound: " + std::strerror(err) +
+                           " (ports below 1024 need privileges)"};
+      break;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (!result.ok || any_local) return result;
+
+  // MASTER_ADDR is not an address of this machine: test the wildcard address instead.
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  any.sin_port = htons(static_cast<uint16_t>(port));
+  any.sin_addr.s_addr = htonl(INADDR_ANY);
+  const int err = try_bind(reinterpret_cast<const sockaddr*>(&any), sizeof(any), AF_INET);
+  if (err == EADDRINUSE) return {false, in_use(addr, port)};
+  return {true, "--master-addr " + addr + " is not an address of this machine, but --node-rank 0 should run "
+                "on that host"};
+}
+
+int pick_free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw std::runtime_error(std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(err));
+  }
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+}  // namespace tandem::run

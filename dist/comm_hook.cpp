@@ -1,0 +1,51 @@
+#include "dist/comm_hook.h"
+
+namespace tandem::dist {
+namespace {
+
+// Waits for the collective on the compressed copy, then writes it back.
+class DecompressWork final : public Work {
+ public:
+  DecompressWork(std::shared_ptr<Work> inner, Tensor compressed, Tensor target)
+      : inner_(std::move(inner)), compressed_(std::move(compressed)), target_(std::move(target)) {}
+  bool is_completed() override { return done_ || inner_->is_completed(); }
+  void wait(Millis timeout) override {
+    if (done_) return;
+    inner_->wait(timeout);
+    target_.copy_(compressed_);
+    done_ = true;
+  }
+  std::string description() const override { return inner_->description() + " (compressed)"; }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  Tensor compressed_, target_;
+  bool done_ = false;
+};
+
+std::shared_ptr<Work> compress_hook(ProcessGroup& group, Tensor& bucket, DType wire) {
+  Tensor compressed = bucket.to(wire);
+  auto work = group.allreduce(compressed);
+  return std::make_shared<DecompressWork>(std::move(work), compressed, bucket);
+}
+
+}  // namespace
+
+std::shared_ptr<Work> allreduce_hook(ProcessGroup& group, Tensor& bucket) { return group.allreduce(bucket); }
+
+std::shared_ptr<Work> fp16_compress_hook(ProcessGroup& group, Tensor& bucket) {
+  return compress_hook(group, bucket, kFloat16);
+}
+
+std::shared_ptr<Work> bf16_compress_hook(ProcessGroup& group, Tensor& bucket) {
+  return compress_hook(group, bucket, kBFloat16);
+}
+
+CommHook comm_hook_by_name(const std::string& name) {
+  if (name == "allreduce") return allreduce_hook;
+  if (name == "fp16") return fp16_compress_hook;
+  if (name == "bf16") return bf16_compress_hook;
+  TANDEM_FAIL("unknown comm hook '", name, "', expected allreduce, fp16 or bf16");
+}
+
+}  // namespace tandem::dist

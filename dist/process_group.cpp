@@ -1,0 +1,68 @@
+// make_process_group (dist/process_group_factory.h), and the stand-in for ProcessGroupNccl in
+// builds without CUDA: its constructor throws a tandem::Error saying that NCCL needs a CUDA
+// build, so code that names the class still links and fails clearly at run time.
+#include <cstdlib>
+#include <string>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "dist/process_group.h"
+#include "dist/process_group_factory.h"
+#include "dist/process_group_gloo.h"
+#include "dist/process_group_nccl.h"
+
+namespace tandem::dist {
+namespace {
+
+int nccl_device_from_env(int device) {
+  if (device >= 0) return device;
+  const char* local = std::getenv("LOCAL_RANK");
+  if (local == nullptr || *local == '\0') return 0;
+  char* end = nullptr;
+  const long v = std::strtol(local, &end, 10);
+  TANDEM_CHECK(end != local && *end == '\0' && v >= 0 && v < 1 << 20, "LOCAL_RANK='", local,
+               "' is not a non-negative integer");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend, std::shared_ptr<Store> store,
+                                                 int rank, int size, Millis timeout, int device) {
+  std::string name = backend;
+  if (name == "auto") name = cuda_compiled() && cuda_device_count() > 0 ? "nccl" : "gloo";
+  if (name == "gloo") return std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, timeout);
+  if (name == "nccl") {
+    TANDEM_CHECK(cuda_compiled(), "backend 'nccl' needs a CUDA build, but Tandem was built without CUDA ",
+                 "(reconfigure with -DTANDEM_CUDA=ON, or use backend 'gloo' for CPU training)");
+    const int dev = nccl_device_from_env(device);
+    const int count = cuda_device_count();
+    TANDEM_CHECK(dev < count, "backend 'nccl': rank ", rank, " needs CUDA device ", dev, " (its local rank) but ",
+                 count, " device(s) are visible; run at most one process per GPU, or use backend 'gloo'");
+    return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, timeout, dev);
+  }
+  TANDEM_FAIL("unknown process-group backend '", backend, "'; expected gloo, nccl or auto");
+}
+
+#ifndef TANDEM_WITH_CUDA
+
+struct ProcessGroupNccl::Impl {};
+
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store>, int rank, int size, Millis timeout, int)
+    : ProcessGroup(rank, size, timeout) {
+  TANDEM_FAIL("ProcessGroupNccl: Tandem was built without CUDA, so NCCL is unavailable ",
+              "(reconfigure with -DTANDEM_CUDA=ON, or use the gloo backend)");
+}
+ProcessGroupNccl::~ProcessGroupNccl() = default;
+int ProcessGroupNccl::device() const { return -1; }
+// Unreachable: no object can be constructed in this build.
+std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor&, ReduceOp) { TANDEM_FAIL("built without CUDA"); }
+std::shared_ptr<Work> ProcessGroupNccl::broadcast(Tensor&, int) { TANDEM_FAIL("built without CUDA"); }
+std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor>&, const Tensor&) {
+  TANDEM_FAIL("built without CUDA");
+}
+std::shared_ptr<Work> ProcessGroupNccl::barrier() { TANDEM_FAIL("built without CUDA"); }
+
+#endif  // TANDEM_WITH_CUDA
+
+}  // namespace tandem::dist

@@ -1,0 +1,459 @@
+// ProcessGroupGloo (see process_group_gloo.h for the contract). Owns: the Gloo TCP device and
+// context, the FIFO queue of issued collectives and the one worker thread that runs them.
+// Threads: collectives are validated on the caller's thread and run on the worker thread;
+// Work::wait runs on any thread. Gloo's TCP pairs write to sockets from the worker thread and
+// from Gloo's event-loop thread: both are started with SIGPIPE blocked, so a peer that vanished
+// yields an error (EPIPE) instead of killing the process; no process-wide signal state changes.
+// Every Gloo call runs under try/catch: Gloo's exceptions become the failing Work's error.
+#include "dist/process_group_gloo.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <Eigen/Core>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "dist/gloo_store_adapter.h"
+
+namespace tandem::dist {
+namespace {
+
+const char* op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+// ---- element-wise reductions handed to Gloo: c[i] = op(a[i], b[i]) ----
+
+template <typename T> struct Acc { using type = T; };
+template <> struct Acc<Eigen::half> { using type = float; };
+template <> struct Acc<Eigen::bfloat16> { using type = float; };
+
+struct SumOp { template <typename A> static A apply(A x, A y) { return x + y; } };
+struct MaxOp { template <typename A> static A apply(A x, A y) { return x < y ? y : x; } };
+struct MinOp { template <typename A> static A apply(A x, A y) { return y < x ? y : x; } };
+
+template <typename T, typename Op>
+void reduce_elements(void* c, const void* a, const void* b, size_t n) {
+  using A = typename Acc<T>::type;
+  T* out = static_cast<T*>(c);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = T(Op::apply(static_cast<A>(x[i]), static_cast<A>(y[i])));
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_for(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return &reduce_elements<T, SumOp>;
+    case ReduceOp::Max: return &reduce_elements<T, MaxOp>;
+    case ReduceOp::Min: return &reduce_elements<T, MinOp>;
+  }
+  TANDEM_FAIL("unknown ReduceOp ", static_cast<int>(op));
+}
+
+gloo::AllreduceOptions::Func reduce_function(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case DType::Float32: return reduce_for<float>(op);
+    case DType::Float64: return reduce_for<double>(op);
+    case DType::Float16: return reduce_for<Eigen::half>(op);
+    case DType::BFloat16: return reduce_for<Eigen::bfloat16>(op);
+    case DType::Int64: return reduce_for<int64_t>(op);
+    case DType::Int32: return reduce_for<int32_t>(op);
+    case DType::UInt8: return reduce_for<uint8_t>(op);
+  }
+  TANDEM_FAIL("ProcessGroupGloo::allreduce: unsupported dtype ", dtype_name(dtype));
+}
+
+// ---- network interface choice ----
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::string(v) : std::string();
+}
+
+// Gloo's attr: an interface name from the environment, else an address to bind.
+gloo::transport::tcp::attr choose_transport_attr(std::string& chosen) {
+  gloo::transport::tcp::attr attr;
+  for (const char* var : {"TANDEM_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    const std::string iface = env_or_empty(var);
+    if (!iface.empty()) {
+      attr.iface = iface;
+      chosen = "interface " + iface + " (from " + var + ")";
+      return attr;
+    }
+  }
+  const std::string master = env_or_empty("MASTER_ADDR");
+  if (!master.empty()) {
+    attr.hostname = local_address_toward(master);
+    chosen = attr.hostname + " (route to MASTER_ADDR=" + master + ")";
+    return attr;
+  }
+  // No hint: the hostname if it resolves (Gloo binds its first address), else loopback.
+  char host[256] = {0};
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (gethostname(host, sizeof(host) - 1) == 0 && getaddrinfo(host, nullptr, &hints, &res) == 0) {
+    freeaddrinfo(res);
+    attr.hostname = host;
+    chosen = std::string(host) + " (hostname; MASTER_ADDR and TANDEM_SOCKET_IFNAME unset)";
+  } else {
+    attr.hostname = "127.0.0.1";
+    chosen = "127.0.0.1 (hostname does not resolve; MASTER_ADDR and TANDEM_SOCKET_IFNAME unset)";
+  }
+  return attr;
+}
+
+// Blocks SIGPIPE on the calling thread for its lifetime; threads started meanwhile inherit the
+// blocked mask. On exit, a SIGPIPE raised meanwhile on this thread is discarded, then the
+// previous mask is restored.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~SigpipeBlock() {
+    sigset_t pending;
+    sigemptyset(&pending);
+    if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1 && !sigismember(&old_, SIGPIPE)) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&set_, nullptr, &zero) > 0) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t set_, old_;
+};
+
+// Key namespace of the k-th Gloo group made by this process (every rank makes its groups in
+// the same order, so the k-th groups of all ranks meet under the same prefix).
+std::string next_group_prefix() {
+  static std::atomic<int> groups{0};
+  return "gloo/" + std::to_string(groups.fetch_add(1)) + "/";
+}
+
+// ---- Work ----
+
+class GlooWork final : public Work {
+ public:
+  GlooWork(std::string description, std::string who, std::function<void(uint32_t tag)> body)
+      : description_(std::move(description)), who_(std::move(who)), body_(std::move(body)) {}
+
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+  void wait(Millis timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
+      TANDEM_FAIL(who_, ": ", description_, " did not complete within ", timeout.count(),
+                  " ms (a peer is slower, stuck or gone; Gloo ends it after the group's timeout)");
+    if (!error_.empty()) TANDEM_FAIL(who_, ": ", description_, " failed: ", error_);
+  }
+
+  std::string description() const override { return description_; }
+
+  // Worker thread only. Runs the body unless the group is already broken; returns the error
+  // text ("" on success).
+  std::string run(uint32_t tag, const std::string& broken) {
+    std::string error;
+    if (!broken.empty()) {
+      error = "not run because an earlier collective of this group failed: " + broken;
+    } else {
+      try {
+        body_(tag);
+      } catch (const std::exception& e) {
+        error = e.what();
+        if (error.empty()) error = "unknown Gloo error";
+      } catch (...) {
+        error = "unknown non-standard exception";
+      }
+    }
+    body_ = nullptr;  // releases the tensors the body captured
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = error;
+      done_ = true;
+    }
+    cv_.notify_all();
+    return error;
+  }
+
+ private:
+  const std::string description_;
+  const std::string who_;  // "ProcessGroupGloo rank 0 of 2"
+  std::function<void(uint32_t)> body_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+template <typename T>
+void run_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t n,
+                   const gloo::AllreduceOptions::Func& fn, uint32_t tag, Millis timeout) {
+  gloo::AllreduceOptions opts(context);
+  opts.setOutput(static_cast<T*>(data), n);
+  opts.setReduceFunction(fn);
+  opts.setTag(tag);
+  opts.setTimeout(timeout);
+  gloo::allreduce(opts);
+}
+
+void check_cpu_contiguous(const char* op, const char* what, const Tensor& t) {
+  TANDEM_CHECK(t.defined(), "ProcessGroupGloo::", op, ": ", what, " is an undefined tensor");
+  TANDEM_CHECK(t.device().is_cpu(), "ProcessGroupGloo::", op, ": ", what, " is ", t.str(),
+               "; Gloo works on CPU tensors (move it with .to(Device::cpu()), or use the nccl backend ",
+               "for CUDA tensors)");
+  TANDEM_CHECK(t.is_contiguous(), "ProcessGroupGloo::", op, ": ", what, " ", t.str(),
+               " is not contiguous; pass a contiguous tensor (e.g. .contiguous(), then copy back)");
+}
+
+}  // namespace
+
+std::string local_address_toward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), "9", &hints, &res);
+  TANDEM_CHECK(rc == 0, "cannot resolve MASTER_ADDR '", host, "': ", gai_strerror(rc),
+               " (set MASTER_ADDR to a reachable host, or TANDEM_SOCKET_IFNAME to an interface)");
+  std::string result, last_error = "no address";
+  for (addrinfo* ai = res; ai != nullptr && result.empty(); ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, SOCK_DGRAM, 0);
+    if (fd < 0) continue;
+    // Connecting a UDP socket only picks the route and source address; nothing is sent.
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+      sockaddr_storage local{};
+      socklen_t len = sizeof(local);
+      char text[INET6_ADDRSTRLEN] = {0};
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+        const void* addr = local.ss_family == AF_INET
+                               ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+        if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) result = text;
+      }
+    } else {
+      last_error = std::strerror(errno);
+    }
+    close(fd);
+  }
+  freeaddrinfo(res);
+  TANDEM_CHECK(!result.empty(), "no route from this host to MASTER_ADDR '", host, "' (", last_error,
+               "); set TANDEM_SOCKET_IFNAME to the interface to use");
+  return result;
+}
+
+struct ProcessGroupGloo::Impl {
+  std::string who;      // "ProcessGroupGloo rank 0 of 2"
+  std::string address;  // what the transport was bound to, for messages
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  Millis timeout{0};
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<GlooWork>> queue;
+  bool stop = false;
+  std::thread worker;
+
+  // Worker thread only.
+  uint32_t next_tag = 0;
+  std::string broken;  // "<op>: <error>" of the first failed collective
+
+  void loop() {
+    for (;;) {
+      std::shared_ptr<GlooWork> work;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !queue.empty(); });
+        if (queue.empty()) return;  // stop requested and drained
+        work = std::move(queue.front());
+        queue.pop_front();
+      }
+      const std::string error = work->run(next_tag++, broken);
+      if (!error.empty() && broken.empty()) broken = work->description() + ": " + error;
+    }
+  }
+
+  std::shared_ptr<Work> enqueue(std::string description, std::function<void(uint32_t)> body) {
+    auto work = std::make_shared<GlooWork>(std::move(description), who, std::move(body));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      TANDEM_CHECK(!stop, who, ": collective issued while the group is being destroyed");
+      queue.push_back(work);
+    }
+    cv.notify_one();
+    return work;
+  }
+};
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, Millis timeout)
+    : ProcessGroup(rank, size, timeout), impl_(std::make_unique<Impl>()) {
+  TANDEM_CHECK(store != nullptr, "ProcessGroupGloo: the store is null");
+  TANDEM_CHECK(size >= 1, "ProcessGroupGloo: world size must be >= 1, got ", size);
+  TANDEM_CHECK(rank >= 0 && rank < size, "ProcessGroupGloo: rank ", rank, " outside [0, ", size, ")");
+  TANDEM_CHECK(timeout.count() > 0, "ProcessGroupGloo: timeout must be positive, got ", timeout.count(), " ms");
+  Impl& im = *impl_;
+  im.who = "ProcessGroupGloo rank " + std::to_string(rank) + " of " + std::to_string(size);
+  im.timeout = timeout;
+
+  SigpipeBlock no_sigpipe;  // Gloo's loop thread and our worker inherit the blocked SIGPIPE
+  gloo::transport::tcp::attr attr = choose_transport_attr(im.address);
+  try {
+    im.device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL(im.who, ": cannot create the Gloo TCP device on ", im.address, ": ", e.what());
+  }
+  const std::string prefix = next_group_prefix();
+  GlooStoreAdapter adapter(store, prefix);
+  try {
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(timeout);
+    context->connectFullMesh(adapter, im.device);
+    im.context = std::move(context);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL(im.who, ": Gloo rendezvous through ", store->address(), " (keys ", prefix,
+                "*) failed within ", timeout.count(), " ms: ", e.what());
+  }
+  im.worker = std::thread([&im] { im.loop(); });
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() {
+  if (!impl_) return;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  // Queued collectives still run (each ends within Gloo's timeout; after a failure the rest end
+  // at once), so peers that issued them are not left waiting.
+  if (impl_->worker.joinable()) impl_->worker.join();
+  impl_->context.reset();
+  impl_->device.reset();
+}
+
+std::string ProcessGroupGloo::local_address() const {
+  return impl_->device ? impl_->device->str() : impl_->address;
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
+  check_cpu_contiguous("allreduce", "tensor", tensor);
+  const std::string desc =
+      std::string("allreduce(") + dtype_name(tensor.dtype()) + shape_str(tensor.shape()) + ", " + op_name(op) + ")";
+  auto fn = reduce_function(tensor.dtype(), op);
+  auto context = impl_->context;
+  const Millis timeout = impl_->timeout;
+  Tensor t = tensor;  // keeps the storage alive until the collective ran
+  return impl_->enqueue(desc, [t, fn, context, timeout](uint32_t tag) mutable {
+    const size_t n = static_cast<size_t>(t.numel());
+    if (n == 0) return;
+    // Element type only sets the element size Gloo splits the buffer by; fn does the math.
+    switch (element_size(t.dtype())) {
+      case 1: run_allreduce<uint8_t>(context, t.raw_data(), n, fn, tag, timeout); break;
+      case 2: run_allreduce<uint16_t>(context, t.raw_data(), n, fn, tag, timeout); break;
+      case 4: run_allreduce<uint32_t>(context, t.raw_data(), n, fn, tag, timeout); break;
+      case 8: run_allreduce<uint64_t>(context, t.raw_data(), n, fn, tag, timeout); break;
+      default: TANDEM_FAIL("allreduce: unsupported element size ", element_size(t.dtype()));
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(Tensor& tensor, int root) {
+  check_cpu_contiguous("broadcast", "tensor", tensor);
+  TANDEM_CHECK(root >= 0 && root < size_, "ProcessGroupGloo::broadcast: root ", root, " outside [0, ", size_, ")");
+  const std::string desc = std::string("broadcast(") + dtype_name(tensor.dtype()) + shape_str(tensor.shape()) +
+                           ", root " + std::to_string(root) + ")";
+  auto context = impl_->context;
+  const Millis timeout = impl_->timeout;
+  Tensor t = tensor;
+  return impl_->enqueue(desc, [t, root, context, timeout](uint32_t tag) mutable {
+    if (t.nbytes() == 0) return;
+    gloo::BroadcastOptions opts(context);
+    opts.setOutput(static_cast<uint8_t*>(t.raw_data()), t.nbytes());
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::broadcast(opts);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor>& outputs, const Tensor& input) {
+  check_cpu_contiguous("allgather", "input", input);
+  TANDEM_CHECK(static_cast<int>(outputs.size()) == size_, "ProcessGroupGloo::allgather: ", outputs.size(),
+               " output tensors given, expected one per rank (", size_, ")");
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    const std::string what = "outputs[" + std::to_string(r) + "]";
+    check_cpu_contiguous("allgather", what.c_str(), outputs[r]);
+    TANDEM_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].shape() == input.shape(),
+                 "ProcessGroupGloo::allgather: ", what, " is ", outputs[r].str(), ", expected the input's ",
+                 dtype_name(input.dtype()), shape_str(input.shape()));
+  }
+  const std::string desc = std::string("allgather(") + dtype_name(input.dtype()) + shape_str(input.shape()) +
+                           " x " + std::to_string(size_) + ")";
+  auto context = impl_->context;
+  const Millis timeout = impl_->timeout;
+  const int world = size_;
+  Tensor in = input;
+  std::vector<Tensor> outs = outputs;
+  return impl_->enqueue(desc, [in, outs, world, context, timeout](uint32_t tag) mutable {
+    const size_t nbytes = in.nbytes();
+    if (nbytes == 0) return;
+    std::vector<uint8_t> flat(nbytes * world);
+    gloo::AllgatherOptions opts(context);
+    opts.setInput(static_cast<uint8_t*>(in.raw_data()), nbytes);
+    opts.setOutput(flat.data(), flat.size());
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::allgather(opts);
+    for (int r = 0; r < world; ++r) std::memcpy(outs[r].raw_data(), flat.data() + r * nbytes, nbytes);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  auto context = impl_->context;
+  const Millis timeout = impl_->timeout;
+  return impl_->enqueue("barrier()", [context, timeout](uint32_t tag) {
+    gloo::BarrierOptions opts(context);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,59 @@
+// ProcessGroupGloo: collectives over CPU tensors with Gloo's TCP transport (Debian's libgloo).
+// Owns one Gloo context, made by a full-mesh rendezvous through the Store, and one worker thread
+// that runs the issued collectives one at a time in issue order (Gloo calls block), so every
+// rank runs them in the same order when every rank issues them in the same order.
+// Assumes: tensors are contiguous CPU tensors (checked when the collective is issued, on the
+// caller's thread) and stay untouched until their Work completes (the Work keeps them alive).
+// Guarantees: every collective ends within the group's timeout (Gloo's own timeout), and its
+// Work then reports success or an error naming the operation and Gloo's reason (a peer that
+// closed its connection, a timeout). After one collective fails the group is broken: later
+// collectives fail at once, naming the first failure. The destructor finishes queued work
+// (bounded by the timeout) and stops the thread; it never hangs.
+// Network interface: TANDEM_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) when set; otherwise the local
+// address whose route reaches MASTER_ADDR (127.0.0.1 for loopback jobs); otherwise the
+// hostname's address. Gloo's headers stay out of this header (pimpl).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "dist/store.h"
+
+namespace tandem::dist {
+
+class ProcessGroupGloo : public ProcessGroup {
+ public:
+  // Meets the other size-1 ranks through `store` (waiting at most `timeout`), then connects to
+  // every one of them. Throws tandem::Error naming the store and the rank on failure.
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, Millis timeout);
+  ~ProcessGroupGloo() override;
+  ProcessGroupGloo(const ProcessGroupGloo&) = delete;
+  ProcessGroupGloo& operator=(const ProcessGroupGloo&) = delete;
+
+  std::string backend() const override { return "gloo"; }
+
+  // Supported dtypes: float32, float64, float16, bfloat16, int32, int64, uint8 (the 16-bit
+  // floats are reduced in float32 and rounded once per pairwise step, as Gloo does for fp16).
+  std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
+  // Any dtype; same shape on every rank.
+  std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
+  // Any dtype; outputs must be size() contiguous CPU tensors of input's shape and dtype.
+  std::shared_ptr<Work> allgather(std::vector<Tensor>& outputs, const Tensor& input) override;
+  std::shared_ptr<Work> barrier() override;
+
+  // The local address Gloo listens on, e.g. "127.0.0.1" (for logs and tests).
+  std::string local_address() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The local address this process would use to reach `host` (the source address of its route),
+// found with a connected UDP socket (no packet is sent). Throws naming the host if it does not
+// resolve or no route exists.
+std::string local_address_toward(const std::string& host);
+
+}  // namespace tandem::dist

@@ -41,4 +41,17 @@ std::vector<int64_t> RandomSampler::indices() const {
   return random_permutation(n_, seed_ + static_cast<uint64_t>(epoch_));
 }
 
+ShardSampler::ShardSampler(int64_t n, int64_t num_shards, int64_t rank) : n_(n), shards_(num_shards), rank_(rank) {
+  TANDEM_CHECK(n >= 0 && num_shards >= 1 && rank >= 0 && rank < num_shards, "ShardSampler: bad arguments n=", n,
+               " num_shards=", num_shards, " rank=", rank);
+}
+
+std::vector<int64_t> ShardSampler::indices() const {
+  std::vector<int64_t> out;
+  for (int64_t i = rank_; i < n_; i += shards_) out.push_back(i);
+  return out;
+}
+
+int64_t ShardSampler::size() const { return n_ > rank_ ? (n_ - rank_ + shards_ - 1) / shards_ : 0; }
+
 }  // namespace tandem::data

@@ -51,6 +51,19 @@ class RandomSampler : public Sampler {
   uint64_t seed_;
 };
 
+// Rank `rank` of `num_shards` takes indices rank, rank + num_shards, ... < n:
+// disjoint shards that together cover 0..n-1 exactly once (no padding), for
+// evaluation sharded across ranks.
+class ShardSampler : public Sampler {
+ public:
+  ShardSampler(int64_t n, int64_t num_shards, int64_t rank);
+  std::vector<int64_t> indices() const override;
+  int64_t size() const override;
+
+ private:
+  int64_t n_, shards_, rank_;
+};
+
 // The permutation RandomSampler uses: Fisher-Yates over 0..n-1 with
 // Generator(seed).below(); exposed for samplers built on top of it.
 std::vector<int64_t> random_permutation(int64_t n, uint64_t seed);

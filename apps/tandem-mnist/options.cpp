@@ -38,6 +38,24 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--init-weights", o.init_weights, "start from these weights (safetensors, PyTorch names)");
   app.add_option("--save-weights", o.save_weights, "write the trained weights here (safetensors)");
   app.add_option("--metrics-out", o.metrics_out, "write JSON lines: one per iteration and per evaluation");
+  app.add_option("--launcher", o.launcher,
+                 "none (one process), pytorch (tandem-run/torchrun variables), slurm (srun), mpi (mpirun)")
+      ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
+  app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size in MiB (the first is 1 MiB)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--find-unused-parameters", o.find_unused_parameters,
+               "DDP: allow parameters that get no gradient in an iteration");
+  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
+               "DDP: gradients live in the bucket buffers (saves a copy and memory)");
+  app.add_option("--comm-hook", o.comm_hook, "DDP bucket communication: allreduce, fp16 or bf16 (compressed)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
+  app.add_option("--auto-scale-lr", o.auto_scale_lr_base_batch,
+                 "linear scaling rule: lr *= (batch size x world size) / BASE_BATCH")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
+      ->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -29,6 +29,15 @@ struct TrainOptions {
   std::string init_weights;
   std::string save_weights;
   std::string metrics_out;
+  // Distributed data parallel.
+  std::string launcher = "none";  // none | pytorch | slurm | mpi
+  std::string backend = "auto";   // auto | gloo | nccl
+  double bucket_cap_mb = 25.0;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  std::string comm_hook = "allreduce";
+  int64_t auto_scale_lr_base_batch = 0;  // 0: off
+  double dist_timeout_s = 300.0;
 };
 
 // Parses argv. Returns the exit code to use when the program should stop now

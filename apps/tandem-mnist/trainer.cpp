@@ -10,6 +10,11 @@
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "data/data_loader.h"
+#include "data/distributed_sampler.h"
+#include "dist/ddp.h"
+#include "dist/env.h"
+#include "dist/process_group_factory.h"
+#include "dist/tcp_store.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
 #include "kernels/elementwise.h"
@@ -33,8 +38,11 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
-Device choose_device(const std::string& text) {
-  if (text == "auto") return cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
+Device choose_device(const std::string& text, int local_rank) {
+  if (text == "auto") {
+    const int n = cuda_device_count();
+    return n > 0 ? Device::cuda(dist::cuda_device_for(local_rank, n)) : Device::cpu();
+  }
   Device d = Device::parse(text);
   if (d.is_cuda()) {
     TANDEM_CHECK(cuda_compiled(), "--device ", text, ": this build has no CUDA backend");
@@ -49,17 +57,46 @@ std::string describe_data(const std::string& dir) {
   return dir;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> params) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, double lr, std::vector<Tensor> params) {
   if (o.optimizer == "sgd")
     return std::make_unique<optim::SGD>(std::move(params),
-                                        optim::SGDOptions{o.lr, o.momentum, 0.0, o.weight_decay, false});
+                                        optim::SGDOptions{lr, o.momentum, 0.0, o.weight_decay, false});
   if (o.optimizer == "adam") {
     optim::AdamOptions a;
-    a.lr = o.lr;
+    a.lr = lr;
     a.weight_decay = o.weight_decay;
     return std::make_unique<optim::Adam>(std::move(params), a);
   }
-  return std::make_unique<optim::Adadelta>(std::move(params), optim::AdadeltaOptions{o.lr, 0.9, 1e-6, o.weight_decay});
+  return std::make_unique<optim::Adadelta>(std::move(params), optim::AdadeltaOptions{lr, 0.9, 1e-6, o.weight_decay});
+}
+
+// The job's place in a distributed run; world_size 1 without a launcher.
+struct Distributed {
+  dist::DistEnv env;
+  std::shared_ptr<dist::Store> store;
+  std::shared_ptr<dist::ProcessGroup> group;
+  bool active() const { return group != nullptr; }
+};
+
+Distributed init_distributed(const TrainOptions& o, Device device) {
+  Distributed d;
+  if (o.launcher == "none") return d;
+  d.env = dist::env_from_launcher(o.launcher);
+  if (d.env.world_size == 1) return d;
+  std::string backend = o.backend;
+  if (backend == "auto") backend = device.is_cuda() ? "nccl" : "gloo";
+  TANDEM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl needs a CUDA device, got --device ",
+               device.str());
+  TANDEM_CHECK(backend != "gloo" || device.is_cpu(), "--backend gloo works on CPU tensors; use --device cpu "
+               "or --backend nccl");
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout_s * 1000));
+  dist::TCPStoreOptions so;
+  so.timeout = timeout;
+  so.num_workers = d.env.world_size;
+  d.store = std::make_shared<dist::TCPStore>(d.env.master_addr, d.env.master_port, d.env.rank == 0, so);
+  d.group = dist::make_process_group(backend, d.store, d.env.rank, d.env.world_size, timeout,
+                                     device.is_cuda() ? device.index : -1);
+  return d;
 }
 
 struct EvalResult {
@@ -67,7 +104,7 @@ struct EvalResult {
   int64_t correct = 0, total = 0;
 };
 
-EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
+EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, dist::ProcessGroup* group) {
   NoGradGuard no_grad;
   model.eval();
   EvalResult r;
@@ -84,6 +121,14 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device) 
     r.total += n;
   }
   model.train();
+  if (group) {  // each rank evaluated its own shard: add up the counts
+    Tensor sums = Tensor::from_vector<double>(
+        {loss_sum, static_cast<double>(r.correct), static_cast<double>(r.total)}, {3});
+    group->allreduce(sums)->wait(group->timeout());
+    loss_sum = sums.data<double>()[0];
+    r.correct = static_cast<int64_t>(sums.data<double>()[1]);
+    r.total = static_cast<int64_t>(sums.data<double>()[2]);
+  }
   r.loss = r.total ? loss_sum / static_cast<double>(r.total) : 0.0;
   r.accuracy = r.total ? static_cast<double>(r.correct) / static_cast<double>(r.total) : 0.0;
   return r;
@@ -93,7 +138,11 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device) 
 
 void run_training(const TrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  const Device device = choose_device(o.device);
+  const int local_rank = o.launcher == "none" ? 0 : dist::env_from_launcher(o.launcher).local_rank;
+  const Device device = choose_device(o.device, local_rank);
+  Distributed d = init_distributed(o, device);
+  const int rank = d.env.rank, world = d.active() ? d.env.world_size : 1;
+  if (rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
   manual_seed(o.seed);
 
   auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train);
@@ -103,32 +152,57 @@ void run_training(const TrainOptions& o) {
   spdlog::info("data: {} ({} train, {} test samples)", describe_data(o.data_dir), train_set->size(),
                test_set->size());
   spdlog::info("device: {}, threads: {}", device.str(), num_threads());
+  if (d.active())
+    spdlog::info("distributed: {} ranks over {} (launcher {}), bucket cap {} MiB, comm hook {}", world,
+                 d.group->backend(), o.launcher, o.bucket_cap_mb, o.comm_hook);
 
-  std::shared_ptr<data::Sampler> sampler;
-  if (o.shuffle)
-    sampler = std::make_shared<data::RandomSampler>(train_set->size(), o.seed);
-  else
-    sampler = std::make_shared<data::SequentialSampler>(train_set->size());
+  std::shared_ptr<data::Sampler> sampler, test_sampler;
+  if (d.active()) {
+    sampler = std::make_shared<data::DistributedSampler>(train_set->size(), world, rank, o.shuffle, o.seed);
+    test_sampler = std::make_shared<data::ShardSampler>(test_set->size(), world, rank);
+  } else {
+    if (o.shuffle)
+      sampler = std::make_shared<data::RandomSampler>(train_set->size(), o.seed);
+    else
+      sampler = std::make_shared<data::SequentialSampler>(train_set->size());
+    test_sampler = std::make_shared<data::SequentialSampler>(test_set->size());
+  }
   data::DataLoader train_loader(train_set, sampler, o.batch_size);
-  data::DataLoader test_loader(test_set, std::make_shared<data::SequentialSampler>(test_set->size()),
-                               o.test_batch_size);
+  data::DataLoader test_loader(test_set, test_sampler, o.test_batch_size);
 
-  nn::models::MnistNet model;
+  auto net = std::make_shared<nn::models::MnistNet>();
   if (!o.init_weights.empty()) {
-    nn::load_weights(model, o.init_weights);
+    nn::load_weights(*net, o.init_weights);
     spdlog::info("initial weights: {}", o.init_weights);
   }
-  model.to(device);
-  model.train();
-  auto optimizer = make_optimizer(o, model.parameters());
+  net->to(device);
+  net->train();
+  std::unique_ptr<dist::DistributedDataParallel> ddp;
+  if (d.active()) {
+    dist::DDPOptions ddp_options;
+    ddp_options.reducer.bucket_cap_mb = o.bucket_cap_mb;
+    ddp_options.reducer.find_unused_parameters = o.find_unused_parameters;
+    ddp_options.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
+    ddp_options.reducer.comm_hook = dist::comm_hook_by_name(o.comm_hook);
+    ddp = std::make_unique<dist::DistributedDataParallel>(net, d.group, ddp_options);
+  }
+  nn::Module& model = ddp ? static_cast<nn::Module&>(*ddp) : *net;
+  double lr = o.lr;
+  if (o.auto_scale_lr_base_batch > 0) {
+    lr = o.lr * static_cast<double>(o.batch_size * world) / static_cast<double>(o.auto_scale_lr_base_batch);
+    spdlog::info("auto-scale-lr: lr {} x ({} x {}) / {} = {}", o.lr, o.batch_size, world,
+                 o.auto_scale_lr_base_batch, lr);
+  }
+  auto optimizer = make_optimizer(o, lr, model.parameters());
+  MetricsWriter metrics(rank == 0 ? o.metrics_out : "");  // rank 0 writes the job's files
+
   const int64_t iters = train_loader.num_batches();
   optim::StepLR epoch_schedule(*optimizer, 1, o.gamma);
   optim::CosineAnnealingLR iter_schedule(*optimizer, iters * o.epochs);
   const bool cosine = o.lr_schedule == "cosine";
-  MetricsWriter metrics(o.metrics_out);
 
-  spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o.epochs, iters, o.batch_size,
-               o.optimizer, o.lr);
+  spdlog::info("training: {} epochs x {} iterations, batch {}{}, {} lr {}", o.epochs, iters, o.batch_size,
+               world > 1 ? " per rank x " + std::to_string(world) + " ranks" : "", o.optimizer, lr);
   for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
     const auto epoch_start = Clock::now();
     double window_time = 0, window_data = 0;
@@ -169,20 +243,21 @@ void run_training(const TrainOptions& o) {
       }
     }
     const double train_seconds = seconds_since(epoch_start);
+    samples *= world;  // every rank ran the same number of batches of this size
     metrics.write({{"type", "epoch"}, {"epoch", epoch}, {"samples", samples}, {"seconds", train_seconds},
                    {"samples_per_s", samples / train_seconds}});
     spdlog::info("Epoch(train) [{}] done: {} samples in {:.1f} s ({:.0f} samples/s)", epoch, samples,
                  train_seconds, samples / train_seconds);
 
-    EvalResult ev = evaluate(model, test_loader, device);
+    EvalResult ev = evaluate(*net, test_loader, device, d.group.get());
     metrics.write({{"type", "eval"}, {"epoch", epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
     spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", epoch, ev.loss, ev.accuracy,
                  ev.correct, ev.total);
     if (!cosine) epoch_schedule.step();
   }
 
-  if (!o.save_weights.empty()) {
-    nn::save_weights(model, o.save_weights);
+  if (!o.save_weights.empty() && rank == 0) {
+    nn::save_weights(*net, o.save_weights);
     spdlog::info("weights saved: {}", o.save_weights);
   }
 }

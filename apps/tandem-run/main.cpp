@@ -19,10 +19,8 @@ extern char** environ;
 namespace {
 
 constexpr const char* kOmpNotice =
-    "\n*****************************************\n"
-    "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your system "
-    "being overloaded, please further tune the variable for optimal performance in your application as needed.\n"
-    "*****************************************";
+    "OMP_NUM_THREADS is not set: setting it to 1 for each worker, to avoid your system being overloaded; "
+    "please further tune the variable for optimal performance in your application as needed";
 
 int run(int argc, char** argv) {
   using namespace tandem::run;

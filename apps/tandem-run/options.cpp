@@ -14,7 +14,7 @@ int parse_options(int argc, char** argv, RunOptions& o) {
       "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forward its output and "
       "signals, and end the whole group when one worker fails.",
       "tandem-run"};
-  app.usage("tandem-run [OPTIONS] PROGRAM [ARGS...]");
+  app.footer("Usage: tandem-run [OPTIONS] PROGRAM [ARGS...]");
   app.option_defaults()->always_capture_default();
   app.prefix_command();  // PROGRAM and everything after it belong to the worker
   std::string nproc = "1";
@@ -52,6 +52,7 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   };
 
   o.command = app.remaining();
+  if (!o.command.empty() && o.command.front() == "--") o.command.erase(o.command.begin());
   if (o.command.empty()) return usage_error("no PROGRAM given: tandem-run [OPTIONS] PROGRAM [ARGS...]");
   if (!o.command.front().empty() && o.command.front()[0] == '-' && o.command.front() != "-")
     return usage_error("unknown option " + o.command.front());

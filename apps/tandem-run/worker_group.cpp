@@ -347,6 +347,8 @@ class Supervisor {
 
 }  // namespace
 
+GroupResult run_worker_group(const GroupSpec& spec, int attempt) { return Supervisor(spec, attempt).run(); }
+
 void block_supervisor_signals() {
   sigset_t set;
   sigemptyset(&set);
@@ -367,9 +369,8 @@ std::string find_program(const std::string& program) {
   size_t start = 0;
   while (true) {
     const size_t colon = path.find(':', start);
-    std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
-    if (dir.empty()) dir = ".";
-    const std::string candidate = dir + "/" + program;
+    const std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
     if (runnable(candidate)) return candidate;
     if (colon == std::string::npos) return "";
     start = colon + 1;

@@ -1,0 +1,578 @@
+// ProcessGroupGloo across real processes: each test forks one child per rank; the children meet
+// through a FileStore in a fresh temporary directory and talk over Gloo's TCP transport on
+// loopback (MASTER_ADDR=127.0.0.1). A child reports through a pipe (the failure text, or nothing)
+// and its exit status; the parent kills every child still running after the test's deadline, so
+// no test can hang. The parent never creates a process group itself (no threads before fork).
+// Values are chosen so every reduction is exact in its dtype, whatever the summation order.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "dist/file_store.h"
+#include "dist/process_group.h"
+#include "dist/process_group_factory.h"
+#include "dist/process_group_gloo.h"
+
+namespace tandem::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+// ---- the multi-process harness ----
+
+constexpr int kSkipCode = 77;  // a child that exits with this skipped its test (message says why)
+
+struct RankResult {
+  int exit_code = -1;  // 128 + signal when killed
+  std::string message;
+};
+
+class ScratchDir {
+ public:
+  ScratchDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-pg-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct JobOptions {
+  Millis timeout = 30s;                     // group and store timeout
+  std::chrono::seconds deadline = 120s;     // children still running then are killed
+  std::map<std::string, std::string> env = {{"MASTER_ADDR", "127.0.0.1"}};
+};
+
+// Runs body(rank, store_path) in `size` forked children and returns their outcomes.
+std::vector<RankResult> run_children(int size, const std::function<void(int, const std::string&)>& body,
+                                     const JobOptions& opt) {
+  ScratchDir dir;
+  const std::string store_path = dir.path() + "/store";
+  std::vector<pid_t> pids(size, -1);
+  std::vector<int> fds(size, -1);
+  std::vector<RankResult> results(size);
+  for (int r = 0; r < size; ++r) {
+    int p[2];
+    if (pipe(p) != 0) throw std::runtime_error("pipe failed");
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      close(p[0]);
+      for (int other = 0; other < r; ++other) close(fds[other]);
+      for (const auto& [k, v] : opt.env) setenv(k.c_str(), v.c_str(), 1);
+      std::string message;
+      int code = 0;
+      try {
+        body(r, store_path);
+      } catch (const std::exception& e) {
+        message = e.what();
+        code = message.rfind("SKIP:", 0) == 0 ? kSkipCode : 1;
+      } catch (...) {
+        message = "unknown exception";
+        code = 1;
+      }
+      size_t off = 0;
+      while (off < message.size()) {
+        const ssize_t n = write(p[1], message.data() + off, message.size() - off);
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+      }
+      _exit(code);  // never return into the test runner
+    }
+    close(p[1]);
+    pids[r] = pid;
+    fds[r] = p[0];
+  }
+  // Read every child's report until all pipes close or the deadline passes.
+  const auto deadline = std::chrono::steady_clock::now() + opt.deadline;
+  int open_fds = size;
+  bool timed_out = false;
+  while (open_fds > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      timed_out = true;
+      break;
+    }
+    std::vector<pollfd> pfds;
+    std::vector<int> ranks;
+    for (int r = 0; r < size; ++r)
+      if (fds[r] >= 0) {
+        pfds.push_back({fds[r], POLLIN, 0});
+        ranks.push_back(r);
+      }
+    const int n = poll(pfds.data(), pfds.size(), static_cast<int>(std::min<int64_t>(left.count(), 1000)));
+    if (n < 0 && errno != EINTR) break;
+    for (size_t i = 0; i < pfds.size(); ++i) {
+      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buf[4096];
+      const ssize_t got = read(pfds[i].fd, buf, sizeof(buf));
+      if (got > 0) {
+        results[ranks[i]].message.append(buf, static_cast<size_t>(got));
+      } else if (got == 0 || errno != EINTR) {
+        close(pfds[i].fd);
+        fds[ranks[i]] = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (int r = 0; r < size; ++r) {
+    if (fds[r] >= 0) close(fds[r]);
+    if (timed_out) kill(pids[r], SIGKILL);  // harmless for a child that already exited
+    int status = 0;
+    while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
+    }
+    results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (timed_out && results[r].message.empty())
+      results[r].message = "still running after the test's deadline of " + std::to_string(opt.deadline.count()) + " s";
+  }
+  return results;
+}
+
+using GroupBody = std::function<void(ProcessGroupGloo& pg, Store& store)>;
+
+// Each child builds a FileStore and a ProcessGroupGloo, then runs body.
+std::vector<RankResult> run_job(int size, const GroupBody& body, const JobOptions& opt = {}) {
+  return run_children(
+      size,
+      [&](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, size, opt.timeout);
+        ProcessGroupGloo pg(store, rank, size, opt.timeout);
+        body(pg, *store);
+      },
+      opt);
+}
+
+// Every rank exited 0 with no message; skipped when every rank skipped.
+void expect_all_ok(const std::vector<RankResult>& results) {
+  int skipped = 0;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (results[r].exit_code == kSkipCode) {
+      ++skipped;
+      continue;
+    }
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
+    EXPECT_EQ(results[r].message, "") << "rank " << r;
+  }
+  if (skipped == static_cast<int>(results.size()) && skipped > 0) GTEST_SKIP() << results[0].message;
+}
+
+// Throws std::runtime_error (reported by the harness) when cond is false.
+#define CHILD_CHECK(cond, ...)                                                                          \
+  do {                                                                                                  \
+    if (!(cond))                                                                                        \
+      throw std::runtime_error(::tandem::detail::str_cat("line ", __LINE__, ": ", #cond, " is false. ", \
+                                                         __VA_ARGS__));                                 \
+  } while (0)
+
+// The tandem::Error message of fn(), or a failure when it does not throw one.
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  throw std::runtime_error("expected a tandem::Error, none was thrown");
+}
+
+bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+// ---- input values: exact under any summation order ----
+
+float f32_input(int rank, int64_t i) { return static_cast<float>((i * 7 + rank * 13) % 1001 - 500) * 0.5f; }
+double f64_input(int rank, int64_t i) {
+  return static_cast<double>((i * 11 + rank * 17) % 2003 - 1001) * 0.25 + 1099511627776.0;  // + 2^40
+}
+
+template <typename T>
+T fold(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::Sum: return a + b;
+    case ReduceOp::Max: return std::max(a, b);
+    case ReduceOp::Min: return std::min(a, b);
+  }
+  return a;
+}
+
+const char* name_of(ReduceOp op) { return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Max ? "max" : "min"; }
+
+template <typename T>
+void check_allreduce(ProcessGroupGloo& pg, int64_t n, ReduceOp op, T (*input)(int, int64_t)) {
+  Tensor t = Tensor::empty({n}, dtype_of<T>);
+  T* p = t.data<T>();
+  for (int64_t i = 0; i < n; ++i) p[i] = input(pg.rank(), i);
+  auto work = pg.allreduce(t, op);
+  work->wait(pg.timeout());
+  CHILD_CHECK(work->is_completed(), work->description());
+  for (int64_t i = 0; i < n; ++i) {
+    T expected = input(0, i);
+    for (int r = 1; r < pg.size(); ++r) expected = fold(op, expected, input(r, i));
+    CHILD_CHECK(p[i] == expected, dtype_name(dtype_of<T>), " ", name_of(op), " of ", n, " elements, index ", i,
+                ": got ", p[i], ", expected ", expected);
+  }
+}
+
+class GlooRanks : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooRanks, AllreduceSumMaxMinIsExactForFloat32AndFloat64) {
+  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1} << 20, (int64_t{1} << 20) + 3})
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
+        check_allreduce<float>(pg, n, op, f32_input);
+        check_allreduce<double>(pg, n, op, f64_input);
+      }
+  }));
+}
+
+TEST_P(GlooRanks, AllreduceOtherDtypes) {
+  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+    const int r = pg.rank(), n = pg.size();
+    const int64_t sum_ranks = int64_t{n} * (n - 1) / 2;
+    Tensor i64 = Tensor::from_vector<int64_t>({int64_t{1} << 40, -3, r}, {3});
+    pg.allreduce(i64, ReduceOp::Sum)->wait(pg.timeout());
+    CHILD_CHECK(i64.to_vector<int64_t>() == (std::vector<int64_t>{n * (int64_t{1} << 40), -3 * n, sum_ranks}), "");
+    Tensor i32 = Tensor::from_vector<int32_t>({r, -r, 5}, {3});
+    pg.allreduce(i32, ReduceOp::Max)->wait(pg.timeout());
+    CHILD_CHECK(i32.to_vector<int32_t>() == (std::vector<int32_t>{n - 1, 0, 5}), "");
+    Tensor u8 = Tensor::from_vector<uint8_t>({static_cast<uint8_t>(10 + r), 200}, {2});
+    pg.allreduce(u8, ReduceOp::Min)->wait(pg.timeout());
+    CHILD_CHECK(u8.to_vector<uint8_t>() == (std::vector<uint8_t>{10, 200}), "");
+    // Small integers are exact in float16 and bfloat16.
+    for (DType dt : {kFloat16, kBFloat16}) {
+      Tensor h = Tensor::from_vector<float>({1.0f + r, -2.0f * r, 0.5f}, {3}).to(dt);
+      pg.allreduce(h, ReduceOp::Sum)->wait(pg.timeout());
+      CHILD_CHECK(h.dtype() == dt, "");
+      const std::vector<float> got = h.to(kFloat32).to_vector<float>();
+      const std::vector<float> want = {static_cast<float>(n + sum_ranks), -2.0f * sum_ranks, 0.5f * n};
+      CHILD_CHECK(got == want, dtype_name(dt), ": got ", got[0], ", ", got[1], ", ", got[2]);
+    }
+  }));
+}
+
+TEST_P(GlooRanks, BroadcastFromRankOne) {
+  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+    const int r = pg.rank();
+    Tensor t = Tensor::empty({4, 250}, kFloat32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(r * 1000 + i);
+    auto work = pg.broadcast(t, 1);
+    work->wait(pg.timeout());
+    CHILD_CHECK(contains(work->description(), "broadcast"), work->description());
+    for (int64_t i = 0; i < t.numel(); ++i)
+      CHILD_CHECK(t.data<float>()[i] == static_cast<float>(1000 + i), "index ", i, ": ", t.data<float>()[i]);
+    // Another dtype, from the last rank.
+    Tensor ids = Tensor::from_vector<int64_t>({r, 7 * r, -r}, {3});
+    pg.broadcast(ids, pg.size() - 1)->wait(pg.timeout());
+    const int64_t last = pg.size() - 1;
+    CHILD_CHECK(ids.to_vector<int64_t>() == (std::vector<int64_t>{last, 7 * last, -last}), "");
+  }));
+}
+
+TEST_P(GlooRanks, AllgatherPutsEachRanksInputInItsSlot) {
+  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+    const int r = pg.rank(), n = pg.size();
+    Tensor in = Tensor::empty({2, 3}, kFloat64);
+    for (int64_t i = 0; i < 6; ++i) in.data<double>()[i] = r * 100.0 + i + 0.5;
+    std::vector<Tensor> outs;
+    for (int k = 0; k < n; ++k) outs.push_back(Tensor::full({2, 3}, -1.0, kFloat64));
+    auto work = pg.allgather(outs, in);
+    work->wait(pg.timeout());
+    for (int k = 0; k < n; ++k)
+      for (int64_t i = 0; i < 6; ++i)
+        CHILD_CHECK(outs[k].data<double>()[i] == k * 100.0 + i + 0.5, "slot ", k, " index ", i, ": ",
+                    outs[k].data<double>()[i]);
+    // A large float32 gather.
+    const int64_t big = 300000;
+    Tensor bin = Tensor::empty({big}, kFloat32);
+    for (int64_t i = 0; i < big; ++i) bin.data<float>()[i] = static_cast<float>(i % 4096 + r * 10000);
+    std::vector<Tensor> bouts;
+    for (int k = 0; k < n; ++k) bouts.push_back(Tensor::zeros({big}, kFloat32));
+    pg.allgather(bouts, bin)->wait(pg.timeout());
+    for (int k = 0; k < n; ++k)
+      for (int64_t i = 0; i < big; i += 997)
+        CHILD_CHECK(bouts[k].data<float>()[i] == static_cast<float>(i % 4096 + k * 10000), "slot ", k, " index ", i);
+  }));
+}
+
+TEST_P(GlooRanks, BarrierWaitsForEveryRank) {
+  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store& store) {
+    std::vector<std::string> keys;
+    for (int k = 0; k < pg.size(); ++k) keys.push_back("arrived/" + std::to_string(k));
+    // The last rank arrives late: if the barrier let anyone through early, its key would be missing.
+    if (pg.rank() == pg.size() - 1) std::this_thread::sleep_for(300ms);
+    store.set_string(keys[pg.rank()], "1");
+    for (int round = 0; round < 3; ++round) {
+      auto work = pg.barrier();
+      work->wait(pg.timeout());
+      CHILD_CHECK(work->is_completed() && work->description() == "barrier()", work->description());
+      CHILD_CHECK(store.check(keys), "rank ", pg.rank(), " passed barrier round ", round, " before every rank arrived");
+    }
+  }));
+}
+
+TEST_P(GlooRanks, TwentyAsyncAllreducesCompleteInIssueOrder) {
+  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+    const int r = pg.rank(), n = pg.size();
+    constexpr int kOps = 20;
+    std::vector<Tensor> tensors;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < kOps; ++k) {
+      Tensor t = Tensor::empty({1 + k * 5000}, kFloat32);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>((r + 1) * (k + 1) + i % 3);
+      tensors.push_back(t);
+      works.push_back(pg.allreduce(tensors.back(), ReduceOp::Sum));
+    }
+    const float ranks_sum = static_cast<float>(n * (n + 1) / 2);
+    for (int k = 0; k < kOps; ++k) {
+      works[k]->wait(pg.timeout());
+      // One worker runs them in issue order: everything issued before k is done too.
+      for (int j = 0; j <= k; ++j) CHILD_CHECK(works[j]->is_completed(), "op ", j, " not complete after op ", k);
+      const float* p = tensors[k].data<float>();
+      for (int64_t i = 0; i < tensors[k].numel(); ++i)
+        CHILD_CHECK(p[i] == ranks_sum * (k + 1) + n * (i % 3), "op ", k, " index ", i, ": ", p[i]);
+    }
+  }));
+}
+
+TEST_P(GlooRanks, DestructorRunsQueuedCollectives) {
+  // Rank 0 issues an allreduce and destroys its group at once; the others' allreduce can only
+  // complete if that destructor still runs it.
+  expect_all_ok(run_children(
+      GetParam(),
+      [size = GetParam()](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, size, 30s);
+        Tensor t = Tensor::full({1000}, rank + 1.0, kFloat64);
+        std::shared_ptr<Work> work;
+        {
+          ProcessGroupGloo pg(store, rank, size, 30s);
+          work = pg.allreduce(t);
+          if (rank != 0) work->wait(pg.timeout());
+        }
+        CHILD_CHECK(work->is_completed(), "");
+        work->wait(1ms);  // completed: returns at once, no error
+        for (double v : t.to_vector<double>()) CHILD_CHECK(v == size * (size + 1) / 2.0, "got ", v);
+      },
+      JobOptions{}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(2, 3),
+                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "Ranks"; });
+
+// ---- failures: every one ends with an error naming the operation, never a hang ----
+
+TEST(GlooGroup, RankThatExitsEarlyMakesOthersFailNamingTheOp) {
+  JobOptions opt;
+  opt.timeout = 2s;
+  opt.deadline = 60s;
+  const auto results = run_job(
+      3,
+      [](ProcessGroupGloo& pg, Store& store) {
+        pg.barrier()->wait(pg.timeout());  // everyone connected
+        if (pg.rank() == 2) {
+          store.set_string("rank2_leaving", "1");
+          _exit(0);  // gone without a goodbye, as a crashed rank
+        }
+        store.wait({"rank2_leaving"}, 20s);
+        Tensor t = Tensor::ones({1000}, kFloat32);
+        auto work = pg.allreduce(t);
+        const std::string msg = error_of([&] { work->wait(30s); });
+        CHILD_CHECK(contains(msg, "allreduce(float32[1000], sum)") && contains(msg, "failed"), msg);
+        CHILD_CHECK(contains(msg, "rank " + std::to_string(pg.rank()) + " of 3"), msg);
+        CHILD_CHECK(work->is_completed(), "");
+        // The group is broken now: later collectives fail at once, naming the first failure.
+        const std::string later = error_of([&] { pg.barrier()->wait(30s); });
+        CHILD_CHECK(contains(later, "barrier()") && contains(later, "earlier collective") &&
+                        contains(later, "allreduce(float32[1000], sum)"),
+                    later);
+      },
+      opt);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
+}
+
+TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
+  JobOptions opt;
+  opt.timeout = 2s;
+  opt.deadline = 60s;
+  expect_all_ok(run_children(
+      3,
+      [](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, 3, 20s);
+        ProcessGroupGloo pg(store, rank, 3, 2s);
+        pg.barrier()->wait(pg.timeout());
+        if (rank == 2) {  // alive, connected, but never joins the allreduce
+          store->wait({"done/0", "done/1"}, 20s);
+          return;
+        }
+        Tensor t = Tensor::ones({64}, kFloat64);
+        auto work = pg.allreduce(t, ReduceOp::Max);
+        // A wait shorter than Gloo's timeout ends first and says so.
+        const std::string early = error_of([&] { work->wait(50ms); });
+        CHILD_CHECK(contains(early, "allreduce(float64[64], max)") && contains(early, "did not complete within 50 ms"),
+                    early);
+        // Gloo's own timeout (the group's 2 s) then ends the collective with an error.
+        const std::string late = error_of([&] { work->wait(30s); });
+        CHILD_CHECK(contains(late, "allreduce(float64[64], max)") && contains(late, "failed"), late);
+        CHILD_CHECK(contains(late, "imed out") || contains(late, "closed"), late);
+        store->set_string("done/" + std::to_string(rank), "1");
+      },
+      opt));
+}
+
+TEST(GlooGroup, RendezvousWithAMissingRankFailsNamingTheStore) {
+  JobOptions opt;
+  opt.deadline = 60s;
+  expect_all_ok(run_children(
+      1,
+      [](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, -1, 1s);
+        const std::string msg = error_of([&] { ProcessGroupGloo pg(store, 0, 2, 1s); });
+        CHILD_CHECK(contains(msg, "rank 0 of 2") && contains(msg, "file://" + path), msg);
+      },
+      opt));
+}
+
+// ---- input checks (one-rank groups; nothing is sent) ----
+
+TEST(GlooGroup, RejectsNonContiguousUndefinedAndMismatchedInputs) {
+  expect_all_ok(run_job(1, [](ProcessGroupGloo& pg, Store&) {
+    Tensor base = Tensor::zeros({3, 4}, kFloat32);
+    Tensor strided = base.transpose(0, 1);
+    std::string msg = error_of([&] { pg.allreduce(strided); });
+    CHILD_CHECK(contains(msg, "allreduce") && contains(msg, "not contiguous"), msg);
+    msg = error_of([&] { pg.broadcast(strided, 0); });
+    CHILD_CHECK(contains(msg, "broadcast") && contains(msg, "not contiguous"), msg);
+    Tensor undefined;
+    msg = error_of([&] { pg.allreduce(undefined); });
+    CHILD_CHECK(contains(msg, "undefined"), msg);
+    Tensor ok = Tensor::ones({4}, kFloat32);
+    msg = error_of([&] { pg.broadcast(ok, 1); });
+    CHILD_CHECK(contains(msg, "root 1 outside [0, 1)"), msg);
+    std::vector<Tensor> two = {Tensor::zeros({4}), Tensor::zeros({4})};
+    msg = error_of([&] { pg.allgather(two, ok); });
+    CHILD_CHECK(contains(msg, "2 output tensors given") && contains(msg, "(1)"), msg);
+    std::vector<Tensor> wrong_shape = {Tensor::zeros({5})};
+    msg = error_of([&] { pg.allgather(wrong_shape, ok); });
+    CHILD_CHECK(contains(msg, "outputs[0]") && contains(msg, "float32[4]"), msg);
+    std::vector<Tensor> strided_out = {Tensor::zeros({4, 3}).transpose(0, 1)};
+    Tensor in43 = Tensor::zeros({3, 4});
+    msg = error_of([&] { pg.allgather(strided_out, in43); });
+    CHILD_CHECK(contains(msg, "not contiguous"), msg);
+    // A one-rank group works: the values stay as they are.
+    Tensor v = Tensor::from_vector<float>({1.5f, -2.0f}, {2});
+    pg.allreduce(v)->wait(pg.timeout());
+    CHILD_CHECK(v.to_vector<float>() == (std::vector<float>{1.5f, -2.0f}), "");
+  }));
+}
+
+TEST(GlooGroup, RejectsCudaTensors) {
+  expect_all_ok(run_job(1, [](ProcessGroupGloo& pg, Store&) {
+    if (cuda_device_count() == 0) throw std::runtime_error("SKIP: no CUDA device visible");
+    Tensor t = Tensor::zeros({4}, kFloat32, Device::cuda(0));
+    const std::string msg = error_of([&] { pg.allreduce(t); });
+    CHILD_CHECK(contains(msg, "CPU tensors") && contains(msg, "cuda"), msg);
+  }));
+}
+
+// ---- interface choice and the factory ----
+
+TEST(GlooGroup, LocalAddressTowardLoopbackIsLoopback) {
+  EXPECT_EQ(local_address_toward("127.0.0.1"), "127.0.0.1");
+  try {
+    local_address_toward("no-such-host.invalid");
+    ADD_FAILURE() << "expected an error for an unresolvable MASTER_ADDR";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-host.invalid"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GlooGroup, UsesTheLoopbackAddressOfMasterAddr) {
+  expect_all_ok(run_job(2, [](ProcessGroupGloo& pg, Store&) {
+    CHILD_CHECK(contains(pg.local_address(), "127.0.0.1"), pg.local_address());
+    Tensor t = Tensor::ones({3}, kFloat32);
+    pg.allreduce(t)->wait(pg.timeout());
+    CHILD_CHECK(t.to_vector<float>() == (std::vector<float>{2, 2, 2}), "");
+  }));
+}
+
+TEST(GlooGroup, SocketIfnameSelectsTheInterface) {
+  JobOptions opt;
+  opt.env = {{"TANDEM_SOCKET_IFNAME", "lo"}};
+  expect_all_ok(run_job(
+      2,
+      [](ProcessGroupGloo& pg, Store&) {
+        CHILD_CHECK(contains(pg.local_address(), "127.0.0.1"), pg.local_address());
+        Tensor t = Tensor::ones({3}, kFloat32);
+        pg.allreduce(t)->wait(pg.timeout());
+        CHILD_CHECK(t.to_vector<float>() == (std::vector<float>{2, 2, 2}), "");
+      },
+      opt));
+  opt.env = {{"TANDEM_SOCKET_IFNAME", "tandem_no_such0"}};
+  expect_all_ok(run_children(
+      1,
+      [](int, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, 1, 5s);
+        const std::string msg = error_of([&] { ProcessGroupGloo pg(store, 0, 1, 5s); });
+        CHILD_CHECK(contains(msg, "tandem_no_such0") && contains(msg, "TANDEM_SOCKET_IFNAME"), msg);
+      },
+      opt));
+}
+
+TEST(MakeProcessGroup, BuildsGlooAndRejectsUnknownBackends) {
+  expect_all_ok(run_children(
+      2,
+      [](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, 2, 30s);
+        std::shared_ptr<ProcessGroup> pg = make_process_group("gloo", store, rank, 2, 30s);
+        CHILD_CHECK(pg->backend() == "gloo" && pg->rank() == rank && pg->size() == 2, pg->backend());
+        Tensor t = Tensor::full({5}, rank == 0 ? 3.0 : -1.0, kFloat32);
+        pg->allreduce(t, ReduceOp::Max)->wait(pg->timeout());
+        CHILD_CHECK(t.to_vector<float>() == std::vector<float>(5, 3.0f), "");
+      },
+      JobOptions{}));
+  auto store = std::make_shared<FileStore>((std::filesystem::temp_directory_path() /
+                                            ("tandem-pg-factory-" + std::to_string(getpid()))).string(), 1, 1s);
+  try {
+    make_process_group("mpi", store, 0, 1, 1s);
+    ADD_FAILURE() << "expected an error for backend 'mpi'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown process-group backend 'mpi'"), std::string::npos) << e.what();
+  }
+  if (!cuda_compiled()) {
+    try {
+      make_process_group("nccl", store, 0, 1, 1s);
+      ADD_FAILURE() << "expected an error for nccl without CUDA";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("built without CUDA"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::dist

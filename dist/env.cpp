@@ -34,7 +34,8 @@ class EnvReader {
 
   std::string require(const char* name) const {
     const char* v = find(name);
-    TANDEM_CHECK(v != nullptr, "launcher '", launcher_, "': environment variable ", name, " is not set; ", hint_);
+    TANDEM_CHECK(v != nullptr, "launcher '", launcher_, "': environment variable ", name, " is not set; ",
+                 hint_);
     return v;
   }
 
@@ -121,15 +122,17 @@ DistEnv from_slurm(const EnvGetter& getenv) {
     } catch (const Error& e) {
       env.fail(std::string("environment variable ") + name + "='" + v + "' is malformed: " + e.what());
     }
-    TANDEM_CHECK(static_cast<size_t>(d.node_rank) < per_node.size(), "launcher 'slurm': SLURM_NODEID=",
-                 d.node_rank, " but ", name, "='", v, "' lists only ", per_node.size(), " node(s)");
+    TANDEM_CHECK(static_cast<size_t>(d.node_rank) < per_node.size(),
+                 "launcher 'slurm': SLURM_NODEID=", d.node_rank, " but ", name, "='", v, "' lists only ",
+                 per_node.size(), " node(s)");
     d.local_world_size = per_node[static_cast<size_t>(d.node_rank)];
     found = true;
     break;
   }
   if (!found) {
     const char* v = env.find("SLURM_NTASKS_PER_NODE");
-    TANDEM_CHECK(v != nullptr, "launcher 'slurm': none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, "
+    TANDEM_CHECK(v != nullptr,
+                 "launcher 'slurm': none of SLURM_STEP_TASKS_PER_NODE, SLURM_TASKS_PER_NODE, "
                  "SLURM_NTASKS_PER_NODE is set; launch with srun inside a Slurm allocation");
     d.local_world_size = env.parse_int("SLURM_NTASKS_PER_NODE", v, 1, std::numeric_limits<int>::max());
   }
@@ -146,13 +149,15 @@ DistEnv from_slurm(const EnvGetter& getenv) {
         break;
       }
     }
-    TANDEM_CHECK(list != nullptr, "launcher 'slurm': MASTER_ADDR is not set and neither is SLURM_STEP_NODELIST, "
+    TANDEM_CHECK(list != nullptr,
+                 "launcher 'slurm': MASTER_ADDR is not set and neither is SLURM_STEP_NODELIST, "
                  "SLURM_JOB_NODELIST nor SLURM_NODELIST; set MASTER_ADDR to the host of rank 0");
     std::vector<std::string> hosts;
     try {
       hosts = expand_nodelist(list);
     } catch (const Error& e) {
-      env.fail(std::string("environment variable ") + list_name + "='" + list + "' is malformed: " + e.what());
+      env.fail(std::string("environment variable ") + list_name + "='" + list +
+               "' is malformed: " + e.what());
     }
     d.master_addr = hosts.front();
   }
@@ -176,9 +181,11 @@ DistEnv from_mpi(const EnvGetter& getenv) {
   if (const char* a = env.find("MASTER_ADDR")) {
     d.master_addr = trim(a);
   } else {
-    TANDEM_CHECK(d.local_world_size == d.world_size, "launcher 'mpi': MASTER_ADDR is not set and the job spans "
-                 "several nodes (OMPI_COMM_WORLD_SIZE=", d.world_size, ", OMPI_COMM_WORLD_LOCAL_SIZE=",
-                 d.local_world_size, "); pass the host of rank 0 with mpirun -x MASTER_ADDR=<host>");
+    TANDEM_CHECK(d.local_world_size == d.world_size,
+                 "launcher 'mpi': MASTER_ADDR is not set and the job spans "
+                 "several nodes (OMPI_COMM_WORLD_SIZE=",
+                 d.world_size, ", OMPI_COMM_WORLD_LOCAL_SIZE=", d.local_world_size,
+                 "); pass the host of rank 0 with mpirun -x MASTER_ADDR=<host>");
     d.master_addr = "127.0.0.1";
   }
   d.master_port = env.int_or("MASTER_PORT", kDefaultMasterPort, 1, 65535);
@@ -224,7 +231,8 @@ void expand_host(const std::string& item, const std::string& whole, std::vector<
   while (pos < item.size()) {
     const size_t open = item.find('[', pos);
     const std::string text = item.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
-    TANDEM_CHECK(text.find(']') == std::string::npos, "node list '", whole, "': unmatched ']' in '", item, "'");
+    TANDEM_CHECK(text.find(']') == std::string::npos, "node list '", whole, "': unmatched ']' in '", item,
+                 "'");
     for (std::string& n : names) n += text;
     if (open == std::string::npos) break;
     const size_t close = item.find(']', open);
@@ -286,14 +294,15 @@ std::vector<int> expand_tasks_per_node(const std::string& spec) {
     TANDEM_CHECK(tasks >= 1, "tasks-per-node list '", s, "': a node with ", tasks, " tasks");
     int repeat = 1;
     if (pos < s.size() && s[pos] == '(') {
-      TANDEM_CHECK(s.compare(pos, 2, "(x") == 0, "tasks-per-node list '", s, "': expected '(x' at position ", pos);
+      TANDEM_CHECK(s.compare(pos, 2, "(x") == 0, "tasks-per-node list '", s, "': expected '(x' at position ",
+                   pos);
       pos += 2;
       repeat = number(pos, "a repeat count");
-      TANDEM_CHECK(pos < s.size() && s[pos] == ')', "tasks-per-node list '", s, "': expected ')' at position ",
-                   pos);
+      TANDEM_CHECK(pos < s.size() && s[pos] == ')', "tasks-per-node list '", s,
+                   "': expected ')' at position ", pos);
       ++pos;
-      TANDEM_CHECK(repeat >= 1 && out.size() + static_cast<size_t>(repeat) <= kMaxHosts, "tasks-per-node list '",
-                   s, "': repeat count ", repeat, " out of range");
+      TANDEM_CHECK(repeat >= 1 && out.size() + static_cast<size_t>(repeat) <= kMaxHosts,
+                   "tasks-per-node list '", s, "': repeat count ", repeat, " out of range");
     }
     out.insert(out.end(), static_cast<size_t>(repeat), tasks);
     if (pos == s.size()) break;

@@ -24,13 +24,13 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -158,11 +158,14 @@ class SigpipeBlock {
   sigset_t set_, old_;
 };
 
-// Key namespace of the k-th Gloo group made by this process (every rank makes its groups in
-// the same order, so the k-th groups of all ranks meet under the same prefix).
-std::string next_group_prefix() {
-  static std::atomic<int> groups{0};
-  return "gloo/" + std::to_string(groups.fetch_add(1)) + "/";
+// Key namespace of the k-th Gloo group that `rank` makes in this process: every rank makes its
+// groups in the same order, so the k-th groups of all ranks meet under one prefix. Counted per
+// rank so that ranks living as threads of one process (tests) agree too.
+std::string next_group_prefix(int rank) {
+  static std::mutex mu;
+  static std::map<int, int> made;
+  std::lock_guard<std::mutex> lock(mu);
+  return "gloo/" + std::to_string(made[rank]++) + "/";
 }
 
 // ---- Work ----
@@ -340,7 +343,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   } catch (const std::exception& e) {
     TANDEM_FAIL(im.who, ": cannot create the Gloo TCP device on ", im.address, ": ", e.what());
   }
-  const std::string prefix = next_group_prefix();
+  const std::string prefix = next_group_prefix(rank);
   GlooStoreAdapter adapter(store, prefix);
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);

@@ -42,9 +42,15 @@ Forwarder::Forwarder(int rank, int out_fd, int err_fd) : rank_(rank), fds_{out_f
 
 Forwarder::~Forwarder() { finish(std::chrono::milliseconds(0)); }
 
+void Forwarder::stop_after(std::chrono::milliseconds drain) {
+  const int64_t deadline = now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(drain).count();
+  int64_t expected = 0;
+  deadline_ns_.compare_exchange_strong(expected, deadline);  // the first deadline set stays
+}
+
 void Forwarder::finish(std::chrono::milliseconds drain) {
   if (!thread_.joinable()) return;
-  deadline_ns_.store(now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(drain).count());
+  stop_after(drain);
   thread_.join();
 }
 

@@ -25,7 +25,9 @@ class Forwarder {
   Forwarder(const Forwarder&) = delete;
   Forwarder& operator=(const Forwarder&) = delete;
 
-  // Asks the thread to stop after at most `drain` more, and joins it.
+  // Asks the thread to stop after at most `drain` more (it stops sooner at end-of-file).
+  void stop_after(std::chrono::milliseconds drain);
+  // stop_after(drain), then joins the thread.
   void finish(std::chrono::milliseconds drain);
 
  private:

@@ -33,8 +33,7 @@ int parse_options(int argc, char** argv, RunOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "write each rank's stdout and stderr to DIR/rank_<r>.log instead of the console");
-  app.add_option("--grace-period", o.grace_seconds,
-                 "seconds between SIGTERM and SIGKILL when ending workers")
+  app.add_option("--grace-period", o.grace_seconds, "seconds between SIGTERM and SIGKILL when ending workers")
       ->check(CLI::NonNegativeNumber);
   bool no_python = false;
   app.add_flag("--no-python,--no_python", no_python, "accepted for torchrun compatibility (always the case)");
@@ -70,7 +69,8 @@ int parse_options(int argc, char** argv, RunOptions& o) {
     if (o.nproc_per_node < 1) return usage_error("--nproc-per-node must be >= 1, got " + nproc);
   }
   if (nnodes.find(':') != std::string::npos)
-    return usage_error("--nnodes " + nnodes + ": elastic MIN:MAX node counts are not supported; give one number");
+    return usage_error("--nnodes " + nnodes +
+                       ": elastic MIN:MAX node counts are not supported; give one number");
   try {
     size_t used = 0;
     o.nnodes = std::stoi(nnodes, &used);

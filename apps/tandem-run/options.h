@@ -16,8 +16,8 @@ struct RunOptions {
   int master_port = 29500;
   bool standalone = false;
   int max_restarts = 0;
-  std::string log_dir;        // empty: forward output to the console, prefixed "[rank r] "
-  double grace_seconds = 5.0;  // SIGTERM -> SIGKILL grace when ending workers
+  std::string log_dir;               // empty: forward output to the console, prefixed "[rank r] "
+  double grace_seconds = 5.0;        // SIGTERM -> SIGKILL grace when ending workers
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
 

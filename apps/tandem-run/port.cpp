@@ -68,8 +68,9 @@ PortCheck check_port_free(const std::string& addr, int port) {
   any.sin_addr.s_addr = htonl(INADDR_ANY);
   const int err = try_bind(reinterpret_cast<const sockaddr*>(&any), sizeof(any), AF_INET);
   if (err == EADDRINUSE) return {false, in_use(addr, port)};
-  return {true, "--master-addr " + addr + " is not an address of this machine, but --node-rank 0 should run "
-                "on that host"};
+  return {true, "--master-addr " + addr +
+                    " is not an address of this machine, but --node-rank 0 should run "
+                    "on that host"};
 }
 
 int pick_free_port() {

@@ -9,8 +9,8 @@
 namespace tandem::run {
 
 struct PortCheck {
-  bool ok = true;         // false: the port cannot be used; `message` says why
-  std::string message;    // the error, or a warning when ok (address not local)
+  bool ok = true;       // false: the port cannot be used; `message` says why
+  std::string message;  // the error, or a warning when ok (address not local)
 };
 
 PortCheck check_port_free(const std::string& addr, int port);

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <sstream>
 
 #include "console.h"
 
@@ -35,8 +36,8 @@ int exit_code_of(int status) {
 
 std::string describe_status(int status) {
   if (WIFSIGNALED(status))
-    return "was killed by " + signal_name(WTERMSIG(status)) + " (exit code " + std::to_string(exit_code_of(status)) +
-           ")";
+    return "was killed by " + signal_name(WTERMSIG(status)) + " (exit code " +
+           std::to_string(exit_code_of(status)) + ")";
   return "failed with exit code " + std::to_string(exit_code_of(status));
 }
 
@@ -49,7 +50,7 @@ bool mkdirs(const std::string& dir) {
     if (path.empty()) continue;
     if (::mkdir(path.c_str(), 0777) != 0 && errno != EEXIST) return false;
   }
-  struct stat st{};
+  struct stat st {};
   return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
@@ -104,12 +105,13 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(127);  // tandem-run died before prctl
-  if (::dup2(in_fd, STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 || ::dup2(err_fd, STDERR_FILENO) < 0) {
+  if (::dup2(in_fd, STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
+      ::dup2(err_fd, STDERR_FILENO) < 0) {
     const int err = errno;
     [[maybe_unused]] ssize_t n = ::write(status_fd, &err, sizeof(err));
     ::_exit(127);
   }
-  struct sigaction dfl{};
+  struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) ::sigaction(sig, &dfl, nullptr);
   sigset_t none;
@@ -171,7 +173,8 @@ class Supervisor {
     int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1}, status_pipe[2] = {-1, -1};
     int log_fd = -1;
     auto close_all = [&] {
-      for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], status_pipe[0], status_pipe[1], log_fd})
+      for (int fd :
+           {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], status_pipe[0], status_pipe[1], log_fd})
         if (fd >= 0) ::close(fd);
     };
     if (::pipe2(status_pipe, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
@@ -186,7 +189,8 @@ class Supervisor {
       child_err = err_pipe[1];
     } else {
       const std::string file = o.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
-      log_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (attempt_ == 0 ? O_TRUNC : 0), 0644);
+      log_fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | (attempt_ == 0 ? O_TRUNC : 0),
+                      0644);
       if (log_fd < 0) {
         const int err = errno;
         close_all();
@@ -208,8 +212,8 @@ class Supervisor {
       return std::string("fork: ") + std::strerror(err);
     }
     if (pid == 0)
-      exec_child(parent, null_fd_, child_out, child_err, status_pipe[1], spec_.program_path.c_str(), argv.data(),
-                 envp.data());
+      exec_child(parent, null_fd_, child_out, child_err, status_pipe[1], spec_.program_path.c_str(),
+                 argv.data(), envp.data());
     ::setpgid(pid, pid);  // also in the child; whichever runs first wins the race
     w.pid = pid;
     w.alive = true;
@@ -273,7 +277,10 @@ class Supervisor {
     return n;
   }
 
+  // All forwarders drain at once (at most 1 s more), then are joined.
   void finish_forwarders() {
+    for (Worker& w : workers_)
+      if (w.forwarder) w.forwarder->stop_after(std::chrono::milliseconds(1000));
     for (Worker& w : workers_)
       if (w.forwarder) w.forwarder->finish(std::chrono::milliseconds(1000));
   }
@@ -283,9 +290,9 @@ class Supervisor {
     sigemptyset(&set);
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&set, sig);
     GroupResult result;
-    int received = 0;          // the first SIGINT/SIGTERM/... taken
-    bool ending = false;       // SIGTERM (or the forwarded signal) sent; waiting for the grace period
-    bool killed = false;       // SIGKILL sent
+    int received = 0;     // the first SIGINT/SIGTERM/... taken
+    bool ending = false;  // SIGTERM (or the forwarded signal) sent; waiting for the grace period
+    bool killed = false;  // SIGKILL sent
     Clock::time_point kill_at{};
     const auto grace = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(spec_.options.grace_seconds));
@@ -324,8 +331,9 @@ class Supervisor {
         begin_ending(SIGTERM);
       }
       if (ending && !killed && Clock::now() >= kill_at && alive_count() > 0) {
-        say("workers still running " + std::to_string(spec_.options.grace_seconds) +
-            " s after the request to stop; sending SIGKILL");
+        std::ostringstream grace_text;
+        grace_text << spec_.options.grace_seconds;
+        say("workers still running " + grace_text.str() + " s after the request to stop; sending SIGKILL");
         terminate_all(SIGKILL);
         killed = true;
       }
@@ -359,7 +367,7 @@ void block_supervisor_signals() {
 
 std::string find_program(const std::string& program) {
   auto runnable = [](const std::string& p) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0;
   };
   if (program.empty()) return "";
@@ -369,7 +377,8 @@ std::string find_program(const std::string& program) {
   size_t start = 0;
   while (true) {
     const size_t colon = path.find(':', start);
-    const std::string dir = path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+    const std::string dir =
+        path.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
     const std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
     if (runnable(candidate)) return candidate;
     if (colon == std::string::npos) return "";

@@ -18,17 +18,17 @@ namespace tandem::run {
 struct GroupResult {
   enum class Kind { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed };
   Kind kind = Kind::kSucceeded;
-  int exit_code = 0;    // what tandem-run should exit with
+  int exit_code = 0;     // what tandem-run should exit with
   int failed_rank = -1;  // kWorkerFailed / kSpawnFailed
 };
 
 // Everything needed to start the workers of one attempt.
 struct GroupSpec {
   RunOptions options;
-  std::string program_path;             // resolved PROGRAM (absolute or containing '/')
+  std::string program_path;  // resolved PROGRAM (absolute or containing '/')
   std::string master_addr;
   int master_port = 0;
-  std::vector<std::string> base_env;    // "KEY=VALUE" inherited by every worker
+  std::vector<std::string> base_env;  // "KEY=VALUE" inherited by every worker
 };
 
 // Runs one attempt (0 = first) to completion.

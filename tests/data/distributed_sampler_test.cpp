@@ -87,8 +87,9 @@ TEST(DistributedSampler, DisjointCoverAndPadding) {
         EXPECT_EQ(static_cast<int64_t>(count.size()), n) << "n=" << n << " R=" << R;
         const std::vector<int64_t> common = interleave(parts);
         for (int64_t k = n; k < per * R; ++k) EXPECT_EQ(common[k], common[(k - n) % n]);
-        if (n % R == 0)
+        if (n % R == 0) {
           for (const auto& [i, c] : count) EXPECT_EQ(c, 1) << "index " << i << " with n=" << n << " R=" << R;
+        }
       }
     }
   }

@@ -1,14 +1,26 @@
 // dist/env: every launcher's parse path through an injected environment (the
 // process environment is never touched), Slurm's node-list and tasks-per-node
-// forms, and the errors, which must name the launcher and the variable.
+// forms, and the errors, which must name the launcher and the variable. One
+// real 2-rank launch under Debian's Open MPI mpirun (skipped where mpirun is
+// missing) runs this executable's DistEnvHelper.Worker as the ranks.
 #include "dist/env.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "core/error.h"
+
+extern char** environ;
 
 using namespace tandem;
 using dist::DistEnv;
@@ -27,7 +39,9 @@ dist::EnvGetter getter(const Vars& vars) {
   };
 }
 
-DistEnv parse(const std::string& launcher, const Vars& vars) { return env_from_launcher(launcher, getter(vars)); }
+DistEnv parse(const std::string& launcher, const Vars& vars) {
+  return env_from_launcher(launcher, getter(vars));
+}
 
 // Expects an Error whose message contains every one of `parts`.
 void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
@@ -36,17 +50,21 @@ void expect_error(const std::function<void()>& f, const std::vector<std::string>
     ADD_FAILURE() << "no error; expected one mentioning " << parts.front();
   } catch (const Error& e) {
     const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    for (const std::string& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
 }
 
-const Vars kTorchrun = {{"RANK", "5"},         {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},
-                        {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},     {"MASTER_ADDR", "10.0.0.1"},
-                        {"MASTER_PORT", "29400"}};
+const Vars kTorchrun = {
+    {"RANK", "5"},       {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},     {"LOCAL_WORLD_SIZE", "4"},
+    {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29400"}};
 
-const Vars kSlurm = {{"SLURM_PROCID", "6"},           {"SLURM_NTASKS", "7"},
-                     {"SLURM_LOCALID", "0"},          {"SLURM_NODEID", "3"},
-                     {"SLURM_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_JOB_NODELIST", "node[01-04,07]"}};
+const Vars kSlurm = {{"SLURM_PROCID", "6"},
+                     {"SLURM_NTASKS", "7"},
+                     {"SLURM_LOCALID", "0"},
+                     {"SLURM_NODEID", "3"},
+                     {"SLURM_TASKS_PER_NODE", "2(x3),1"},
+                     {"SLURM_JOB_NODELIST", "node[01-04,07]"}};
 
 const Vars kMpi = {{"OMPI_COMM_WORLD_RANK", "3"},
                    {"OMPI_COMM_WORLD_SIZE", "4"},
@@ -291,4 +309,78 @@ TEST(CudaDevice, LocalRankAmongVisibleDevices) {
   expect_error([] { dist::cuda_device_for(2, 2); }, {"local rank 2", "2 device(s)", "CUDA_VISIBLE_DEVICES"});
   expect_error([] { dist::cuda_device_for(0, 0); }, {"no CUDA device", "CUDA_VISIBLE_DEVICES"});
   EXPECT_THROW(dist::cuda_device_for(-1, 2), Error);
+}
+
+// Not a test on its own: the worker that real launches (mpirun here, tandem-run
+// in launcher_test.cpp) start. It parses its environment for the launcher named
+// in TANDEM_ENV_HELPER_LAUNCHER and writes what it found to
+// $TANDEM_ENV_HELPER_OUT/<launcher>_<rank>.
+TEST(DistEnvHelper, Worker) {
+  const char* launcher = std::getenv("TANDEM_ENV_HELPER_LAUNCHER");
+  const char* out = std::getenv("TANDEM_ENV_HELPER_OUT");
+  if (!launcher || !out)
+    GTEST_SKIP() << "helper for DistEnv.MpirunLaunch and LauncherTest.WorkersParseTheirEnv";
+  const DistEnv d = env_from_launcher(launcher);
+  std::ofstream f(std::string(out) + "/" + launcher + "_" + std::to_string(d.rank));
+  f << d.rank << " " << d.world_size << " " << d.local_rank << " " << d.local_world_size << " " << d.node_rank
+    << " " << d.master_addr << " " << d.master_port << "\n";
+  ASSERT_TRUE(f.good());
+}
+
+TEST(DistEnv, MpirunLaunch) {
+  const std::string mpirun = "/usr/bin/mpirun";
+  if (::access(mpirun.c_str(), X_OK) != 0) GTEST_SKIP() << "Open MPI's mpirun is not installed";
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "tandem_mpi_XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const fs::path dir = tmpl;
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+
+  // Environment: ours without MASTER_*, plus the helper's switches and Open MPI's consent to run as root.
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("MASTER_ADDR=", 0) != 0 && kv.rfind("MASTER_PORT=", 0) != 0) env.push_back(kv);
+  }
+  env.insert(env.end(), {"TANDEM_ENV_HELPER_LAUNCHER=mpi", "TANDEM_ENV_HELPER_OUT=" + dir.string(),
+                         "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                         "OMPI_MCA_rmaps_base_oversubscribe=1"});
+  std::vector<std::string> args = {mpirun, "-np", "2", self, "--gtest_filter=DistEnvHelper.Worker"};
+  std::vector<char*> argv, envp;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  for (auto& kv : env) envp.push_back(kv.data());
+  envp.push_back(nullptr);
+  const std::string log = (dir / "mpirun.log").string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::freopen(log.c_str(), "w", stdout);
+    if (f) ::dup2(STDOUT_FILENO, STDERR_FILENO);
+    ::execve(mpirun.c_str(), argv.data(), envp.data());
+    ::_exit(127);
+  }
+  // Bounded wait: after 60 s mpirun is killed and the test fails.
+  int status = 0;
+  bool ended = false;
+  for (int i = 0; i < 3000 && !ended; ++i) {
+    ended = ::waitpid(pid, &status, WNOHANG) == pid;
+    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!ended) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  auto slurp = [](const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::string output = slurp(log);
+  EXPECT_TRUE(ended) << "mpirun still running after 60 s\n" << output;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
+  EXPECT_EQ(slurp(dir / "mpi_0"), "0 2 0 2 0 127.0.0.1 29500\n") << output;
+  EXPECT_EQ(slurp(dir / "mpi_1"), "1 2 1 2 0 127.0.0.1 29500\n") << output;
+  std::error_code ec;
+  fs::remove_all(dir, ec);
 }

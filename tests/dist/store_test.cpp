@@ -46,16 +46,29 @@ void require(bool cond, const std::string& what) {
 }
 
 // Forks n children running body(i); returns their exit statuses (-signal when killed).
+// Children start together once all are forked (a gate pipe closes), so no fork
+// happens while a store server thread in this process is busy serving them.
 std::vector<int> run_children(int n, const std::function<void(int)>& body) {
   std::vector<pid_t> pids;
+  int gate[2];
+  if (::pipe(gate) != 0) {
+    ADD_FAILURE() << "pipe failed: " << std::strerror(errno);
+    return {};
+  }
   for (int i = 0; i < n; ++i) {
     pid_t pid = ::fork();
     if (pid < 0) {
       for (pid_t p : pids) ::kill(p, SIGKILL);
       ADD_FAILURE() << "fork failed: " << std::strerror(errno);
+      ::close(gate[0]);
+      ::close(gate[1]);
       return {};
     }
     if (pid == 0) {
+      ::close(gate[1]);
+      char c;
+      while (::read(gate[0], &c, 1) < 0 && errno == EINTR) {
+      }
       int code = 0;
       try {
         body(i);
@@ -68,6 +81,8 @@ std::vector<int> run_children(int n, const std::function<void(int)>& body) {
     }
     pids.push_back(pid);
   }
+  ::close(gate[0]);
+  ::close(gate[1]);  // opens the gate: every child reads end-of-file
   std::vector<int> codes(n, -1000);
   const auto deadline = std::chrono::steady_clock::now() + kChildLimit;
   int left = n;

@@ -1,0 +1,400 @@
+// tandem-run, driven as a user would: real launches of small /bin/sh workers.
+// Every launch is bounded (a launch still running after its limit is killed and
+// the test fails); nothing here measures time. Each test works in its own
+// temporary directory and on ports the kernel just handed out.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kLauncher = TANDEM_BINARY_DIR "/apps/tandem-run";
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+std::vector<std::string> lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// A port on 127.0.0.1 that was free a moment ago.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// Polls until `pred` holds, at most `limit` (bounding a wait, not timing anything).
+template <typename Pred>
+bool eventually(Pred pred, std::chrono::seconds limit = std::chrono::seconds(20)) {
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+struct Launch {
+  pid_t pid = -1;
+  fs::path out, err;
+};
+
+struct Result {
+  int code = -1;  // exit code; 128+signal when killed; -1 when it had to be killed for running too long
+  std::string out, err;
+};
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "tandem_launcher_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    ASSERT_TRUE(fs::exists(kLauncher)) << kLauncher << " is missing; build the tandem-run target";
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Starts tandem-run ARGS with the test's environment changed by `set` ("K=V")
+  // and `unset` (names); stdout/stderr go to files named after `tag`.
+  Launch start(const std::vector<std::string>& args,
+               const std::vector<std::string>& set = {"OMP_NUM_THREADS=2"},
+               const std::vector<std::string>& unset = {}, const std::string& tag = "launch") {
+    Launch l;
+    l.out = dir_ / (tag + ".out");
+    l.err = dir_ / (tag + ".err");
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string kv = *e, key = kv.substr(0, kv.find('='));
+      bool drop = false;
+      for (const std::string& u : unset) drop = drop || u == key;
+      for (const std::string& s : set) drop = drop || s.substr(0, s.find('=')) == key;
+      if (!drop) env.push_back(kv);
+    }
+    env.insert(env.end(), set.begin(), set.end());
+    std::vector<std::string> argv_s = {kLauncher};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv, envp;
+    for (auto& s : argv_s) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    const int out_fd = ::open(l.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    const int err_fd = ::open(l.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    l.pid = ::fork();
+    if (l.pid == 0) {
+      ::dup2(out_fd, 1);
+      ::dup2(err_fd, 2);
+      ::execve(kLauncher.c_str(), argv.data(), envp.data());
+      ::_exit(126);
+    }
+    ::close(out_fd);
+    ::close(err_fd);
+    return l;
+  }
+
+  // Waits for a launch to end, killing it after `limit`.
+  Result finish(const Launch& l, std::chrono::seconds limit = std::chrono::seconds(45)) {
+    Result r;
+    int status = 0;
+    const bool ended = eventually([&] { return ::waitpid(l.pid, &status, WNOHANG) == l.pid; }, limit);
+    if (!ended) {
+      ::kill(l.pid, SIGKILL);
+      ::waitpid(l.pid, &status, 0);
+      r.code = -1;
+    } else {
+      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    r.out = read_file(l.out);
+    r.err = read_file(l.err);
+    return r;
+  }
+
+  Result run(const std::vector<std::string>& args,
+             const std::vector<std::string>& set = {"OMP_NUM_THREADS=2"},
+             const std::vector<std::string>& unset = {},
+             std::chrono::seconds limit = std::chrono::seconds(45)) {
+    return finish(start(args, set, unset), limit);
+  }
+
+  // tandem-run options followed by a /bin/sh -c worker script.
+  static std::vector<std::string> with_script(std::vector<std::string> options, const std::string& script) {
+    options.insert(options.end(), {"/bin/sh", "-c", script});
+    return options;
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+TEST_F(LauncherTest, WorkersSeeTorchrunsVariables) {
+  const std::string script =
+      "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $MASTER_ADDR "
+      "$MASTER_PORT ${OMP_NUM_THREADS:-unset}\" > " +
+      path("env_") + "$RANK";
+  // Node 1 of 2, three workers per node; OMP_NUM_THREADS unset, so the launcher sets it to 1 (with a notice).
+  Result r = run(with_script({"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+                              "127.0.0.1", "--master-port", "29555"},
+                             script),
+                 {}, {"OMP_NUM_THREADS"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (int rank = 3; rank < 6; ++rank)
+    EXPECT_EQ(read_file(path("env_" + std::to_string(rank))),
+              std::to_string(rank) + " " + std::to_string(rank - 3) + " 6 3 1 127.0.0.1 29555 1\n");
+  EXPECT_FALSE(fs::exists(path("env_0")));
+  int notices = 0;
+  for (const std::string& line : lines(r.err)) notices += contains(line, "OMP_NUM_THREADS") ? 1 : 0;
+  EXPECT_EQ(notices, 1) << r.err;
+
+  // A user's OMP_NUM_THREADS is kept; one worker per node gets no default and no notice.
+  const int port = free_port();
+  r = run(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(port)}, script),
+          {"OMP_NUM_THREADS=4"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(path("env_1")), "1 1 2 2 0 127.0.0.1 " + std::to_string(port) + " 4\n");
+  EXPECT_FALSE(contains(r.err, "OMP_NUM_THREADS")) << r.err;
+  r = run(with_script({"--nproc_per_node=1", "--master_port", std::to_string(port)}, script), {},
+          {"OMP_NUM_THREADS"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(path("env_0")), "0 0 1 1 0 127.0.0.1 " + std::to_string(port) + " unset\n");
+  EXPECT_FALSE(contains(r.err, "OMP_NUM_THREADS")) << r.err;
+}
+
+TEST_F(LauncherTest, WorkersParseTheirEnvWithTheLibrary) {
+  // This executable's DistEnvHelper.Worker (env_test.cpp) reads the variables with
+  // env_from_launcher("pytorch").
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const int port = free_port();
+  const Result r = run(
+      {"--nproc-per-node", "2", "--master-port", std::to_string(port), self,
+       "--gtest_filter=DistEnvHelper.Worker"},
+      {"OMP_NUM_THREADS=1", "TANDEM_ENV_HELPER_LAUNCHER=pytorch", "TANDEM_ENV_HELPER_OUT=" + dir_.string()});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(read_file(path("pytorch_0")), "0 2 0 2 0 127.0.0.1 " + std::to_string(port) + "\n");
+  EXPECT_EQ(read_file(path("pytorch_1")), "1 2 1 2 0 127.0.0.1 " + std::to_string(port) + "\n");
+}
+
+TEST_F(LauncherTest, FailingWorkerEndsTheGroupWithItsCode) {
+  // Rank 0 sleeps for a minute; rank 1 waits until rank 0 is running, then exits 3.
+  const std::string pid_file = path("pid0");
+  const std::string script = "if [ $RANK = 0 ]; then echo $$ > " + pid_file + ".tmp; mv " + pid_file +
+                             ".tmp " + pid_file + "; exec sleep 60; fi; i=0; while [ ! -e " + pid_file +
+                             " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; exit 3";
+  const Result r =
+      run(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, script),
+          {"OMP_NUM_THREADS=1"}, {}, std::chrono::seconds(30));
+  ASSERT_NE(r.code, -1) << "tandem-run did not end the sleeping worker";
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "exit code 3")) << r.err;
+  ASSERT_TRUE(fs::exists(pid_file));
+  const pid_t sleeper = std::stoi(read_file(pid_file));
+  EXPECT_NE(::kill(sleeper, 0), 0) << "rank 0 (pid " << sleeper << ") still exists";
+}
+
+TEST_F(LauncherTest, SignalKilledWorkerGives128PlusSignal) {
+  const std::string script = "if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 60";
+  const Result r =
+      run(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, script),
+          {"OMP_NUM_THREADS=1"}, {}, std::chrono::seconds(30));
+  EXPECT_EQ(r.code, 137) << r.err;
+  EXPECT_TRUE(contains(r.err, "rank 1")) << r.err;
+  EXPECT_TRUE(contains(r.err, "SIGKILL")) << r.err;
+}
+
+TEST_F(LauncherTest, OutputIsForwardedWithRankPrefixes) {
+  const std::string script = "echo out$RANK; echo err$RANK >&2; echo two words $RANK; printf tail$RANK";
+  const Result r =
+      run(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, script));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_TRUE(contains(r.out, "[rank " + rank + "] out" + rank + "\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, "[rank " + rank + "] two words " + rank + "\n")) << r.out;
+    EXPECT_TRUE(contains(r.out, "[rank " + rank + "] tail" + rank + "\n"))
+        << r.out;  // a last line without '\n'
+    EXPECT_TRUE(contains(r.err, "[rank " + rank + "] err" + rank + "\n")) << r.err;
+    EXPECT_FALSE(contains(r.out, "err" + rank)) << r.out;
+  }
+  const std::vector<std::string> out = lines(r.out);
+  EXPECT_EQ(out.size(), 6u) << r.out;
+  for (const std::string& line : out) EXPECT_EQ(line.rfind("[rank ", 0), 0u) << line;
+}
+
+TEST_F(LauncherTest, LogDirGetsOneFilePerRank) {
+  const std::string logs = path("logs/nested");
+  const std::string script = "echo out$RANK; echo err$RANK >&2";
+  const Result r = run(with_script(
+      {"--nproc-per-node", "2", "--log-dir", logs, "--master-port", std::to_string(free_port())}, script));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const std::string rank : {"0", "1"}) {
+    const std::string log = read_file(logs + "/rank_" + rank + ".log");
+    EXPECT_EQ(log, "out" + rank + "\nerr" + rank + "\n");
+  }
+  EXPECT_FALSE(contains(r.out, "out0")) << r.out;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+TEST_F(LauncherTest, PortInUseIsOneClearError) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string port = std::to_string(ntohs(sa.sin_port));
+  const Result r =
+      run(with_script({"--nproc-per-node", "2", "--master-port", port}, "touch " + path("ran_") + "$RANK"));
+  ::close(fd);
+  EXPECT_EQ(r.code, 1);
+  ASSERT_EQ(lines(r.err).size(), 1u) << r.err;
+  EXPECT_TRUE(contains(r.err, "MASTER_PORT " + port + " on 127.0.0.1 is already in use")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--master-port")) << r.err;
+  EXPECT_FALSE(fs::exists(path("ran_0")));
+  EXPECT_FALSE(fs::exists(path("ran_1")));
+}
+
+TEST_F(LauncherTest, StandalonePicksAFreeLoopbackPort) {
+  const std::string script = "echo \"$MASTER_ADDR $MASTER_PORT $WORLD_SIZE\" > " + path("addr_") + "$RANK";
+  const Result r = run(with_script({"--standalone", "--nproc-per-node", "2"}, script));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string a0 = read_file(path("addr_0")), a1 = read_file(path("addr_1"));
+  EXPECT_EQ(a0, a1);
+  ASSERT_EQ(a0.rfind("127.0.0.1 ", 0), 0u) << a0;
+  const int port = std::stoi(a0.substr(10));
+  EXPECT_TRUE(port > 0 && port < 65536) << a0;
+  EXPECT_TRUE(contains(r.err, "MASTER_PORT=" + std::to_string(port))) << r.err;
+  EXPECT_TRUE(contains(a0, " 2\n"));
+
+  const Result bad = run(with_script({"--standalone", "--nnodes", "2"}, "true"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_TRUE(contains(bad.err, "--standalone")) << bad.err;
+}
+
+TEST_F(LauncherTest, MaxRestartsRestartsTheWholeGroup) {
+  // Rank 0 fails on its first run only (a marker file remembers); every run is logged.
+  const std::string marker = path("marker");
+  const std::string script = "echo $TORCHELASTIC_RESTART_COUNT >> " + path("runs_") +
+                             "$RANK; if [ $RANK = 0 ] && [ ! -e " + marker + " ]; then touch " + marker +
+                             "; exit 4; fi; exit 0";
+  const int port = free_port();
+  Result r = run(with_script(
+      {"--nproc-per-node", "2", "--max-restarts", "1", "--master-port", std::to_string(port)}, script));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(path("runs_0")), "0\n1\n");
+  EXPECT_TRUE(contains(read_file(path("runs_1")), "1\n"));  // rank 1 ran again in the restarted group
+  EXPECT_TRUE(contains(r.err, "restart 1 of 1")) << r.err;
+
+  // A worker that always fails: one restart, then tandem-run gives up with its code.
+  r = run(with_script({"--nproc-per-node", "1", "--max-restarts", "1", "--master-port", std::to_string(port)},
+                      "echo x >> " + path("always") + "; exit 5"));
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_EQ(read_file(path("always")), "x\nx\n");
+  EXPECT_TRUE(contains(r.err, "giving up")) << r.err;
+}
+
+TEST_F(LauncherTest, TwoJobsAtOnceOnDifferentPorts) {
+  // Each job's rank 0 waits until the other job has started: both succeed only if they run together.
+  auto script = [&](const std::string& me, const std::string& other) {
+    return "if [ $RANK = 0 ]; then touch " + path("started_" + me) + "; i=0; while [ ! -e " +
+           path("started_" + other) + " ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; [ -e " +
+           path("started_" + other) + " ] || exit 9; fi; echo $MASTER_PORT > " + path("port_" + me + "_") +
+           "$RANK";
+  };
+  const int port_a = free_port();
+  int port_b = free_port();
+  while (port_b == port_a) port_b = free_port();
+  const Launch a =
+      start(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(port_a)}, script("a", "b")),
+            {"OMP_NUM_THREADS=1"}, {}, "a");
+  const Launch b =
+      start(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(port_b)}, script("b", "a")),
+            {"OMP_NUM_THREADS=1"}, {}, "b");
+  const Result ra = finish(a), rb = finish(b);
+  EXPECT_EQ(ra.code, 0) << ra.err;
+  EXPECT_EQ(rb.code, 0) << rb.err;
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_EQ(read_file(path("port_a_" + rank)), std::to_string(port_a) + "\n");
+    EXPECT_EQ(read_file(path("port_b_" + rank)), std::to_string(port_b) + "\n");
+  }
+}
+
+TEST_F(LauncherTest, ForwardsSigtermToTheWorkers) {
+  const std::string script = "trap 'echo term > " + path("term_") + "$RANK; exit 0' TERM; touch " +
+                             path("ready_") + "$RANK; while :; do sleep 0.05; done";
+  const Launch l =
+      start(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, script));
+  ASSERT_TRUE(eventually([&] { return fs::exists(path("ready_0")) && fs::exists(path("ready_1")); }))
+      << read_file(l.err);
+  ::kill(l.pid, SIGTERM);
+  const Result r = finish(l);
+  EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(contains(r.err, "SIGTERM")) << r.err;
+  EXPECT_EQ(read_file(path("term_0")), "term\n");
+  EXPECT_EQ(read_file(path("term_1")), "term\n");
+}
+
+TEST_F(LauncherTest, UsageErrors) {
+  Result r = run({"--nproc-per-node", "2"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "no PROGRAM")) << r.err;
+  r = run({"--nproc-per-node", "zero", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--nproc-per-node")) << r.err;
+  r = run({"--nnodes", "1:4", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "elastic")) << r.err;
+  r = run({"--nnodes", "2", "--node-rank", "2", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--node-rank")) << r.err;
+  r = run({"--master-port", std::to_string(free_port()), "tandem-no-such-program-xyz"});
+  EXPECT_EQ(r.code, 127);
+  EXPECT_TRUE(contains(r.err, "tandem-no-such-program-xyz")) << r.err;
+  EXPECT_TRUE(contains(r.err, "not found on PATH")) << r.err;
+  // PATH is searched for the program; arguments after it are the worker's, even when they look like options.
+  r = run({"--master-port", std::to_string(free_port()), "--", "sh", "-c", "echo $0 $1", "zero",
+           "--nproc-per-node"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "[rank 0] zero --nproc-per-node\n");
+}
+
+}  // namespace

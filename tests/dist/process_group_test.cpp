@@ -400,20 +400,44 @@ TEST(GlooGroup, RankThatExitsEarlyMakesOthersFailNamingTheOp) {
           _exit(0);  // gone without a goodbye, as a crashed rank
         }
         store.wait({"rank2_leaving"}, 20s);
-        Tensor t = Tensor::ones({1000}, kFloat32);
+        // Large enough that this rank writes to the vanished peer's socket (EPIPE, not SIGPIPE).
+        Tensor t = Tensor::ones({int64_t{1} << 20}, kFloat32);
         auto work = pg.allreduce(t);
         const std::string msg = error_of([&] { work->wait(30s); });
-        CHILD_CHECK(contains(msg, "allreduce(float32[1000], sum)") && contains(msg, "failed"), msg);
+        CHILD_CHECK(contains(msg, "allreduce(float32[1048576], sum)") && contains(msg, "failed"), msg);
         CHILD_CHECK(contains(msg, "rank " + std::to_string(pg.rank()) + " of 3"), msg);
         CHILD_CHECK(work->is_completed(), "");
         // The group is broken now: later collectives fail at once, naming the first failure.
         const std::string later = error_of([&] { pg.barrier()->wait(30s); });
         CHILD_CHECK(contains(later, "barrier()") && contains(later, "earlier collective") &&
-                        contains(later, "allreduce(float32[1000], sum)"),
+                        contains(later, "allreduce(float32[1048576], sum)"),
                     later);
       },
       opt);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
+}
+
+TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
+  // Rank 2 dies while a 64 MiB allreduce is in flight: the others' sockets to it break during
+  // their writes. Their collective must fail with an error, not kill them with SIGPIPE.
+  JobOptions opt;
+  opt.timeout = 5s;
+  opt.deadline = 60s;
+  const auto results = run_job(
+      3,
+      [](ProcessGroupGloo& pg, Store&) {
+        pg.barrier()->wait(pg.timeout());
+        Tensor t = Tensor::ones({int64_t{1} << 24}, kFloat32);
+        auto work = pg.allreduce(t);
+        if (pg.rank() == 2) {
+          std::this_thread::sleep_for(20ms);
+          _exit(0);
+        }
+        const std::string msg = error_of([&] { work->wait(30s); });
+        CHILD_CHECK(contains(msg, "allreduce(float32[16777216], sum)") && contains(msg, "failed"), msg);
+      },
+      opt);
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
 }
 
 TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {

@@ -1,12 +1,13 @@
 // make_process_group (dist/process_group_factory.h), and the stand-in for ProcessGroupNccl in
 // builds without CUDA: its constructor throws a tandem::Error saying that NCCL needs a CUDA
 // build, so code that names the class still links and fails clearly at run time.
+#include "dist/process_group.h"
+
 #include <cstdlib>
 #include <string>
 
 #include "core/device.h"
 #include "core/error.h"
-#include "dist/process_group.h"
 #include "dist/process_group_factory.h"
 #include "dist/process_group_gloo.h"
 #include "dist/process_group_nccl.h"
@@ -37,8 +38,9 @@ std::shared_ptr<ProcessGroup> make_process_group(const std::string& backend, std
                  "(reconfigure with -DTANDEM_CUDA=ON, or use backend 'gloo' for CPU training)");
     const int dev = nccl_device_from_env(device);
     const int count = cuda_device_count();
-    TANDEM_CHECK(dev < count, "backend 'nccl': rank ", rank, " needs CUDA device ", dev, " (its local rank) but ",
-                 count, " device(s) are visible; run at most one process per GPU, or use backend 'gloo'");
+    TANDEM_CHECK(dev < count, "backend 'nccl': rank ", rank, " needs CUDA device ", dev,
+                 " (its local rank) but ", count,
+                 " device(s) are visible; run at most one process per GPU, or use backend 'gloo'");
     return std::make_shared<ProcessGroupNccl>(std::move(store), rank, size, timeout, dev);
   }
   TANDEM_FAIL("unknown process-group backend '", backend, "'; expected gloo, nccl or auto");

@@ -8,6 +8,12 @@
 #include "dist/process_group_gloo.h"
 
 #include <arpa/inet.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -16,13 +22,6 @@
 #include <unistd.h>
 
 #include <Eigen/Core>
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
-
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
@@ -51,13 +50,37 @@ const char* op_name(ReduceOp op) {
 
 // ---- element-wise reductions handed to Gloo: c[i] = op(a[i], b[i]) ----
 
-template <typename T> struct Acc { using type = T; };
-template <> struct Acc<Eigen::half> { using type = float; };
-template <> struct Acc<Eigen::bfloat16> { using type = float; };
+template <typename T>
+struct Acc {
+  using type = T;
+};
+template <>
+struct Acc<Eigen::half> {
+  using type = float;
+};
+template <>
+struct Acc<Eigen::bfloat16> {
+  using type = float;
+};
 
-struct SumOp { template <typename A> static A apply(A x, A y) { return x + y; } };
-struct MaxOp { template <typename A> static A apply(A x, A y) { return x < y ? y : x; } };
-struct MinOp { template <typename A> static A apply(A x, A y) { return y < x ? y : x; } };
+struct SumOp {
+  template <typename A>
+  static A apply(A x, A y) {
+    return x + y;
+  }
+};
+struct MaxOp {
+  template <typename A>
+  static A apply(A x, A y) {
+    return x < y ? y : x;
+  }
+};
+struct MinOp {
+  template <typename A>
+  static A apply(A x, A y) {
+    return y < x ? y : x;
+  }
+};
 
 template <typename T, typename Op>
 void reduce_elements(void* c, const void* a, const void* b, size_t n) {
@@ -266,9 +289,10 @@ std::string local_address_toward(const std::string& host) {
       socklen_t len = sizeof(local);
       char text[INET6_ADDRSTRLEN] = {0};
       if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
-        const void* addr = local.ss_family == AF_INET
-                               ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                               : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+        const void* addr =
+            local.ss_family == AF_INET
+                ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
         if (inet_ntop(local.ss_family, addr, text, sizeof(text)) != nullptr) result = text;
       }
     } else {
@@ -331,7 +355,8 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   TANDEM_CHECK(store != nullptr, "ProcessGroupGloo: the store is null");
   TANDEM_CHECK(size >= 1, "ProcessGroupGloo: world size must be >= 1, got ", size);
   TANDEM_CHECK(rank >= 0 && rank < size, "ProcessGroupGloo: rank ", rank, " outside [0, ", size, ")");
-  TANDEM_CHECK(timeout.count() > 0, "ProcessGroupGloo: timeout must be positive, got ", timeout.count(), " ms");
+  TANDEM_CHECK(timeout.count() > 0, "ProcessGroupGloo: timeout must be positive, got ", timeout.count(),
+               " ms");
   Impl& im = *impl_;
   im.who = "ProcessGroupGloo rank " + std::to_string(rank) + " of " + std::to_string(size);
   im.timeout = timeout;
@@ -377,8 +402,8 @@ std::string ProcessGroupGloo::local_address() const {
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
   check_cpu_contiguous("allreduce", "tensor", tensor);
-  const std::string desc =
-      std::string("allreduce(") + dtype_name(tensor.dtype()) + shape_str(tensor.shape()) + ", " + op_name(op) + ")";
+  const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) +
+                           shape_str(tensor.shape()) + ", " + op_name(op) + ")";
   auto fn = reduce_function(tensor.dtype(), op);
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
@@ -399,9 +424,10 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
 
 std::shared_ptr<Work> ProcessGroupGloo::broadcast(Tensor& tensor, int root) {
   check_cpu_contiguous("broadcast", "tensor", tensor);
-  TANDEM_CHECK(root >= 0 && root < size_, "ProcessGroupGloo::broadcast: root ", root, " outside [0, ", size_, ")");
-  const std::string desc = std::string("broadcast(") + dtype_name(tensor.dtype()) + shape_str(tensor.shape()) +
-                           ", root " + std::to_string(root) + ")";
+  TANDEM_CHECK(root >= 0 && root < size_, "ProcessGroupGloo::broadcast: root ", root, " outside [0, ", size_,
+               ")");
+  const std::string desc = std::string("broadcast(") + dtype_name(tensor.dtype()) +
+                           shape_str(tensor.shape()) + ", root " + std::to_string(root) + ")";
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
   Tensor t = tensor;

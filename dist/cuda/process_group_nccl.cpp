@@ -28,16 +28,16 @@
 #include "kernels/cuda/context.h"
 
 // ncclInProgress is not an error: a non-blocking communicator is still working on the call.
-#define TANDEM_NCCL_CHECK(expr)                                                                   \
-  do {                                                                                            \
-    const ncclResult_t tandem_nccl_res_ = (expr);                                                 \
-    if (tandem_nccl_res_ != ncclSuccess && tandem_nccl_res_ != ncclInProgress) [[unlikely]] {     \
-      const char* tandem_nccl_last_ = ncclGetLastError(nullptr);                                  \
-      TANDEM_FAIL(#expr, " failed: ", ncclGetErrorString(tandem_nccl_res_),                       \
-                  (tandem_nccl_last_ && *tandem_nccl_last_) ? " (" : "",                          \
-                  tandem_nccl_last_ ? tandem_nccl_last_ : "",                                     \
-                  (tandem_nccl_last_ && *tandem_nccl_last_) ? ")" : "");                          \
-    }                                                                                             \
+#define TANDEM_NCCL_CHECK(expr)                                                               \
+  do {                                                                                        \
+    const ncclResult_t tandem_nccl_res_ = (expr);                                             \
+    if (tandem_nccl_res_ != ncclSuccess && tandem_nccl_res_ != ncclInProgress) [[unlikely]] { \
+      const char* tandem_nccl_last_ = ncclGetLastError(nullptr);                              \
+      TANDEM_FAIL(#expr, " failed: ", ncclGetErrorString(tandem_nccl_res_),                   \
+                  (tandem_nccl_last_ && *tandem_nccl_last_) ? " (" : "",                      \
+                  tandem_nccl_last_ ? tandem_nccl_last_ : "",                                 \
+                  (tandem_nccl_last_ && *tandem_nccl_last_) ? ")" : "");                      \
+    }                                                                                         \
   } while (0)
 
 namespace tandem::dist {
@@ -101,8 +101,8 @@ struct NcclComm {
   ncclComm_t comm = nullptr;  // null once destroyed or aborted
   cudaStream_t stream = nullptr;
   int device = 0;
-  std::string who;            // "ProcessGroupNccl rank 0 of 2 on cuda:0"
-  std::string abort_reason;   // set when aborted
+  std::string who;           // "ProcessGroupNccl rank 0 of 2 on cuda:0"
+  std::string abort_reason;  // set when aborted
 
   // Requires mu. Aborts the communicator (its kernels stop, so queued stream work drains).
   void abort_locked(const std::string& reason) {
@@ -137,7 +137,8 @@ struct NcclComm {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclComm> comm, cudaEvent_t done, std::string description, std::vector<Tensor> keep)
+  NcclWork(std::shared_ptr<NcclComm> comm, cudaEvent_t done, std::string description,
+           std::vector<Tensor> keep)
       : comm_(std::move(comm)), done_(done), description_(std::move(description)), keep_(std::move(keep)) {}
 
   ~NcclWork() override {
@@ -174,8 +175,7 @@ class NcclWork final : public Work {
       }
       {
         std::lock_guard<std::mutex> comm_lock(comm_->mu);
-        if (!comm_->abort_reason.empty())
-          fail("the communicator was aborted (" + comm_->abort_reason + ")");
+        if (!comm_->abort_reason.empty()) fail("the communicator was aborted (" + comm_->abort_reason + ")");
         if (comm_->comm != nullptr) {
           ncclResult_t state = ncclSuccess;
           const ncclResult_t r = ncclCommGetAsyncError(comm_->comm, &state);
@@ -187,8 +187,8 @@ class NcclWork final : public Work {
           }
         }
         if (Clock::now() >= deadline) {
-          const std::string reason = description_ + " did not complete within " +
-                                     std::to_string(timeout.count()) + " ms";
+          const std::string reason =
+              description_ + " did not complete within " + std::to_string(timeout.count()) + " ms";
           comm_->abort_locked(reason);
           fail("did not complete within " + std::to_string(timeout.count()) +
                " ms (a rank is missing, stuck or issued collectives in another order); the communicator was "
@@ -236,8 +236,8 @@ class NcclWork final : public Work {
 
 void check_cuda_contiguous(const char* op, const char* what, const Tensor& t, int device) {
   TANDEM_CHECK(t.defined(), "ProcessGroupNccl::", op, ": ", what, " is an undefined tensor");
-  TANDEM_CHECK(t.device().is_cuda() && t.device().index == device, "ProcessGroupNccl::", op, ": ", what, " is ",
-               t.str(), "; this group works on tensors of cuda:", device,
+  TANDEM_CHECK(t.device().is_cuda() && t.device().index == device, "ProcessGroupNccl::", op, ": ", what,
+               " is ", t.str(), "; this group works on tensors of cuda:", device,
                " (use the gloo backend for CPU tensors)");
   TANDEM_CHECK(t.is_contiguous(), "ProcessGroupNccl::", op, ": ", what, " ", t.str(),
                " is not contiguous; pass a contiguous tensor");
@@ -269,8 +269,8 @@ struct ProcessGroupNccl::Impl {
     std::shared_ptr<NcclWork> work;
     try {
       std::lock_guard<std::mutex> lock(s.mu);
-      TANDEM_CHECK(s.comm != nullptr, s.who, ": ", description, " issued after the communicator was aborted (",
-                   s.abort_reason, ")");
+      TANDEM_CHECK(s.comm != nullptr, s.who, ": ", description,
+                   " issued after the communicator was aborted (", s.abort_reason, ")");
       TANDEM_CUDA_CHECK(cudaEventRecord(ready, kc::compute_stream(s.device)));
       TANDEM_CUDA_CHECK(cudaStreamWaitEvent(s.stream, ready, 0));
       call(s.comm, s.stream);
@@ -290,18 +290,20 @@ struct ProcessGroupNccl::Impl {
   }
 };
 
-ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, Millis timeout, int device)
+ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int size, Millis timeout,
+                                   int device)
     : ProcessGroup(rank, size, timeout), impl_(std::make_unique<Impl>()) {
   TANDEM_CHECK(store != nullptr, "ProcessGroupNccl: the store is null");
   TANDEM_CHECK(size >= 1, "ProcessGroupNccl: world size must be >= 1, got ", size);
   TANDEM_CHECK(rank >= 0 && rank < size, "ProcessGroupNccl: rank ", rank, " outside [0, ", size, ")");
-  TANDEM_CHECK(timeout.count() > 0, "ProcessGroupNccl: timeout must be positive, got ", timeout.count(), " ms");
+  TANDEM_CHECK(timeout.count() > 0, "ProcessGroupNccl: timeout must be positive, got ", timeout.count(),
+               " ms");
   kc::check_device_index(device);
   impl_->timeout = timeout;
   NcclComm& s = *impl_->state;
   s.device = device;
-  s.who = "ProcessGroupNccl rank " + std::to_string(rank) + " of " + std::to_string(size) + " on cuda:" +
-          std::to_string(device);
+  s.who = "ProcessGroupNccl rank " + std::to_string(rank) + " of " + std::to_string(size) +
+          " on cuda:" + std::to_string(device);
   kc::DeviceGuard guard(device);
 
   // The unique id: made by rank 0, read by the others through the store.
@@ -315,8 +317,8 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
   } else {
     store->wait({key}, timeout);
     const Bytes value = store->get(key);
-    TANDEM_CHECK(value.size() == sizeof(id), s.who, ": store key '", key, "' at ", store->address(), " holds ",
-                 value.size(), " bytes, expected an NCCL unique id of ", sizeof(id), " bytes");
+    TANDEM_CHECK(value.size() == sizeof(id), s.who, ": store key '", key, "' at ", store->address(),
+                 " holds ", value.size(), " bytes, expected an NCCL unique id of ", sizeof(id), " bytes");
     std::memcpy(&id, value.data(), sizeof(id));
   }
 
@@ -329,8 +331,9 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
     std::lock_guard<std::mutex> lock(s.mu);
     try {
       TANDEM_NCCL_CHECK(ncclCommInitRankConfig(&s.comm, size, id, rank, &config));
-      s.settle_locked("ncclCommInitRank (" + std::to_string(size) + " ranks, id from store key '" + key + "')",
-                      Clock::now() + timeout, timeout);
+      s.settle_locked(
+          "ncclCommInitRank (" + std::to_string(size) + " ranks, id from store key '" + key + "')",
+          Clock::now() + timeout, timeout);
     } catch (...) {
       if (s.comm != nullptr) s.abort_locked("initialisation failed");
       cudaStreamDestroy(s.stream);
@@ -368,10 +371,14 @@ ProcessGroupNccl::~ProcessGroupNccl() {
       for (;;) {
         if (!clean) break;
         ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(s.comm, &state) != ncclSuccess) clean = false;
-        else if (state == ncclSuccess) break;
-        else if (state != ncclInProgress || Clock::now() >= deadline) clean = false;
-        else std::this_thread::sleep_for(std::chrono::microseconds(200));
+        if (ncclCommGetAsyncError(s.comm, &state) != ncclSuccess)
+          clean = false;
+        else if (state == ncclSuccess)
+          break;
+        else if (state != ncclInProgress || Clock::now() >= deadline)
+          clean = false;
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
       if (clean)
         ncclCommDestroy(s.comm);
@@ -393,8 +400,9 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor& tensor, ReduceOp op) {
   const int dev = impl_->state->device;
   check_cuda_contiguous("allreduce", "tensor", tensor, dev);
   const ncclDataType_t dt = nccl_dtype(tensor.dtype());
-  const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) + shape_str(tensor.shape()) +
-                           ", " + op_name(op) + ") on cuda:" + std::to_string(dev);
+  const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) +
+                           shape_str(tensor.shape()) + ", " + op_name(op) +
+                           ") on cuda:" + std::to_string(dev);
   void* ptr = tensor.raw_data();
   const size_t count = static_cast<size_t>(tensor.numel());
   const ncclRedOp_t red = nccl_op(op);
@@ -407,9 +415,11 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor& tensor, ReduceOp op) {
 std::shared_ptr<Work> ProcessGroupNccl::broadcast(Tensor& tensor, int root) {
   const int dev = impl_->state->device;
   check_cuda_contiguous("broadcast", "tensor", tensor, dev);
-  TANDEM_CHECK(root >= 0 && root < size_, "ProcessGroupNccl::broadcast: root ", root, " outside [0, ", size_, ")");
-  const std::string desc = std::string("broadcast(") + dtype_name(tensor.dtype()) + shape_str(tensor.shape()) +
-                           ", root " + std::to_string(root) + ") on cuda:" + std::to_string(dev);
+  TANDEM_CHECK(root >= 0 && root < size_, "ProcessGroupNccl::broadcast: root ", root, " outside [0, ", size_,
+               ")");
+  const std::string desc = std::string("broadcast(") + dtype_name(tensor.dtype()) +
+                           shape_str(tensor.shape()) + ", root " + std::to_string(root) +
+                           ") on cuda:" + std::to_string(dev);
   void* ptr = tensor.raw_data();
   const size_t nbytes = tensor.nbytes();
   return impl_->launch(desc, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
@@ -447,7 +457,8 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor>& outputs, 
     if (nbytes == 0) return;
     TANDEM_NCCL_CHECK(ncclAllGather(in, gathered, nbytes, ncclUint8, comm, stream));
     for (int r = 0; r < world; ++r)
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(outs[r], gathered + r * nbytes, nbytes, cudaMemcpyDeviceToDevice, stream));
+      TANDEM_CUDA_CHECK(
+          cudaMemcpyAsync(outs[r], gathered + r * nbytes, nbytes, cudaMemcpyDeviceToDevice, stream));
   });
 }
 

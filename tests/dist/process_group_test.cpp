@@ -4,14 +4,15 @@
 // and its exit status; the parent kills every child still running after the test's deadline, so
 // no test can hang. The parent never creates a process group itself (no threads before fork).
 // Values are chosen so every reduction is exact in its dtype, whatever the summation order.
+#include "dist/process_group.h"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cerrno>
 #include <chrono>
@@ -30,7 +31,6 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/file_store.h"
-#include "dist/process_group.h"
 #include "dist/process_group_factory.h"
 #include "dist/process_group_gloo.h"
 
@@ -66,8 +66,8 @@ class ScratchDir {
 };
 
 struct JobOptions {
-  Millis timeout = 30s;                     // group and store timeout
-  std::chrono::seconds deadline = 120s;     // children still running then are killed
+  Millis timeout = 30s;                  // group and store timeout
+  std::chrono::seconds deadline = 120s;  // children still running then are killed
   std::map<std::string, std::string> env = {{"MASTER_ADDR", "127.0.0.1"}};
 };
 
@@ -116,7 +116,8 @@ std::vector<RankResult> run_children(int size, const std::function<void(int, con
   int open_fds = size;
   bool timed_out = false;
   while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -151,7 +152,8 @@ std::vector<RankResult> run_children(int size, const std::function<void(int, con
     }
     results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (timed_out && results[r].message.empty())
-      results[r].message = "still running after the test's deadline of " + std::to_string(opt.deadline.count()) + " s";
+      results[r].message =
+          "still running after the test's deadline of " + std::to_string(opt.deadline.count()) + " s";
   }
   return results;
 }
@@ -185,11 +187,11 @@ void expect_all_ok(const std::vector<RankResult>& results) {
 }
 
 // Throws std::runtime_error (reported by the harness) when cond is false.
-#define CHILD_CHECK(cond, ...)                                                                          \
-  do {                                                                                                  \
-    if (!(cond))                                                                                        \
-      throw std::runtime_error(::tandem::detail::str_cat("line ", __LINE__, ": ", #cond, " is false. ", \
-                                                         __VA_ARGS__));                                 \
+#define CHILD_CHECK(cond, ...)                                                                    \
+  do {                                                                                            \
+    if (!(cond))                                                                                  \
+      throw std::runtime_error(                                                                   \
+          ::tandem::detail::str_cat("line ", __LINE__, ": ", #cond, " is false. ", __VA_ARGS__)); \
   } while (0)
 
 // The tandem::Error message of fn(), or a failure when it does not throw one.
@@ -203,7 +205,9 @@ std::string error_of(Fn&& fn) {
   throw std::runtime_error("expected a tandem::Error, none was thrown");
 }
 
-bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
 
 // ---- input values: exact under any summation order ----
 
@@ -235,8 +239,8 @@ void check_allreduce(ProcessGroupGloo& pg, int64_t n, ReduceOp op, T (*input)(in
   for (int64_t i = 0; i < n; ++i) {
     T expected = input(0, i);
     for (int r = 1; r < pg.size(); ++r) expected = fold(op, expected, input(r, i));
-    CHILD_CHECK(p[i] == expected, dtype_name(dtype_of<T>), " ", name_of(op), " of ", n, " elements, index ", i,
-                ": got ", p[i], ", expected ", expected);
+    CHILD_CHECK(p[i] == expected, dtype_name(dtype_of<T>), " ", name_of(op), " of ", n, " elements, index ",
+                i, ": got ", p[i], ", expected ", expected);
   }
 }
 
@@ -258,7 +262,8 @@ TEST_P(GlooRanks, AllreduceOtherDtypes) {
     const int64_t sum_ranks = int64_t{n} * (n - 1) / 2;
     Tensor i64 = Tensor::from_vector<int64_t>({int64_t{1} << 40, -3, r}, {3});
     pg.allreduce(i64, ReduceOp::Sum)->wait(pg.timeout());
-    CHILD_CHECK(i64.to_vector<int64_t>() == (std::vector<int64_t>{n * (int64_t{1} << 40), -3 * n, sum_ranks}), "");
+    CHILD_CHECK(i64.to_vector<int64_t>() == (std::vector<int64_t>{n * (int64_t{1} << 40), -3 * n, sum_ranks}),
+                "");
     Tensor i32 = Tensor::from_vector<int32_t>({r, -r, 5}, {3});
     pg.allreduce(i32, ReduceOp::Max)->wait(pg.timeout());
     CHILD_CHECK(i32.to_vector<int32_t>() == (std::vector<int32_t>{n - 1, 0, 5}), "");
@@ -317,7 +322,8 @@ TEST_P(GlooRanks, AllgatherPutsEachRanksInputInItsSlot) {
     pg.allgather(bouts, bin)->wait(pg.timeout());
     for (int k = 0; k < n; ++k)
       for (int64_t i = 0; i < big; i += 997)
-        CHILD_CHECK(bouts[k].data<float>()[i] == static_cast<float>(i % 4096 + k * 10000), "slot ", k, " index ", i);
+        CHILD_CHECK(bouts[k].data<float>()[i] == static_cast<float>(i % 4096 + k * 10000), "slot ", k,
+                    " index ", i);
   }));
 }
 
@@ -332,7 +338,8 @@ TEST_P(GlooRanks, BarrierWaitsForEveryRank) {
       auto work = pg.barrier();
       work->wait(pg.timeout());
       CHILD_CHECK(work->is_completed() && work->description() == "barrier()", work->description());
-      CHILD_CHECK(store.check(keys), "rank ", pg.rank(), " passed barrier round ", round, " before every rank arrived");
+      CHILD_CHECK(store.check(keys), "rank ", pg.rank(), " passed barrier round ", round,
+                  " before every rank arrived");
     }
   }));
 }
@@ -345,7 +352,8 @@ TEST_P(GlooRanks, TwentyAsyncAllreducesCompleteInIssueOrder) {
     std::vector<std::shared_ptr<Work>> works;
     for (int k = 0; k < kOps; ++k) {
       Tensor t = Tensor::empty({1 + k * 5000}, kFloat32);
-      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>((r + 1) * (k + 1) + i % 3);
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.data<float>()[i] = static_cast<float>((r + 1) * (k + 1) + i % 3);
       tensors.push_back(t);
       works.push_back(pg.allreduce(tensors.back(), ReduceOp::Sum));
     }
@@ -353,7 +361,8 @@ TEST_P(GlooRanks, TwentyAsyncAllreducesCompleteInIssueOrder) {
     for (int k = 0; k < kOps; ++k) {
       works[k]->wait(pg.timeout());
       // One worker runs them in issue order: everything issued before k is done too.
-      for (int j = 0; j <= k; ++j) CHILD_CHECK(works[j]->is_completed(), "op ", j, " not complete after op ", k);
+      for (int j = 0; j <= k; ++j)
+        CHILD_CHECK(works[j]->is_completed(), "op ", j, " not complete after op ", k);
       const float* p = tensors[k].data<float>();
       for (int64_t i = 0; i < tensors[k].numel(); ++i)
         CHILD_CHECK(p[i] == ranks_sum * (k + 1) + n * (i % 3), "op ", k, " index ", i, ": ", p[i]);
@@ -383,7 +392,9 @@ TEST_P(GlooRanks, DestructorRunsQueuedCollectives) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(2, 3),
-                         [](const ::testing::TestParamInfo<int>& info) { return std::to_string(info.param) + "Ranks"; });
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return std::to_string(info.param) + "Ranks";
+                         });
 
 // ---- failures: every one ends with an error naming the operation, never a hang ----
 
@@ -414,7 +425,8 @@ TEST(GlooGroup, RankThatExitsEarlyMakesOthersFailNamingTheOp) {
                     later);
       },
       opt);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
 }
 
 TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
@@ -437,7 +449,8 @@ TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
         CHILD_CHECK(contains(msg, "allreduce(float32[16777216], sum)") && contains(msg, "failed"), msg);
       },
       opt);
-  for (int r = 0; r < 2; ++r) EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
+  for (int r = 0; r < 2; ++r)
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
 }
 
 TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
@@ -458,7 +471,8 @@ TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
         auto work = pg.allreduce(t, ReduceOp::Max);
         // A wait shorter than Gloo's timeout ends first and says so.
         const std::string early = error_of([&] { work->wait(50ms); });
-        CHILD_CHECK(contains(early, "allreduce(float64[64], max)") && contains(early, "did not complete within 50 ms"),
+        CHILD_CHECK(contains(early, "allreduce(float64[64], max)") &&
+                        contains(early, "did not complete within 50 ms"),
                     early);
         // Gloo's own timeout (the group's 2 s) then ends the collective with an error.
         const std::string late = error_of([&] { work->wait(30s); });
@@ -580,13 +594,15 @@ TEST(MakeProcessGroup, BuildsGlooAndRejectsUnknownBackends) {
         CHILD_CHECK(t.to_vector<float>() == std::vector<float>(5, 3.0f), "");
       },
       JobOptions{}));
-  auto store = std::make_shared<FileStore>((std::filesystem::temp_directory_path() /
-                                            ("tandem-pg-factory-" + std::to_string(getpid()))).string(), 1, 1s);
+  auto store = std::make_shared<FileStore>(
+      (std::filesystem::temp_directory_path() / ("tandem-pg-factory-" + std::to_string(getpid()))).string(),
+      1, 1s);
   try {
     make_process_group("mpi", store, 0, 1, 1s);
     ADD_FAILURE() << "expected an error for backend 'mpi'";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown process-group backend 'mpi'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unknown process-group backend 'mpi'"), std::string::npos)
+        << e.what();
   }
   if (!cuda_compiled()) {
     try {

@@ -4,7 +4,6 @@
 // Every GPU test skips when no device is visible; in a build without CUDA one test checks that
 // the class fails clearly instead.
 #include <gtest/gtest.h>
-
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -43,7 +42,9 @@ std::string error_of(Fn&& fn) {
   return "<no tandem::Error thrown>";
 }
 
-bool contains(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+bool contains(const std::string& text, const std::string& needle) {
+  return text.find(needle) != std::string::npos;
+}
 
 TEST(NcclGroup, BuildWithoutCudaFailsClearly) {
   if (cuda_compiled()) GTEST_SKIP() << "this build has CUDA";
@@ -108,7 +109,8 @@ TEST(NcclGroup, OneGpuCollectives) {
 
   // Input checks.
   Tensor cpu = Tensor::ones({4});
-  EXPECT_TRUE(contains(error_of([&] { pg.allreduce(cpu); }), "cuda:0")) << error_of([&] { pg.allreduce(cpu); });
+  EXPECT_TRUE(contains(error_of([&] { pg.allreduce(cpu); }), "cuda:0"))
+      << error_of([&] { pg.allreduce(cpu); });
   Tensor strided = Tensor::zeros({3, 4}, kFloat32, gpu).transpose(0, 1);
   EXPECT_TRUE(contains(error_of([&] { pg.allreduce(strided); }), "not contiguous"));
   Tensor ok = Tensor::ones({4}, kFloat32, gpu);
@@ -158,10 +160,12 @@ TEST(NcclGroup, OneRankPerGpuAsThreads) {
         if (v.front() != want || v.back() != want) errors[r] += "allreduce sum wrong; ";
         Tensor m = Tensor::from_vector<double>({double(r), -double(r)}, {2}).to(gpu);
         pg.allreduce(m, ReduceOp::Max)->wait(60s);
-        if (m.to(Device::cpu()).to_vector<double>() != std::vector<double>{n - 1.0, 0.0}) errors[r] += "max wrong; ";
+        if (m.to(Device::cpu()).to_vector<double>() != std::vector<double>{n - 1.0, 0.0})
+          errors[r] += "max wrong; ";
         Tensor b = Tensor::full({5}, r, kInt64, gpu);
         pg.broadcast(b, n - 1)->wait(60s);
-        if (b.to(Device::cpu()).to_vector<int64_t>() != std::vector<int64_t>(5, n - 1)) errors[r] += "broadcast wrong; ";
+        if (b.to(Device::cpu()).to_vector<int64_t>() != std::vector<int64_t>(5, n - 1))
+          errors[r] += "broadcast wrong; ";
         Tensor in = Tensor::full({2, 3}, 10.0 * r, kFloat32, gpu);
         std::vector<Tensor> outs;
         for (int k = 0; k < n; ++k) outs.push_back(Tensor::zeros({2, 3}, kFloat32, gpu));

@@ -12,6 +12,14 @@ Guarantees: "epoch" timing covers the training loop only (batch gathering, forwa
 optimizer step, metrics line); dataset decoding and evaluation are outside it. With --no-shuffle
 and --init-weights the losses are a pure function of the data, the weights and the recipe (and of
 the thread count only through float32 summation order).
+Data parallel: with --launcher pytorch (started by tandem-run or a torchrun-like launcher: RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT) it trains DistributedDataParallel over gloo,
+--batch-size per rank, with DistributedSampler (seed --seed, set_epoch each epoch; --no-shuffle: rank
+r visits r, r+W, ...), as tandem-mnist --launcher pytorch does. Rank 0 alone writes metrics (its own
+loss; "epoch" samples = all ranks' samples, timed on rank 0), evaluates (the whole test set, with its
+own module) and saves weights (names without "module."). --nproc-per-node N starts N such workers
+itself on 127.0.0.1 and a free port (Debian's torch 1.13 `torch.distributed.run` fails under its
+Python 3.11 in the elastic agent, so this script does not rely on it).
 tests/fixtures/make_fixtures.py imports Net, load_dataset, read/write_safetensors from here, so the
 fixtures and the benchmark use one definition of the network and the data.
 """
@@ -19,7 +27,9 @@ import argparse
 import gzip
 import json
 import os
+import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -168,7 +178,41 @@ def evaluate(model, x, y, batch_size=1000):
     return total / n, correct / n
 
 
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_workers(nproc, argv, timeout=None):
+    """Runs this script nproc times with torchrun's variables and --launcher pytorch; when one worker
+    fails, ends the others. Returns the first non-zero exit status (0 if all succeeded)."""
+    port = str(free_port())
+    procs = []
+    for r in range(nproc):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__)] + argv +
+                                      ["--launcher", "pytorch"], env=env))
+    rc = 0
+    start = time.monotonic()
+    while any(p.poll() is None for p in procs):
+        failed = [p.returncode for p in procs if p.returncode not in (None, 0)]
+        if failed or (timeout and time.monotonic() - start > timeout):
+            rc = failed[0] if failed else 124
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                p.wait()
+            break
+        time.sleep(0.05)
+    return rc or next((p.returncode for p in procs if p.returncode != 0), 0)
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--epochs", type=int, default=1)
@@ -189,7 +233,14 @@ def main(argv=None):
     p.add_argument("--save-weights", default=None)
     p.add_argument("--metrics-out", default=None, help="JSON lines file (default: stdout only)")
     p.add_argument("--quiet", action="store_true", help="print only epoch and eval lines")
+    p.add_argument("--launcher", default="none", choices=["none", "pytorch"],
+                   help="pytorch: DDP over gloo from torchrun's environment variables")
+    p.add_argument("--dist-timeout", type=float, default=300, help="seconds for any collective")
+    p.add_argument("--nproc-per-node", type=int, default=1,
+                   help="start this many DDP workers on this machine (implies --launcher pytorch)")
     args = p.parse_args(argv)
+    if args.nproc_per_node > 1 and "RANK" not in os.environ:
+        return spawn_workers(args.nproc_per_node, argv)
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -199,18 +250,31 @@ def main(argv=None):
     x_train, y_train = load_dataset(args.data_dir, True, args.limit)
     x_test, y_test = load_dataset(args.data_dir, False, args.test_limit)
 
-    model = Net()
+    rank, world = 0, 1
+    if args.launcher == "pytorch":
+        import datetime
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+        from torch.utils.data import DistributedSampler
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=args.dist_timeout))
+
+    net = Net()
     if args.init_weights:
         state = read_safetensors(args.init_weights)
-        model.load_state_dict(state, strict=True)
+        net.load_state_dict(state, strict=True)
+    model = DistributedDataParallel(net) if args.launcher == "pytorch" else net
     opt = make_optimizer(args.optimizer, model.parameters(), args.lr, args.momentum,
                          args.weight_decay)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=args.gamma)
     gen = torch.Generator().manual_seed(args.seed)
 
-    out = open(args.metrics_out, "w") if args.metrics_out else None
+    out = open(args.metrics_out, "w") if args.metrics_out and rank == 0 else None
 
     def emit(rec, always=False):
+        if rank != 0:
+            return
         line = json.dumps(rec)
         if out:
             out.write(line + "\n")
@@ -218,13 +282,21 @@ def main(argv=None):
             print(line, flush=True)
 
     n = x_train.shape[0]
+    sampler = None
+    if args.launcher == "pytorch":
+        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank,
+                                     shuffle=not args.no_shuffle, seed=args.seed)
     for epoch in range(1, args.epochs + 1):
         model.train()
-        order = torch.arange(n) if args.no_shuffle else torch.randperm(n, generator=gen)
+        if sampler is not None:
+            sampler.set_epoch(epoch - 1)
+            order = torch.tensor(list(sampler), dtype=torch.int64)
+        else:
+            order = torch.arange(n) if args.no_shuffle else torch.randperm(n, generator=gen)
         samples = 0
         t_epoch = time.perf_counter()
         t_prev = t_epoch
-        for it, start in enumerate(range(0, n, args.batch_size), 1):
+        for it, start in enumerate(range(0, order.numel(), args.batch_size), 1):
             idx = order[start:start + args.batch_size]
             xb = x_train.index_select(0, idx)
             yb = y_train.index_select(0, idx)
@@ -241,17 +313,22 @@ def main(argv=None):
                   "data_time": t_data - t_prev})
             t_prev = time.perf_counter()
         seconds = time.perf_counter() - t_epoch
+        samples *= world  # every rank ran the same number of batches of this size
         emit({"type": "epoch", "epoch": epoch, "samples": samples, "seconds": seconds,
               "samples_per_s": samples / seconds}, always=True)
-        test_loss, acc = evaluate(model, x_test, y_test, args.test_batch_size)
-        emit({"type": "eval", "epoch": epoch, "test_loss": test_loss, "test_accuracy": acc},
-             always=True)
+        if rank == 0:
+            test_loss, acc = evaluate(net, x_test, y_test, args.test_batch_size)
+            emit({"type": "eval", "epoch": epoch, "test_loss": test_loss, "test_accuracy": acc},
+                 always=True)
         sched.step()
 
     if out:
         out.close()
-    if args.save_weights:
-        write_safetensors(args.save_weights, model.state_dict(), {"format": "pt"})
+    if args.save_weights and rank == 0:
+        write_safetensors(args.save_weights, net.state_dict(), {"format": "pt"})
+    if args.launcher == "pytorch":
+        dist.barrier()  # the other ranks wait for rank 0's eval and save
+        dist.destroy_process_group()
     return 0
 
 

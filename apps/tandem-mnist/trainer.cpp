@@ -230,8 +230,15 @@ void run_training(const TrainOptions& o) {
       window_time += iter_time;
       window_data += data_time;
       ++window_n;
-      metrics.write({{"type", "train"}, {"epoch", epoch}, {"iter", it}, {"loss", loss_value},
-                     {"lr", lr_used}, {"time", iter_time}, {"data_time", data_time}});
+      nlohmann::json record = {{"type", "train"}, {"epoch", epoch}, {"iter", it}, {"loss", loss_value},
+                               {"lr", lr_used}, {"time", iter_time}, {"data_time", data_time}};
+      if (ddp) {  // what the reducer did in this step
+        const auto& st = ddp->reducer().stats();
+        record["buckets"] = st.buckets;
+        record["bucket_bytes"] = st.bytes;
+        record["exposed_comm_ms"] = st.exposed_comm_ms;
+      }
+      metrics.write(record);
       if (log_now) {
         const double avg = window_time / window_n;
         const double eta = avg * static_cast<double>((iters - it) + (o.epochs - epoch) * iters);

@@ -6,6 +6,8 @@
 #include "core/safetensors.h"
 
 #include <gtest/gtest.h>
+
+#include "common/test_util.h"
 #include <unistd.h>
 
 #include <atomic>
@@ -20,39 +22,14 @@
 using namespace tandem;
 namespace fs = std::filesystem;
 
+using tandem::test::TempDir;
+using tandem::test::error_of;
+using tandem::test::read_file;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("tandem_safetensors_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected tandem::Error";
-  return "";
-}
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "message: " << (msg)
 
-std::string read_file(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // A file in the reference layout: u64 little-endian header length, header, data.
 void write_raw(const std::string& p, const std::string& header, const std::string& data) {
@@ -186,9 +163,9 @@ TEST(Safetensors, SaveIsAtomicAndFailuresAreClear) {
   EXPECT_HAS(error_of([&] { save_safetensors(missing, {{"w", Tensor::ones({1})}}); }), missing);
 
   // Rename fails (target is a directory): error, and no temporary left behind.
-  fs::create_directories(dir.path / "adir");
+  fs::create_directories(dir.path() / "adir");
   EXPECT_HAS(error_of([&] { save_safetensors(dir.file("adir"), {{"w", Tensor::ones({1})}}); }), "adir");
-  for (const auto& e : fs::directory_iterator(dir.path))
+  for (const auto& e : fs::directory_iterator(dir.path()))
     EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
   EXPECT_HAS(error_of([&] { save_safetensors(p, {{"__metadata__", Tensor::ones({1})}}); }), "__metadata__");
   EXPECT_NE(original, before);

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/test_util.h"
+
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -15,6 +17,10 @@
 using namespace tandem;
 using data::Batch;
 using data::DataLoader;
+
+using tandem::test::TempDir;
+using tandem::test::error_of;
+using tandem::test::read_file;
 
 namespace {
 
@@ -48,17 +54,6 @@ class FakeDataset : public data::Dataset {
   bool jitter_;
 };
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected tandem::Error";
-  return "";
-}
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "message: " << (msg)
 
 std::vector<Batch> drain(DataLoader& loader) {
   std::vector<Batch> out;

@@ -4,6 +4,8 @@
 #include "data/idx.h"
 
 #include <gtest/gtest.h>
+
+#include "common/test_util.h"
 #include <unistd.h>
 #include <zlib.h>
 
@@ -18,22 +20,12 @@
 using namespace tandem;
 namespace fs = std::filesystem;
 
+using tandem::test::TempDir;
+using tandem::test::error_of;
+using tandem::test::read_file;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("tandem_idx_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 std::vector<uint8_t> read_bytes(const std::string& p) {
   std::ifstream in(p, std::ios::binary);
@@ -52,17 +44,6 @@ void write_gz(const std::string& p, const std::vector<uint8_t>& b) {
   gzclose(g);
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected tandem::Error";
-  return "";
-}
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "message: " << (msg)
 
 Tensor sample_tensor() {
   std::vector<uint8_t> v(3 * 2 * 4);

@@ -5,6 +5,8 @@
 #include "data/mnist.h"
 
 #include <gtest/gtest.h>
+
+#include "common/test_util.h"
 #include <unistd.h>
 
 #include <atomic>
@@ -20,33 +22,13 @@ using data::MnistDataset;
 using data::Split;
 namespace fs = std::filesystem;
 
+using tandem::test::TempDir;
+using tandem::test::error_of;
+using tandem::test::read_file;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("tandem_mnist_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected tandem::Error";
-  return "";
-}
-#define EXPECT_HAS(msg, part) EXPECT_NE((msg).find(part), std::string::npos) << "message: " << (msg)
 
 // Image i has every pixel equal to (i * 40 + position) % 256; label i % 10.
 Tensor make_images(int64_t n, int64_t h = 28, int64_t w = 28) {
@@ -78,42 +60,42 @@ TEST(Mnist, ParseSplit) {
 
 TEST(Mnist, FindsFlatLayoutBothSplits) {
   TempDir dir;
-  write_split(dir.path, "train", make_images(7), make_labels(7));
-  write_split(dir.path, "t10k", make_images(3), make_labels(3));
-  MnistDataset train(dir.path.string(), Split::Train);
-  MnistDataset test(dir.path.string(), Split::Test);
+  write_split(dir.path(), "train", make_images(7), make_labels(7));
+  write_split(dir.path(), "t10k", make_images(3), make_labels(3));
+  MnistDataset train(dir.path().string(), Split::Train);
+  MnistDataset test(dir.path().string(), Split::Test);
   EXPECT_EQ(train.size(), 7);
   EXPECT_EQ(test.size(), 3);
   EXPECT_EQ(train.height(), 28);
   EXPECT_EQ(train.width(), 28);
-  EXPECT_EQ(train.files().images, (dir.path / "train-images-idx3-ubyte").string());
+  EXPECT_EQ(train.files().images, (dir.path() / "train-images-idx3-ubyte").string());
 }
 
 TEST(Mnist, FindsGzNames) {
   TempDir dir;
-  write_split(dir.path, "t10k", make_images(4), make_labels(4), ".gz");
-  MnistDataset test(dir.path.string(), Split::Test);
+  write_split(dir.path(), "t10k", make_images(4), make_labels(4), ".gz");
+  MnistDataset test(dir.path().string(), Split::Test);
   EXPECT_EQ(test.size(), 4);
-  EXPECT_EQ(test.files().labels, (dir.path / "t10k-labels-idx1-ubyte.gz").string());
+  EXPECT_EQ(test.files().labels, (dir.path() / "t10k-labels-idx1-ubyte.gz").string());
 }
 
 TEST(Mnist, FindsTorchvisionLayouts) {
   TempDir a, b;
-  write_split(a.path / "MNIST" / "raw", "train", make_images(5), make_labels(5));
-  write_split(b.path / "FashionMNIST" / "raw", "t10k", make_images(6), make_labels(6));
-  MnistDataset ma(a.path.string(), Split::Train);
+  write_split(a.path() / "MNIST" / "raw", "train", make_images(5), make_labels(5));
+  write_split(b.path() / "FashionMNIST" / "raw", "t10k", make_images(6), make_labels(6));
+  MnistDataset ma(a.path().string(), Split::Train);
   EXPECT_EQ(ma.size(), 5);
-  EXPECT_EQ(ma.files().images, (a.path / "MNIST" / "raw" / "train-images-idx3-ubyte").string());
-  MnistDataset mb(b.path.string(), Split::Test);
+  EXPECT_EQ(ma.files().images, (a.path() / "MNIST" / "raw" / "train-images-idx3-ubyte").string());
+  MnistDataset mb(b.path().string(), Split::Test);
   EXPECT_EQ(mb.size(), 6);
-  EXPECT_EQ(mb.files().labels, (b.path / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").string());
+  EXPECT_EQ(mb.files().labels, (b.path() / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte").string());
 }
 
 TEST(Mnist, MissingFilesNameWhatWasSoughtAndHowToGetData) {
   TempDir dir;
-  const std::string msg = error_of([&] { MnistDataset(dir.path.string(), Split::Train); });
+  const std::string msg = error_of([&] { MnistDataset(dir.path().string(), Split::Train); });
   EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
-  EXPECT_HAS(msg, dir.path.string());
+  EXPECT_HAS(msg, dir.path().string());
   EXPECT_HAS(msg, "train-images-idx3-ubyte[.gz]");
   EXPECT_HAS(msg, "train-labels-idx1-ubyte[.gz]");
   EXPECT_HAS(msg, "MNIST/raw and FashionMNIST/raw");
@@ -125,27 +107,27 @@ TEST(Mnist, MissingFilesNameWhatWasSoughtAndHowToGetData) {
 
 TEST(Mnist, CountMismatchNamesBothFilesAndCounts) {
   TempDir dir;
-  write_split(dir.path, "train", make_images(5), make_labels(4));
-  const std::string msg = error_of([&] { MnistDataset(dir.path.string(), Split::Train); });
-  EXPECT_HAS(msg, (dir.path / "train-images-idx3-ubyte").string());
-  EXPECT_HAS(msg, (dir.path / "train-labels-idx1-ubyte").string());
+  write_split(dir.path(), "train", make_images(5), make_labels(4));
+  const std::string msg = error_of([&] { MnistDataset(dir.path().string(), Split::Train); });
+  EXPECT_HAS(msg, (dir.path() / "train-images-idx3-ubyte").string());
+  EXPECT_HAS(msg, (dir.path() / "train-labels-idx1-ubyte").string());
   EXPECT_HAS(msg, "5 images");
   EXPECT_HAS(msg, "4 labels");
 }
 
 TEST(Mnist, LabelOutOfRangeNamesFileIndexValue) {
   TempDir dir;
-  write_split(dir.path, "train", make_images(5), Tensor::from_vector<uint8_t>({1, 2, 3, 10, 4}, {5}));
-  const std::string msg = error_of([&] { MnistDataset(dir.path.string(), Split::Train); });
-  EXPECT_HAS(msg, (dir.path / "train-labels-idx1-ubyte").string());
+  write_split(dir.path(), "train", make_images(5), Tensor::from_vector<uint8_t>({1, 2, 3, 10, 4}, {5}));
+  const std::string msg = error_of([&] { MnistDataset(dir.path().string(), Split::Train); });
+  EXPECT_HAS(msg, (dir.path() / "train-labels-idx1-ubyte").string());
   EXPECT_HAS(msg, "index 3");
   EXPECT_HAS(msg, "is 10");
 }
 
 TEST(Mnist, WrongRankNamesFile) {
   TempDir dir;
-  write_split(dir.path, "train", make_labels(5), make_labels(5));  // images file holds [5]
-  const std::string msg = error_of([&] { MnistDataset(dir.path.string(), Split::Train); });
+  write_split(dir.path(), "train", make_labels(5), make_labels(5));  // images file holds [5]
+  const std::string msg = error_of([&] { MnistDataset(dir.path().string(), Split::Train); });
   EXPECT_HAS(msg, "train-images-idx3-ubyte");
   EXPECT_HAS(msg, "[N, H, W]");
 }
@@ -155,8 +137,8 @@ TEST(Mnist, NormalisationMatchesTorchvision) {
   // One 16x16 image holding every byte value 0..255.
   std::vector<uint8_t> px(256);
   for (int i = 0; i < 256; ++i) px[i] = static_cast<uint8_t>(i);
-  write_split(dir.path, "train", Tensor::from_vector<uint8_t>(px, {1, 16, 16}), make_labels(1));
-  MnistDataset ds(dir.path.string(), Split::Train);
+  write_split(dir.path(), "train", Tensor::from_vector<uint8_t>(px, {1, 16, 16}), make_labels(1));
+  MnistDataset ds(dir.path().string(), Split::Train);
   data::Batch b = ds.get_batch({0});
   ASSERT_EQ(b.images.shape(), (Shape{1, 1, 16, 16}));
   const std::vector<float> v = b.images.to_vector<float>();
@@ -178,8 +160,8 @@ TEST(Mnist, NormalisationMatchesTorchvision) {
 
 TEST(Mnist, BatchFollowsIndices) {
   TempDir dir;
-  write_split(dir.path, "train", make_images(12), make_labels(12));
-  MnistDataset ds(dir.path.string(), Split::Train, 0.0, 1.0);
+  write_split(dir.path(), "train", make_images(12), make_labels(12));
+  MnistDataset ds(dir.path().string(), Split::Train, 0.0, 1.0);
   data::Batch b = ds.get_batch({11, 0, 5});
   EXPECT_EQ(b.images.dtype(), kFloat32);
   EXPECT_EQ(b.images.shape(), (Shape{3, 1, 28, 28}));
@@ -196,8 +178,8 @@ TEST(Mnist, BatchFollowsIndices) {
 
 TEST(Mnist, AnyImageSize) {
   TempDir dir;
-  write_split(dir.path, "t10k", make_images(4, 5, 7), make_labels(4));
-  MnistDataset ds(dir.path.string(), Split::Test, 0.0, 1.0);
+  write_split(dir.path(), "t10k", make_images(4, 5, 7), make_labels(4));
+  MnistDataset ds(dir.path().string(), Split::Test, 0.0, 1.0);
   EXPECT_EQ(ds.height(), 5);
   EXPECT_EQ(ds.width(), 7);
   data::Batch b = ds.get_batch({2, 3});
@@ -207,8 +189,8 @@ TEST(Mnist, AnyImageSize) {
 
 TEST(Mnist, LimitKeepsFirstSamples) {
   TempDir dir;
-  write_split(dir.path, "train", make_images(10), make_labels(10));
-  MnistDataset ds(dir.path.string(), Split::Train);
+  write_split(dir.path(), "train", make_images(10), make_labels(10));
+  MnistDataset ds(dir.path().string(), Split::Train);
   ds.limit(20);
   EXPECT_EQ(ds.size(), 10);
   ds.limit(4);
@@ -221,8 +203,8 @@ TEST(Mnist, LimitKeepsFirstSamples) {
 
 TEST(Mnist, ReusesUnsharedBuffersOnly) {
   TempDir dir;
-  write_split(dir.path, "train", make_images(6), make_labels(6));
-  MnistDataset ds(dir.path.string(), Split::Train, 0.0, 1.0);
+  write_split(dir.path(), "train", make_images(6), make_labels(6));
+  MnistDataset ds(dir.path().string(), Split::Train, 0.0, 1.0);
   data::Batch b;
   ds.get_batch_into({0, 1}, b);
   const void* first = b.images.raw_data();

@@ -1,5 +1,6 @@
 // Test helper: runs a program with stdout+stderr captured to a file and
 // returns its exit status (-1 if it did not start, 128 + signal if killed).
+// TempDir and read_file come from common/test_util.h.
 #pragma once
 
 #include <fcntl.h>
@@ -13,6 +14,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "common/test_util.h"
 
 extern char** environ;
 
@@ -36,35 +39,5 @@ inline int run_process(const std::vector<std::string>& argv, const std::filesyst
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
 }
-
-inline std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// A fresh directory under the system temp dir, removed on destruction.
-class TempDir {
- public:
-  explicit TempDir(const std::string& tag) {
-    path_ = std::filesystem::temp_directory_path() /
-            ("tandem-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++));
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::filesystem::path& path() const { return path_; }
-  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  static int& counter() {
-    static int n = 0;
-    return n;
-  }
-  std::filesystem::path path_;
-};
 
 }  // namespace tandem::test

@@ -1,0 +1,188 @@
+#!/usr/bin/python3
+"""Benchmarks data-parallel scaling on one machine: tandem-mnist and PyTorch, 1 rank x 1 thread against
+2 ranks x 1 thread.
+
+Owns: running four configurations as child processes on the same data and recipe, and reporting
+training throughput (samples/s from rank 0's "epoch" metrics lines: samples of all ranks / rank 0's
+training-loop wall time; eval excluded) with the ratios 2 ranks / 1 rank per framework and
+tandem / PyTorch per configuration, as a markdown table on stdout and as JSON (--json-out):
+  tandem  1 rank : tandem-mnist --threads 1
+  tandem  2 ranks: tandem-run --nproc-per-node 2 --master-port P tandem-mnist --launcher pytorch --threads 1
+  PyTorch 1 rank : pytorch_mnist.py --threads 1
+  PyTorch 2 ranks: pytorch_mnist.py --nproc-per-node 2 --threads 1  (DistributedDataParallel over gloo,
+                   DistributedSampler; torchrun's variables set by the script itself)
+Every rank trains --batch-size samples per step, so 2 ranks take half the steps of 1 rank over the
+same --limit samples (the global batch doubles).
+Assumes: Linux, 2+ cores; Debian's /usr/bin/python3 with PyTorch 1.13; the tandem binaries built.
+Only the standard library is used here (helpers shared with compare_pytorch.py).
+Guarantees: runs are sequential, never concurrent, interleaved across configurations on each repeat
+(so that slow drift in machine load spreads over all four); OMP_NUM_THREADS=MKL_NUM_THREADS=1 and
+--threads 1 for every rank; the 1-minute load average before each run is recorded; a child that
+fails or times out stops the script with its status and the tail of its output.
+
+Example:
+  /usr/bin/python3 bench/compare_ddp.py --tandem-bin build/apps/tandem-mnist \\
+      --tandem-run build/apps/tandem-run --repeats 3 --json-out bench-ddp-cpu.json
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from compare_pytorch import cpu_model, read_metrics, run_child, tail  # noqa: E402
+
+CONFIGS = [("tandem", 1), ("tandem", 2), ("pytorch", 1), ("pytorch", 2)]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="DDP scaling: 1 rank vs 2 ranks x 1 thread, tandem and PyTorch")
+    p.add_argument("--tandem-bin", default=os.path.join(ROOT, "build", "apps", "tandem-mnist"))
+    p.add_argument("--tandem-run", default=None, help="default: tandem-run next to --tandem-bin")
+    p.add_argument("--python", default="/usr/bin/python3", help="interpreter with PyTorch")
+    p.add_argument("--pytorch-script", default=os.path.join(HERE, "pytorch_mnist.py"))
+    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--limit", type=int, default=12800, help="training samples per epoch (all ranks)")
+    p.add_argument("--test-limit", type=int, default=1000, help="test samples (untimed eval)")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="epochs per run; with more than one the first is dropped as warm-up")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--optimizer", default="adadelta", choices=["adadelta", "sgd", "adam"])
+    p.add_argument("--lr", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-shuffle", action="store_true")
+    p.add_argument("--only", default=None,
+                   help="comma-separated subset of tandem1,tandem2,pytorch1,pytorch2 (ratios need pairs)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per configuration; samples/s is the median")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--json-out", default=None)
+    p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
+    args = p.parse_args(argv)
+    if args.tandem_run is None:
+        args.tandem_run = os.path.join(os.path.dirname(args.tandem_bin), "tandem-run")
+    return args
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def command(args, side, ranks, metrics):
+    flags = ["--data-dir", args.data_dir, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+             "--optimizer", args.optimizer, "--lr", str(args.lr), "--seed", str(args.seed),
+             "--limit", str(args.limit), "--test-limit", str(args.test_limit),
+             "--test-batch-size", str(args.batch_size), "--threads", "1", "--device", "cpu",
+             "--metrics-out", metrics]
+    if args.no_shuffle:
+        flags.append("--no-shuffle")
+    if side == "tandem":
+        if ranks == 1:
+            return [args.tandem_bin] + flags
+        return [args.tandem_run, "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
+                args.tandem_bin, "--launcher", "pytorch"] + flags
+    cmd = [args.python, args.pytorch_script, "--quiet"] + flags
+    return cmd + (["--nproc-per-node", str(ranks)] if ranks > 1 else [])
+
+
+def run_once(args, side, ranks, rep, workdir):
+    tag = f"{side}_{ranks}rank_r{rep}"
+    metrics = os.path.join(workdir, tag + ".jsonl")
+    log = os.path.join(workdir, tag + ".log")
+    argv = command(args, side, ranks, metrics)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    load_before = os.getloadavg()[0]
+    print(f"# {tag} (load {load_before:.2f}): {' '.join(argv)}", file=sys.stderr, flush=True)
+    rc, wall, _ = run_child(argv, env, log, args.timeout)
+    if rc != 0:
+        sys.exit(f"{tag} failed with exit status {rc}; last output:\n{tail(log)}")
+    epochs, evals, last_loss = read_metrics(metrics)
+    if not epochs:
+        sys.exit(f"{tag}: no \"epoch\" line in {metrics}; last output:\n{tail(log)}")
+    timed = epochs[1:] if len(epochs) > 1 else epochs
+    return {"samples_per_s": statistics.mean(e["samples_per_s"] for e in timed),
+            "epoch_seconds": [e["seconds"] for e in epochs], "samples": sum(e["samples"] for e in timed),
+            "wall_s": wall, "last_train_loss": last_loss, "load_avg_1min_before": load_before,
+            "test_accuracy": evals[-1]["test_accuracy"] if evals else None}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    configs = CONFIGS
+    if args.only:
+        wanted = {c.strip() for c in args.only.split(",") if c.strip()}
+        configs = [c for c in CONFIGS if f"{c[0]}{c[1]}" in wanted]
+        if not configs:
+            sys.exit(f"--only {args.only!r}: expected some of tandem1,tandem2,pytorch1,pytorch2")
+    for side, _ in configs:
+        if side == "tandem":
+            for b in (args.tandem_bin, args.tandem_run):
+                if not os.access(b, os.X_OK):
+                    sys.exit(f"{b} is not an executable (build the tandem-mnist and tandem-run targets)")
+    if not os.path.isdir(args.data_dir):
+        sys.exit(f"--data-dir {args.data_dir} not found (run scripts/setup.sh)")
+    if args.limit % (2 * args.batch_size):
+        print(f"note: --limit {args.limit} is not a multiple of 2 x --batch-size: the last batches differ "
+              "between 1 and 2 ranks (DistributedSampler pads each rank to equal length)", file=sys.stderr)
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"warning: 1-minute load average is {load:.2f}: other work shares the CPUs, so 2-rank "
+              "throughput above all will be low and noisy", file=sys.stderr)
+
+    runs = {c: [] for c in configs}
+    with tempfile.TemporaryDirectory(prefix="tandem_compare_ddp_") as tmp:
+        workdir = args.keep_logs or tmp
+        os.makedirs(workdir, exist_ok=True)
+        for rep in range(args.repeats):
+            for side, ranks in configs:
+                runs[(side, ranks)].append(run_once(args, side, ranks, rep, workdir))
+
+    res = {}
+    for (side, ranks), rs in runs.items():
+        res[f"{side}{ranks}"] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+                                 "command": command(args, side, ranks, "METRICS"), "runs": rs}
+    sps = {k: v["samples_per_s"] for k, v in res.items()}
+    ratio = lambda a, b: sps[a] / sps[b] if a in sps and b in sps else None  # noqa: E731
+    ratios = {"tandem_2_over_1": ratio("tandem2", "tandem1"), "pytorch_2_over_1": ratio("pytorch2", "pytorch1"),
+              "tandem_over_pytorch_1rank": ratio("tandem1", "pytorch1"),
+              "tandem_over_pytorch_2ranks": ratio("tandem2", "pytorch2")}
+
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    recipe = (f"{args.optimizer} lr {args.lr}, batch {args.batch_size} per rank, {args.epochs} epoch(s) of "
+              f"{args.limit} samples{', unshuffled' if args.no_shuffle else ', shuffled'}, 1 thread per rank")
+    loads = [r["load_avg_1min_before"] for rs in runs.values() for r in rs]
+    print(f"\nDDP scaling on {cpu_model()} ({os.cpu_count()} CPUs); {recipe}; load before runs "
+          f"{min(loads):.2f}-{max(loads):.2f}; median of {args.repeats}\n")
+    print("| | 1 rank x 1 thread samples/s | 2 ranks x 1 thread samples/s | 2 ranks / 1 rank |")
+    print("|---|---:|---:|---:|")
+    print(f"| tandem | {fmt(sps.get('tandem1'), '.0f')} | {fmt(sps.get('tandem2'), '.0f')} | "
+          f"{fmt(ratios['tandem_2_over_1'], '.2f')} |")
+    print(f"| PyTorch (gloo) | {fmt(sps.get('pytorch1'), '.0f')} | {fmt(sps.get('pytorch2'), '.0f')} | "
+          f"{fmt(ratios['pytorch_2_over_1'], '.2f')} |")
+    print(f"| tandem / PyTorch | {fmt(ratios['tandem_over_pytorch_1rank'], '.2f')} | "
+          f"{fmt(ratios['tandem_over_pytorch_2ranks'], '.2f')} | |")
+
+    if args.json_out:
+        out = {
+            "what": "DDP scaling, 1 vs 2 ranks x 1 thread: tandem-mnist (tandem-run) and PyTorch 1.13 "
+                    "DistributedDataParallel over gloo (bench/pytorch_mnist.py), CPU",
+            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "keep_logs")},
+            "samples_per_s": "median over repeats of the mean over timed epochs of rank 0's epoch lines' "
+                             "samples_per_s (samples of all ranks / rank 0's training-loop seconds)",
+            "results": res, "ratios": ratios,
+        }
+        with open(args.json_out, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

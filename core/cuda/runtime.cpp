@@ -18,7 +18,6 @@
 //  - Allocators are created on first use and never destroyed (tensors in static storage may
 //    outlive everything else, and cudaFree after the runtime's teardown would fail).
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/allocator.h"
@@ -31,96 +30,39 @@ namespace {
 
 using kernels::cuda::DeviceGuard;
 
-size_t size_class(size_t n) {
-  if (n == 0) n = 1;
-  size_t quantum;
-  if (n <= (size_t{1} << 20)) {
-    quantum = 512;
-  } else if (n <= (size_t{16} << 20)) {
-    quantum = size_t{64} << 10;
-  } else {
-    quantum = size_t{2} << 20;
-  }
-  return (n + quantum - 1) / quantum * quantum;
-}
-
-class CudaCachingAllocator final : public Allocator {
+class CudaCachingAllocator final : public CachingAllocator {
  public:
   explicit CudaCachingAllocator(int device) : device_(device) {}
 
-  void* allocate(size_t nbytes) override {
-    const size_t cls = size_class(nbytes);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = free_.find(cls);
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
-        it->second.pop_back();
-        cached_ -= cls;
-        allocated_ += cls;
-        return p;
-      }
-    }
+ protected:
+  void* backend_allocate(size_t bytes) override {
     DeviceGuard guard(device_);
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, cls);
-    if (err == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      empty_cache();
-      err = cudaMalloc(&p, cls);
-    }
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      size_t free_bytes = 0, total_bytes = 0;
-      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
-      TANDEM_FAIL(err == cudaErrorMemoryAllocation ? "CUDA out of memory" : "cudaMalloc failed", " on cuda:",
-                  device_, " allocating ", nbytes, " bytes (", cls, " after rounding): ", cudaGetErrorName(err),
-                  ": ", cudaGetErrorString(err), "; ", allocated_bytes(), " bytes held by tensors, ",
-                  free_bytes, " of ", total_bytes, " bytes free on the device");
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    allocated_ += cls;
-    return p;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (err == cudaSuccess) return p;
+    (void)cudaGetLastError();
+    if (err == cudaErrorMemoryAllocation) return nullptr;
+    TANDEM_FAIL("cudaMalloc failed on cuda:", device_, " allocating ", bytes, " bytes: ", cudaGetErrorName(err), ": ",
+                cudaGetErrorString(err));
   }
 
-  void deallocate(void* ptr, size_t nbytes) override {
-    if (!ptr) return;
-    const size_t cls = size_class(nbytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    free_[cls].push_back(ptr);
-    allocated_ -= cls;
-    cached_ += cls;
-  }
-
-  void empty_cache() override {
-    std::unordered_map<size_t, std::vector<void*>> blocks;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      blocks.swap(free_);
-      cached_ = 0;
-    }
-    if (blocks.empty()) return;
+  void backend_release(const std::vector<void*>& blocks) override {
     DeviceGuard guard(device_);
-    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
-    for (auto& [cls, list] : blocks)
-      for (void* p : list) TANDEM_CUDA_CHECK(cudaFree(p));
+    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());  // queued work may still use cached blocks
+    for (void* p : blocks) TANDEM_CUDA_CHECK(cudaFree(p));
   }
 
-  size_t allocated_bytes() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return allocated_;
-  }
-  size_t cached_bytes() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return cached_;
+  [[noreturn]] void out_of_memory(size_t nbytes, size_t rounded) override {
+    size_t free_bytes = 0, total_bytes = 0;
+    DeviceGuard guard(device_);
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
+    TANDEM_FAIL("CUDA out of memory on cuda:", device_, " allocating ", nbytes, " bytes (", rounded,
+                " after rounding); ", allocated_bytes(), " bytes held by tensors, ", free_bytes, " of ", total_bytes,
+                " bytes free on the device");
   }
 
  private:
   const int device_;
-  mutable std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  size_t allocated_ = 0;
-  size_t cached_ = 0;
 };
 
 }  // namespace

@@ -99,12 +99,13 @@ struct Metrics {
   json epoch, eval;            // the last of each
 };
 
-// Parses a metrics JSON-lines file; train lines must count 1, 2, ... in epoch 1 (fatal failure if not).
+// Parses a metrics JSON-lines file; train lines must count 1, 2, ... within each epoch (fatal failure
+// if not).
 void read_metrics(const fs::path& file, Metrics& m) {
   std::ifstream in(file);
   ASSERT_TRUE(in) << "no metrics file at " << file;
   std::string line;
-  int line_no = 0;
+  int line_no = 0, epoch = 0, iter = 0;
   while (std::getline(in, line)) {
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -116,8 +117,12 @@ void read_metrics(const fs::path& file, Metrics& m) {
     }
     const std::string type = j.value("type", "");
     if (type == "train") {
-      ASSERT_EQ(j.at("iter").get<int>(), static_cast<int>(m.losses.size()) + 1)
-          << "iterations must count from 1 without gaps: " << line;
+      if (j.at("epoch").get<int>() != epoch) {
+        ASSERT_EQ(j.at("epoch").get<int>(), epoch + 1) << "epochs must count from 1 without gaps: " << line;
+        epoch = j.at("epoch").get<int>();
+        iter = 0;
+      }
+      ASSERT_EQ(j.at("iter").get<int>(), ++iter) << "iterations must count from 1 without gaps: " << line;
       m.losses.push_back(j.at("loss").get<double>());
     } else if (type == "epoch") {
       m.epoch = j;
@@ -216,6 +221,7 @@ void check_recipe(const std::string& name) {
   read_metrics(metrics, m);
   if (::testing::Test::HasFatalFailure()) return;
   ASSERT_EQ(static_cast<int>(m.losses.size()), steps) << "rank 0's train lines in " << metrics;
+  ASSERT_EQ(m.epoch.value("epoch", 0), 1) << "one epoch expected in " << metrics;
   ASSERT_FALSE(m.epoch.is_null()) << "no epoch line in " << metrics;
   EXPECT_EQ(m.epoch.at("samples").get<int64_t>(), fixture.at("data").at("train_samples").get<int64_t>())
       << "the epoch line counts the samples of both ranks";

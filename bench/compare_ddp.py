@@ -149,7 +149,8 @@ def main(argv=None):
                                  "command": command(args, side, ranks, "METRICS"), "runs": rs}
     sps = {k: v["samples_per_s"] for k, v in res.items()}
     ratio = lambda a, b: sps[a] / sps[b] if a in sps and b in sps else None  # noqa: E731
-    ratios = {"tandem_2_over_1": ratio("tandem2", "tandem1"), "pytorch_2_over_1": ratio("pytorch2", "pytorch1"),
+    ratios = {"tandem_2_over_1": ratio("tandem2", "tandem1"),
+              "pytorch_2_over_1": ratio("pytorch2", "pytorch1"),
               "tandem_over_pytorch_1rank": ratio("tandem1", "pytorch1"),
               "tandem_over_pytorch_2ranks": ratio("tandem2", "pytorch2")}
 

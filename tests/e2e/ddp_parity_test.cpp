@@ -84,8 +84,9 @@ std::string join(const std::vector<std::string>& argv) {
 int run_two_ranks(const std::vector<std::string>& trainer_flags, const fs::path& log, std::string* command) {
   int rc = -1;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<std::string> argv = {kRun, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
-                                     kTrainer, "--launcher", "pytorch"};
+    std::vector<std::string> argv = {
+        kRun,     "--nproc-per-node", "2",      "--master-port", std::to_string(free_port()),
+        kTrainer, "--launcher",       "pytorch"};
     argv.insert(argv.end(), trainer_flags.begin(), trainer_flags.end());
     *command = join(argv);
     rc = run_process(argv, log);
@@ -181,7 +182,8 @@ void compare_weights(const fs::path& tandem_file, const fs::path& torch_file, co
     }
     const double rel_l2 = std::sqrt(diff2 / ref2), max_abs_rel = diff_max / ref_max;
     EXPECT_LE(rel_l2, tol.at(name).at(0).get<double>()) << name << ": ||tandem - pytorch|| / ||pytorch||";
-    EXPECT_LE(max_abs_rel, tol.at(name).at(1).get<double>()) << name << ": max|tandem - pytorch| / max|pytorch|";
+    EXPECT_LE(max_abs_rel, tol.at(name).at(1).get<double>())
+        << name << ": max|tandem - pytorch| / max|pytorch|";
   }
   EXPECT_EQ(t.size(), p.size()) << "tandem saved tensors PyTorch's state_dict does not have";
 }
@@ -189,7 +191,8 @@ void compare_weights(const fs::path& tandem_file, const fs::path& torch_file, co
 void check_recipe(const std::string& name) {
   const std::string dir = fashion_dir();
   if (!has_idx(dir))
-    GTEST_SKIP() << "Fashion-MNIST not found in " << dir << " (run scripts/setup.sh, or set TANDEM_FASHION_MNIST_DIR)";
+    GTEST_SKIP() << "Fashion-MNIST not found in " << dir
+                 << " (run scripts/setup.sh, or set TANDEM_FASHION_MNIST_DIR)";
   ASSERT_TRUE(fs::exists(kRun)) << kRun << " is missing: build the tandem-run target";
   ASSERT_TRUE(fs::exists(kTrainer)) << kTrainer << " is missing: build the tandem-mnist target";
 
@@ -206,8 +209,9 @@ void check_recipe(const std::string& name) {
 
   TempDir tmp("ddp-parity-" + name);
   const fs::path metrics = tmp / "metrics.jsonl", log = tmp / "log.txt", weights = tmp / "final.safetensors";
-  std::vector<std::string> flags = {"--init-weights", kFixtures + "/mnist_init.safetensors", "--data-dir", dir,
-                                    "--metrics-out", metrics.string()};
+  std::vector<std::string> flags = {"--init-weights", kFixtures + "/mnist_init.safetensors",
+                                    "--data-dir",     dir,
+                                    "--metrics-out",  metrics.string()};
   for (const auto& f : fixture.at("tandem_flags")) flags.push_back(f.get<std::string>());
   for (const auto& f : recipe.at("tandem_flags")) flags.push_back(f.get<std::string>());
   const bool with_weights = !recipe.at("final_weights").is_null();
@@ -238,12 +242,13 @@ void check_recipe(const std::string& name) {
   for (const auto& row : tol.at("window_mean_rtol")) {
     const int first = row.at(0).get<int>(), last = row.at(1).get<int>();
     const double t = mean(m.losses, first, last), p = mean(ref, first, last);
-    EXPECT_LE(rel(t, p), row.at(2).get<double>())
-        << name << " mean loss over steps " << first << "-" << last << ": tandem " << t << ", PyTorch DDP " << p;
+    EXPECT_LE(rel(t, p), row.at(2).get<double>()) << name << " mean loss over steps " << first << "-" << last
+                                                  << ": tandem " << t << ", PyTorch DDP " << p;
   }
   // ---- sharded eval: depends on rank 1's BatchNorm buffers, so on broadcast_buffers ----
   ASSERT_FALSE(m.eval.is_null()) << "no eval line in " << metrics;
-  const double test_loss = m.eval.at("test_loss").get<double>(), acc = m.eval.at("test_accuracy").get<double>();
+  const double test_loss = m.eval.at("test_loss").get<double>(),
+               acc = m.eval.at("test_accuracy").get<double>();
   const double ref_loss = recipe.at("eval").at("test_loss").get<double>();
   const double ref_acc = recipe.at("eval").at("test_accuracy").get<double>();
   EXPECT_LE(rel(test_loss, ref_loss), tol.at("eval").at("test_loss_rtol").get<double>())
@@ -279,13 +284,14 @@ TEST(DdpParity, AdadeltaLossesMatchPytorchDdp) { check_recipe("adadelta"); }
 // initial weights: the runs see the data in different orders (RandomSampler against DistributedSampler)
 // and normalise over 64 against 32 samples per BatchNorm, so they differ by training noise only. Three
 // epochs, because after one the accuracies of the two differ by up to 0.0045 (cosine) or 0.010
-// (the default step schedule) across seeds 1-4, after three (cosine) by at most 0.0015 (tests/fixtures/README.md).
+// (the default step schedule) across seeds 1-4, after three (cosine) by at most 0.0015
+// (tests/fixtures/README.md).
 TEST(DdpAccuracy, TwoRanksMatchOneProcessWithinHalfAPoint) {
   if (!has_idx(kDigits)) GTEST_SKIP() << "MNIST digits not found in " << kDigits << " (run scripts/setup.sh)";
   ASSERT_TRUE(fs::exists(kRun)) << kRun << " is missing: build the tandem-run target";
   TempDir tmp("ddp-accuracy");
-  const std::vector<std::string> common = {"--data-dir", kDigits, "--epochs", "3", "--lr-schedule", "cosine",
-                                           "--seed", "1", "--threads", "1", "--device", "cpu"};
+  const std::vector<std::string> common = {"--data-dir", kDigits, "--epochs",  "3", "--lr-schedule", "cosine",
+                                           "--seed",     "1",     "--threads", "1", "--device",      "cpu"};
   std::vector<std::string> one = {kTrainer};
   one.insert(one.end(), common.begin(), common.end());
   one.insert(one.end(), {"--batch-size", "64", "--metrics-out", (tmp / "one.jsonl").string()});

@@ -52,7 +52,20 @@ endif()
 
 function(tandem_link_cuda target)
   target_include_directories(${target} PRIVATE ${TANDEM_CUDNN_INCLUDE} ${TANDEM_NCCL_INCLUDE})
-  target_link_libraries(${target} PRIVATE CUDA::cudart CUDA::cublas ${TANDEM_CUDNN_LIB}
-    ${TANDEM_NCCL_LIB})
+  # cuBLAS is not linked: kernels/cuda/cublas_loader.cpp loads it on first use.
+  get_target_property(_cublas CUDA::cublas IMPORTED_LOCATION)
+  if(NOT _cublas)
+    get_target_property(_cublas CUDA::cublas IMPORTED_LOCATION_RELEASE)
+  endif()
+  get_filename_component(_cublas_real "${_cublas}" REALPATH)
+  string(REGEX MATCH "\\.so\\.([0-9]+)" _m "${_cublas_real}")
+  set(_soversion "${CMAKE_MATCH_1}")
+  if(NOT _soversion)
+    set(_soversion "${CUDAToolkit_VERSION_MAJOR}")
+  endif()
+  target_include_directories(${target} PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_compile_definitions(${target} PRIVATE TANDEM_CUBLAS_SOVERSION="${_soversion}"
+    TANDEM_CUBLAS_PATH="${_cublas_real}")
+  target_link_libraries(${target} PRIVATE CUDA::cudart ${TANDEM_CUDNN_LIB} ${TANDEM_NCCL_LIB} ${CMAKE_DL_LIBS})
   set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
 endfunction()

@@ -12,7 +12,7 @@ struct TrainOptions {
   std::string data_dir = kDefaultDataDir;
   int64_t epochs = 14;
   int64_t batch_size = 64;
-  int64_t test_batch_size = 1000;
+  int64_t test_batch_size = 256;
   double lr = 1.0;
   double gamma = 0.7;
   std::string lr_schedule = "step";  // step: StepLR(1, gamma) per epoch; cosine: per iteration to 0

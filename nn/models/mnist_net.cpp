@@ -16,10 +16,21 @@ MnistNet::MnistNet() {
 Tensor MnistNet::forward(const Tensor& x) {
   TANDEM_CHECK(x.dim() == 4 && x.size(1) == 1 && x.size(2) == 28 && x.size(3) == 28,
                "MnistNet: expected input [N, 1, 28, 28], got ", x.str());
-  Tensor h = F::max_pool2d(F::relu((*n1)(( *conv1)(x))), 2);
-  h = F::max_pool2d(F::relu((*n2)((*conv2)(h))), 2);
-  h = F::relu((*fc1)(F::flatten(h, 1)));
-  return F::log_softmax((*fc2)(h), -1);
+  // One statement per op: each intermediate is released as soon as the next
+  // exists (nested calls would keep every temporary alive to the end of the
+  // expression), which bounds the activations held at once without a graph.
+  Tensor h = (*conv1)(x);
+  h = (*n1)(h);
+  h = F::relu(h);
+  h = F::max_pool2d(h, 2);
+  h = (*conv2)(h);
+  h = (*n2)(h);
+  h = F::relu(h);
+  h = F::max_pool2d(h, 2);
+  h = F::flatten(h, 1);
+  h = F::relu((*fc1)(h));
+  h = (*fc2)(h);
+  return F::log_softmax(h, -1);
 }
 
 }  // namespace tandem::nn::models

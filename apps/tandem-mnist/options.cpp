@@ -43,7 +43,10 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
       ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
   app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size in MiB (the first is 1 MiB)")
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size in MiB after the first")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb,
+                 "DDP: size of the first bucket, which starts communicating earliest")
       ->check(CLI::PositiveNumber);
   app.add_flag("--find-unused-parameters", o.find_unused_parameters,
                "DDP: allow parameters that get no gradient in an iteration");

@@ -33,6 +33,7 @@ struct TrainOptions {
   std::string launcher = "none";  // none | pytorch | slurm | mpi
   std::string backend = "auto";   // auto | gloo | nccl
   double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   std::string comm_hook = "allreduce";

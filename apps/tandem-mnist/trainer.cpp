@@ -181,6 +181,7 @@ void run_training(const TrainOptions& o) {
   if (d.active()) {
     dist::DDPOptions ddp_options;
     ddp_options.reducer.bucket_cap_mb = o.bucket_cap_mb;
+    ddp_options.reducer.first_bucket_cap_mb = o.first_bucket_cap_mb;
     ddp_options.reducer.find_unused_parameters = o.find_unused_parameters;
     ddp_options.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
     ddp_options.reducer.comm_hook = dist::comm_hook_by_name(o.comm_hook);

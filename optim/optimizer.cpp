@@ -94,21 +94,14 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& o) : Optimizer(std::m
 }
 
 void SGD::step() {
-  size_t i = 0;
-  for (auto& g : groups_) {
-    for (auto& p : g.params) {
-      ParamState& s = state(i++);
-      Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      const bool first = s.step == 0;
-      Tensor buf = options_.momentum != 0.0 ? buffer(s, "momentum_buffer", p) : Tensor();
-      kernels::SgdStep fn{static_cast<float>(g.lr), static_cast<float>(options_.momentum),
-                          static_cast<float>(options_.dampening), static_cast<float>(g.weight_decay),
-                          options_.nesterov, first};
-      kernels::sgd_update(p, grad, buf, fn);
-      ++s.step;
-    }
-  }
+  for_each_param_with_grad([&](ParamGroup& g, Tensor& p, Tensor& grad, ParamState& s) {
+    Tensor buf = options_.momentum != 0.0 ? buffer(s, "momentum_buffer", p) : Tensor();
+    kernels::SgdStep fn{static_cast<float>(g.lr), static_cast<float>(options_.momentum),
+                        static_cast<float>(options_.dampening), static_cast<float>(g.weight_decay),
+                        options_.nesterov, /*first=*/s.step == 0};
+    kernels::sgd_update(p, grad, buf, fn);
+    ++s.step;
+  });
 }
 
 // ---- Adadelta ----
@@ -120,20 +113,12 @@ Adadelta::Adadelta(std::vector<Tensor> params, const AdadeltaOptions& o)
 }
 
 void Adadelta::step() {
-  size_t i = 0;
-  for (auto& g : groups_) {
-    for (auto& p : g.params) {
-      ParamState& s = state(i++);
-      Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      Tensor& sq = buffer(s, "square_avg", p);
-      Tensor& acc = buffer(s, "acc_delta", p);
-      kernels::AdadeltaStep fn{static_cast<float>(g.lr), static_cast<float>(options_.rho),
-                               static_cast<float>(options_.eps), static_cast<float>(g.weight_decay)};
-      kernels::adadelta_update(p, grad, sq, acc, fn);
-      ++s.step;
-    }
-  }
+  for_each_param_with_grad([&](ParamGroup& g, Tensor& p, Tensor& grad, ParamState& s) {
+    kernels::AdadeltaStep fn{static_cast<float>(g.lr), static_cast<float>(options_.rho),
+                             static_cast<float>(options_.eps), static_cast<float>(g.weight_decay)};
+    kernels::adadelta_update(p, grad, buffer(s, "square_avg", p), buffer(s, "acc_delta", p), fn);
+    ++s.step;
+  });
 }
 
 // ---- Adam / AdamW ----
@@ -147,24 +132,16 @@ Adam::Adam(std::vector<Tensor> params, const AdamOptions& o)
 }
 
 void Adam::step() {
-  size_t i = 0;
-  for (auto& g : groups_) {
-    for (auto& p : g.params) {
-      ParamState& s = state(i++);
-      Tensor grad = p.grad();
-      if (!grad.defined()) continue;
-      ++s.step;
-      Tensor& m = buffer(s, "exp_avg", p);
-      Tensor& v = buffer(s, "exp_avg_sq", p);
-      const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(s.step));
-      const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(s.step));
-      kernels::AdamStep fn{static_cast<float>(g.lr), static_cast<float>(options_.beta1),
-                           static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
-                           static_cast<float>(g.weight_decay), options_.decoupled_weight_decay,
-                           static_cast<float>(bc1), static_cast<float>(bc2)};
-      kernels::adam_update(p, grad, m, v, fn);
-    }
-  }
+  for_each_param_with_grad([&](ParamGroup& g, Tensor& p, Tensor& grad, ParamState& s) {
+    ++s.step;
+    const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(s.step));
+    const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(s.step));
+    kernels::AdamStep fn{static_cast<float>(g.lr), static_cast<float>(options_.beta1),
+                         static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
+                         static_cast<float>(g.weight_decay), options_.decoupled_weight_decay,
+                         static_cast<float>(bc1), static_cast<float>(bc2)};
+    kernels::adam_update(p, grad, buffer(s, "exp_avg", p), buffer(s, "exp_avg_sq", p), fn);
+  });
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o)

@@ -44,6 +44,18 @@ class Optimizer {
   ParamState& state(size_t index) { return state_[index]; }
   // Allocates a zero buffer like p on first use.
   Tensor& buffer(ParamState& s, const std::string& name, const Tensor& p);
+  // Calls fn(group, param, grad, state) for every parameter that has a
+  // gradient, in order; the others are skipped, as PyTorch does.
+  template <typename Fn>
+  void for_each_param_with_grad(Fn&& fn) {
+    size_t i = 0;
+    for (auto& g : groups_)
+      for (auto& p : g.params) {
+        ParamState& s = state(i++);
+        Tensor grad = p.grad();
+        if (grad.defined()) fn(g, p, grad, s);
+      }
+  }
 
   std::vector<ParamGroup> groups_;
   const char* name_;

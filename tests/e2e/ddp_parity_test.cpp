@@ -26,7 +26,13 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "metrics.h"
 #include "process.h"
+
+using tandem::test::mean;
+using tandem::test::Metrics;
+using tandem::test::read_metrics;
+using tandem::test::rel;
 
 namespace {
 
@@ -93,52 +99,6 @@ int run_two_ranks(const std::vector<std::string>& trainer_flags, const fs::path&
     if (rc == 0 || read_file(log).find("already in use") == std::string::npos) break;
   }
   return rc;
-}
-
-struct Metrics {
-  std::vector<double> losses;  // "train" lines, in order
-  json epoch, eval;            // the last of each
-};
-
-// Parses a metrics JSON-lines file; train lines must count 1, 2, ... within each epoch (fatal failure
-// if not).
-void read_metrics(const fs::path& file, Metrics& m) {
-  std::ifstream in(file);
-  ASSERT_TRUE(in) << "no metrics file at " << file;
-  std::string line;
-  int line_no = 0, epoch = 0, iter = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const std::exception& e) {
-      FAIL() << file << ":" << line_no << ": not JSON (" << e.what() << "): " << line;
-    }
-    const std::string type = j.value("type", "");
-    if (type == "train") {
-      if (j.at("epoch").get<int>() != epoch) {
-        ASSERT_EQ(j.at("epoch").get<int>(), epoch + 1) << "epochs must count from 1 without gaps: " << line;
-        epoch = j.at("epoch").get<int>();
-        iter = 0;
-      }
-      ASSERT_EQ(j.at("iter").get<int>(), ++iter) << "iterations must count from 1 without gaps: " << line;
-      m.losses.push_back(j.at("loss").get<double>());
-    } else if (type == "epoch") {
-      m.epoch = j;
-    } else if (type == "eval") {
-      m.eval = j;
-    }
-  }
-}
-
-double rel(double actual, double expected) { return std::abs(actual - expected) / std::abs(expected); }
-
-double mean(const std::vector<double>& v, int first, int last) {  // steps from 1, inclusive
-  double s = 0;
-  for (int k = first; k <= last; ++k) s += v[k - 1];
-  return s / (last - first + 1);
 }
 
 // Every element of a host tensor as double (F32, F64, I64 are what state_dicts hold here).

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "metrics.h"
 #include "process.h"
 
 namespace {
@@ -42,15 +43,8 @@ std::string tail(const fs::path& file, size_t max_chars = 3000) {
   return s.size() > max_chars ? "..." + s.substr(s.size() - max_chars) : s;
 }
 
-double rel(double actual, double expected) {
-  return std::abs(actual - expected) / std::abs(expected);
-}
-
-double mean(const std::vector<double>& v, int first, int last) {  // steps from 1, inclusive
-  double s = 0;
-  for (int k = first; k <= last; ++k) s += v[k - 1];
-  return s / (last - first + 1);
-}
+using tandem::test::mean;
+using tandem::test::rel;
 
 void check_recipe(const std::string& name) {
   const std::string dir = data_dir();
@@ -91,34 +85,12 @@ void check_recipe(const std::string& name) {
   ASSERT_EQ(rc, 0) << "tandem-mnist failed; its output:\n" << tail(log);
 
   // ---- parse the metrics JSON lines ----
-  std::vector<double> losses;
-  json epoch_line, eval_line;
-  std::ifstream in(metrics);
-  ASSERT_TRUE(in) << "no metrics file at " << metrics;
-  std::string line;
-  int line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const std::exception& e) {
-      FAIL() << metrics << ":" << line_no << ": not JSON (" << e.what() << "): " << line;
-    }
-    const std::string type = j.value("type", "");
-    if (type == "train") {
-      ASSERT_EQ(j.at("epoch").get<int>(), 1) << line;
-      ASSERT_EQ(j.at("iter").get<int>(), static_cast<int>(losses.size()) + 1)
-          << "iterations must count from 1 without gaps: " << line;
-      EXPECT_LE(rel(j.at("lr").get<double>(), recipe.at("lr").get<double>()), 1e-6) << line;
-      losses.push_back(j.at("loss").get<double>());
-    } else if (type == "epoch") {
-      epoch_line = j;
-    } else if (type == "eval") {
-      eval_line = j;
-    }
-  }
+  tandem::test::Metrics m;
+  ASSERT_NO_FATAL_FAILURE(tandem::test::read_metrics(metrics, m));
+  for (double lr : m.lrs) EXPECT_LE(rel(lr, recipe.at("lr").get<double>()), 1e-6);
+  const std::vector<double>& losses = m.losses;
+  const json& epoch_line = m.epoch;
+  const json& eval_line = m.eval;
   ASSERT_EQ(static_cast<int>(losses.size()), steps) << "train lines in " << metrics;
   ASSERT_FALSE(epoch_line.is_null()) << "no epoch line in " << metrics;
   EXPECT_EQ(epoch_line.at("samples").get<int64_t>(), steps * fixture.at("batch_size").get<int64_t>());

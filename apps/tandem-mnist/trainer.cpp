@@ -78,11 +78,10 @@ struct Distributed {
   bool active() const { return group != nullptr; }
 };
 
-Distributed init_distributed(const TrainOptions& o, Device device) {
+Distributed init_distributed(const TrainOptions& o, const dist::DistEnv& env, Device device) {
   Distributed d;
-  if (o.launcher == "none") return d;
-  d.env = dist::env_from_launcher(o.launcher);
-  if (d.env.world_size == 1) return d;
+  d.env = env;
+  if (o.launcher == "none" || d.env.world_size == 1) return d;
   std::string backend = o.backend;
   if (backend == "auto") backend = device.is_cuda() ? "nccl" : "gloo";
   TANDEM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl needs a CUDA device, got --device ",
@@ -138,9 +137,9 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, 
 
 void run_training(const TrainOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  const int local_rank = o.launcher == "none" ? 0 : dist::env_from_launcher(o.launcher).local_rank;
-  const Device device = choose_device(o.device, local_rank);
-  Distributed d = init_distributed(o, device);
+  const dist::DistEnv env = o.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o.launcher);
+  const Device device = choose_device(o.device, env.local_rank);
+  Distributed d = init_distributed(o, env, device);
   const int rank = d.env.rank, world = d.active() ? d.env.world_size : 1;
   if (rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
   manual_seed(o.seed);

@@ -29,9 +29,14 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, const char* name) : groups_
   state_.resize(n);
 }
 
-void Optimizer::zero_grad() {
+void Optimizer::zero_grad(bool set_to_none) {
   for (auto& g : groups_)
-    for (auto& p : g.params) p.set_grad(Tensor());
+    for (auto& p : g.params) {
+      if (set_to_none)
+        p.set_grad(Tensor());
+      else if (Tensor grad = p.grad(); grad.defined())
+        grad.zero_();
+    }
 }
 
 void Optimizer::set_lr(double lr) {

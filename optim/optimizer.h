@@ -23,8 +23,10 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual void step() = 0;
-  // Sets every gradient to none (PyTorch's default since 2.0).
-  void zero_grad();
+  // Sets every gradient to none (PyTorch's default since 2.0), or with
+  // set_to_none false zeroes them in place, keeping their storage (what
+  // DDP's gradient_as_bucket_view wants: gradients stay bucket views).
+  void zero_grad(bool set_to_none = true);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

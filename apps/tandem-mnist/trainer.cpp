@@ -215,7 +215,7 @@ void run_training(const TrainOptions& o) {
       const double data_time = seconds_since(tick);
       Tensor x = batch->images.to(device), y = batch->labels.to(device);
       Tensor loss = F::nll_loss(model(x), y);
-      optimizer->zero_grad();
+      optimizer->zero_grad(/*set_to_none=*/!o.gradient_as_bucket_view);
       loss.backward();
       optimizer->step();
       const double lr_used = optimizer->lr();

@@ -86,7 +86,7 @@ void check_equivalence(const test::RankContext& ctx, double cap_mb, bool view) {
   for (int s = 0; s < steps; ++s) {
     Data mine = global_batch(s, ctx.rank * per_rank, (ctx.rank + 1) * per_rank);
     Tensor loss = F::nll_loss(ddp(mine.x), mine.y);
-    opt_ddp.zero_grad();
+    opt_ddp.zero_grad(/*set_to_none=*/!view);  // as bucket views, gradients are zeroed in place
     loss.backward();
     opt_ddp.step();
 

@@ -140,3 +140,15 @@ TEST(Optim, RejectsBadOptions) {
   Tensor frozen = Tensor::ones({1});
   EXPECT_THROW(optim::SGD({frozen}, optim::SGDOptions{0.1}), Error);
 }
+
+TEST(Optim, ZeroGradInPlaceKeepsTheGradientStorage) {
+  Tensor p = param({1.0f, 2.0f});
+  optim::SGD opt({p}, optim::SGDOptions{0.1});
+  set_grad(p, {3.0f, 4.0f});
+  const auto storage = p.grad().storage();
+  opt.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(p.grad().storage(), storage);
+  EXPECT_EQ(p.grad().to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
+  opt.zero_grad();
+  EXPECT_FALSE(p.grad().defined());
+}

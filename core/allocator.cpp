@@ -20,12 +20,13 @@ void* CachingAllocator::allocate(size_t nbytes) {
   const size_t cls = size_class(nbytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(cls);
-    if (it != free_.end() && !it->second.empty()) {
+    for (auto it = free_.lower_bound(cls); it != free_.end() && it->first <= 2 * cls; ++it) {
+      if (it->second.empty()) continue;  // kept: its vector is reused when blocks come back
       void* p = it->second.back();
       it->second.pop_back();
-      cached_ -= cls;
-      allocated_ += cls;
+      cached_ -= it->first;
+      allocated_ += it->first;
+      block_size_[p] = it->first;
       return p;
     }
   }
@@ -37,16 +38,20 @@ void* CachingAllocator::allocate(size_t nbytes) {
   if (!p) out_of_memory(nbytes, cls);
   std::lock_guard<std::mutex> lock(mu_);
   allocated_ += cls;
+  block_size_[p] = cls;
   return p;
 }
 
 void CachingAllocator::deallocate(void* ptr, size_t nbytes) {
   if (!ptr) return;
-  const size_t cls = size_class(nbytes);
   std::lock_guard<std::mutex> lock(mu_);
-  free_[cls].push_back(ptr);
-  allocated_ -= cls;
-  cached_ += cls;
+  auto it = block_size_.find(ptr);
+  TANDEM_CHECK(it != block_size_.end(), "deallocate: ", ptr, " (", nbytes, " bytes) was not allocated here");
+  const size_t size = it->second;
+  block_size_.erase(it);
+  free_[size].push_back(ptr);
+  allocated_ -= size;
+  cached_ += size;
 }
 
 void CachingAllocator::empty_cache() {

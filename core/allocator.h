@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -28,9 +29,11 @@ class Allocator {
 
 // The caching both allocators share: a request is rounded up to a size class
 // (512 B steps up to 1 MiB, 64 KiB steps up to 16 MiB, 2 MiB steps above) and
-// served from that class's free list; on a miss the backend allocates; when
-// the backend is out of memory every cached block is released and the
-// request retried once, then out_of_memory() throws. Thread-safe.
+// served by the smallest cached block of at least that class and at most
+// twice it (so a short last batch reuses a full batch's blocks instead of
+// caching a second set); on a miss the backend allocates; when the backend is
+// out of memory every cached block is released and the request retried once,
+// then out_of_memory() throws. Thread-safe.
 class CachingAllocator : public Allocator {
  public:
   static size_t size_class(size_t nbytes);
@@ -49,7 +52,8 @@ class CachingAllocator : public Allocator {
 
  private:
   mutable std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
+  std::map<size_t, std::vector<void*>> free_;       // block size -> cached blocks
+  std::unordered_map<void*, size_t> block_size_;    // blocks handed out -> their size
   size_t allocated_ = 0;
   size_t cached_ = 0;
 };

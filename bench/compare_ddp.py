@@ -35,7 +35,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from compare_pytorch import cpu_model, read_metrics, run_child, tail  # noqa: E402
+from compare_pytorch import cpu_model, run_measured  # noqa: E402
 
 CONFIGS = [("tandem", 1), ("tandem", 2), ("pytorch", 1), ("pytorch", 2)]
 
@@ -92,24 +92,8 @@ def command(args, side, ranks, metrics):
 
 
 def run_once(args, side, ranks, rep, workdir):
-    tag = f"{side}_{ranks}rank_r{rep}"
-    metrics = os.path.join(workdir, tag + ".jsonl")
-    log = os.path.join(workdir, tag + ".log")
-    argv = command(args, side, ranks, metrics)
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    load_before = os.getloadavg()[0]
-    print(f"# {tag} (load {load_before:.2f}): {' '.join(argv)}", file=sys.stderr, flush=True)
-    rc, wall, _ = run_child(argv, env, log, args.timeout)
-    if rc != 0:
-        sys.exit(f"{tag} failed with exit status {rc}; last output:\n{tail(log)}")
-    epochs, evals, last_loss = read_metrics(metrics)
-    if not epochs:
-        sys.exit(f"{tag}: no \"epoch\" line in {metrics}; last output:\n{tail(log)}")
-    timed = epochs[1:] if len(epochs) > 1 else epochs
-    return {"samples_per_s": statistics.mean(e["samples_per_s"] for e in timed),
-            "epoch_seconds": [e["seconds"] for e in epochs], "samples": sum(e["samples"] for e in timed),
-            "wall_s": wall, "last_train_loss": last_loss, "load_avg_1min_before": load_before,
-            "test_accuracy": evals[-1]["test_accuracy"] if evals else None}
+    return run_measured(f"{side}_{ranks}rank_r{rep}", command(args, side, ranks, "METRICS"), 1, workdir,
+                        args.timeout)
 
 
 def main(argv=None):

@@ -123,32 +123,37 @@ def tail(path, n=3000):
     return data[-n:].decode("utf-8", "replace")
 
 
+def run_measured(tag, argv, threads, workdir, timeout):
+    """Runs one trainer command with `threads` threads; returns its samples/s (the
+    first epoch dropped as warm-up when there are several), peak RSS and results."""
+    metrics = os.path.join(workdir, tag + ".jsonl")
+    log = os.path.join(workdir, tag + ".log")
+    argv = [metrics if a == "METRICS" else a for a in argv]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    load_before = os.getloadavg()[0]
+    print(f"# {tag} (load {load_before:.2f}): {' '.join(argv)}", file=sys.stderr, flush=True)
+    rc, wall, rss = run_child(argv, env, log, timeout)
+    if rc != 0:
+        sys.exit(f"{tag} failed with exit status {rc}; last output:\n{tail(log)}")
+    epochs, evals, last_loss = read_metrics(metrics)
+    if not epochs:
+        sys.exit(f"{tag}: no \"epoch\" line in {metrics}; last output:\n{tail(log)}")
+    timed = epochs[1:] if len(epochs) > 1 else epochs
+    return {
+        "samples_per_s": statistics.mean(e["samples_per_s"] for e in timed),
+        "epoch_seconds": [e["seconds"] for e in epochs],
+        "samples": sum(e["samples"] for e in timed),
+        "peak_rss_bytes": rss, "wall_s": wall, "last_train_loss": last_loss,
+        "load_avg_1min_before": load_before,
+        "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "test_loss": evals[-1]["test_loss"] if evals else None,
+    }
+
+
 def measure(args, side, threads, workdir):
-    runs = []
-    for rep in range(args.repeats):
-        tag = f"{side}_t{threads}_r{rep}"
-        metrics = os.path.join(workdir, tag + ".jsonl")
-        log = os.path.join(workdir, tag + ".log")
-        argv = command(args, side, threads, metrics)
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-        load_before = os.getloadavg()[0]
-        print(f"# {tag} (load {load_before:.2f}): {' '.join(argv)}", file=sys.stderr, flush=True)
-        rc, wall, rss = run_child(argv, env, log, args.timeout)
-        if rc != 0:
-            sys.exit(f"{tag} failed with exit status {rc}; last output:\n{tail(log)}")
-        epochs, evals, last_loss = read_metrics(metrics)
-        if not epochs:
-            sys.exit(f"{tag}: no \"epoch\" line in {metrics}; last output:\n{tail(log)}")
-        timed = epochs[1:] if len(epochs) > 1 else epochs
-        runs.append({
-            "samples_per_s": statistics.mean(e["samples_per_s"] for e in timed),
-            "epoch_seconds": [e["seconds"] for e in epochs],
-            "samples": sum(e["samples"] for e in timed),
-            "peak_rss_bytes": rss, "wall_s": wall, "last_train_loss": last_loss,
-            "load_avg_1min_before": load_before,
-            "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
-            "test_loss": evals[-1]["test_loss"] if evals else None,
-        })
+    runs = [run_measured(f"{side}_t{threads}_r{rep}", command(args, side, threads, "METRICS"), threads,
+                         workdir, args.timeout)
+            for rep in range(args.repeats)]
     return {
         "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),

@@ -67,4 +67,13 @@ std::shared_ptr<Work> ProcessGroupNccl::barrier() { TANDEM_FAIL("built without C
 
 #endif  // TANDEM_WITH_CUDA
 
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
 }  // namespace tandem::dist

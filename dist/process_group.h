@@ -16,6 +16,7 @@
 namespace tandem::dist {
 
 enum class ReduceOp { Sum, Max, Min };
+const char* reduce_op_name(ReduceOp op);  // "sum", "max", "min"
 
 // One issued collective. wait() throws tandem::Error, naming the operation,
 // when it failed or did not finish within the timeout (the group's by default).

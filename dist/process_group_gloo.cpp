@@ -39,15 +39,6 @@
 namespace tandem::dist {
 namespace {
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
-}
-
 // ---- element-wise reductions handed to Gloo: c[i] = op(a[i], b[i]) ----
 
 template <typename T>
@@ -403,7 +394,7 @@ std::string ProcessGroupGloo::local_address() const {
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
   check_cpu_contiguous("allreduce", "tensor", tensor);
   const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) +
-                           shape_str(tensor.shape()) + ", " + op_name(op) + ")";
+                           shape_str(tensor.shape()) + ", " + reduce_op_name(op) + ")";
   auto fn = reduce_function(tensor.dtype(), op);
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;

@@ -46,15 +46,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace kc = tandem::kernels::cuda;
 
-const char* op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Max: return "max";
-    case ReduceOp::Min: return "min";
-  }
-  return "?";
-}
-
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
@@ -401,7 +392,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor& tensor, ReduceOp op) {
   check_cuda_contiguous("allreduce", "tensor", tensor, dev);
   const ncclDataType_t dt = nccl_dtype(tensor.dtype());
   const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) +
-                           shape_str(tensor.shape()) + ", " + op_name(op) +
+                           shape_str(tensor.shape()) + ", " + reduce_op_name(op) +
                            ") on cuda:" + std::to_string(dev);
   void* ptr = tensor.raw_data();
   const size_t count = static_cast<size_t>(tensor.numel());

@@ -20,7 +20,8 @@ PACKAGES=(
   libeigen3-dev libgloo-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   slurm-wlm libopenmpi-dev openmpi-bin
   dataset-fashion-mnist nodejs npm
-  python3 python3-torch libopenblas0-pthread
+  python3 python3-torch libopenblas0-pthread python3-matplotlib
+  clang libclang-rt-14-dev munge iproute2
 )
 if [ "${TANDEM_SKIP_APT:-0}" != 1 ]; then
   missing=()

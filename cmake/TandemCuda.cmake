@@ -66,6 +66,8 @@ function(tandem_link_cuda target)
   target_include_directories(${target} PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
   target_compile_definitions(${target} PRIVATE TANDEM_CUBLAS_SOVERSION="${_soversion}"
     TANDEM_CUBLAS_PATH="${_cublas_real}")
-  target_link_libraries(${target} PRIVATE CUDA::cudart ${TANDEM_CUDNN_LIB} ${TANDEM_NCCL_LIB} ${CMAKE_DL_LIBS})
+  # BUILD_INTERFACE: the installed shared library's package does not name the CUDA libraries.
+  target_link_libraries(${target} PRIVATE $<BUILD_INTERFACE:CUDA::cudart> $<BUILD_INTERFACE:${TANDEM_CUDNN_LIB}>
+    $<BUILD_INTERFACE:${TANDEM_NCCL_LIB}> ${CMAKE_DL_LIBS})
   set_target_properties(${target} PROPERTIES CUDA_SEPARABLE_COMPILATION OFF)
 endfunction()

@@ -4,6 +4,8 @@
 #include <queue>
 #include <unordered_map>
 
+#include "core/profiler.h"
+
 namespace tandem {
 namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
@@ -78,6 +80,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     explicit Scope(std::vector<std::function<void()>>* c) { current_callbacks = c; }
     ~Scope() { current_callbacks = nullptr; }
   } scope(&callbacks);
+  const profiler::BackwardPhase backward_phase;  // ops below count as backward in the profiler
   run_graph(roots, grads);
   // Callbacks may queue more callbacks; run until none are left.
   for (size_t i = 0; i < callbacks.size(); ++i) {

@@ -1,6 +1,9 @@
 #include "core/random.h"
 
 #include <cmath>
+#include <sstream>
+
+#include "core/error.h"
 
 namespace tandem {
 
@@ -18,6 +21,20 @@ double Generator::normal() {
   while (u1 <= 0.0) u1 = uniform();
   const double u2 = uniform();
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+std::string Generator::state() const {
+  std::ostringstream out;
+  out << engine_;
+  return out.str();
+}
+
+void Generator::set_state(const std::string& state) {
+  std::istringstream in(state);
+  std::mt19937_64 e;
+  in >> e;
+  TANDEM_CHECK(!in.fail(), "Generator::set_state: not a mt19937_64 state (", state.size(), " characters)");
+  engine_ = e;
 }
 
 Generator& default_generator() {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 
 namespace tandem {
 
@@ -21,6 +22,12 @@ class Generator {
   // Uniform integer in [0, n).
   uint64_t below(uint64_t n);
   double normal();  // Box-Muller
+
+  // The engine's full state as text (std::mt19937_64's stream format), for
+  // checkpoints: set_state(state()) continues the exact same sequence.
+  // set_state throws tandem::Error on text that is not such a state.
+  std::string state() const;
+  void set_state(const std::string& state);
 
  private:
   std::mt19937_64 engine_;

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -59,10 +60,20 @@ void read_exact(FILE* f, void* dst, uint64_t n, uint64_t file_offset, const std:
                " bytes", std::ferror(f) ? std::string(": ") + std::strerror(errno) : std::string());
 }
 
+// A short description of a JSON value for error messages: scalars as text (cut
+// to 64 characters), containers by type only (dumping a deeply nested value
+// would recurse as deep as the attacker chose, and could be 100 MB long).
+std::string describe(const json& v) {
+  if (v.is_structured()) return std::string("an ") + v.type_name();
+  std::string s = v.dump();
+  if (s.size() > 64) s = s.substr(0, 61) + "...";
+  return s;
+}
+
 uint64_t as_offset(const json& v, const std::string& path, const std::string& name, const char* field) {
   TANDEM_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
                "safetensors file '", path, "', tensor '", name, "': ", field,
-               " must hold non-negative integers, got ", v.dump());
+               " must hold non-negative integers, got ", describe(v));
   return v.get<uint64_t>();
 }
 
@@ -119,13 +130,14 @@ Header read_header(FILE* f, const std::string& path) {
                    v.type_name());
       for (auto m = v.begin(); m != v.end(); ++m) {
         TANDEM_CHECK(m.value().is_string(), "safetensors file '", path, "': __metadata__ value of '", m.key(),
-                     "' must be a string, got ", m.value().dump());
+                     "' must be a string, got ", describe(m.value()));
         out.metadata[m.key()] = m.value().get<std::string>();
       }
       continue;
     }
+    TANDEM_CHECK(!name.empty(), "safetensors file '", path, "': a tensor has an empty name");
     TANDEM_CHECK(v.is_object(), "safetensors file '", path, "', tensor '", name,
-                 "': entry must be an object, got ", v.dump());
+                 "': entry must be an object, got ", v.type_name());
     for (auto field = v.begin(); field != v.end(); ++field)
       TANDEM_CHECK(field.key() == "dtype" || field.key() == "shape" || field.key() == "data_offsets",
                    "safetensors file '", path, "', tensor '", name, "': unexpected field '", field.key(),
@@ -146,12 +158,15 @@ Header read_header(FILE* f, const std::string& path) {
       TANDEM_FAIL("safetensors file '", path, "', tensor '", name, "': unknown dtype '", dtype,
                   "', expected one of F32 F64 F16 BF16 I64 I32 U8");
     }
-    uint64_t numel = 1;
+    // The product of the non-zero dimensions is bounded as well as numel: an
+    // empty tensor's strides are products of its other dimensions and must not overflow.
+    uint64_t numel = 1, nonzero = 1;
     for (const json& d : v["shape"]) {
       const uint64_t s = as_offset(d, path, name, "shape");
-      TANDEM_CHECK(s <= (uint64_t(1) << 62) && (s == 0 || numel <= (uint64_t(1) << 62) / s),
-                   "safetensors file '", path, "', tensor '", name, "': shape ", v["shape"].dump(),
-                   " is too large");
+      TANDEM_CHECK(s <= (uint64_t(1) << 62) && (s == 0 || nonzero <= (uint64_t(1) << 62) / s),
+                   "safetensors file '", path, "', tensor '", name, "': shape with ", v["shape"].size(),
+                   " dimensions is too large");
+      if (s != 0) nonzero *= s;
       numel *= s;
       e.shape.push_back(static_cast<int64_t>(s));
     }
@@ -160,7 +175,15 @@ Header read_header(FILE* f, const std::string& path) {
     TANDEM_CHECK(e.begin <= e.end && e.end <= out.data_bytes, "safetensors file '", path, "', tensor '", name,
                  "': data_offsets [", e.begin, ", ", e.end, "] out of range for a data region of ",
                  out.data_bytes, " bytes");
-    const uint64_t nbytes = numel * element_size(e.dtype);
+    // numel <= 2^62 but times the element size may wrap: compare without multiplying.
+    const uint64_t esize = element_size(e.dtype);
+    TANDEM_CHECK(numel <= out.data_bytes / esize, "safetensors file '", path, "', tensor '", name, "': shape ",
+                 shape_str(e.shape), " of ", dtype, " needs ",
+                 numel <= UINT64_MAX / esize ? std::to_string(numel * esize) + " bytes"
+                                             : std::to_string(numel) + " elements of " + std::to_string(esize) +
+                                                   " bytes",
+                 ", more than the data region of ", out.data_bytes, " bytes holds");
+    const uint64_t nbytes = numel * esize;
     TANDEM_CHECK(nbytes == e.end - e.begin, "safetensors file '", path, "', tensor '", name, "': shape ",
                  shape_str(e.shape), " of ", dtype, " needs ", nbytes, " bytes but data_offsets [", e.begin,
                  ", ", e.end, "] span ", e.end - e.begin);

@@ -136,7 +136,12 @@ void cpu_copy(Tensor& dst, const Tensor& src) {
 // ---- creation ----
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (int64_t s : shape) TANDEM_CHECK(s >= 0, "negative size in shape ", shape_str(shape));
+  int64_t nonzero = 1;  // the product of the non-zero sizes, kept small enough for byte counts and strides
+  for (int64_t s : shape) {
+    TANDEM_CHECK(s >= 0, "negative size in shape ", shape_str(shape));
+    TANDEM_CHECK(s == 0 || nonzero <= INT64_MAX / 16 / s, "shape ", shape_str(shape), " is too large");
+    if (s) nonzero *= s;
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(shape_numel(shape) * element_size(dtype), device);
   impl->shape = shape;

@@ -44,7 +44,7 @@ void DataLoader::stop_workers() {
   threads_.clear();
 }
 
-void DataLoader::begin_epoch(int64_t epoch) {
+void DataLoader::begin_epoch(int64_t epoch, int64_t skip_batches) {
   stop_workers();
   active_ = false;
   sampler_->set_epoch(epoch);
@@ -53,9 +53,11 @@ void DataLoader::begin_epoch(int64_t epoch) {
                order_.size(), " indices but its size() is ", sampler_->size());
   epoch_ = epoch;
   total_ = num_batches();
+  TANDEM_CHECK(skip_batches >= 0 && skip_batches <= total_, "DataLoader::begin_epoch: cannot skip ", skip_batches,
+               " batches of an epoch of ", total_);
   error_ = nullptr;
-  next_claim_ = 0;
-  next_take_ = 0;
+  next_claim_ = skip_batches;
+  next_take_ = skip_batches;
   stop_ = false;
   failed_ = false;
   for (Slot& s : slots_) {
@@ -64,8 +66,8 @@ void DataLoader::begin_epoch(int64_t epoch) {
     s.ready = false;
   }
   active_ = true;
-  if (workers_ > 0 && total_ > 0) {
-    const int n = static_cast<int>(std::min<int64_t>(workers_, total_));
+  if (workers_ > 0 && total_ > skip_batches) {
+    const int n = static_cast<int>(std::min<int64_t>(workers_, total_ - skip_batches));
     threads_.reserve(n);
     for (int i = 0; i < n; ++i) threads_.emplace_back([this] { worker_loop(); });
   }

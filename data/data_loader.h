@@ -39,8 +39,10 @@ class DataLoader {
   DataLoader(const DataLoader&) = delete;
   DataLoader& operator=(const DataLoader&) = delete;
 
-  // Starts epoch `epoch` (abandoning any unfinished one).
-  void begin_epoch(int64_t epoch);
+  // Starts epoch `epoch` (abandoning any unfinished one). skip_batches > 0
+  // resumes an epoch part-way: the first batch returned is batch skip_batches
+  // of the epoch's order (the same one an uninterrupted epoch would return then).
+  void begin_epoch(int64_t epoch, int64_t skip_batches = 0);
   // The next batch of the current epoch, or std::nullopt once it is exhausted.
   std::optional<Batch> next();
 
@@ -49,6 +51,9 @@ class DataLoader {
   int64_t batch_size() const { return batch_size_; }
   bool drop_last() const { return drop_last_; }
   int64_t epoch() const { return epoch_; }
+  // Batches of the current epoch returned so far (skipped ones included):
+  // with epoch(), the position a resumed run passes to begin_epoch.
+  int64_t position() const { return next_take_; }
   const Dataset& dataset() const { return *dataset_; }
   Sampler& sampler() { return *sampler_; }
 

@@ -1,6 +1,8 @@
 // IDX reading and writing (see idx.h). Raw files are checked against their
 // length before any data is read; gzip files are decompressed straight into the
-// result tensor and checked against the decompressed length. Runs on whatever
+// result tensor and checked against the decompressed length (a header that
+// declares more than deflate's maximum ratio allows for the file's size is
+// refused before allocating). Runs on whatever
 // thread calls it; touches no shared state.
 #include "data/idx.h"
 
@@ -19,6 +21,7 @@ namespace {
 
 constexpr uint8_t kTypeUByte = 0x08;
 constexpr uint64_t kMaxElements = uint64_t(1) << 48;
+constexpr uint64_t kMaxDeflateRatio = 1032;  // deflate's largest expansion (zlib's technical notes)
 
 const char* idx_type_name(uint8_t t) {
   switch (t) {
@@ -154,16 +157,28 @@ Tensor read_idx(const std::string& path) {
                " dimensions needs ", header_bytes, " bytes, ", length_kind, " is ", 4 + ndims_read, " bytes");
   Shape shape(ndim);
   uint64_t numel = 1;
+  // The product of the non-zero dimensions is bounded too: a shape with a zero
+  // in it holds nothing, but its strides are products of the other dimensions
+  // and must not overflow (found by fuzz_idx).
+  uint64_t nonzero = 1;
   for (int d = 0; d < ndim; ++d) {
     const uint8_t* p = &dim_bytes[4 * d];
     shape[d] = (int64_t(p[0]) << 24) | (int64_t(p[1]) << 16) | (int64_t(p[2]) << 8) | int64_t(p[3]);
-    TANDEM_CHECK(shape[d] == 0 || numel <= kMaxElements / uint64_t(shape[d]), "IDX file '", path,
+    TANDEM_CHECK(shape[d] == 0 || nonzero <= kMaxElements / uint64_t(shape[d]), "IDX file '", path,
                  "' declares an implausibly large shape ", shape_str(shape));
+    if (shape[d] != 0) nonzero *= uint64_t(shape[d]);
     numel *= uint64_t(shape[d]);
   }
   const uint64_t expected = header_bytes + numel;
 
-  if (!gz) {
+  if (gz) {
+    // Deflate expands at most ~1032:1; refuse before allocating what the file cannot hold.
+    const uint64_t max_plain = file_size > kMaxElements / kMaxDeflateRatio ? kMaxElements
+                                                                           : file_size * kMaxDeflateRatio + 1024;
+    TANDEM_CHECK(expected <= max_plain, "IDX file '", path, "' is corrupt: its header declares shape ",
+                 shape_str(shape), " (", expected, " bytes), but a gzip file of ", file_size,
+                 " bytes cannot hold more than ", max_plain, " bytes");
+  } else {
     TANDEM_CHECK(file_size == expected, "IDX file '", path, "' is ",
                  file_size < expected ? "truncated" : "longer than its header says", ": shape ",
                  shape_str(shape), " needs ", expected, " bytes, file length is ", file_size, " bytes");
@@ -182,6 +197,10 @@ Tensor read_idx(const std::string& path) {
     TANDEM_CHECK(actual == expected, "IDX file '", path, "' is ",
                  actual < expected ? "truncated" : "longer than its header says", ": shape ",
                  shape_str(shape), " needs ", expected, " bytes, decompressed length is ", actual, " bytes",
+                 note);
+    // All data arrived, but the compressed stream may still have ended early (a cut CRC/length trailer).
+    note = gzr->stream_note();
+    TANDEM_CHECK(note.empty(), "IDX file '", path, "' is truncated: the gzip stream ends before its trailer",
                  note);
   } else {
     TANDEM_CHECK(got == numel, "IDX file '", path, "' is truncated: shape ", shape_str(shape), " needs ",

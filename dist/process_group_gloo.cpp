@@ -23,6 +23,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cctype>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -186,8 +187,16 @@ std::string next_group_prefix(int rank) {
 
 class GlooWork final : public Work {
  public:
-  GlooWork(std::string description, std::string who, std::function<void(uint32_t tag)> body)
-      : description_(std::move(description)), who_(std::move(who)), body_(std::move(body)) {}
+  // `grace`: how long past the group's timeout wait(t >= group timeout) keeps waiting for a
+  // collective that has started, so that Gloo's own error (and the diagnosis naming the stuck
+  // peer) is what the caller sees rather than a bare "did not complete".
+  GlooWork(std::string description, std::string who, std::function<void(uint32_t tag)> body, Millis timeout,
+           Millis grace)
+      : description_(std::move(description)),
+        who_(std::move(who)),
+        body_(std::move(body)),
+        timeout_(timeout),
+        grace_(grace) {}
 
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -196,7 +205,12 @@ class GlooWork final : public Work {
 
   void wait(Millis timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return done_; }))
+    auto finished = [&] { return done_; };
+    // A caller willing to wait the group's whole timeout gets Gloo's own verdict (which comes
+    // at about the same moment, plus the diagnosis); a shorter wait ends when it says.
+    if (!cv_.wait_for(lock, timeout, finished) && started_ && timeout >= timeout_)
+      cv_.wait_until(lock, started_at_ + timeout_ + grace_, finished);
+    if (!done_)
       TANDEM_FAIL(who_, ": ", description_, " did not complete within ", timeout.count(),
                   " ms (a peer is slower, stuck or gone; Gloo ends it after the group's timeout)");
     if (!error_.empty()) TANDEM_FAIL(who_, ": ", description_, " failed: ", error_);
@@ -204,9 +218,14 @@ class GlooWork final : public Work {
 
   std::string description() const override { return description_; }
 
-  // Worker thread only. Runs the body unless the group is already broken; returns the error
-  // text ("" on success).
-  std::string run(uint32_t tag, const std::string& broken) {
+  // Worker thread only: runs the body unless the group is already broken; returns the error
+  // text ("" on success). The Work stays pending until finish().
+  std::string execute(uint32_t tag, const std::string& broken) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      started_ = true;
+      started_at_ = std::chrono::steady_clock::now();
+    }
     std::string error;
     if (!broken.empty()) {
       error = "not run because an earlier collective of this group failed: " + broken;
@@ -221,24 +240,69 @@ class GlooWork final : public Work {
       }
     }
     body_ = nullptr;  // releases the tensors the body captured
+    return error;
+  }
+
+  // Worker thread only: completes the Work with `error` ("" = success).
+  void finish(const std::string& error) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       error_ = error;
       done_ = true;
     }
     cv_.notify_all();
-    return error;
   }
 
  private:
   const std::string description_;
   const std::string who_;  // "ProcessGroupGloo rank 0 of 2"
   std::function<void(uint32_t)> body_;
+  const Millis timeout_, grace_;
   std::mutex mu_;
   std::condition_variable cv_;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point started_at_{};
   bool done_ = false;
   std::string error_;
 };
+
+// Gloo names a peer by its pair address, e.g. "[127.0.0.1]:41235": true when `text` contains
+// `address` not followed by another digit (so ":4123" does not match ":41235").
+bool mentions_address(const std::string& text, const std::string& address) {
+  if (address.empty()) return false;
+  for (size_t pos = text.find(address); pos != std::string::npos; pos = text.find(address, pos + 1)) {
+    const size_t end = pos + address.size();
+    if (end >= text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) return true;
+  }
+  return false;
+}
+
+// The "[host]:port" addresses in a Gloo error text, as (whole, "[host]:") pairs. Gloo names the
+// peer of a pair by the address it advertised, or by the connected socket's peer name (the
+// peer's ephemeral port), depending on which side opened the connection.
+std::vector<std::pair<std::string, std::string>> addresses_in(const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (size_t open = text.find('['); open != std::string::npos; open = text.find('[', open + 1)) {
+    const size_t close = text.find(']', open);
+    if (close == std::string::npos || close + 2 >= text.size() || text[close + 1] != ':' ||
+        !std::isdigit(static_cast<unsigned char>(text[close + 2])))
+      continue;
+    size_t end = close + 2;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    out.emplace_back(text.substr(open, end - open), text.substr(open, close + 2 - open));
+  }
+  return out;
+}
+
+bool is_timeout_text(const std::string& text) {
+  return text.find("imeout") != std::string::npos || text.find("imed out") != std::string::npos;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
 
 template <typename T>
 void run_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t n,
@@ -302,7 +366,12 @@ struct ProcessGroupGloo::Impl {
   std::string address;  // what the transport was bound to, for messages
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+  std::shared_ptr<Store> store;  // for the diagnosis of a timed-out collective
+  std::string prefix;            // this group's store keys, "gloo/<k>/"
+  int rank = 0, size = 1;
   Millis timeout{0};
+  Millis diagnosis{0};                     // how long a failed rank waits to hear from the others
+  std::vector<std::string> peer_address;  // [r]: how Gloo names rank r in its errors ("" for self)
 
   std::mutex mu;
   std::condition_variable cv;
@@ -324,13 +393,78 @@ struct ProcessGroupGloo::Impl {
         work = std::move(queue.front());
         queue.pop_front();
       }
-      const std::string error = work->run(next_tag++, broken);
-      if (!error.empty() && broken.empty()) broken = work->description() + ": " + error;
+      const uint32_t tag = next_tag++;
+      std::string error = work->execute(tag, broken);
+      if (!error.empty() && broken.empty()) {
+        error = explain(error, tag);
+        broken = work->description() + ": " + error;
+      }
+      work->finish(error);
     }
   }
 
+  // Worker thread only. Gloo's error text with the peers it names mapped to ranks, and, for a
+  // timeout, which ranks never reported reaching the same collective: every rank whose
+  // collective `tag` fails says so under "<prefix>failed/<tag>/<rank>" and waits up to
+  // `diagnosis` for the others; the ranks still silent are the stopped, stuck or gone ones.
+  std::string explain(const std::string& error, uint32_t tag) {
+    std::string out = error;
+    std::vector<int> named;
+    for (int r = 0; r < size; ++r)
+      if (r != rank && mentions_address(error, peer_address[static_cast<size_t>(r)])) named.push_back(r);
+    if (!named.empty()) {
+      out += " (" + peer_address[static_cast<size_t>(named[0])] + " is rank " + std::to_string(named[0]) +
+             (named.size() > 1 ? "; also ranks " + rank_list({named.begin() + 1, named.end()}) : "") + ")";
+    } else {
+      // An address that is no advertised one: the peer's end of a connection it opened. Its host
+      // still narrows the peer down (to one rank when one peer lives on that host).
+      for (const auto& [whole, host] : addresses_in(error)) {
+        std::vector<int> on_host;
+        for (int r = 0; r < size; ++r)
+          if (r != rank && peer_address[static_cast<size_t>(r)].rfind(host, 0) == 0) on_host.push_back(r);
+        if (on_host.size() == 1) {
+          out += " (" + whole + " is the connection to rank " + std::to_string(on_host[0]) + ")";
+          break;
+        }
+        if (on_host.size() > 1) {
+          out += " (" + whole + " is a connection to one of ranks " + rank_list(on_host) + ")";
+          break;
+        }
+      }
+    }
+    if (!is_timeout_text(error) || size < 2 || !store) return out;
+    auto key = [&](int r) { return prefix + "failed/" + std::to_string(tag) + "/" + std::to_string(r); };
+    std::vector<int> silent;
+    try {
+      store->set_string(key(rank), error.substr(0, 200));
+      std::vector<std::string> others;
+      for (int r = 0; r < size; ++r)
+        if (r != rank) others.push_back(key(r));
+      try {
+        store->wait(others, diagnosis);
+      } catch (const Error&) {
+        for (int r = 0; r < size; ++r)
+          if (r != rank && !store->check({key(r)})) silent.push_back(r);
+      }
+    } catch (const Error& e) {
+      std::string why = e.what();
+      if (why.size() > 300) why = why.substr(0, 300) + "...";
+      return out + "; the stuck peer is unknown: the store at " + store->address() +
+             " did not answer either (a TCP store is served by rank 0): " + why;
+    }
+    if (silent.empty())
+      return out + "; every other rank reached this collective and timed out too (a network problem "
+                   "between the ranks?)";
+    return out + "; peer rank" + (silent.size() > 1 ? "s " : " ") + rank_list(silent) +
+           " never reached this collective or did not report failing in it (stopped, stuck in other "
+           "work, or gone)";
+  }
+
   std::shared_ptr<Work> enqueue(std::string description, std::function<void(uint32_t)> body) {
-    auto work = std::make_shared<GlooWork>(std::move(description), who, std::move(body));
+    // Past the group's timeout, a started collective may still take the diagnosis and one store
+    // round trip (the store's own timeout plus its reply allowance) before it reports.
+    const Millis grace = diagnosis + (store ? store->timeout() : Millis(0)) + Millis(3000);
+    auto work = std::make_shared<GlooWork>(std::move(description), who, std::move(body), timeout, grace);
     {
       std::lock_guard<std::mutex> lock(mu);
       TANDEM_CHECK(!stop, who, ": collective issued while the group is being destroyed");
@@ -338,6 +472,29 @@ struct ProcessGroupGloo::Impl {
     }
     cv.notify_one();
     return work;
+  }
+
+  // After the full mesh exists: every rank publishes how its pairs are addressed, and learns
+  // how each peer's pair with it is addressed (Gloo's errors name a peer that way).
+  void exchange_pair_addresses() {
+    std::string mine;
+    for (int r = 0; r < size; ++r) {
+      if (r != rank) mine += context->getPair(r)->address().str();
+      mine += '\n';
+    }
+    store->set_string(prefix + "pair_addresses/" + std::to_string(rank), mine);
+    peer_address.assign(static_cast<size_t>(size), "");
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const std::string theirs = store->get_string(prefix + "pair_addresses/" + std::to_string(r));
+      size_t start = 0;
+      for (int i = 0; i < size; ++i) {
+        const size_t nl = theirs.find('\n', start);
+        if (nl == std::string::npos) break;
+        if (i == rank) peer_address[static_cast<size_t>(r)] = theirs.substr(start, nl - start);
+        start = nl + 1;
+      }
+    }
   }
 };
 
@@ -351,6 +508,10 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   Impl& im = *impl_;
   im.who = "ProcessGroupGloo rank " + std::to_string(rank) + " of " + std::to_string(size);
   im.timeout = timeout;
+  im.diagnosis = std::clamp<Millis>(timeout / 4, Millis(500), Millis(3000));
+  im.rank = rank;
+  im.size = size;
+  im.store = store;
 
   SigpipeBlock no_sigpipe;  // Gloo's loop thread and our worker inherit the blocked SIGPIPE
   gloo::transport::tcp::attr attr = choose_transport_attr(im.address);
@@ -360,12 +521,14 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     TANDEM_FAIL(im.who, ": cannot create the Gloo TCP device on ", im.address, ": ", e.what());
   }
   const std::string prefix = next_group_prefix(rank);
+  im.prefix = prefix;
   GlooStoreAdapter adapter(store, prefix);
   try {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(timeout);
     context->connectFullMesh(adapter, im.device);
     im.context = std::move(context);
+    im.exchange_pair_addresses();
   } catch (const std::exception& e) {
     TANDEM_FAIL(im.who, ": Gloo rendezvous through ", store->address(), " (keys ", prefix,
                 "*) failed within ", timeout.count(), " ms: ", e.what());

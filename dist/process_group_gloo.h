@@ -6,9 +6,17 @@
 // caller's thread) and stay untouched until their Work completes (the Work keeps them alive).
 // Guarantees: every collective ends within the group's timeout (Gloo's own timeout), and its
 // Work then reports success or an error naming the operation and Gloo's reason (a peer that
-// closed its connection, a timeout). After one collective fails the group is broken: later
-// collectives fail at once, naming the first failure. The destructor finishes queued work
-// (bounded by the timeout) and stops the thread; it never hangs.
+// closed its connection, a timeout), with the peers Gloo names by address mapped to ranks
+// ("[127.0.0.1]:41235 is rank 1"). After a timeout each failed rank records the collective in the
+// store and waits briefly (timeout/4, 0.5..3 s) for the others: the ranks that never report are
+// named as the stopped, stuck or gone peers (or the message says the store did not answer).
+// Work::wait(t) with t >= the group's timeout keeps waiting past t for a started collective
+// until Gloo ends it and the diagnosis is done (bounded: group timeout + diagnosis + the store's
+// timeout + 3 s), so the caller gets that message; a shorter wait ends at t as asked.
+// After one collective fails the group is broken: later collectives fail at once, naming the
+// first failure. The destructor finishes queued work (bounded by the timeout) and stops the
+// thread; it never hangs. The group keeps the store alive (the diagnosis uses it from the worker
+// thread; a long blocking store call on another thread delays it, bounded by that call).
 // Network interface: TANDEM_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) when set; otherwise the local
 // address whose route reaches MASTER_ADDR (127.0.0.1 for loopback jobs); otherwise the
 // hostname's address. Gloo's headers stay out of this header (pimpl).

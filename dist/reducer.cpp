@@ -31,9 +31,10 @@ Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, R
   for (auto& [name, p] : params)
     if (p.requires_grad()) params_.emplace_back(name, p);
   TANDEM_CHECK(!params_.empty(), "DistributedDataParallel: the model has no parameter that requires grad");
-  TANDEM_CHECK(options_.bucket_cap_mb > 0 && options_.first_bucket_cap_mb > 0,
-               "DistributedDataParallel: bucket caps must be positive, got bucket_cap_mb=", options_.bucket_cap_mb,
-               " first_bucket_cap_mb=", options_.first_bucket_cap_mb);
+  TANDEM_CHECK(options_.first_bucket_cap_mb > 0,
+               "DistributedDataParallel: first_bucket_cap_mb must be positive, got ",
+               options_.first_bucket_cap_mb,
+               " (bucket_cap_mb <= 0 asks for the automatic cap; the first bucket's cap is always explicit)");
   TANDEM_CHECK(options_.comm_hook != nullptr, "DistributedDataParallel: comm hook is empty");
   const Device device = params_[0].second.device();
   for (auto& [name, p] : params_) {
@@ -43,6 +44,7 @@ Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, R
                  " but '", params_[0].first, "' is on ", device.str(), "; put the model on one device");
     TANDEM_CHECK(p.is_contiguous(), "DistributedDataParallel: parameter '", name, "' is not contiguous");
   }
+  if (options_.bucket_cap_mb <= 0) measure_auto_bucket_cap();
   ready_.assign(params_.size(), false);
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
@@ -57,6 +59,55 @@ Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, R
 }
 
 Reducer::~Reducer() { alive_.reset(); }
+
+double Reducer::auto_bucket_cap_mb(double latency_us, double bandwidth_gbps, int64_t total_bytes) {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  const double quarter_mib = static_cast<double>(total_bytes) / 4 / kMiB;
+  const double lower = 1.0, upper = std::max(lower, std::min(100.0, quarter_mib));
+  const double bytes = kAutoLatencyFactor * latency_us * 1e-6 * bandwidth_gbps * 1e9;
+  if (!(bytes > 0)) return upper;  // no usable measurement (NaN or zero): few, large buckets
+  return std::clamp(bytes / kMiB, lower, upper);
+}
+
+// Times all-reduces of a 4 KiB message and of a probe of up to 16 MiB (one untimed run each, then
+// the median of 5) on every rank, and broadcasts rank 0's result so every rank uses the same cap.
+void Reducer::measure_auto_bucket_cap() {
+  int64_t total = 0;
+  for (auto& [name, p] : params_) total += static_cast<int64_t>(p.nbytes());
+  if (group_->size() == 1) {  // nothing to measure: no communication at all
+    options_.bucket_cap_mb = auto_bucket_cap_mb(0.0, 0.0, total);
+    auto_cap_ = AutoBucketCap{false, 0.0, 0.0, 0.0, options_.bucket_cap_mb};
+    return;
+  }
+  const Device device = params_[0].second.device();
+  const int64_t probe_elems = std::clamp<int64_t>(total / 4 / 4, int64_t{1} << 18, int64_t{1} << 22);
+  Tensor small = Tensor::zeros({1024}, kFloat32, device);
+  Tensor probe = Tensor::zeros({probe_elems}, kFloat32, device);
+  auto median_ms = [&](Tensor& t) {
+    group_->allreduce(t)->wait(group_->timeout());
+    std::vector<double> ms;
+    for (int i = 0; i < 5; ++i) {
+      const auto t0 = Clock::now();
+      group_->allreduce(t)->wait(group_->timeout());
+      ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  group_->barrier()->wait(group_->timeout());
+  const double latency_ms = median_ms(small);
+  const double probe_ms = median_ms(probe);
+  const double probe_bytes = static_cast<double>(probe_elems) * 4;
+  // Bytes over the whole probe time (latency included): a lower bound of the bandwidth that stays
+  // sane when the two timings are close (a loaded machine), where subtracting them would not.
+  const double bandwidth_gbps = probe_bytes / (std::max(probe_ms, 1e-3) * 1e-3) / 1e9;
+  Tensor chosen = Tensor::from_vector<double>(
+      {auto_bucket_cap_mb(latency_ms * 1e3, bandwidth_gbps, total), latency_ms * 1e3, bandwidth_gbps}, {3});
+  group_->broadcast(chosen, 0)->wait(group_->timeout());
+  const double* v = chosen.data<double>();
+  options_.bucket_cap_mb = v[0];
+  auto_cap_ = AutoBucketCap{true, v[1], v[2], probe_bytes / (1024.0 * 1024.0), v[0]};
+}
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   buckets_.clear();
@@ -236,33 +287,42 @@ void Reducer::finalize() {
                 "every parameter in every iteration, enable find_unused_parameters (--find-unused-parameters); "
                 "otherwise make sure every output DDP's forward returned takes part in the loss");
   }
+  // Bucket by bucket, in launch order: wait for it, then write its gradients back, so the copies of
+  // the early buckets run while the later ones are still being reduced. exposed_comm_ms adds up the
+  // waits only; finalize_ms includes the copies.
   const auto start = Clock::now();
+  double waited_ms = 0.0;
   int64_t bytes = 0;
   for (auto& b : buckets_) {
+    const auto wait_start = Clock::now();
     b.work->wait(group_->timeout());
+    waited_ms += std::chrono::duration<double, std::milli>(Clock::now() - wait_start).count();
     bytes += static_cast<int64_t>(b.buffer.nbytes());
+    for (size_t i : b.params) write_back(i);
   }
-  stats_.exposed_comm_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  stats_.exposed_comm_ms = waited_ms;
+  stats_.finalize_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   stats_.bytes = bytes;
   stats_.iteration = iteration_;
-
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor& p = params_[i].second;
-    Tensor view = bucket_view(i);
-    if (options_.gradient_as_bucket_view) {
-      if (!p.grad().defined() || p.grad().storage() != view.storage()) p.set_grad(view);
-    } else if (p.grad().defined()) {
-      Tensor g = p.grad();
-      g.copy_(view);
-    } else {
-      p.set_grad(view.clone());
-    }
-  }
   for (auto& b : buckets_) b.work.reset();
 
   if (iteration_ == 0 && !rebuilt_) rebuild_buckets_from_arrival_order();
   ++iteration_;
+}
+
+// The reduced gradient of parameter `index` from its bucket into .grad (or .grad made the view).
+void Reducer::write_back(size_t index) {
+  Tensor& p = params_[index].second;
+  Tensor view = bucket_view(index);
+  if (options_.gradient_as_bucket_view) {
+    if (!p.grad().defined() || p.grad().storage() != view.storage()) p.set_grad(view);
+  } else if (p.grad().defined()) {
+    Tensor g = p.grad();
+    g.copy_(view);
+  } else {
+    p.set_grad(view.clone());
+  }
 }
 
 void Reducer::rebuild_buckets_from_arrival_order() {

@@ -7,10 +7,14 @@
 // gradient_as_bucket_view). A bucket whose parameters are all ready is handed
 // to the comm hook, strictly in bucket order, while backward goes on. A
 // callback queued on the autograd engine finalizes at the end of backward:
-// it waits for every bucket, writes the results back into .grad, and throws,
+// it waits for each bucket in turn and writes its results back into .grad
+// (early buckets' copies overlap later buckets' reduction), and throws,
 // naming the parameters, if some never became ready (the fix is
 // find_unused_parameters). After the first iteration the buckets are rebuilt
 // once in the order gradients actually arrived on rank 0.
+// Automatic cap (bucket_cap_mb <= 0): the constructor times all-reduces of 4 KiB and of a probe (up
+// to 16 MiB) over the group and picks ~10 latencies' worth of bytes at the measured bandwidth,
+// clamped to [1 MiB, min(100 MiB, a quarter of the gradients)]; rank 0's choice is broadcast.
 //
 // Threads: hooks, launches and finalize run on the thread that runs backward.
 // Assumes every rank runs the same model and calls backward the same number
@@ -31,6 +35,8 @@
 namespace tandem::dist {
 
 struct ReducerOptions {
+  // MiB per bucket after the first. 0 or negative: auto, measured once by the constructor (see
+  // AutoBucketCap): ~10 all-reduce latencies' worth of bytes at the measured bandwidth.
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   bool gradient_as_bucket_view = false;
@@ -43,12 +49,30 @@ struct ReducerOptions {
 struct ReducerStats {
   int64_t buckets = 0;
   int64_t bytes = 0;             // bytes handed to the comm hook
-  double exposed_comm_ms = 0.0;  // finalize's wait: communication not hidden behind backward
+  double exposed_comm_ms = 0.0;  // finalize's waits: communication not hidden behind backward
+  double finalize_ms = 0.0;      // all of finalize: the waits and writing the gradients back
   int64_t iteration = 0;
+};
+
+// What the automatic bucket cap measured and chose (ReducerOptions::bucket_cap_mb <= 0). The values
+// are rank 0's, broadcast so that every rank builds the same buckets.
+struct AutoBucketCap {
+  bool measured = false;      // false: a fixed cap, or a world of one (nothing to measure)
+  double latency_us = 0.0;    // median all-reduce time of a 4 KiB message
+  double bandwidth_gbps = 0.0;  // probe bytes / probe time, GB/s (algorithm bandwidth, latency included)
+  double probe_mb = 0.0;      // the probe message, MiB
+  double cap_mb = 0.0;        // the cap chosen, MiB
 };
 
 class Reducer {
  public:
+  // The automatic cap for a measured per-all-reduce latency and bandwidth and a model with
+  // total_bytes of gradients: the bytes that take kAutoLatencyFactor latencies to send (so the fixed
+  // cost of a bucket is at most ~1/kAutoLatencyFactor of its time), at least 1 MiB, at most a
+  // quarter of the gradients (so backward can overlap at least 4 buckets) or 100 MiB, in MiB.
+  static constexpr double kAutoLatencyFactor = 10.0;
+  static double auto_bucket_cap_mb(double latency_us, double bandwidth_gbps, int64_t total_bytes);
+
   Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, ReducerOptions options);
   ~Reducer();
   Reducer(const Reducer&) = delete;
@@ -64,6 +88,9 @@ class Reducer {
   bool require_sync() const { return require_sync_; }
 
   const ReducerStats& stats() const { return stats_; }
+  // The cap in use after the first bucket (MiB): the option, or what auto chose.
+  double bucket_cap_mb() const { return options_.bucket_cap_mb; }
+  const AutoBucketCap& auto_bucket_cap() const { return auto_cap_; }
   // Parameter indices (registration order) of each bucket, in launch order.
   std::vector<std::vector<size_t>> bucket_assignment() const;
   // Called with the bucket index each time a bucket is launched (tests, tracing).
@@ -78,10 +105,12 @@ class Reducer {
     std::shared_ptr<Work> work;
   };
 
+  void measure_auto_bucket_cap();
   void build_buckets(const std::vector<size_t>& order);
   void mark_ready(size_t index);
   void launch_ready_buckets();
   void finalize();
+  void write_back(size_t index);
   void reset_iteration();
   Tensor bucket_view(size_t index);
   void rebuild_buckets_from_arrival_order();
@@ -103,6 +132,7 @@ class Reducer {
   bool require_sync_ = true;
   int64_t iteration_ = 0;
   ReducerStats stats_;
+  AutoBucketCap auto_cap_;
   std::function<void(size_t)> on_launch_;
   std::shared_ptr<bool> alive_;  // hooks hold a weak copy: a destroyed reducer ignores them
 };

@@ -1,5 +1,7 @@
 // TCPStore: the server's poll loop, the wire encoding and the client. See
-// tcp_store.h for the protocol and guarantees. The server thread owns the key
+// tcp_store.h for the protocol and guarantees. The handshake and request
+// decoders are socket-free functions (tcp_store_protocol::decode_*) so that
+// tests and fuzz/fuzz_store_wire.cpp can feed them bytes directly. The server thread owns the key
 // map and every accepted socket; nothing else touches them. The client side
 // uses non-blocking sockets and poll(2) so that every wait has a deadline.
 #include "dist/tcp_store.h"
@@ -16,10 +18,13 @@
 #include <atomic>
 #include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <thread>
 #include <unordered_map>
+
+#include <spdlog/spdlog.h>
 
 #include "core/error.h"
 
@@ -30,9 +35,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kDelete = 6 };
 enum Status : uint8_t { kOk = 0, kValue = 1, kTimeout = 2, kError = 3 };
-constexpr uint8_t kHelloAccepted = 0, kHelloVersionMismatch = 1;
 constexpr size_t kHelloBytes = 8, kHelloReplyBytes = 9;
 // Largest request body: op + a key + a value with their length fields, or a
 // WAIT/CHECK of many keys; anything longer is malformed.
@@ -75,13 +78,15 @@ struct Writer {
 };
 
 // Bounds-checked reader; any violation throws Malformed (the server drops the client).
-struct Malformed {};
+struct Malformed {
+  const char* what;
+};
 struct Reader {
   const uint8_t* p;
   size_t n;
   size_t pos = 0;
   uint64_t le(int k) {
-    if (n - pos < static_cast<size_t>(k)) throw Malformed{};
+    if (n - pos < static_cast<size_t>(k)) throw Malformed{"a field runs past the end of the message"};
     uint64_t v = 0;
     for (int i = 0; i < k; ++i) v |= uint64_t{p[pos + i]} << (8 * i);
     pos += k;
@@ -92,28 +97,30 @@ struct Reader {
   uint64_t u64() { return le(8); }
   std::string str() {
     uint32_t len = u32();
-    if (len > kMaxKeyBytes || n - pos < len) throw Malformed{};
+    if (len > kMaxKeyBytes) throw Malformed{"a key is longer than the limit"};
+    if (n - pos < len) throw Malformed{"a key runs past the end of the message"};
     std::string s(reinterpret_cast<const char*>(p + pos), len);
     pos += len;
     return s;
   }
   Bytes bytes() {
     uint64_t len = u64();
-    if (len > kMaxValueBytes || n - pos < len) throw Malformed{};
+    if (len > kMaxValueBytes) throw Malformed{"a value is longer than the limit"};
+    if (n - pos < len) throw Malformed{"a value runs past the end of the message"};
     Bytes v(p + pos, p + pos + len);
     pos += len;
     return v;
   }
   std::vector<std::string> keys() {
     uint32_t count = u32();
-    if (count > kMaxKeysPerRequest) throw Malformed{};
+    if (count > kMaxKeysPerRequest) throw Malformed{"more keys than the limit"};
     std::vector<std::string> ks;
     ks.reserve(std::min<size_t>(count, (n - pos) / 4));
     for (uint32_t i = 0; i < count; ++i) ks.push_back(str());
     return ks;
   }
   void end() const {
-    if (pos != n) throw Malformed{};
+    if (pos != n) throw Malformed{"bytes left over after the last field"};
   }
 };
 
@@ -157,13 +164,143 @@ int resolve(const std::string& host, int port, bool passive, AddrInfo& out) {
   return ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out.head);
 }
 
+// "ip:port" of a connected socket's peer, or "an unknown address".
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+      ::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof(host), serv, sizeof(serv),
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "an unknown address";
+  return host_port(host, std::atoi(serv));
+}
+
 }  // namespace
+
+// ======================= wire decoding (shared with the fuzz targets) =======================
+
+namespace tcp_store_protocol {
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // Runs over the longer length whatever the contents; only the lengths leak.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() != b.size() ? 1u : 0u;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned x = i < a.size() ? static_cast<uint8_t>(a[i]) : 0u;
+    const unsigned y = i < b.size() ? static_cast<uint8_t>(b[i]) : 0u;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+std::optional<Hello> decode_hello(const uint8_t* data, size_t avail, size_t* consumed) {
+  if (avail < kHelloBytes) return std::nullopt;
+  Reader r{data, avail};
+  const uint32_t magic = r.u32();
+  Hello h;
+  h.version = r.u32();
+  TANDEM_CHECK(magic == kMagic, "TCPStore handshake: wrong magic 0x", std::hex, magic, " (expected 0x", kMagic,
+               std::dec, "); not a Tandem TCPStore client");
+  if (h.version != kVersion) {  // an older or newer client: the rest is not ours to parse
+    *consumed = kHelloBytes;
+    return h;
+  }
+  if (avail < kHelloBytes + 4) return std::nullopt;
+  const uint32_t len = r.u32();
+  TANDEM_CHECK(len <= kMaxTokenBytes, "TCPStore handshake: token of ", len, " bytes exceeds the limit of ",
+               kMaxTokenBytes, " bytes");
+  if (avail - (kHelloBytes + 4) < len) return std::nullopt;
+  h.token.assign(reinterpret_cast<const char*>(data + kHelloBytes + 4), len);
+  *consumed = kHelloBytes + 4 + len;
+  return h;
+}
+
+Bytes encode_hello(const std::string& token) {
+  Writer w;
+  w.u32(kMagic);
+  w.u32(kVersion);
+  w.str(token);
+  return std::move(w.b);
+}
+
+Request decode_request(const uint8_t* body, size_t n) {
+  Request q;
+  try {
+    Reader r{body, n};
+    const uint8_t op = r.u8();
+    switch (op) {
+      case kSet:
+        q.keys.push_back(r.str());
+        q.value = r.bytes();
+        break;
+      case kGet:
+        q.keys.push_back(r.str());
+        q.timeout_ms = r.u64();
+        break;
+      case kWait:
+        q.keys = r.keys();
+        q.timeout_ms = r.u64();
+        break;
+      case kAdd:
+        q.keys.push_back(r.str());
+        q.delta = static_cast<int64_t>(r.u64());
+        break;
+      case kCheck:
+        q.keys = r.keys();
+        break;
+      case kDelete:
+        q.keys.push_back(r.str());
+        break;
+      default:
+        TANDEM_FAIL("malformed TCPStore request: unknown op code ", int(op), ", expected 1..6");
+    }
+    q.op = static_cast<Op>(op);
+    r.end();
+  } catch (const Malformed& m) {
+    TANDEM_FAIL("malformed TCPStore request of ", n, " bytes: ", m.what);
+  }
+  return q;
+}
+
+Bytes encode_request(const Request& q) {
+  Writer w;
+  w.u8(q.op);
+  switch (q.op) {
+    case kSet:
+      w.b.reserve(1 + 4 + q.keys.at(0).size() + 8 + q.value.size());
+      w.str(q.keys.at(0));
+      w.bytes(q.value);
+      break;
+    case kGet:
+      w.str(q.keys.at(0));
+      w.u64(q.timeout_ms);
+      break;
+    case kWait:
+    case kCheck:
+      w.u32(static_cast<uint32_t>(q.keys.size()));
+      for (const auto& k : q.keys) w.str(k);
+      if (q.op == kWait) w.u64(q.timeout_ms);
+      break;
+    case kAdd:
+      w.str(q.keys.at(0));
+      w.u64(static_cast<uint64_t>(q.delta));
+      break;
+    case kDelete:
+      w.str(q.keys.at(0));
+      break;
+  }
+  return std::move(w.b);
+}
+
+}  // namespace tcp_store_protocol
 
 // ======================= server =======================
 
 class TCPStoreServer {
  public:
-  TCPStoreServer(const std::string& host, int port);
+  using RefusedFn = std::function<void(const std::string&)>;
+  TCPStoreServer(const std::string& host, int port, std::string token, Millis hello_timeout, RefusedFn on_refused);
   ~TCPStoreServer();
   int port() const { return port_; }
 
@@ -180,6 +317,8 @@ class TCPStoreServer {
     Bytes out;
     size_t out_pos = 0;
     bool hello_done = false;
+    Clock::time_point hello_deadline;
+    std::string peer;  // "ip:port", for refusal messages
     bool closing = false;  // drop once `out` is flushed
     bool dead = false;
     std::optional<Pending> pending;
@@ -190,7 +329,9 @@ class TCPStoreServer {
   void read_from(Conn& c);
   void write_to(Conn& c);
   void process(Conn& c);        // handles buffered input while the connection may take requests
-  void handle(Conn& c, Reader& r);
+  void handle(Conn& c, tcp_store_protocol::Request& q);
+  void handshake(Conn& c);      // decodes the hello once it has fully arrived
+  void refuse(Conn& c, const std::string& why);
   bool try_answer(Conn& c);     // answers c.pending if its keys exist; true when answered
   void answer_timeout(Conn& c);
   void wake_waiters();
@@ -198,6 +339,9 @@ class TCPStoreServer {
   void drop(Conn& c) { c.dead = true; }
 
   std::string addr_;
+  std::string token_;
+  Millis hello_timeout_;
+  RefusedFn on_refused_;
   int port_ = 0;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
@@ -208,7 +352,12 @@ class TCPStoreServer {
   Clock::time_point accept_pause_until_{};
 };
 
-TCPStoreServer::TCPStoreServer(const std::string& host, int port) : addr_("tcp://" + host_port(host, port)) {
+TCPStoreServer::TCPStoreServer(const std::string& host, int port, std::string token, Millis hello_timeout,
+                               RefusedFn on_refused)
+    : addr_("tcp://" + host_port(host, port)),
+      token_(std::move(token)),
+      hello_timeout_(hello_timeout),
+      on_refused_(std::move(on_refused)) {
   AddrInfo ai;
   int rc = resolve(host, port, /*passive=*/true, ai);
   TANDEM_CHECK(rc == 0, "TCPStore: cannot resolve the server address ", addr_, ": ", ::gai_strerror(rc),
@@ -291,6 +440,7 @@ void TCPStoreServer::loop() {
       else if (!c.closing && !c.pending)
         ev |= POLLIN;
       if (c.pending) next = std::min(next, c.pending->deadline);
+      if (!c.hello_done) next = std::min(next, c.hello_deadline);
       fds.push_back({c.fd, ev, 0});
       order.push_back(&c);
     }
@@ -317,8 +467,13 @@ void TCPStoreServer::loop() {
     // Mutations may have satisfied waiters; deadlines may have passed.
     if (mutated_) wake_waiters();
     now = Clock::now();
-    for (auto& c : conns_)
+    for (auto& c : conns_) {
       if (!c.dead && c.pending && c.pending->deadline <= now) answer_timeout(c);
+      if (!c.dead && !c.hello_done && c.hello_deadline <= now) {
+        refuse(c, "no complete handshake within " + std::to_string(hello_timeout_.count()) + " ms");
+        drop(c);
+      }
+    }
     for (auto& c : conns_)
       if (!c.dead && c.closing && c.out_pos == c.out.size()) drop(c);
     conns_.remove_if([](Conn& c) {
@@ -342,7 +497,10 @@ void TCPStoreServer::accept_all() {
       return;
     }
     set_nodelay(fd);
-    conns_.emplace_back().fd = fd;
+    Conn& c = conns_.emplace_back();
+    c.fd = fd;
+    c.hello_deadline = Clock::now() + hello_timeout_;
+    c.peer = peer_name(fd);
   }
 }
 
@@ -403,23 +561,9 @@ void TCPStoreServer::process(Conn& c) {
     size_t avail = c.in.size() - c.in_pos;
     const uint8_t* p = c.in.data() + c.in_pos;
     if (!c.hello_done) {
-      if (avail < kHelloBytes) break;
-      Reader r{p, kHelloBytes};
-      uint32_t magic = r.u32(), version = r.u32();
-      c.in_pos += kHelloBytes;
-      if (magic != kMagic) {
-        drop(c);  // not our protocol: say nothing
-        break;
-      }
-      Writer w;
-      w.u32(kMagic);
-      w.u32(kVersion);
-      w.u8(version == kVersion ? kHelloAccepted : kHelloVersionMismatch);
-      c.out = std::move(w.b);
-      c.out_pos = 0;
-      if (version != kVersion) c.closing = true;
-      c.hello_done = true;
-      write_to(c);
+      size_t before = c.in_pos;
+      handshake(c);
+      if (c.in_pos == before) break;  // needs more bytes (or the client was dropped)
       continue;
     }
     if (avail < 4) break;
@@ -429,13 +573,11 @@ void TCPStoreServer::process(Conn& c) {
       break;
     }
     if (avail - 4 < len) break;
-    Reader r{p + 4, len};
     c.in_pos += 4 + len;
     try {
-      handle(c, r);
-    } catch (const Malformed&) {
-      drop(c);
-    } catch (const std::exception&) {  // e.g. bad_alloc: lose this client, keep serving
+      Request q = decode_request(p + 4, len);
+      handle(c, q);
+    } catch (const std::exception&) {  // malformed, or e.g. bad_alloc: lose this client, keep serving
       drop(c);
     }
   }
@@ -449,32 +591,76 @@ void TCPStoreServer::process(Conn& c) {
   }
 }
 
-void TCPStoreServer::handle(Conn& c, Reader& r) {
-  uint8_t op = r.u8();
-  switch (op) {
+void TCPStoreServer::handshake(Conn& c) {
+  size_t used = 0;
+  std::optional<Hello> h;
+  try {
+    h = decode_hello(c.in.data() + c.in_pos, c.in.size() - c.in_pos, &used);
+  } catch (const Error& e) {
+    refuse(c, e.what());
+    drop(c);  // not our protocol, or an absurd token: say nothing
+    return;
+  }
+  if (!h) return;
+  c.in_pos += used;
+  c.hello_done = true;
+  uint8_t status = kHelloAccepted;
+  if (h->version != kVersion) {
+    status = kHelloVersionMismatch;
+  } else if (!token_.empty() && !constant_time_equal(h->token, token_)) {
+    status = kHelloRefused;
+    refuse(c, h->token.empty() ? "it presented no token and this server requires TANDEM_STORE_TOKEN"
+                               : "its token does not match this server's TANDEM_STORE_TOKEN");
+  }
+  Writer w;
+  w.u32(kMagic);
+  w.u32(kVersion);
+  w.u8(status);
+  c.out = std::move(w.b);
+  c.out_pos = 0;
+  if (status != kHelloAccepted) c.closing = true;  // nothing more is read from it
+  write_to(c);
+}
+
+void TCPStoreServer::refuse(Conn& c, const std::string& why) {
+  std::string line = "TCPStore server " + addr_ + ": refused the client at " + c.peer + ": " + why;
+  if (on_refused_) {
+    on_refused_(line);
+    return;
+  }
+  // Rate-limited: a port scanner or a misconfigured job must not flood the log.
+  static std::atomic<int64_t> last_ms{INT64_MIN / 2};
+  static std::atomic<int64_t> suppressed{0};
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+  if (now_ms - last_ms.load() < 1000) {
+    ++suppressed;
+    return;
+  }
+  last_ms = now_ms;
+  const int64_t more = suppressed.exchange(0);
+  if (more > 0) line += " (" + std::to_string(more) + " more refusals not shown)";
+  spdlog::warn("{}", line);
+}
+
+void TCPStoreServer::handle(Conn& c, Request& q) {
+  switch (q.op) {
     case kSet: {
-      std::string key = r.str();
-      Bytes value = r.bytes();
-      r.end();
-      data_[key] = std::move(value);
+      data_[q.keys[0]] = std::move(q.value);
       mutated_ = true;
       reply(c, kOk);
       return;
     }
     case kGet:
     case kWait: {
-      std::vector<std::string> keys = op == kGet ? std::vector<std::string>{r.str()} : r.keys();
-      int64_t timeout_ms = static_cast<int64_t>(std::min<uint64_t>(r.u64(), kMaxTimeoutMs));
-      r.end();
-      c.pending = Pending{op, std::move(keys), Clock::now() + std::chrono::milliseconds(timeout_ms)};
+      int64_t timeout_ms = static_cast<int64_t>(std::min<uint64_t>(q.timeout_ms, kMaxTimeoutMs));
+      c.pending = Pending{q.op, std::move(q.keys), Clock::now() + std::chrono::milliseconds(timeout_ms)};
       if (!try_answer(c) && timeout_ms == 0) answer_timeout(c);
       return;
     }
     case kAdd: {
-      std::string key = r.str();
-      int64_t delta = static_cast<int64_t>(r.u64());
-      r.end();
-      int64_t v = delta;
+      const std::string& key = q.keys[0];
+      int64_t v = q.delta;
       if (auto it = data_.find(key); it != data_.end()) {
         std::optional<int64_t> old = parse_int(it->second);
         if (!old) {
@@ -482,7 +668,7 @@ void TCPStoreServer::handle(Conn& c, Reader& r) {
           reply(c, kError, Bytes(msg.begin(), msg.end()));
           return;
         }
-        v = static_cast<int64_t>(static_cast<uint64_t>(*old) + static_cast<uint64_t>(delta));
+        v = static_cast<int64_t>(static_cast<uint64_t>(*old) + static_cast<uint64_t>(q.delta));
       }
       data_[key] = decimal(v);
       mutated_ = true;
@@ -492,21 +678,15 @@ void TCPStoreServer::handle(Conn& c, Reader& r) {
       return;
     }
     case kCheck: {
-      std::vector<std::string> keys = r.keys();
-      r.end();
-      bool all = std::all_of(keys.begin(), keys.end(), [&](const auto& k) { return data_.count(k) > 0; });
+      bool all = std::all_of(q.keys.begin(), q.keys.end(), [&](const auto& k) { return data_.count(k) > 0; });
       reply(c, kValue, Bytes{static_cast<uint8_t>(all)});
       return;
     }
     case kDelete: {
-      std::string key = r.str();
-      r.end();
-      bool existed = data_.erase(key) > 0;
+      bool existed = data_.erase(q.keys[0]) > 0;
       reply(c, kValue, Bytes{static_cast<uint8_t>(existed)});
       return;
     }
-    default:
-      throw Malformed{};
   }
 }
 
@@ -637,8 +817,14 @@ TCPStore::TCPStore(std::string host, int port, bool is_server, TCPStoreOptions o
                " (port 0 only means 'pick a free port' for the server)");
   TANDEM_CHECK(!options.num_workers || *options.num_workers >= 1, "TCPStore ", address(),
                ": num_workers must be >= 1, got ", options.num_workers.value_or(0));
+  const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
+  token_ = options.token ? *options.token : std::string(env_token ? env_token : "");
+  TANDEM_CHECK(token_.size() <= kMaxTokenBytes, "TCPStore ", address(), ": the store token (TANDEM_STORE_TOKEN) has ",
+               token_.size(), " bytes, more than the limit of ", kMaxTokenBytes);
   if (is_server) {
-    server_ = std::make_unique<TCPStoreServer>(host_, port);
+    const char* env_bind = std::getenv("TANDEM_STORE_BIND_HOST");
+    std::string bind = options.bind_host ? *options.bind_host : env_bind && *env_bind ? env_bind : host_;
+    server_ = std::make_unique<TCPStoreServer>(bind, port, token_, options.hello_timeout, options.on_refused);
     port_ = server_->port();
   }
   {
@@ -702,11 +888,9 @@ void TCPStore::connect_locked(Millis timeout) {
       int fd = connect_one(a, deadline, last);
       if (fd < 0) continue;
       // Handshake.
-      Writer w;
-      w.u32(kMagic);
-      w.u32(kVersion);
+      const Bytes hello_bytes = encode_hello(token_);
       auto hs_deadline = std::max(deadline, Clock::now() + std::chrono::seconds(1));
-      std::string err = send_all(fd, w.b.data(), w.b.size(), hs_deadline);
+      std::string err = send_all(fd, hello_bytes.data(), hello_bytes.size(), hs_deadline);
       uint8_t hello[kHelloReplyBytes];
       if (err.empty()) err = recv_all(fd, hello, sizeof(hello), hs_deadline);
       if (!err.empty()) {
@@ -721,6 +905,13 @@ void TCPStore::connect_locked(Millis timeout) {
         ::close(fd);
         TANDEM_FAIL("TCPStore: ", address(), " answered the handshake with magic 0x", std::hex, magic,
                     " instead of 0x", kMagic, std::dec, "; it is not a Tandem TCPStore");
+      }
+      if (version == kVersion && status == kHelloRefused) {
+        ::close(fd);
+        TANDEM_FAIL("TCPStore: ", address(), " refused this client: ",
+                    token_.empty() ? "the server requires a shared token and this process has none"
+                                   : "this process's token does not match the server's",
+                    "; set the same TANDEM_STORE_TOKEN for every rank of the job");
       }
       if (version != kVersion || status != kHelloAccepted) {
         ::close(fd);

@@ -2,12 +2,14 @@
 // route to cpu:: or cuda::. No math here.
 #include "kernels/activation.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
 
 Tensor relu_forward(const Tensor& x) {
   constexpr const char* op = "relu_forward";
+  profiler::Scope prof_scope(op);
   TANDEM_CHECK(x.defined(), op, ": input is undefined");
   const Device device = common_device(op, {x});
   common_float_dtype(op, {x});
@@ -16,6 +18,7 @@ Tensor relu_forward(const Tensor& x) {
 
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y) {
   constexpr const char* op = "relu_backward";
+  profiler::Scope prof_scope(op);
   TANDEM_CHECK(grad_out.defined() && y.defined(), op, ": grad_out and the forward output must be defined");
   TANDEM_CHECK(grad_out.shape() == y.shape(), op, ": grad_out ", grad_out.str(),
                " does not match the forward output ", y.str());

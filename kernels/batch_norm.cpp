@@ -4,6 +4,7 @@
 // cpu:: or cuda::. No math here.
 #include "kernels/batch_norm.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
@@ -20,12 +21,9 @@ void check_input(const char* op, const Tensor& x) {
   TANDEM_CHECK(x.dim() >= 2, op, ": expected input [N, C, ...] with at least 2 dimensions, got ", x.str());
 }
 
-}  // namespace
-
-BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps) {
-  constexpr const char* op = "batch_norm_forward";
+// Checks the forward's arguments; returns the device to run on.
+Device check_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                     const Tensor& running_mean, const Tensor& running_var, bool training, double eps) {
   check_input(op, x);
   const int64_t C = x.size(1);
   check_channel_vector(op, "weight", weight, C);
@@ -48,14 +46,12 @@ BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const
   }
   const Device device = common_device(op, {x, weight, bias, running_mean, running_var});
   common_float_dtype(op, {x, weight, bias, running_mean, running_var});
-  return TANDEM_DISPATCH(device, batch_norm_forward, x, weight, bias, running_mean, running_var, training,
-                         momentum, eps);
+  return device;
 }
 
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                   bool need_input, bool need_weight, bool need_bias) {
-  constexpr const char* op = "batch_norm_backward";
+// Checks the backward's arguments; returns the device to run on.
+Device check_backward(const char* op, const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                      const Tensor& save_mean, const Tensor& save_invstd) {
   check_input(op, x);
   const int64_t C = x.size(1);
   TANDEM_CHECK(grad_out.defined() && grad_out.shape() == x.shape(), op, ": expected grad_out ",
@@ -68,8 +64,53 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   check_channel_vector(op, "save_invstd", save_invstd, C);
   const Device device = common_device(op, {grad_out, x, weight, save_mean, save_invstd});
   common_float_dtype(op, {grad_out, x, weight, save_mean, save_invstd});
+  return device;
+}
+
+}  // namespace
+
+BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    const Tensor& running_mean, const Tensor& running_var, bool training,
+                                    double momentum, double eps) {
+  constexpr const char* op = "batch_norm_forward";
+  profiler::Scope prof_scope(op);
+  const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
+  return TANDEM_DISPATCH(device, batch_norm_forward, x, weight, bias, running_mean, running_var, training,
+                         momentum, eps);
+}
+
+BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                                   bool need_input, bool need_weight, bool need_bias) {
+  constexpr const char* op = "batch_norm_backward";
+  profiler::Scope prof_scope(op);
+  const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
   return TANDEM_DISPATCH(device, batch_norm_backward, grad_out, x, weight, save_mean, save_invstd, training,
                          need_input, need_weight, need_bias);
+}
+
+BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Tensor& running_mean, const Tensor& running_var, bool training,
+                                         double momentum, double eps) {
+  constexpr const char* op = "batch_norm_relu_forward";
+  profiler::Scope prof_scope(op);
+  const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
+  TANDEM_CHECK(!device.is_cuda(), op, ": CPU only; on CUDA use batch_norm_forward then relu_forward");
+  return cpu::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+
+BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                        const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
+                                        bool training, bool need_input, bool need_weight, bool need_bias) {
+  constexpr const char* op = "batch_norm_relu_backward";
+  profiler::Scope prof_scope(op);
+  const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
+  check_channel_vector(op, "bias", bias, x.size(1));
+  if (bias.defined()) common_float_dtype(op, {x, bias});
+  TANDEM_CHECK(!device.is_cuda() && (!bias.defined() || !bias.device().is_cuda()), op,
+               ": CPU only; on CUDA use relu_backward then batch_norm_backward");
+  return cpu::batch_norm_relu_backward(grad_out, x, weight, bias, save_mean, save_invstd, training, need_input,
+                                       need_weight, need_bias);
 }
 
 }  // namespace tandem::kernels

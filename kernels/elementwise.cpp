@@ -3,6 +3,7 @@
 // 2-D tensor, devices and dtypes, then route to cpu:: or cuda::. No math here.
 #include "kernels/elementwise.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
@@ -26,13 +27,29 @@ Device check_unary(const char* op, const Tensor& a) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return TANDEM_DISPATCH(check_binary("add", a, b), add, a, b); }
-Tensor sub(const Tensor& a, const Tensor& b) { return TANDEM_DISPATCH(check_binary("sub", a, b), sub, a, b); }
-Tensor mul(const Tensor& a, const Tensor& b) { return TANDEM_DISPATCH(check_binary("mul", a, b), mul, a, b); }
-Tensor scale(const Tensor& a, double s) { return TANDEM_DISPATCH(check_unary("scale", a), scale, a, s); }
-Tensor sum(const Tensor& a) { return TANDEM_DISPATCH(check_unary("sum", a), sum, a); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  profiler::Scope prof_scope("add");
+  return TANDEM_DISPATCH(check_binary("add", a, b), add, a, b);
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  profiler::Scope prof_scope("sub");
+  return TANDEM_DISPATCH(check_binary("sub", a, b), sub, a, b);
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  profiler::Scope prof_scope("mul");
+  return TANDEM_DISPATCH(check_binary("mul", a, b), mul, a, b);
+}
+Tensor scale(const Tensor& a, double s) {
+  profiler::Scope prof_scope("scale");
+  return TANDEM_DISPATCH(check_unary("scale", a), scale, a, s);
+}
+Tensor sum(const Tensor& a) {
+  profiler::Scope prof_scope("sum");
+  return TANDEM_DISPATCH(check_unary("sum", a), sum, a);
+}
 
 Tensor argmax(const Tensor& a) {
+  profiler::Scope prof_scope("argmax");
   const Device device = check_unary("argmax", a);
   TANDEM_CHECK(a.dim() == 2, "argmax: expected a 2-D tensor [N, C], got ", a.str());
   TANDEM_CHECK(a.size(1) > 0, "argmax: cannot take the maximum of empty rows, got ", a.str());

@@ -3,6 +3,7 @@
 // cuda::. No math here.
 #include "kernels/linear.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
@@ -21,6 +22,7 @@ void check_input_weight(const char* op, const Tensor& x, const Tensor& weight) {
 Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   constexpr const char* op = "linear_forward";
   check_input_weight(op, x, weight);
+  profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
   if (bias.defined()) {
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": expected bias [", weight.size(0),
                  "], got ", bias.str());
@@ -34,6 +36,8 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                             bool need_weight, bool need_bias) {
   constexpr const char* op = "linear_backward";
   check_input_weight(op, x, weight);
+  profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
+                                     static_cast<double>(weight.numel()));
   const Shape expected{x.size(0), weight.size(0)};
   TANDEM_CHECK(grad_out.defined() && grad_out.shape() == expected, op, ": expected grad_out ",
                shape_str(expected), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
@@ -49,6 +53,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                b.str());
   TANDEM_CHECK(a.size(1) == b.size(0), op, ": inner dimensions differ: ", shape_str(a.shape()), " x ",
                shape_str(b.shape()));
+  profiler::Scope prof_scope(op, 2.0 * static_cast<double>(a.size(0)) * static_cast<double>(b.numel()));
   const Device device = common_device(op, {a, b});
   common_float_dtype(op, {a, b});
   return TANDEM_DISPATCH(device, matmul, a, b);

@@ -3,6 +3,7 @@
 // route to cpu:: or cuda::. Target values are checked by the device kernels.
 #include "kernels/loss.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
@@ -25,6 +26,7 @@ void check_target(const char* op, const Tensor& log_probs, const Tensor& target)
 
 Tensor log_softmax_forward(const Tensor& x) {
   constexpr const char* op = "log_softmax_forward";
+  profiler::Scope prof_scope(op);
   check_2d(op, "input", x);
   const Device device = common_device(op, {x});
   common_float_dtype(op, {x});
@@ -33,6 +35,7 @@ Tensor log_softmax_forward(const Tensor& x) {
 
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
   constexpr const char* op = "log_softmax_backward";
+  profiler::Scope prof_scope(op);
   check_2d(op, "forward output", y);
   TANDEM_CHECK(grad_out.defined() && grad_out.shape() == y.shape(), op, ": expected grad_out ",
                shape_str(y.shape()), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
@@ -43,6 +46,7 @@ Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
 
 Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
   constexpr const char* op = "nll_loss_forward";
+  profiler::Scope prof_scope(op);
   check_2d(op, "log_probs", log_probs);
   check_target(op, log_probs, target);
   const Device device = common_device(op, {log_probs, target});
@@ -52,6 +56,7 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
 
 Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target) {
   constexpr const char* op = "nll_loss_backward";
+  profiler::Scope prof_scope(op);
   check_2d(op, "log_probs", log_probs);
   check_target(op, log_probs, target);
   TANDEM_CHECK(grad_out.defined() && grad_out.numel() == 1, op,

@@ -4,6 +4,7 @@
 // per-element math is in kernels/functors.h.
 #include "kernels/optim.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
@@ -23,6 +24,7 @@ void check_same(const char* op, const char* what, const Tensor& param, const Ten
 
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& step) {
   constexpr const char* op = "sgd_update";
+  profiler::Scope prof_scope(op);
   check_same(op, "param", param, param, true);
   check_same(op, "grad", param, grad, false);
   if (step.momentum != 0.0f) {
@@ -38,6 +40,7 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
 void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
                      const Tensor& acc_delta, const AdadeltaStep& step) {
   constexpr const char* op = "adadelta_update";
+  profiler::Scope prof_scope(op);
   check_same(op, "param", param, param, true);
   check_same(op, "grad", param, grad, false);
   check_same(op, "square_avg", param, square_avg, true);
@@ -50,6 +53,7 @@ void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& squa
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                  const AdamStep& step) {
   constexpr const char* op = "adam_update";
+  profiler::Scope prof_scope(op);
   check_same(op, "param", param, param, true);
   check_same(op, "grad", param, grad, false);
   check_same(op, "exp_avg", param, exp_avg, true);

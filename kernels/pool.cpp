@@ -4,12 +4,14 @@
 // cuda::. No math here.
 #include "kernels/pool.h"
 
+#include "core/profiler.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
 
 MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& a) {
   constexpr const char* op = "max_pool2d_forward";
+  profiler::Scope prof_scope(op);
   TANDEM_CHECK(x.defined() && x.dim() == 4, op, ": expected input [N, C, H, W], got ",
                x.defined() ? x.str() : "undefined tensor");
   TANDEM_CHECK(a.kernel_h >= 1 && a.kernel_w >= 1, op, ": kernel size must be >= 1, got (", a.kernel_h, ", ",
@@ -29,6 +31,7 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& a) {
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape) {
   constexpr const char* op = "max_pool2d_backward";
+  profiler::Scope prof_scope(op);
   TANDEM_CHECK(grad_out.defined() && indices.defined(), op, ": grad_out and indices must be defined");
   TANDEM_CHECK(input_shape.size() == 4, op, ": expected a 4-D input shape, got ", shape_str(input_shape));
   TANDEM_CHECK(

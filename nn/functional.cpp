@@ -2,12 +2,14 @@
 
 #include "core/autograd.h"
 #include "kernels/activation.h"
+#include "kernels/amp.h"
 #include "kernels/batch_norm.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/loss.h"
 #include "kernels/pool.h"
+#include "nn/amp.h"
 
 namespace tandem::nn::functional {
 namespace {
@@ -33,6 +35,17 @@ struct BatchNormBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     auto r = kernels::batch_norm_backward(g[0], x, w, save_mean, save_invstd, training, needs_input_grad(0),
                                           needs_input_grad(1), needs_input_grad(2));
+    return {r.input, r.weight, r.bias};
+  }
+};
+
+struct BatchNormReluBackward final : Node {
+  Tensor x, w, b, save_mean, save_invstd;
+  bool training;
+  std::string name() const override { return "BatchNormReluBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::batch_norm_relu_backward(g[0], x, w, b, save_mean, save_invstd, training,
+                                               needs_input_grad(0), needs_input_grad(1), needs_input_grad(2));
     return {r.input, r.weight, r.bias};
   }
 };
@@ -138,10 +151,83 @@ std::shared_ptr<NodeT> make_node() {
   return std::make_shared<NodeT>();
 }
 
+// ---- mixed precision (nn/amp.h) ----
+
+// The backward of a dtype cast casts the gradient back to the source dtype, so f32 master
+// weights receive f32 gradients.
+struct CastBackward final : Node {
+  DType from;
+  std::string name() const override { return "CastBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::cast(g[0], from)}; }
+};
+
+struct LowpConv2dBackward final : Node {
+  Tensor x, w;
+  kernels::Conv2dArgs args;
+  bool has_bias;
+  std::string name() const override { return "LowpConv2dBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::lowp_conv2d_backward(kernels::cast(g[0], x.dtype()), x, w, args, needs_input_grad(0),
+                                           needs_input_grad(1), has_bias && needs_input_grad(2));
+    return {r.input, r.weight, r.bias};
+  }
+};
+
+struct LowpLinearBackward final : Node {
+  Tensor x, w;
+  bool has_bias;
+  std::string name() const override { return "LowpLinearBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::lowp_linear_backward(kernels::cast(g[0], x.dtype()), x, w, needs_input_grad(0),
+                                           needs_input_grad(1), has_bias && needs_input_grad(2));
+    return {r.input, r.weight, r.bias};
+  }
+};
+
+// Differentiable cast (undefined and same-dtype tensors pass through).
+Tensor cast_to(const Tensor& t, DType d) {
+  if (!t.defined() || t.dtype() == d) return t;
+  Tensor y = kernels::cast(t, d);
+  if (autograd::any_requires_grad({t})) {
+    auto n = make_node<CastBackward>();
+    n->from = t.dtype();
+    autograd::record(n, {t}, {&y});
+  }
+  return y;
+}
+
+// The low-precision dtype conv2d/linear compute in: the autocast dtype for f32 (or already
+// low-precision) inputs under an AutocastGuard; the input's own dtype for explicit f16/bf16
+// inputs; else kFloat32 (meaning: the ordinary path). f64 is never autocast, as in PyTorch.
+DType lowp_dtype_for(const Tensor& x) {
+  if (amp::autocast_enabled() && (x.dtype() == kFloat32 || kernels::is_low_precision(x.dtype())))
+    return amp::precision_dtype(amp::autocast_precision());
+  return kernels::is_low_precision(x.dtype()) ? x.dtype() : kFloat32;
+}
+
+// Ops without low-precision kernels (batch_norm, relu, max_pool2d, log_softmax, nll_loss) take a
+// f16/bf16 input by casting it up to f32 at entry (differentiably); f32/f64 pass through.
+Tensor f32_if_lowp(const Tensor& x) {
+  return x.defined() && kernels::is_low_precision(x.dtype()) ? cast_to(x, kFloat32) : x;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
   kernels::Conv2dArgs args{stride, stride, padding, padding};
+  if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
+    const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
+    Tensor y = kernels::lowp_conv2d_forward(xl, wl, bl, args);
+    if (autograd::any_requires_grad({xl, wl, bl})) {
+      auto n = make_node<LowpConv2dBackward>();
+      n->x = xl.detach();
+      n->w = wl.detach();
+      n->args = args;
+      n->has_bias = bl.defined();
+      autograd::record(n, {xl, wl, bl}, {&y});
+    }
+    return y;
+  }
   Tensor y = kernels::conv2d_forward(x, weight, bias, args);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<Conv2dBackward>();
@@ -154,8 +240,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
   return y;
 }
 
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+  const Tensor x = f32_if_lowp(x_in);
   auto r = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormBackward>();
@@ -169,7 +256,28 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   return r.output;
 }
 
-Tensor relu(const Tensor& x) {
+Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+  const Tensor x = f32_if_lowp(x_in);
+  if (x.device().is_cuda()) {
+    return relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps));
+  }
+  auto r = kernels::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  if (autograd::any_requires_grad({x, weight, bias})) {
+    auto n = make_node<BatchNormReluBackward>();
+    n->x = x.detach();
+    n->w = weight.defined() ? weight.detach() : Tensor();
+    n->b = bias.defined() ? bias.detach() : Tensor();
+    n->save_mean = r.save_mean;
+    n->save_invstd = r.save_invstd;
+    n->training = training;
+    autograd::record(n, {x, weight, bias}, {&r.output});
+  }
+  return r.output;
+}
+
+Tensor relu(const Tensor& x_in) {
+  const Tensor x = f32_if_lowp(x_in);
   Tensor y = kernels::relu_forward(x);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<ReluBackward>();
@@ -179,7 +287,8 @@ Tensor relu(const Tensor& x) {
   return y;
 }
 
-Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding) {
+Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride, int64_t padding) {
+  const Tensor x = f32_if_lowp(x_in);
   if (stride <= 0) stride = kernel;
   kernels::MaxPool2dArgs args{kernel, kernel, stride, stride, padding, padding};
   auto r = kernels::max_pool2d_forward(x, args);
@@ -193,6 +302,18 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t paddi
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
+    const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
+    Tensor y = kernels::lowp_linear_forward(xl, wl, bl);
+    if (autograd::any_requires_grad({xl, wl, bl})) {
+      auto n = make_node<LowpLinearBackward>();
+      n->x = xl.detach();
+      n->w = wl.detach();
+      n->has_bias = bl.defined();
+      autograd::record(n, {xl, wl, bl}, {&y});
+    }
+    return y;
+  }
   Tensor y = kernels::linear_forward(x, weight, bias);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<LinearBackward>();
@@ -204,7 +325,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return y;
 }
 
-Tensor log_softmax(const Tensor& x, int64_t dim) {
+Tensor log_softmax(const Tensor& x_in, int64_t dim) {
+  const Tensor x = f32_if_lowp(x_in);
   TANDEM_CHECK(dim == -1 || dim == x.dim() - 1, "log_softmax: only the last dimension is supported, got dim ",
                dim, " for ", x.str());
   Tensor y = kernels::log_softmax_forward(x);
@@ -216,7 +338,8 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   return y;
 }
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target) {
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target) {
+  const Tensor log_probs = f32_if_lowp(log_probs_in);
   Tensor loss = kernels::nll_loss_forward(log_probs, target);
   if (autograd::any_requires_grad({log_probs})) {
     auto n = make_node<NllLossBackward>();

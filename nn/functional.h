@@ -2,6 +2,10 @@
 // is on and an input requires grad, records a Node whose backward calls the
 // matching backward kernel for exactly the inputs that need a gradient.
 // Nodes save detached tensors (data, no history), so no reference cycles.
+// Mixed precision (nn/amp.h): under an AutocastGuard, conv2d and linear cast f32 input, weight and
+// bias to the autocast dtype (differentiably: f32 leaves get f32 gradients) and return f16/bf16
+// outputs; explicit f16/bf16 inputs take the same path. batch_norm, relu, max_pool2d, log_softmax
+// and nll_loss cast a f16/bf16 input up to f32 at entry and compute in f32.
 #pragma once
 
 #include "core/tensor.h"
@@ -15,6 +19,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
+// relu(batch_norm(...)) in one kernel on CPU (two passes fewer over the activations each way);
+// other devices compose batch_norm and relu. Same arguments as batch_norm.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                       double eps = 1e-5);
 Tensor relu(const Tensor& x);
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);

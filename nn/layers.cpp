@@ -34,7 +34,7 @@ BatchNorm2d::BatchNorm2d(int64_t n, double eps_, double momentum_)
   num_batches_tracked = register_buffer("num_batches_tracked", Tensor::zeros({}, kInt64));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+void BatchNorm2d::count_batch(const Tensor& x) {
   TANDEM_CHECK(x.dim() == 4 && x.size(1) == num_features, "BatchNorm2d(", num_features,
                "): expected input [N, ", num_features, ", H, W], got ", x.str());
   if (is_training()) {
@@ -43,7 +43,18 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
     host.data<int64_t>()[0] += 1;
     if (!host.is_same(num_batches_tracked)) num_batches_tracked.copy_(host);
   }
+}
+
+Tensor BatchNorm2d::forward(const Tensor& x) {
+  count_batch(x);
+  if (is_training() && stats_sync_) return stats_sync_->forward(*this, x);
   return F::batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
+}
+
+Tensor BatchNorm2d::forward_relu(const Tensor& x) {
+  if (is_training() && stats_sync_) return F::relu(forward(x));
+  count_batch(x);
+  return F::batch_norm_relu(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
 }
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias) {

@@ -1,10 +1,14 @@
 // The layers of the MNIST net and the containers around them. Each holds its
 // parameters under PyTorch's names (weight, bias, running_mean, running_var,
 // num_batches_tracked) and initialises them as PyTorch's reset_parameters.
+// BatchNorm2d may be given a BatchNormStatsSync: then its training forward
+// normalises with statistics shared beyond this process (SyncBatchNorm, which
+// dist/sync_batch_norm.h implements; nn itself never communicates).
 #pragma once
 
 #include <initializer_list>
 #include <memory>
+#include <string>
 
 #include "nn/module.h"
 
@@ -25,13 +29,38 @@ class Conv2d : public Module {
   const Conv2dOptions options;
 };
 
+class BatchNorm2d;
+
+// How a BatchNorm2d computes its training-mode forward when its batch
+// statistics are shared with other processes. forward() returns the
+// differentiable output for x and updates bn's running_mean/running_var (not
+// num_batches_tracked, which BatchNorm2d counts itself). Eval mode never calls
+// it. Implemented in dist/ (dist::SyncBatchNormStats) so that nn needs no dist.
+class BatchNormStatsSync {
+ public:
+  virtual ~BatchNormStatsSync() = default;
+  virtual Tensor forward(BatchNorm2d& bn, const Tensor& x) = 0;
+  virtual std::string name() const = 0;  // for messages, e.g. "SyncBatchNorm(gloo, 2 ranks)"
+};
+
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1);
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)), fused into one kernel (F::batch_norm_relu) unless synced statistics are
+  // installed and training (then exactly relu(forward(x))).
+  Tensor forward_relu(const Tensor& x);
+  // Installs (or, with nullptr, removes) the strategy for synced statistics.
+  void set_stats_sync(std::shared_ptr<BatchNormStatsSync> sync) { stats_sync_ = std::move(sync); }
+  const std::shared_ptr<BatchNormStatsSync>& stats_sync() const { return stats_sync_; }
+
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   const int64_t num_features;
   const double eps, momentum;
+
+ private:
+  void count_batch(const Tensor& x);  // checks x's shape; in training, ++num_batches_tracked
+  std::shared_ptr<BatchNormStatsSync> stats_sync_;
 };
 
 class Linear : public Module {

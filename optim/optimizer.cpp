@@ -7,6 +7,29 @@
 namespace tandem::optim {
 
 namespace {
+double state_value(const std::map<std::string, double>& state, const std::string& key, const char* who) {
+  auto it = state.find(key);
+  TANDEM_CHECK(it != state.end(), who, ": state has no '", key, "'");
+  return it->second;
+}
+
+void expect_same(const std::map<std::string, double>& state, const std::string& key, double now, const char* who) {
+  const double saved = state_value(state, key, who);
+  TANDEM_CHECK(saved == now, who, ": saved state has ", key, " = ", saved, " but this schedule has ", now);
+}
+
+void save_base_lrs(const std::vector<double>& base, std::map<std::string, double>& out) {
+  for (size_t g = 0; g < base.size(); ++g) out["base_lr." + std::to_string(g)] = base[g];
+}
+
+void load_base_lrs(const std::map<std::string, double>& state, std::vector<double>& base, const char* who) {
+  size_t groups = 0;
+  for (auto& [k, v] : state) groups += k.rfind("base_lr.", 0) == 0;
+  TANDEM_CHECK(groups == base.size(), who, ": saved state has ", groups, " param group(s), the optimizer has ",
+               base.size());
+  for (size_t g = 0; g < base.size(); ++g) base[g] = state_value(state, "base_lr." + std::to_string(g), who);
+}
+
 std::vector<ParamGroup> one_group(std::vector<Tensor> params, double lr, double wd) {
   ParamGroup g;
   g.params = std::move(params);
@@ -175,6 +198,22 @@ void StepLR::set_last_epoch(int64_t epoch) {
   for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = get_lr(g);
 }
 
+std::map<std::string, double> StepLR::state_dict() const {
+  std::map<std::string, double> out{{"last_epoch", static_cast<double>(epoch_)},
+                                    {"step_size", static_cast<double>(step_size_)}, {"gamma", gamma_}};
+  save_base_lrs(base_lrs_, out);
+  return out;
+}
+
+void StepLR::load_state_dict(const std::map<std::string, double>& state) {
+  expect_same(state, "step_size", static_cast<double>(step_size_), "StepLR");
+  expect_same(state, "gamma", gamma_, "StepLR");
+  std::vector<double> base = base_lrs_;
+  load_base_lrs(state, base, "StepLR");
+  base_lrs_ = base;
+  set_last_epoch(static_cast<int64_t>(state_value(state, "last_epoch", "StepLR")));
+}
+
 // ---- CosineAnnealingLR ----
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t t_max, double eta_min)
@@ -191,6 +230,22 @@ void CosineAnnealingLR::set_last_step(int64_t t) {
   auto& groups = opt_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g)
     groups[g].lr = eta_min_ + (base_lrs_[g] - eta_min_) * (1.0 + std::cos(M_PI * progress)) / 2.0;
+}
+
+std::map<std::string, double> CosineAnnealingLR::state_dict() const {
+  std::map<std::string, double> out{{"last_step", static_cast<double>(t_)},
+                                    {"t_max", static_cast<double>(t_max_)}, {"eta_min", eta_min_}};
+  save_base_lrs(base_lrs_, out);
+  return out;
+}
+
+void CosineAnnealingLR::load_state_dict(const std::map<std::string, double>& state) {
+  expect_same(state, "t_max", static_cast<double>(t_max_), "CosineAnnealingLR");
+  expect_same(state, "eta_min", eta_min_, "CosineAnnealingLR");
+  std::vector<double> base = base_lrs_;
+  load_base_lrs(state, base, "CosineAnnealingLR");
+  base_lrs_ = base;
+  set_last_step(static_cast<int64_t>(state_value(state, "last_step", "CosineAnnealingLR")));
 }
 
 }  // namespace tandem::optim

@@ -123,6 +123,11 @@ class StepLR {
   int64_t last_epoch() const { return epoch_; }
   void set_last_epoch(int64_t epoch);  // for resuming
   double get_lr(size_t group = 0) const;
+  // {"last_epoch", "step_size", "gamma", "base_lr.<g>"}; load_state_dict checks
+  // step_size, gamma and the group count match, restores the base lrs and
+  // last_epoch and sets the groups' lrs (throws tandem::Error on a mismatch).
+  std::map<std::string, double> state_dict() const;
+  void load_state_dict(const std::map<std::string, double>& state);
 
  private:
   Optimizer& opt_;
@@ -141,6 +146,9 @@ class CosineAnnealingLR {
   void step();
   int64_t last_step() const { return t_; }
   void set_last_step(int64_t t);
+  // {"last_step", "t_max", "eta_min", "base_lr.<g>"}; load_state_dict as StepLR's.
+  std::map<std::string, double> state_dict() const;
+  void load_state_dict(const std::map<std::string, double>& state);
 
  private:
   Optimizer& opt_;

@@ -1,10 +1,14 @@
 // Metrics as JSON lines (one object per line, flushed as written), so a
-// crashed run keeps everything up to its last line.
+// crashed run keeps everything up to its last line. Writes the same records to
+// up to two files: --metrics-out and the work dir's <timestamp>.metrics.jsonl.
+// append: keep what a file holds (a resumed run continues the earlier file).
 #pragma once
 
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -12,20 +16,26 @@ namespace tandem::app {
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path) {
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path, bool append = false) { add(path, append); }
+  void add(const std::string& path, bool append) {
     if (path.empty()) return;
-    out_.open(path, std::ios::out | std::ios::trunc);
-    TANDEM_CHECK(out_.good(), "cannot write metrics file '", path, "'");
+    auto out = std::make_unique<std::ofstream>(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
+    TANDEM_CHECK(out->good(), "cannot write metrics file '", path, "'");
+    outs_.push_back(std::move(out));
   }
-  bool enabled() const { return out_.is_open(); }
+  bool enabled() const { return !outs_.empty(); }
   void write(const nlohmann::json& record) {
     if (!enabled()) return;
-    out_ << record.dump() << '\n';
-    out_.flush();
+    const std::string line = record.dump() + '\n';
+    for (auto& out : outs_) {
+      *out << line;
+      out->flush();
+    }
   }
 
  private:
-  std::ofstream out_;
+  std::vector<std::unique_ptr<std::ofstream>> outs_;
 };
 
 }  // namespace tandem::app

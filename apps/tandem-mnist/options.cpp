@@ -1,13 +1,19 @@
+// Command-line parsing of tandem-mnist (CLI11). Records which config keys the
+// user's flags set (o.given_keys), so resolve_config lets only those override
+// the --config file and --cfg-options.
 #include "options.h"
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "config.h"
+
 namespace tandem::app {
 
 int parse_options(int argc, char** argv, TrainOptions& o) {
   CLI::App app{"tandem-mnist: train the MNIST convnet (conv-bn-relu-pool x2, fc-relu-fc, log-softmax, NLL)"};
-  app.option_defaults()->always_capture_default();
+  // A flag given twice takes its last value (a wrapper script's defaults can be overridden).
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data-dir", o.data_dir,
                  "directory with the IDX files (raw or .gz; also DIR/MNIST/raw). "
                  "Default: Debian's Fashion-MNIST");
@@ -43,8 +49,9 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
       ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
   app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb, "DDP gradient bucket size in MiB after the first")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
+                 "DDP gradient bucket size in MiB after the first (0: auto, measured at start-up)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb,
                  "DDP: size of the first bucket, which starts communicating earliest")
       ->check(CLI::PositiveNumber);
@@ -59,6 +66,32 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
+  app.add_option("--amp", o.amp, "mixed precision: off, fp16 (with a loss scaler) or bf16")
+      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  app.add_option("--config", o.config_file,
+                 "JSON config (see configs/); its keys override the defaults, flags override it");
+  app.add_option("--cfg-options", o.cfg_options, "override config keys: KEY=VALUE ... (e.g. optimizer.lr=0.5)")
+      ->expected(1, -1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--work-dir", o.work_dir,
+                 "where logs, metrics, config.json and checkpoints go (default: work_dirs/<config name>)");
+  app.add_option("--eval-interval", o.eval_interval, "epochs between evaluations (0: only after the last epoch)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-interval", o.checkpoint_interval_iters,
+                 "save a checkpoint every N iterations (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-epochs", o.checkpoint_interval_epochs, "save a checkpoint every N epochs (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max-keep-ckpts", o.max_keep_ckpts, "checkpoints to keep (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--resume", o.resume,
+                 "continue a run exactly: with no value from the work dir's last_checkpoint, or from this checkpoint")
+      ->expected(0, 1);
+  app.add_flag("--print-config", o.print_config, "print the resolved config (JSON) and exit");
+  app.add_flag("--profile", o.profile, "time every op and print a table at the end");
+  app.add_option("--debug-sigterm-at", o.debug_sigterm_at, "")->group("");  // test hook
+  app.add_option("--debug-sigkill-at", o.debug_sigkill_at, "")->group("");  // test hook
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -68,6 +101,12 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
     return 2;
   }
   o.shuffle = !no_shuffle;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() == 0) continue;
+    const std::string key = config_key_of_flag(opt->get_name());
+    if (!key.empty()) o.given_keys.insert(key);
+  }
+  if (app.count("--resume") > 0 && o.resume.empty()) o.resume = "auto";
   return -1;
 }
 

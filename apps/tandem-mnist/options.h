@@ -1,8 +1,13 @@
-// Command-line options of tandem-mnist (parsed with CLI11).
+// Options of tandem-mnist: the resolved training settings. They come from the
+// reference recipe (the defaults below), then a --config JSON file, then
+// --cfg-options KEY=VALUE overrides, then the command-line flags the user gave
+// (config.cpp maps fields <-> JSON keys; options.cpp parses the command line).
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <vector>
 
 namespace tandem::app {
 
@@ -39,6 +44,25 @@ struct TrainOptions {
   std::string comm_hook = "allreduce";
   int64_t auto_scale_lr_base_batch = 0;  // 0: off
   double dist_timeout_s = 300.0;
+  bool sync_bn = false;
+  std::string amp = "off";  // off | fp16 | bf16
+  // Train loop, work dir, checkpoints.
+  int64_t eval_interval = 1;               // epochs between evaluations (0: never)
+  int64_t checkpoint_interval_iters = 0;   // 0: off
+  int64_t checkpoint_interval_epochs = 1;  // 0: off
+  int64_t max_keep_ckpts = 3;              // 0: keep all
+  std::string work_dir;                    // "": work_dirs/<config name>
+  std::string model = "MnistNet";
+
+  // Command line only (not part of the config).
+  std::string config_file;               // --config
+  std::vector<std::string> cfg_options;  // --cfg-options a.b=value ...
+  std::set<std::string> given_keys;      // config keys set by flags the user gave
+  std::string resume;                    // "": no; "auto": <work_dir>/last_checkpoint; else a path
+  bool profile = false;
+  bool print_config = false;  // print the resolved config as JSON and exit
+  int64_t debug_sigterm_at = 0;  // test hook: rank 0 raises SIGTERM after this global iteration
+  int64_t debug_sigkill_at = 0;  // test hook: rank 0 raises SIGKILL after this global iteration
 };
 
 // Parses argv. Returns the exit code to use when the program should stop now

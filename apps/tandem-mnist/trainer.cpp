@@ -1,17 +1,30 @@
+// Resume contract: a checkpoint names the next position to run (epoch E,
+// batches already done in it); everything that decides later losses (weights,
+// BN buffers, optimizer state, schedule, default RNG, the epoch's sample order
+// via (seed, epoch), the batches to skip) is restored, so a resumed run's
+// per-iteration losses are bitwise those of an uninterrupted one.
 #include "trainer.h"
 
 #include <spdlog/spdlog.h>
 
+#include <signal.h>
+#include <spdlog/sinks/basic_file_sink.h>
+
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "core/autograd.h"
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "data/data_loader.h"
 #include "data/distributed_sampler.h"
+#include "core/profiler.h"
 #include "dist/ddp.h"
+#include "dist/sync_batch_norm.h"
 #include "dist/env.h"
 #include "dist/process_group_factory.h"
 #include "dist/tcp_store.h"
@@ -19,9 +32,14 @@
 #include "data/sampler.h"
 #include "kernels/elementwise.h"
 #include "metrics.h"
+#include "nn/amp.h"
 #include "nn/functional.h"
 #include "nn/models/mnist_net.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "train/checkpoint.h"
+#include "train/stop_signal.h"
+#include "train/work_dir.h"
 
 namespace tandem::app {
 namespace {
@@ -103,7 +121,8 @@ struct EvalResult {
   int64_t correct = 0, total = 0;
 };
 
-EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, dist::ProcessGroup* group) {
+EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, dist::ProcessGroup* group,
+                    amp::Precision precision) {
   NoGradGuard no_grad;
   model.eval();
   EvalResult r;
@@ -111,7 +130,11 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, 
   loader.begin_epoch(0);
   while (auto batch = loader.next()) {
     Tensor x = batch->images.to(device), y = batch->labels.to(device);
-    Tensor out = model(x);
+    Tensor out;
+    {
+      amp::AutocastGuard autocast(precision);
+      out = model(x);
+    }
     const int64_t n = x.size(0);
     loss_sum += F::nll_loss(out, y).item<double>() * static_cast<double>(n);
     std::vector<int64_t> pred = kernels::argmax(out).to_vector<int64_t>();
@@ -133,16 +156,73 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, 
   return r;
 }
 
+
+// Under DDP every rank must stop at the same iteration: the largest signal
+// number any rank saw wins (one 1-element all-reduce per iteration).
+int agree_on_stop(const Distributed& d, Device device, int local) {
+  if (!d.active()) return local;
+  Tensor flag = Tensor::from_vector<float>({static_cast<float>(local)}, {1}).to(device);
+  d.group->allreduce(flag, dist::ReduceOp::Max)->wait(d.group->timeout());
+  return static_cast<int>(flag.to(Device::cpu()).item<double>());
+}
+
+// Config keys a resumed run must share with the checkpoint's run.
+const char* const kResumeKeys[] = {"model",          "data.batch_size", "data.limit", "data.shuffle",
+                                   "optimizer.type", "schedule.type",   "train.seed"};
+
+void check_resumable(const train::Checkpoint& c, const std::string& path, const train::Json& config, int world,
+                     int64_t iters) {
+  const train::Json& saved = c.meta.at("config");
+  for (const char* key : kResumeKeys) {
+    const train::Json& then = train::get_path(saved, key);
+    const train::Json& now = train::get_path(config, key);
+    TANDEM_CHECK(then == now, "checkpoint '", path, "' was written with ", key, " = ", then.dump(),
+                 " but this run has ", now.dump(), "; resume with the checkpoint's config");
+  }
+  const int saved_world = c.meta.at("world_size").get<int>();
+  TANDEM_CHECK(saved_world == world, "checkpoint '", path, "' was written by ", saved_world,
+               " rank(s) but this run has ", world, "; resume with the same number of ranks");
+  const int64_t saved_iters = c.meta.at("iters_per_epoch").get<int64_t>();
+  TANDEM_CHECK(saved_iters == iters, "checkpoint '", path, "' has ", saved_iters,
+               " iterations per epoch but this run has ", iters, "; resume with the same data and batch size");
+}
+
+// Adds the work dir's log file to the default logger (same lines as the console).
+void log_to_file(const std::string& file) {
+  auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, /*truncate=*/false);
+  spdlog::default_logger()->sinks().push_back(sink);
+  spdlog::set_pattern("%Y/%m/%d %H:%M:%S - %v");
+}
+
 }  // namespace
 
-void run_training(const TrainOptions& o) {
+int run_training(const TrainOptions& o, const train::Json& config) {
   if (o.threads > 0) set_num_threads(o.threads);
+  if (o.profile) profiler::set_enabled(true);
+  const amp::Precision precision = amp::parse_precision(o.amp);
   const dist::DistEnv env = o.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o.launcher);
+  const std::string work_dir = o.work_dir.empty() ? train::default_work_dir(o.config_file) : o.work_dir;
+  const bool writer = env.rank == 0;  // rank 0 writes the job's files
+  const std::string stamp = train::run_timestamp();
+  if (writer) {
+    train::create_work_dir(work_dir);
+    log_to_file(work_dir + "/" + stamp + ".log");
+    train::Json resolved = config;
+    resolved["work_dir"] = work_dir;
+    train::write_file_atomic(work_dir + "/config.json", resolved.dump(2) + "\n");
+  }
   const Device device = choose_device(o.device, env.local_rank);
   Distributed d = init_distributed(o, env, device);
   const int rank = d.env.rank, world = d.active() ? d.env.world_size : 1;
   if (rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
   manual_seed(o.seed);
+
+  std::optional<train::Checkpoint> resume;
+  std::string resume_path;
+  if (!o.resume.empty()) {
+    resume_path = o.resume == "auto" ? train::CheckpointManager::latest(work_dir) : o.resume;
+    resume = train::load_checkpoint(resume_path);
+  }
 
   auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train);
   auto test_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Test);
@@ -151,6 +231,7 @@ void run_training(const TrainOptions& o) {
   spdlog::info("data: {} ({} train, {} test samples)", describe_data(o.data_dir), train_set->size(),
                test_set->size());
   spdlog::info("device: {}, threads: {}", device.str(), num_threads());
+  spdlog::info("work dir: {}{}", work_dir, o.config_file.empty() ? "" : " (config " + o.config_file + ")");
   if (d.active())
     spdlog::info("distributed: {} ranks over {} (launcher {}), bucket cap {} MiB, comm hook {}", world,
                  d.group->backend(), o.launcher, o.bucket_cap_mb, o.comm_hook);
@@ -168,14 +249,26 @@ void run_training(const TrainOptions& o) {
   }
   data::DataLoader train_loader(train_set, sampler, o.batch_size);
   data::DataLoader test_loader(test_set, test_sampler, o.test_batch_size);
+  const int64_t iters = train_loader.num_batches();
+  if (resume) check_resumable(*resume, resume_path, config, world, iters);
 
   auto net = std::make_shared<nn::models::MnistNet>();
-  if (!o.init_weights.empty()) {
+  if (resume) {
+    try {
+      net->load_state_dict(resume->weights);
+    } catch (const Error& e) {
+      TANDEM_FAIL("checkpoint '", resume_path, "': ", e.what());
+    }
+  } else if (!o.init_weights.empty()) {
     nn::load_weights(*net, o.init_weights);
     spdlog::info("initial weights: {}", o.init_weights);
   }
   net->to(device);
   net->train();
+  if (o.sync_bn && d.active()) {
+    const int n = dist::convert_sync_batchnorm(*net, d.group);
+    spdlog::info("sync_bn: {} BatchNorm layer(s) synchronised across {} ranks", n, world);
+  }
   std::unique_ptr<dist::DistributedDataParallel> ddp;
   if (d.active()) {
     dist::DDPOptions ddp_options;
@@ -185,6 +278,9 @@ void run_training(const TrainOptions& o) {
     ddp_options.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
     ddp_options.reducer.comm_hook = dist::comm_hook_by_name(o.comm_hook);
     ddp = std::make_unique<dist::DistributedDataParallel>(net, d.group, ddp_options);
+    if (const auto& a = ddp->reducer().auto_bucket_cap(); a.measured)
+      spdlog::info("auto bucket cap: all-reduce latency {:.0f} us, bandwidth {:.2f} GB/s -> {:.2f} MiB",
+                   a.latency_us, a.bandwidth_gbps, a.cap_mb);
   }
   nn::Module& model = ddp ? static_cast<nn::Module&>(*ddp) : *net;
   double lr = o.lr;
@@ -194,37 +290,106 @@ void run_training(const TrainOptions& o) {
                  o.auto_scale_lr_base_batch, lr);
   }
   auto optimizer = make_optimizer(o, lr, model.parameters());
-  MetricsWriter metrics(rank == 0 ? o.metrics_out : "");  // rank 0 writes the job's files
-
-  const int64_t iters = train_loader.num_batches();
   optim::StepLR epoch_schedule(*optimizer, 1, o.gamma);
   optim::CosineAnnealingLR iter_schedule(*optimizer, iters * o.epochs);
   const bool cosine = o.lr_schedule == "cosine";
+  // fp16 needs loss scaling (gradients underflow); bf16 has f32's range and does not.
+  optim::GradScaler scaler(optim::GradScalerOptions{.enabled = precision == amp::Precision::kFloat16});
+  if (precision != amp::Precision::kOff)
+    spdlog::info("amp: {} autocast{}", amp::precision_name(precision), scaler.enabled() ? " with loss scaling" : "");
+
+  int64_t start_epoch = 1, skip = 0, global_iter = 0;
+  if (resume) {
+    const train::Json& m = resume->meta;
+    try {
+      optimizer->load_state_dict(resume->optimizer);
+      if (scaler.enabled() && !resume->scaler.empty()) scaler.load_state_dict(resume->scaler);
+      const auto sched = m.at("schedule").at("state").get<std::map<std::string, double>>();
+      if (cosine)
+        iter_schedule.load_state_dict(sched);
+      else
+        epoch_schedule.load_state_dict(sched);
+      default_generator().set_state(m.at("rng").get<std::string>());
+      start_epoch = m.at("epoch").get<int64_t>();
+      skip = m.at("iter").get<int64_t>();
+      global_iter = m.at("global_iter").get<int64_t>();
+    } catch (const Error& e) {
+      TANDEM_FAIL("checkpoint '", resume_path, "': ", e.what());
+    } catch (const nlohmann::json::exception& e) {
+      TANDEM_FAIL("checkpoint '", resume_path, "': bad training state: ", e.what());
+    }
+    spdlog::info("resumed from {}: epoch {}, {} of {} iterations done (global iteration {})", resume_path,
+                 start_epoch, skip, iters, global_iter);
+  }
+
+  MetricsWriter metrics;
+  if (rank == 0) {
+    metrics.add(o.metrics_out, /*append=*/resume.has_value());
+    metrics.add(work_dir + "/" + stamp + ".metrics.jsonl", /*append=*/true);
+  }
+  train::CheckpointManager checkpoints(work_dir, o.max_keep_ckpts);
+  // Saves the position "epoch `epoch`, `done` batches of it finished" (rank 0 only).
+  auto save_checkpoint = [&](int64_t epoch, int64_t done) {
+    if (rank != 0) return;
+    train::Checkpoint c;
+    for (auto& [name, t] : net->state_dict()) c.weights[name] = t;
+    c.optimizer = optimizer->state_dict();
+    if (scaler.enabled()) c.scaler = scaler.state_dict();
+    c.meta = {{"epoch", epoch},
+              {"iter", done},
+              {"global_iter", global_iter},
+              {"iters_per_epoch", iters},
+              {"world_size", world},
+              {"rng", default_generator().state()},
+              {"schedule", {{"type", o.lr_schedule},
+                            {"state", cosine ? iter_schedule.state_dict() : epoch_schedule.state_dict()}}},
+              {"sampler", {{"epoch", epoch - 1}, {"batches_done", done}, {"seed", o.seed}, {"shuffle", o.shuffle}}},
+              {"amp", o.amp},
+              {"config", config}};
+    const std::string path = checkpoints.save(c, global_iter);
+    spdlog::info("checkpoint saved: {} (epoch {}, {} of {} iterations done, global iteration {})", path, epoch,
+                 done, iters, global_iter);
+  };
 
   spdlog::info("training: {} epochs x {} iterations, batch {}{}, {} lr {}", o.epochs, iters, o.batch_size,
                world > 1 ? " per rank x " + std::to_string(world) + " ranks" : "", o.optimizer, lr);
-  for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
+  int stop = 0;  // the agreed signal that ends the run early
+  for (int64_t epoch = start_epoch; epoch <= o.epochs && stop == 0; ++epoch) {
     const auto epoch_start = Clock::now();
     double window_time = 0, window_data = 0;
     int64_t window_n = 0, samples = 0;
-    train_loader.begin_epoch(epoch - 1);
+    const int64_t first = epoch == start_epoch ? skip : 0;
+    train_loader.begin_epoch(epoch - 1, first);
     auto tick = Clock::now();
-    for (int64_t it = 1;; ++it) {
+    for (int64_t it = first + 1;; ++it) {
       auto batch = train_loader.next();
       if (!batch) break;
       const double data_time = seconds_since(tick);
       Tensor x = batch->images.to(device), y = batch->labels.to(device);
-      Tensor loss = F::nll_loss(model(x), y);
+      Tensor loss;
+      {
+        amp::AutocastGuard autocast(precision);
+        loss = F::nll_loss(model(x), y);
+      }
+      const double loss_value = loss.item<double>();  // syncs a GPU
+      TANDEM_CHECK(std::isfinite(loss_value) || scaler.enabled(), "the loss is ", std::isnan(loss_value) ? "nan" : loss_value > 0 ? "inf" : "-inf", " at epoch ", epoch,
+                   ", iteration ", it, "/", iters, " (global iteration ", global_iter + 1,
+                   "): training diverged; lower optimizer.lr (--lr) or check the data");
       optimizer->zero_grad(/*set_to_none=*/!o.gradient_as_bucket_view);
-      loss.backward();
-      optimizer->step();
+      if (scaler.enabled()) {
+        scaler.scale(loss).backward();
+        scaler.step(*optimizer);  // skipped when a gradient is inf/NaN
+        scaler.update();
+      } else {
+        loss.backward();
+        optimizer->step();
+      }
       const double lr_used = optimizer->lr();
       if (cosine) iter_schedule.step();
+      ++global_iter;
       samples += x.size(0);
 
       const bool log_now = it % o.log_interval == 0 || it == iters;
-      double loss_value = 0;
-      if (metrics.enabled() || log_now) loss_value = loss.item<double>();  // syncs a GPU
       const double iter_time = seconds_since(tick);
       tick = Clock::now();
       window_time += iter_time;
@@ -248,7 +413,14 @@ void run_training(const TrainOptions& o) {
         window_time = window_data = 0;
         window_n = 0;
       }
+      if (rank == 0 && o.debug_sigterm_at == global_iter) ::raise(SIGTERM);
+      stop = agree_on_stop(d, device, train::StopSignal::requested());
+      if (stop != 0 || (o.checkpoint_interval_iters > 0 && global_iter % o.checkpoint_interval_iters == 0))
+        save_checkpoint(epoch, it);
+      if (rank == 0 && o.debug_sigkill_at == global_iter) ::raise(SIGKILL);
+      if (stop != 0) break;
     }
+    if (stop != 0) break;
     const double train_seconds = seconds_since(epoch_start);
     samples *= world;  // every rank ran the same number of batches of this size
     metrics.write({{"type", "epoch"}, {"epoch", epoch}, {"samples", samples}, {"seconds", train_seconds},
@@ -256,17 +428,35 @@ void run_training(const TrainOptions& o) {
     spdlog::info("Epoch(train) [{}] done: {} samples in {:.1f} s ({:.0f} samples/s)", epoch, samples,
                  train_seconds, samples / train_seconds);
 
-    EvalResult ev = evaluate(*net, test_loader, device, d.group.get());
-    metrics.write({{"type", "eval"}, {"epoch", epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
-    spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", epoch, ev.loss, ev.accuracy,
-                 ev.correct, ev.total);
+    if ((o.eval_interval > 0 && epoch % o.eval_interval == 0) || epoch == o.epochs) {
+      EvalResult ev = evaluate(*net, test_loader, device, d.group.get(), precision);
+      metrics.write(
+          {{"type", "eval"}, {"epoch", epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
+      spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", epoch, ev.loss, ev.accuracy,
+                   ev.correct, ev.total);
+    }
     if (!cosine) epoch_schedule.step();
+    if (o.checkpoint_interval_epochs > 0 && (epoch % o.checkpoint_interval_epochs == 0 || epoch == o.epochs))
+      save_checkpoint(epoch + 1, 0);
   }
 
+  if (stop != 0) {
+    // Every rank waits until rank 0's checkpoint is on disk before anyone exits.
+    if (d.active()) d.group->barrier()->wait(d.group->timeout());
+    spdlog::info("stopped by signal {} ({}); resume with --resume (work dir {})", stop,
+                 stop == SIGTERM ? "SIGTERM" : stop == SIGINT ? "SIGINT" : "signal", work_dir);
+    return train::StopSignal::exit_code(stop);
+  }
   if (!o.save_weights.empty() && rank == 0) {
     nn::save_weights(*net, o.save_weights);
     spdlog::info("weights saved: {}", o.save_weights);
   }
+  if (o.profile && rank == 0) {
+    profiler::set_enabled(false);
+    spdlog::info("profile (wall time per op, this rank):\n{}",
+                 profiler::report(profiler::measure_gemm_peak_gflops(num_threads())));
+  }
+  return 0;
 }
 
 }  // namespace tandem::app

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -318,15 +319,25 @@ class Supervisor {
           killed = true;
         }
       }
-      for (Worker* w : reap()) {
-        const int code = exit_code_of(w->status);
-        if (code == 0 || ending || received) continue;
+      std::vector<Worker*> failed;
+      for (Worker* w : reap())
+        if (exit_code_of(w->status) != 0 && !ending && !received) failed.push_back(w);
+      if (!failed.empty()) {
+        // Several found dead in one pass: a rank killed by a signal is the likelier cause (the
+        // others then fail on their broken connections), so it is the one reported; else the
+        // lowest rank.
+        auto by_signal =
+            std::find_if(failed.begin(), failed.end(), [](Worker* f) { return WIFSIGNALED(f->status); });
+        Worker* w = by_signal != failed.end() ? *by_signal : failed.front();
         result.kind = GroupResult::Kind::kWorkerFailed;
-        result.exit_code = code;
+        result.exit_code = exit_code_of(w->status);
         result.failed_rank = w->rank;
+        std::string also;
+        for (Worker* f : failed)
+          if (f != w) also += "; rank " + std::to_string(f->rank) + " also " + describe_status(f->status);
         const int others = alive_count();
         say("rank " + std::to_string(w->rank) + " (local rank " + std::to_string(w->local_rank) + ", pid " +
-            std::to_string(w->pid) + ") " + describe_status(w->status) +
+            std::to_string(w->pid) + ") " + describe_status(w->status) + also +
             (others > 0 ? "; ending the other " + std::to_string(others) + " worker(s)" : ""));
         begin_ending(SIGTERM);
       }

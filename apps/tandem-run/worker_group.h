@@ -4,6 +4,8 @@
 // group when one fails. Assumes the calling thread has blocked SIGINT, SIGTERM,
 // SIGHUP, SIGQUIT and SIGCHLD (main() does it before any thread starts): the
 // supervisor takes them with sigtimedwait, so no signal handler runs.
+// When several workers are found failed in one pass, the one killed by a signal (else the lowest
+// rank) is reported and decides the exit code; the others are listed as "also ...".
 // Guarantees: every worker it spawned has been reaped when run() returns, and
 // each worker's process group has been sent SIGKILL unless all succeeded.
 #pragma once

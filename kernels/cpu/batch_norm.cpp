@@ -10,15 +10,132 @@
 // H*W values (forward: one pass for the shifted first and second moments,
 // one to write; backward: one for the two sums, one to write); sums of rows
 // accumulate in double.
+// The fused batch_norm+relu entry points (batch_norm_relu_*) share these
+// passes; their output is max(0, fma(x, a, b)) with a = invstd * weight and
+// b = bias - mean * a per channel, and their backward recomputes that value
+// with the same instructions to mask dy (no saved output, no separate relu
+// passes over the activations): bitwise the same mask as the forward.
 #include "kernels/batch_norm.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
 namespace {
+
+// The per-channel affine map y = x * alpha + beta of the forward; explicit fma so that forward and
+// the fused backward get the same bits whatever the compiler contracts.
+template <typename T>
+struct Affine {
+  T alpha, beta;
+};
+template <typename T>
+Affine<T> affine_of(T invstd, const T* wp, const T* bp, int64_t c, T mean) {
+  const T alpha = wp ? invstd * wp[c] : invstd;
+  return {alpha, std::fma(-mean, alpha, bp ? bp[c] : T(0))};
+}
+
+// x * a + b rounded once where the CPU has FMA (as the AVX-512 rows do), else twice (std::fma
+// would be a slow library call); the same function in forward and backward either way.
+template <typename T>
+inline T affine_value(T x, T a, T b) {
+#if defined(__FMA__)
+  return std::fma(x, a, b);
+#else
+  return x * a + b;
+#endif
+}
+
+// ---- rows of the fused batch_norm + relu (float: AVX-512 with a masked tail; double: scalar) ----
+
+// y = relu(fma(x, a, b)) over n values; NaN propagates as in relu.
+template <typename T>
+void bn_relu_row(const T* x, T* y, int64_t n, T a, T b) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+      const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), va, vb);
+      _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(z, v));  // max(z, NaN) = NaN
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    const T v = affine_value(x[i], a, b);
+    y[i] = v > T(0) || v != v ? v : T(0);
+  }
+}
+
+// With d = (fma(x, a, b) > 0 ? dy : 0): s_dy += sum d, s_dy_xmu += sum d * (x - mean).
+template <typename T>
+void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, double& s_dy, double& s_dy_xmu) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
+    const __m512 z = _mm512_setzero_ps();
+    // Two chains each (named registers, no indexed array: GCC would keep one in memory), since
+    // one chain of adds is latency-bound.
+    __m512 s1a = z, s1b = z, s2a = z, s2b = z;
+    auto step = [&](int64_t i, __mmask16 m, __m512& s1, __m512& s2) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+      const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+      const __m512 d = _mm512_mask_blend_ps(pos, z, _mm512_maskz_loadu_ps(m, dy + i));
+      s1 = _mm512_add_ps(s1, d);
+      s2 = _mm512_fmadd_ps(d, _mm512_sub_ps(xv, vm), s2);
+    };
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+      step(i, 0xFFFF, s1a, s2a);
+      step(i + 16, 0xFFFF, s1b, s2b);
+    }
+    for (; i < n; i += 16) {
+      step(i, n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1), s1a, s2a);
+    }
+    s_dy += _mm512_reduce_add_ps(_mm512_add_ps(s1a, s1b));
+    s_dy_xmu += _mm512_reduce_add_ps(_mm512_add_ps(s2a, s2b));
+    return;
+  }
+#endif
+  T t1 = 0, t2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T d = affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
+    t1 += d;
+    t2 += d * (x[i] - mean);
+  }
+  s_dy += t1;
+  s_dy_xmu += t2;
+}
+
+// gx = (d - grad_mean - (x - mean) * k) * scale with d as above (training); gx = d * scale (eval,
+// where grad_mean = k = 0 gives the same formula).
+template <typename T>
+void bn_relu_grad_row(const T* dy, const T* x, T* gx, int64_t n, T a, T b, T mean, T grad_mean, T k, T scale) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
+    const __m512 vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k), vs = _mm512_set1_ps(scale);
+    const __m512 z = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+      const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+      const __m512 d = _mm512_mask_blend_ps(pos, z, _mm512_maskz_loadu_ps(m, dy + i));
+      const __m512 t = _mm512_sub_ps(_mm512_sub_ps(d, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
+      _mm512_mask_storeu_ps(gx + i, m, _mm512_mul_ps(t, vs));
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    const T d = affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
+    gx[i] = (d - grad_mean - (x[i] - mean) * k) * scale;
+  }
+}
 
 using detail::ArrMap;
 using detail::CArrMap;
@@ -41,7 +158,7 @@ int64_t channel_grain(const Layout& l) {
 template <typename T>
 BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                               const Tensor& running_mean, const Tensor& running_var, bool training,
-                              double momentum, double eps) {
+                              double momentum, double eps, bool relu) {
   const Tensor x = x_in.contiguous();
   const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
@@ -93,21 +210,26 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
       }
       mp[c] = mean;
       ip[c] = invstd;
-      const T alpha = wp ? invstd * wp[c] : invstd;
-      const T beta = (bp ? bp[c] : T(0)) - mean * alpha;
+      const auto [alpha, beta] = affine_of<T>(invstd, wp, bp, c, mean);
       for (int64_t n = 0; n < l.N; ++n) {
         const int64_t off = (n * l.C + c) * l.HW;
-        ArrMap<T>(yp + off, l.HW) = CArrMap<T>(xp + off, l.HW) * alpha + beta;
+        if (relu) {
+          bn_relu_row<T>(xp + off, yp + off, l.HW, alpha, beta);
+        } else {
+          ArrMap<T>(yp + off, l.HW) = CArrMap<T>(xp + off, l.HW) * alpha + beta;
+        }
       }
     }
   });
   return r;
 }
 
+// relu: the output was relu(batch_norm(x)); bias_in is the forward's bias (the mask needs it).
 template <typename T>
 BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor& weight_in,
                              const Tensor& save_mean_in, const Tensor& save_invstd_in, bool training,
-                             bool need_input, bool need_weight, bool need_bias) {
+                             bool need_input, bool need_weight, bool need_bias, bool relu = false,
+                             const Tensor& bias_in = Tensor()) {
   BatchNormGrads g;
   if (!need_input && !need_weight && !need_bias) return g;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous();
@@ -121,6 +243,8 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* gyp = gy.data<T>();
   const T* xp = x.data<T>();
   const T* wp = weight.defined() ? weight.data<T>() : nullptr;
+  const Tensor bias = relu && bias_in.defined() ? bias_in.contiguous() : Tensor();
+  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
   T* gxp = need_input ? g.input.data<T>() : nullptr;
@@ -136,7 +260,14 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
       const T mean = mp[c], invstd = ip[c];
       const T w = wp ? wp[c] : T(1);
       double sum_dy = 0, sum_dy_xmu = 0;
-      if (need_sums) {
+      // The forward's affine map, recomputed exactly as forward_impl did (relu mask).
+      const auto [alpha, beta] = affine_of<T>(invstd, wp, bp, c, mean);
+      if (need_sums && relu) {
+        for (int64_t n = 0; n < l.N; ++n) {
+          const int64_t off = (n * l.C + c) * l.HW;
+          bn_relu_sums_row<T>(gyp + off, xp + off, l.HW, alpha, beta, mean, sum_dy, sum_dy_xmu);
+        }
+      } else if (need_sums) {
         for (int64_t n = 0; n < l.N; ++n) {
           const int64_t off = (n * l.C + c) * l.HW;
           const CArrMap<T> dy(gyp + off, l.HW), xv(xp + off, l.HW);
@@ -153,12 +284,21 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const T scale = invstd * w;
         for (int64_t n = 0; n < l.N; ++n) {
           const int64_t off = (n * l.C + c) * l.HW;
+          if (relu) {
+            bn_relu_grad_row<T>(gyp + off, xp + off, gxp + off, l.HW, alpha, beta, mean, grad_mean, k, scale);
+            continue;
+          }
           const CArrMap<T> dy(gyp + off, l.HW), xv(xp + off, l.HW);
           ArrMap<T>(gxp + off, l.HW) = (dy - grad_mean - (xv - mean) * k) * scale;
         }
       } else {
         const T scale = invstd * w;
         for (int64_t n = 0; n < l.N; ++n) {
+          if (relu) {
+            const int64_t off = (n * l.C + c) * l.HW;
+            bn_relu_grad_row<T>(gyp + off, xp + off, gxp + off, l.HW, alpha, beta, mean, T(0), T(0), scale);
+            continue;
+          }
           const int64_t off = (n * l.C + c) * l.HW;
           ArrMap<T>(gxp + off, l.HW) = CArrMap<T>(gyp + off, l.HW) * scale;
         }
@@ -175,7 +315,28 @@ BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const
                                     double momentum, double eps) {
   detail::check_cpu("batch_norm_forward", x);
   return detail::dispatch_float(x.dtype(), "batch_norm_forward", [&](auto t) {
-    return forward_impl<decltype(t)>(x, weight, bias, running_mean, running_var, training, momentum, eps);
+    return forward_impl<decltype(t)>(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                                     /*relu=*/false);
+  });
+}
+
+BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Tensor& running_mean, const Tensor& running_var, bool training,
+                                         double momentum, double eps) {
+  detail::check_cpu("batch_norm_relu_forward", x);
+  return detail::dispatch_float(x.dtype(), "batch_norm_relu_forward", [&](auto t) {
+    return forward_impl<decltype(t)>(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                                     /*relu=*/true);
+  });
+}
+
+BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                        const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
+                                        bool training, bool need_input, bool need_weight, bool need_bias) {
+  detail::check_cpu("batch_norm_relu_backward", x);
+  return detail::dispatch_float(x.dtype(), "batch_norm_relu_backward", [&](auto t) {
+    return backward_impl<decltype(t)>(grad_out, x, weight, save_mean, save_invstd, training, need_input,
+                                      need_weight, need_bias, /*relu=*/true, bias);
   });
 }
 

@@ -1,5 +1,9 @@
 // CPU conv2d (NCHW), as im2col + Eigen GEMM. Owns the forward and backward
-// kernels declared in kernels/conv.h under tandem::kernels::cpu.
+// kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
+// fast paths (AVX-512): one-channel 3x3 convs use the direct kernels of
+// conv_c1.h; stride-1 geometries build the column matrix with permutes
+// (Im2colPermute) and scatter it back with a gather (Col2imGather, the same
+// additions in the same order as col2im). bench/PERF_NOTES.md has the numbers.
 // Assumes: arguments were validated by kernels/conv.cpp (shapes, devices,
 // dtypes); inputs may be non-contiguous (made contiguous here).
 // Guarantees: outputs are fresh contiguous tensors; the batch is cut into at
@@ -12,8 +16,10 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv_c1.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -27,6 +33,8 @@ struct Geometry {
   int64_t pq() const { return P * Q; }
   // The column matrix is the input itself: 1x1 kernel, stride 1, no padding.
   bool identity_col() const { return R == 1 && S == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+  // One input channel, 3x3, stride 1, no padding: the direct kernels of conv_c1.h (float32).
+  bool direct_c1() const { return detail::conv_c1_supported(C, R, S, sh, sw, ph, pw); }
 };
 
 Geometry make_geometry(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
@@ -130,6 +138,184 @@ void im2col(const T* x, const Geometry g, T* col) {  // g by value: stays in reg
   }
 }
 
+#if defined(__AVX512F__)
+// im2col for float, stride 1, no padding, when each output vector of 16
+// column-matrix elements comes from a source span of at most 32 floats (true
+// for the MNIST conv2: Q = 11, W = 13). A row (c, r, s) of the column matrix
+// is the P x Q window of channel c at (r, s) read with pitch W; output vector
+// j is one permute (vpermt2ps) of two masked loads at a fixed offset from the
+// window start, then one full store. This replaces Q-float row copies whose
+// overlapping, line-splitting stores dominated the general im2col. Spill
+// past the end of a row: as im2col (kSpill slack, overwritten by the next row).
+class Im2colPermute {
+ public:
+  static constexpr int64_t kMaxVectors = 64;
+
+  // False when the geometry does not qualify (then use im2col).
+  bool plan(const Geometry& g) {
+    if (g.sh != 1 || g.sw != 1 || g.ph != 0 || g.pw != 0 || g.Q <= 0 || g.P <= 0) return false;
+    const int64_t PQ = g.pq();
+    nvec_ = (PQ + 15) / 16;
+    if (nvec_ > kMaxVectors) return false;
+    for (int64_t j = 0; j < nvec_; ++j) {
+      const int64_t first = 16 * j, lanes = std::min<int64_t>(16, PQ - first);
+      auto src = [&](int64_t i) { return (i / g.Q) * g.W + i % g.Q; };
+      lo_[j] = src(first);
+      alignas(64) int32_t idx[16] = {};
+      int64_t span = 0;
+      for (int64_t l = 0; l < lanes; ++l) {
+        const int64_t rel = src(first + l) - lo_[j];
+        if (rel >= 32) return false;
+        idx[l] = static_cast<int32_t>(rel);
+        span = std::max(span, rel + 1);
+      }
+      idx_[j] = _mm512_load_si512(idx);
+      ma_[j] = span >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << span) - 1);
+      mb_[j] = span <= 16 ? __mmask16(0) : __mmask16((1u << (span - 16)) - 1);
+    }
+    return true;
+  }
+
+  void run(const float* x, const Geometry& g, float* col) const {
+    const int64_t PQ = g.pq();
+    for (int64_t c = 0; c < g.C; ++c) {
+      for (int64_t r = 0; r < g.R; ++r) {
+        for (int64_t s = 0; s < g.S; ++s) {
+          float* dst = col + ((c * g.R + r) * g.S + s) * PQ;
+          const float* base = x + (c * g.H + r) * g.W + s;
+          for (int64_t j = 0; j < nvec_; ++j) {
+            const float* p = base + lo_[j];
+            const __m512 a = _mm512_maskz_loadu_ps(ma_[j], p), b = _mm512_maskz_loadu_ps(mb_[j], p + 16);
+            _mm512_storeu_ps(dst + 16 * j, _mm512_permutex2var_ps(a, idx_[j], b));
+          }
+        }
+      }
+    }
+  }
+
+ private:
+  int64_t nvec_ = 0;
+  int64_t lo_[kMaxVectors];
+  __m512i idx_[kMaxVectors];
+  __mmask16 ma_[kMaxVectors], mb_[kMaxVectors];
+};
+
+// col2im for float and stride 1 (any padding) as a gather: each output
+// vector of 16 image pixels of channel c sums, over (r, s) in the same order
+// as col2im, one permute of two masked loads from column-matrix row (c, r, s),
+// with lanes that kernel tap does not reach zeroed; then one store. No
+// zero-fill, no read-modify-write of the image, nothing written past it, and
+// per pixel the same additions in the same order as col2im (so the same bits).
+// Applies when, for every (r, s, vector), the reached source elements span at
+// most 32 floats.
+class Col2imGather {
+ public:
+  bool plan(const Geometry& g) {
+    if (g.sh != 1 || g.sw != 1 || g.P <= 0 || g.Q <= 0) return false;
+    const int64_t HW = g.H * g.W;
+    nvec_ = (HW + 15) / 16;
+    if (nvec_ * g.R * g.S > 4096) return false;
+    taps_.assign(static_cast<size_t>(g.R * g.S * nvec_), Tap{});
+    for (int64_t r = 0; r < g.R; ++r) {
+      for (int64_t s = 0; s < g.S; ++s) {
+        for (int64_t j = 0; j < nvec_; ++j) {
+          Tap& t = taps_[(r * g.S + s) * nvec_ + j];
+          int64_t src[16], lo = -1, hi = -1;
+          for (int64_t l = 0; l < 16; ++l) {
+            src[l] = -1;
+            const int64_t i = 16 * j + l;
+            if (i >= HW) continue;
+            const int64_t p = i / g.W + g.ph - r, q = i % g.W + g.pw - s;
+            if (p < 0 || p >= g.P || q < 0 || q >= g.Q) continue;
+            src[l] = p * g.Q + q;
+            lo = lo < 0 ? src[l] : std::min(lo, src[l]);
+            hi = std::max(hi, src[l]);
+          }
+          if (lo < 0) continue;  // this tap reaches no pixel of the vector: lanes stays 0
+          const int64_t span = hi - lo + 1;
+          if (span > 32) return false;
+          alignas(64) int32_t idx[16] = {};
+          unsigned lanes = 0;
+          for (int l = 0; l < 16; ++l) {
+            if (src[l] < 0) continue;
+            idx[l] = static_cast<int32_t>(src[l] - lo);
+            lanes |= 1u << l;
+          }
+          t.lo = lo;
+          t.idx = _mm512_load_si512(idx);
+          t.lanes = __mmask16(lanes);
+          t.ma = span >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << span) - 1);
+          t.mb = span <= 16 ? __mmask16(0) : __mmask16((1u << (span - 16)) - 1);
+        }
+      }
+    }
+    return true;
+  }
+
+  // dx[c] = sum over (r, s) of the reached dcol elements, for all channels.
+  void run(const float* dcol, const Geometry& g, float* dx) const {
+    const int64_t PQ = g.pq(), HW = g.H * g.W, RS = g.R * g.S;
+    for (int64_t c = 0; c < g.C; ++c) {
+      const float* rows = dcol + c * RS * PQ;
+      float* out = dx + c * HW;
+      for (int64_t j = 0; j < nvec_; ++j) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t rs = 0; rs < RS; ++rs) {
+          const Tap& t = taps_[rs * nvec_ + j];
+          if (!t.lanes) continue;
+          const float* p = rows + rs * PQ + t.lo;
+          const __m512 a = _mm512_maskz_loadu_ps(t.ma, p), b = _mm512_maskz_loadu_ps(t.mb, p + 16);
+          acc = _mm512_add_ps(acc, _mm512_maskz_permutex2var_ps(t.lanes, a, t.idx, b));
+        }
+        const int64_t left = HW - 16 * j;
+        if (left >= 16) {
+          _mm512_storeu_ps(out + 16 * j, acc);
+        } else {
+          _mm512_mask_storeu_ps(out + 16 * j, __mmask16((1u << left) - 1), acc);
+        }
+      }
+    }
+  }
+
+ private:
+  struct Tap {
+    __m512i idx;
+    int64_t lo = 0;
+    __mmask16 lanes = 0, ma = 0, mb = 0;
+  };
+  int64_t nvec_ = 0;
+  std::vector<Tap> taps_;
+};
+#endif
+
+
+// im2col through Im2colPermute when it applies, else the general loop.
+template <typename T>
+struct Im2col {
+  explicit Im2col(const Geometry& g) {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) fast_ = perm_.plan(g);
+#endif
+  }
+  void operator()(const T* x, const Geometry& g, T* col) const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) {
+      if (fast_) {
+        perm_.run(x, g, col);
+        return;
+      }
+    }
+#endif
+    im2col(x, g, col);
+  }
+
+ private:
+  bool fast_ = false;
+#if defined(__AVX512F__)
+  Im2colPermute perm_;
+#endif
+};
+
 // The adjoint of im2col: dx[c][ih][iw] += col[...]. dx must start zeroed and
 // have kSpill<T> elements of slack past its end (see add_spill). Output rows
 // are visited even p first, then odd p, so that consecutive read-modify-writes
@@ -180,6 +366,15 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   const int64_t CRS = g.crs(), PQ = g.pq();
   const bool direct = g.identity_col();
   const int64_t chunks = batch_chunks(g);
+  if constexpr (std::is_same_v<T, float>) {
+    if (g.direct_c1()) {
+      const float* bp = b.defined() ? b.data<float>() : nullptr;
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv_c1_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.H, g.W, g.K);
+      });
+      return y;
+    }
+  }
   const int64_t col_stride = CRS * PQ + kSpill<T>;  // im2col spills past its end
   Tensor workspace = direct ? Tensor() : Tensor::empty({chunks * col_stride}, x.dtype());
 
@@ -189,17 +384,22 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   T* yp = y.data<T>();
   T* ws = direct ? nullptr : workspace.data<T>();
 
+  const Im2col<T> to_columns(g);
   detail::for_each_chunk(g.N, chunks, [&](int64_t chunk, int64_t n0, int64_t n1) {
     const CMatMap<T> wm(wp, g.K, CRS);
     T* col = direct ? nullptr : ws + chunk * col_stride;
     for (int64_t n = n0; n < n1; ++n) {
       const T* xn = xp + n * g.C * g.H * g.W;
-      if (!direct) im2col(xn, g, col);
+      if (!direct) to_columns(xn, g, col);
       MatMap<T> out(yp + n * g.K * PQ, g.K, PQ);
-      out.noalias() = wm * CMatMap<T>(direct ? xn : col, CRS, PQ);
+      // Eigen's "=" zero-fills the destination and then accumulates into it;
+      // starting from the bias instead saves a separate pass for the bias.
       if (bp) {
-        for (int64_t k = 0; k < g.K; ++k) out.row(k).array() += bp[k];
+        for (int64_t k = 0; k < g.K; ++k) out.row(k).setConstant(bp[k]);
+      } else {
+        out.setZero();
       }
+      out.noalias() += wm * CMatMap<T>(direct ? xn : col, CRS, PQ);
     }
   });
   return y;
@@ -214,6 +414,8 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const Geometry g = make_geometry(x, w, args);
   const int64_t CRS = g.crs(), PQ = g.pq(), CHW = g.C * g.H * g.W;
   const bool direct = g.identity_col();
+  // Weight and bias gradients of a one-channel 3x3 conv: direct kernels, no column matrix.
+  const bool c1 = std::is_same_v<T, float> && !need_input && g.direct_c1();
 
   if (need_input) out.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) out.weight = Tensor::empty(w.shape(), w.dtype());
@@ -230,7 +432,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   // column gradient and a padded image for col2im to accumulate into (input
   // grad), partial weight and bias gradients for chunks after the first
   // (chunk 0 accumulates straight into the outputs).
-  const int64_t col_sz = (need_weight && !direct) ? CRS * PQ + kSpill<T> : 0;
+  const int64_t col_sz = (need_weight && !direct && !c1) ? CRS * PQ + kSpill<T> : 0;
   const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
   const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
   const int64_t dw_sz = need_weight ? g.K * CRS : 0;
@@ -247,6 +449,11 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   T* gwp = need_weight ? out.weight.data<T>() : nullptr;
   T* gbp = need_bias ? out.bias.data<T>() : nullptr;
 
+  const Im2col<T> to_columns(g);
+#if defined(__AVX512F__)
+  Col2imGather gather;
+  const bool gather_ok = std::is_same_v<T, float> && need_input && !direct && gather.plan(g);
+#endif
   detail::for_each_chunk(g.N, chunks, [&](int64_t chunk, int64_t n0, int64_t n1) {
     T* base = ws + chunk * per_chunk;
     T* col = base;
@@ -256,6 +463,13 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
     T* db = chunk == 0 ? gbp : base + partial_off + dw_sz;
     if (need_weight) std::fill(dw, dw + g.K * CRS, T(0));
     if (need_bias) std::fill(db, db + g.K, T(0));
+    if constexpr (std::is_same_v<T, float>) {
+      if (c1) {
+        detail::conv_c1_weight_grad(gyp, xp, need_weight ? dw : nullptr, need_bias ? db : nullptr, n0, n1, g.H,
+                                    g.W, g.K);
+        return;
+      }
+    }
     const CMatMap<T> wm(wp, g.K, CRS);
     for (int64_t n = n0; n < n1; ++n) {
       const CMatMap<T> gyn(gyp + n * g.K * PQ, g.K, PQ);
@@ -264,7 +478,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
         for (int64_t k = 0; k < g.K; ++k) db[k] += gyn.row(k).sum();
       }
       if (need_weight) {
-        if (!direct) im2col(xn, g, col);
+        if (!direct) to_columns(xn, g, col);
         MatMap<T> dwm(dw, g.K, CRS);
         dwm.noalias() += gyn * CMatMap<T>(direct ? xn : col, CRS, PQ).transpose();
       }
@@ -274,9 +488,20 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
           MatMap<T>(gxn, CRS, PQ).noalias() = wm.transpose() * gyn;
         } else {
           MatMap<T>(dcol, CRS, PQ).noalias() = wm.transpose() * gyn;
-          std::fill(img, img + img_sz, T(0));
-          col2im(dcol, g, img);
-          std::memcpy(gxn, img, CHW * sizeof(T));
+          bool gathered = false;
+#if defined(__AVX512F__)
+          if constexpr (std::is_same_v<T, float>) {
+            if (gather_ok) {
+              gather.run(dcol, g, gxn);
+              gathered = true;
+            }
+          }
+#endif
+          if (!gathered) {
+            std::fill(img, img + img_sz, T(0));
+            col2im(dcol, g, img);
+            std::memcpy(gxn, img, CHW * sizeof(T));
+          }
         }
       }
     }

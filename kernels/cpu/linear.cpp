@@ -3,12 +3,21 @@
 // Assumes: validated by kernels/linear.cpp; inputs may be non-contiguous
 // (copied to contiguous, except that matmul reads a plain transpose of a
 // contiguous matrix in place).
-// Guarantees: fresh contiguous outputs. Big products are split into row
-// blocks of the output, one single-threaded GEMM per block, so each output
-// element is computed by exactly one thread in a fixed order.
+// Guarantees: fresh contiguous outputs; each output element is computed by
+// exactly one thread in an order fixed by the shapes and the thread count.
+// Linear in float32 with a narrow batch (<= 256) on an AVX-512 build runs on
+// kernels/cpu/small_gemm (weight read in place, never packed; its bits do not
+// depend on the thread count either). Otherwise Eigen GEMMs, one per block of
+// the output: Linear splits along the weight's dimension (output features for
+// forward and the weight gradient, input features for the input gradient) in
+// blocks of at most kMaxBlock, so every thread packs only its share of the
+// weight. Numbers: bench/PERF_NOTES.md section 6.
 #include "kernels/linear.h"
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/small_gemm.h"
+
+#include <type_traits>
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -31,15 +40,113 @@ int64_t row_chunks(int64_t rows, int64_t work_per_row) {
                             std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, work_per_row)));
 }
 
+constexpr int64_t kMaxBlock = 256;
+
+// Calls fn(begin, end) in parallel over blocks of [0, n): width at most
+// kMaxBlock and about n / threads, a multiple of 16 (SIMD width); one block
+// when the whole product (n * work_per_item multiply-adds) is small.
+template <typename Fn>
+void for_each_block(int64_t n, int64_t work_per_item, Fn&& fn) {
+  if (n <= 0) return;
+  if (n * std::max<int64_t>(1, work_per_item) < (int64_t{1} << 18)) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  const int64_t threads = num_threads();
+  int64_t width = std::min<int64_t>(kMaxBlock, (n + threads - 1) / threads);
+  width = std::min<int64_t>(n, (width + 15) / 16 * 16);
+  detail::for_each_chunk(n, (n + width - 1) / width, [&](int64_t, int64_t b, int64_t e) { fn(b, e); });
+}
+
+// ---- float32 products on the AVX-512 small GEMM (kernels/cpu/small_gemm.h) ----
+// Used when the batch is narrow (N <= kSmallMaxBatch) and the product is big enough to matter:
+// the weight is read in place (never packed), only the batch-sized operand is packed. Batch-64
+// MLP layers 2048x2048, 1 thread: ~150-175 GFLOP/s vs Eigen's ~90-110 (bench/PERF_NOTES.md).
+constexpr int64_t kSmallMaxBatch = 256;
+
+bool use_small(int64_t N, int64_t other1, int64_t other2) {
+  return N <= kSmallMaxBatch && N * other1 * other2 >= (int64_t{1} << 18) && detail::small_gemm_available();
+}
+
+// Runs small_gemm over rows [0, M) of C, split across threads on multiples of the 6-row tile.
+void small_gemm_parallel(int64_t M, int64_t J, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
+                         const float* bp, float* c, int64_t ldc) {
+  const int64_t tiles = (M + 5) / 6;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (6 * J * K + 1));  // tiles per chunk
+  detail::for_each_chunk(tiles, detail::num_chunks(tiles, grain), [&](int64_t, int64_t t0, int64_t t1) {
+    detail::small_gemm(t0 * 6, std::min(M, t1 * 6), J, K, a, a_rs, a_ks, bp, c, ldc);
+  });
+}
+
+// dst[n, m] = src[m, n] (+ bias[m]) for src [M, N] row-major, dst [N, M] row-major.
+void transpose_into(const float* src, int64_t M, int64_t N, const float* bias, float* dst) {
+  detail::parallel_range(N, std::max<int64_t>(1, (int64_t{1} << 15) / std::max<int64_t>(1, M)),
+                         [&](int64_t n0, int64_t n1) {
+                           for (int64_t n = n0; n < n1; ++n) {
+                             float* row = dst + n * M;
+                             for (int64_t m = 0; m < M; ++m) row[m] = src[m * N + n] + (bias ? bias[m] : 0.0f);
+                           }
+                         });
+}
+
+// y [N, O] = x [N, I] * w [O, I]^T + b: y^T = w * x^T, x^T packed, w read in place.
+Tensor small_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
+  Tensor packed = Tensor::empty({detail::packed_b_size(I, N)}, kFloat32);
+  Tensor yt = Tensor::empty({O, N}, kFloat32);
+  Tensor y = Tensor::empty({N, O}, kFloat32);
+  detail::pack_b_transposed(x.data<float>(), I, I, N, packed.data<float>());
+  small_gemm_parallel(O, N, I, w.data<float>(), I, 1, packed.data<float>(), yt.data<float>(), N);
+  transpose_into(yt.data<float>(), O, N, b.defined() ? b.data<float>() : nullptr, y.data<float>());
+  return y;
+}
+
+// gx [N, I] = gy [N, O] * w [O, I]: gx^T = w^T * gy^T, gy^T packed, w read in place (transposed).
+Tensor small_input_grad(const Tensor& gy, const Tensor& w) {
+  const int64_t N = gy.size(0), O = gy.size(1), I = w.size(1);
+  Tensor packed = Tensor::empty({detail::packed_b_size(O, N)}, kFloat32);
+  Tensor gxt = Tensor::empty({I, N}, kFloat32);
+  Tensor gx = Tensor::empty({N, I}, kFloat32);
+  detail::pack_b_transposed(gy.data<float>(), O, O, N, packed.data<float>());
+  small_gemm_parallel(I, N, O, w.data<float>(), 1, I, packed.data<float>(), gxt.data<float>(), N);
+  transpose_into(gxt.data<float>(), I, N, nullptr, gx.data<float>());
+  return gx;
+}
+
+// gw [O, I] = gy [N, O]^T * x [N, I]: x packed, gy read in place (transposed).
+Tensor small_weight_grad(const Tensor& gy, const Tensor& x) {
+  const int64_t N = gy.size(0), O = gy.size(1), I = x.size(1);
+  Tensor packed = Tensor::empty({detail::packed_b_size(N, I)}, kFloat32);
+  Tensor gw = Tensor::empty({O, I}, kFloat32);
+  detail::pack_b_rows(x.data<float>(), I, N, I, packed.data<float>());
+  small_gemm_parallel(O, I, N, gy.data<float>(), 1, O, packed.data<float>(), gw.data<float>(), I);
+  return gw;
+}
+
 template <typename T>
 Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) {
   const Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
+  if constexpr (std::is_same_v<T, float>) {
+    if (I > 0 && use_small(N, I, O)) return small_forward(x, w, b);
+  }
   Tensor y = Tensor::empty({N, O}, x.dtype());
   const CMatMap<T> X(x.data<T>(), N, I), Wm(w.data<T>(), O, I);
   MatMap<T> Y(y.data<T>(), N, O);
   const T* bp = b.defined() ? b.data<T>() : nullptr;
+  if (O >= N) {  // split the output features: each block packs only its rows of the weight
+    for_each_block(O, N * I, [&](int64_t c0, int64_t c1) {
+      auto cols = Y.middleCols(c0, c1 - c0);
+      if (I == 0) {
+        cols.setZero();
+      } else {
+        cols.noalias() = X * Wm.middleRows(c0, c1 - c0).transpose();
+      }
+      if (bp) cols.rowwise() += CRowVecMap<T>(bp + c0, c1 - c0);
+    });
+    return y;
+  }
   detail::for_each_chunk(N, row_chunks(N, I * O), [&](int64_t, int64_t r0, int64_t r1) {
     auto rows = Y.middleRows(r0, r1 - r0);
     if (I == 0) {
@@ -61,21 +168,46 @@ LinearGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
   const CMatMap<T> GY(gy.data<T>(), N, O), X(x.data<T>(), N, I), Wm(w.data<T>(), O, I);
   if (need_input) {
-    g.input = Tensor::empty({N, I}, x.dtype());
-    MatMap<T> GX(g.input.data<T>(), N, I);
-    detail::for_each_chunk(N, row_chunks(N, I * O), [&](int64_t, int64_t r0, int64_t r1) {
-      auto rows = GX.middleRows(r0, r1 - r0);
-      if (O == 0) {
-        rows.setZero();
-      } else {
-        rows.noalias() = GY.middleRows(r0, r1 - r0) * Wm;
+    bool done = false;
+    if constexpr (std::is_same_v<T, float>) {
+      // A short reduction (O < 256) keeps Eigen ahead (MNIST fc1: O = 128).
+      if (O >= 256 && use_small(N, I, O)) {
+        g.input = small_input_grad(gy, w);
+        done = true;
       }
-    });
+    }
+    if (!done) g.input = Tensor::empty({N, I}, x.dtype());
+    MatMap<T> GX(g.input.data<T>(), N, I);
+    if (!done && I >= N) {  // split the input features: each block packs only its columns of the weight
+      for_each_block(I, N * O, [&](int64_t c0, int64_t c1) {
+        auto cols = GX.middleCols(c0, c1 - c0);
+        if (O == 0) {
+          cols.setZero();
+        } else {
+          cols.noalias() = GY * Wm.middleCols(c0, c1 - c0);
+        }
+      });
+    } else if (!done) {
+      detail::for_each_chunk(N, row_chunks(N, I * O), [&](int64_t, int64_t r0, int64_t r1) {
+        auto rows = GX.middleRows(r0, r1 - r0);
+        if (O == 0) {
+          rows.setZero();
+        } else {
+          rows.noalias() = GY.middleRows(r0, r1 - r0) * Wm;
+        }
+      });
+    }
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (need_weight && N > 0 && use_small(N, I, O)) {
+      g.weight = small_weight_grad(gy, x);
+      need_weight = false;
+    }
   }
   if (need_weight) {
     g.weight = Tensor::empty({O, I}, w.dtype());
     MatMap<T> GW(g.weight.data<T>(), O, I);
-    detail::for_each_chunk(O, row_chunks(O, N * I), [&](int64_t, int64_t r0, int64_t r1) {
+    for_each_block(O, N * I, [&](int64_t r0, int64_t r1) {
       auto rows = GW.middleRows(r0, r1 - r0);
       if (N == 0) {
         rows.setZero();

@@ -1,6 +1,9 @@
 // conv2d on CUDA: cuDNN forward, backward data and backward filter (cross-correlation, groups 1,
-// dilation 1, float32), with custom kernels for the bias add and the bias gradient; the two
+// dilation 1), with custom kernels for the bias add and the bias gradient; the two float32
 // per-channel launchers declared in context.h live here and are shared with linear.cu.
+// dtypes: float32, and float16 / bfloat16 for mixed precision (all operands one dtype; tensors
+// CUDNN_DATA_HALF / CUDNN_DATA_BFLOAT16 with CUDNN_DATA_FLOAT compute, tensor-core algorithms
+// allowed; outputs and gradients in the operands' dtype; bias kernels in kernels/cuda/amp.cu).
 //
 // Algorithms: chosen once per (device, op, shape, TF32 setting) with cuDNN's heuristic
 // (cudnnGet*Algorithm_v7) and cached. Among the candidates cuDNN reports as supported we take
@@ -17,6 +20,7 @@
 
 #include "core/allocator.h"
 #include "kernels/conv.h"
+#include "kernels/cuda/amp.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/cuda/reduce.cuh"
 
@@ -46,9 +50,9 @@ __global__ void channel_sum_kernel(const float* dy, float* out, int64_t N, int64
 
 struct TensorDesc {
   cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc(int n, int c, int h, int w) {
+  TensorDesc(int n, int c, int h, int w, cudnnDataType_t t) {
     TANDEM_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d));
-    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+    TANDEM_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, t, n, c, h, w));
   }
   ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
   TensorDesc(const TensorDesc&) = delete;
@@ -57,9 +61,9 @@ struct TensorDesc {
 
 struct FilterDesc {
   cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc(int k, int c, int r, int s) {
+  FilterDesc(int k, int c, int r, int s, cudnnDataType_t t) {
     TANDEM_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d));
-    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, k, c, r, s));
+    TANDEM_CUDNN_CHECK(cudnnSetFilter4dDescriptor(d, t, CUDNN_TENSOR_NCHW, k, c, r, s));
   }
   ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
   FilterDesc(const FilterDesc&) = delete;
@@ -68,11 +72,13 @@ struct FilterDesc {
 
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc(int ph, int pw, int sh, int sw) {
+  ConvDesc(int ph, int pw, int sh, int sw, bool lowp) {
     TANDEM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
+    // Float compute for every storage type (for half storage: cuDNN's "pseudo half" configuration).
     TANDEM_CUDNN_CHECK(
         cudnnSetConvolution2dDescriptor(d, ph, pw, sh, sw, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d, allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    TANDEM_CUDNN_CHECK(
+        cudnnSetConvolutionMathType(d, lowp || allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
   ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
   ConvDesc(const ConvDesc&) = delete;
@@ -98,6 +104,8 @@ struct Workspace {
 
 struct ConvGeometry {
   int n, c, h, w, k, r, s, p, q, ph, pw, sh, sw;
+  DType dtype = kFloat32;
+  bool lowp() const { return dtype != kFloat32; }
 };
 
 ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
@@ -138,7 +146,7 @@ struct AlgoChoice {
   size_t workspace;
 };
 
-using AlgoKey = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, bool>;
+using AlgoKey = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, bool, int>;
 
 std::mutex g_algo_mu;
 std::map<AlgoKey, AlgoChoice>& algo_cache() {
@@ -146,17 +154,18 @@ std::map<AlgoKey, AlgoChoice>& algo_cache() {
   return *cache;
 }
 
-bool math_allowed(cudnnMathType_t m) {
-  return allow_tf32() || (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+// Tensor-op math is what half storage is for; for float32 it means TF32, allowed only on request.
+bool math_allowed(cudnnMathType_t m, bool lowp) {
+  return lowp || allow_tf32() || (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
 }
 
 // Picks among cuDNN's heuristic candidates (see the file comment).
 template <typename Perf>
-bool pick(const std::vector<Perf>& perf, int returned, Perf& out) {
+bool pick(const std::vector<Perf>& perf, int returned, bool lowp, Perf& out) {
   const Perf* first = nullptr;
   for (int i = 0; i < returned; ++i) {
     const Perf& p = perf[i];
-    if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType)) continue;
+    if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(p.mathType, lowp)) continue;
     if (!first) first = &p;
     if (p.determinism == CUDNN_DETERMINISTIC) {
       out = p;
@@ -169,19 +178,24 @@ bool pick(const std::vector<Perf>& perf, int returned, Perf& out) {
 }
 
 // The math type to set on the descriptor for a chosen candidate: FMA unless TF32 is allowed.
-cudnnMathType_t math_for(cudnnMathType_t candidate) { return allow_tf32() ? candidate : CUDNN_FMA_MATH; }
+cudnnMathType_t math_for(cudnnMathType_t candidate, bool lowp) {
+  return lowp || allow_tf32() ? candidate : CUDNN_FMA_MATH;
+}
 
 struct Descriptors {
   TensorDesc x, y;
   FilterDesc w;
   ConvDesc conv;
   explicit Descriptors(const ConvGeometry& g)
-      : x(g.n, g.c, g.h, g.w), y(g.n, g.k, g.p, g.q), w(g.k, g.c, g.r, g.s), conv(g.ph, g.pw, g.sh, g.sw) {}
+      : x(g.n, g.c, g.h, g.w, cudnn_dtype(g.dtype)),
+        y(g.n, g.k, g.p, g.q, cudnn_dtype(g.dtype)),
+        w(g.k, g.c, g.r, g.s, cudnn_dtype(g.dtype)),
+        conv(g.ph, g.pw, g.sh, g.sw, g.lowp()) {}
 };
 
 AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t handle, const Descriptors& d) {
   const AlgoKey key{device, static_cast<int>(op), g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.ph, g.pw, g.sh, g.sw,
-                    allow_tf32()};
+                    allow_tf32(), static_cast<int>(g.dtype)};
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
     auto it = algo_cache().find(key);
@@ -196,12 +210,12 @@ AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t ha
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(handle, d.x.d, d.w.d, d.conv.d, d.y.d, max_count,
                                                                 &returned, perf.data()));
       cudnnConvolutionFwdAlgoPerf_t best{};
-      if (pick(perf, returned, best)) {
+      if (pick(perf, returned, g.lowp(), best)) {
         choice.algo = best.algo;
-        choice.math = math_for(best.mathType);
+        choice.math = math_for(best.mathType, g.lowp());
       } else {
         choice.algo = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM;
-        choice.math = math_for(CUDNN_DEFAULT_MATH);
+        choice.math = math_for(CUDNN_DEFAULT_MATH, g.lowp());
       }
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(
@@ -215,12 +229,12 @@ AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t ha
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(handle, d.w.d, d.y.d, d.conv.d, d.x.d, max_count,
                                                                      &returned, perf.data()));
       cudnnConvolutionBwdDataAlgoPerf_t best{};
-      if (pick(perf, returned, best)) {
+      if (pick(perf, returned, g.lowp(), best)) {
         choice.algo = best.algo;
-        choice.math = math_for(best.mathType);
+        choice.math = math_for(best.mathType, g.lowp());
       } else {
         choice.algo = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
-        choice.math = math_for(CUDNN_DEFAULT_MATH);
+        choice.math = math_for(CUDNN_DEFAULT_MATH, g.lowp());
       }
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(
@@ -234,12 +248,12 @@ AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t ha
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(handle, d.x.d, d.y.d, d.conv.d, d.w.d,
                                                                        max_count, &returned, perf.data()));
       cudnnConvolutionBwdFilterAlgoPerf_t best{};
-      if (pick(perf, returned, best)) {
+      if (pick(perf, returned, g.lowp(), best)) {
         choice.algo = best.algo;
-        choice.math = math_for(best.mathType);
+        choice.math = math_for(best.mathType, g.lowp());
       } else {
         choice.algo = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-        choice.math = math_for(CUDNN_DEFAULT_MATH);
+        choice.math = math_for(CUDNN_DEFAULT_MATH, g.lowp());
       }
       TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, choice.math));
       TANDEM_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(
@@ -277,12 +291,14 @@ void channel_sum(const float* dy, float* out, int64_t N, int64_t C, int64_t S, c
 
 Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dArgs& args) {
   const char* op = "conv2d_forward";
-  const int dev = check_f32_cuda(op, {x_in, weight_in, bias_in});
-  const ConvGeometry g = geometry(op, x_in, weight_in, args);
+  DType dtype = kFloat32;
+  const int dev = check_float_cuda(op, {x_in, weight_in, bias_in}, dtype);
+  ConvGeometry g = geometry(op, x_in, weight_in, args);
+  g.dtype = dtype;
   if (bias_in.defined())
     TANDEM_CHECK(bias_in.dim() == 1 && bias_in.size(0) == g.k, op, ": bias must be [", g.k, "], got ",
                  bias_in.str());
-  Tensor y = Tensor::empty({g.n, g.k, g.p, g.q}, kFloat32, x_in.device());
+  Tensor y = Tensor::empty({g.n, g.k, g.p, g.q}, dtype, x_in.device());
   if (y.numel() == 0) return y;
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
   const cudaStream_t stream = compute_stream(dev);
@@ -297,7 +313,7 @@ Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
                                              &kZero, d.y.d, y.raw_data()));
   if (bias_in.defined()) {
     const Tensor bias = bias_in.contiguous();
-    add_channel_bias(f32_ptr(y), f32_ptr(bias), g.n, g.k, int64_t(g.p) * g.q, stream);
+    add_channel_bias_any(y.raw_data(), bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q, stream);
   }
   return y;
 }
@@ -305,16 +321,18 @@ Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
 Conv2dGrads conv2d_backward(const Tensor& grad_out_in, const Tensor& x_in, const Tensor& weight_in,
                             const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
   const char* op = "conv2d_backward";
-  const int dev = check_f32_cuda(op, {grad_out_in, x_in, weight_in});
-  const ConvGeometry g = geometry(op, x_in, weight_in, args);
+  DType dtype = kFloat32;
+  const int dev = check_float_cuda(op, {grad_out_in, x_in, weight_in}, dtype);
+  ConvGeometry g = geometry(op, x_in, weight_in, args);
+  g.dtype = dtype;
   const Shape out_shape{g.n, g.k, g.p, g.q};
   TANDEM_CHECK(grad_out_in.shape() == out_shape, op, ": grad_output must be ", shape_str(out_shape), ", got ",
                grad_out_in.str());
   const Device device = x_in.device();
   Conv2dGrads grads;
-  if (need_input) grads.input = Tensor::empty(x_in.shape(), kFloat32, device);
-  if (need_weight) grads.weight = Tensor::empty(weight_in.shape(), kFloat32, device);
-  if (need_bias) grads.bias = Tensor::empty({g.k}, kFloat32, device);
+  if (need_input) grads.input = Tensor::empty(x_in.shape(), dtype, device);
+  if (need_weight) grads.weight = Tensor::empty(weight_in.shape(), dtype, device);
+  if (need_bias) grads.bias = Tensor::empty({g.k}, dtype, device);
   if (grad_out_in.numel() == 0) {  // empty batch: zero gradients, nothing for cuDNN to do
     for (Tensor* t : {&grads.input, &grads.weight, &grads.bias})
       if (t->defined()) t->zero_();
@@ -343,7 +361,8 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out_in, const Tensor& x_in, const
                                                       d.conv.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
                                                       ws.ptr, ws.nbytes, &kZero, d.w.d, grads.weight.raw_data()));
   }
-  if (need_bias) channel_sum(f32_ptr(dy), f32_ptr(grads.bias), g.n, g.k, int64_t(g.p) * g.q, stream);
+  if (need_bias)
+    channel_sum_any(dy.raw_data(), grads.bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q, stream);
   return grads;
 }
 

@@ -65,4 +65,21 @@ cublasStatus_t CUBLASWINAPI cublasSgemm_v2(cublasHandle_t handle, cublasOperatio
   TANDEM_FORWARD(cublasSgemm_v2, handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// Mixed precision (kernels/cuda/linear.cu): f16/bf16 GEMM with float accumulation. cublas_api.h
+// also declares a C++ overload taking a cudaDataType compute type, so the pointer type is spelled
+// out rather than taken with decltype.
+cublasStatus_t CUBLASWINAPI cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
+                                         int lda, const void* B, cudaDataType Btype, int ldb, const void* beta,
+                                         void* C, cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                                         cublasGemmAlgo_t algo) {
+  using Fn = cublasStatus_t(CUBLASWINAPI*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                           const void*, const void*, cudaDataType, int, const void*, cudaDataType,
+                                           int, const void*, void*, cudaDataType, int, cublasComputeType_t,
+                                           cublasGemmAlgo_t);
+  static const auto fn = cublas_symbol<Fn>("cublasGemmEx");
+  return fn(handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, computeType,
+            algo);
+}
+
 }  // extern "C"

@@ -1,4 +1,6 @@
-// linear and matmul on CUDA with cuBLAS sgemm (float32; TF32 only with TANDEM_ALLOW_TF32=1).
+// linear and matmul on CUDA with cuBLAS sgemm (float32; TF32 only with TANDEM_ALLOW_TF32=1). linear
+// also takes float16 / bfloat16 operands (mixed precision): cublasGemmEx with CUBLAS_COMPUTE_32F
+// (float accumulation, tensor cores), outputs and gradients in the operands' dtype.
 // cuBLAS is column-major; a row-major [R, C] matrix is the column-major [C, R] matrix, its
 // transpose. So each row-major product Z = A * B is computed as the column-major Z^T = B^T * A^T,
 // with no data moved:
@@ -10,6 +12,7 @@
 // strided (made contiguous first); outputs are contiguous. All work is on the compute stream.
 #include <algorithm>
 
+#include "kernels/cuda/amp.cuh"
 #include "kernels/cuda/context.h"
 #include "kernels/linear.h"
 
@@ -32,11 +35,32 @@ void sgemm(int dev, cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
   TANDEM_CUBLAS_CHECK(cublasSgemm(cublas_handle(dev), ta, tb, m, n, k, &kOne, a, lda, b, ldb, &kZero, c, ldc));
 }
 
+// The same for any of f32 / f16 / bf16 storage (all three matrices one dtype), float compute.
+void gemm_any(int dev, DType t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
+              int lda, const void* b, int ldb, void* c, int ldc) {
+  if (t == kFloat32) {
+    sgemm(dev, ta, tb, m, n, k, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb,
+          static_cast<float*>(c), ldc);
+    return;
+  }
+  if (m == 0 || n == 0) return;
+  const cudaStream_t stream = compute_stream(dev);
+  DeviceGuard guard(dev);
+  if (k == 0) {
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, element_size(t) * size_t(m) * size_t(n), stream));
+    return;
+  }
+  const cudaDataType dt = cuda_dtype(t);
+  TANDEM_CUBLAS_CHECK(cublasGemmEx(cublas_handle(dev), ta, tb, m, n, k, &kOne, a, dt, lda, b, dt, ldb, &kZero, c, dt,
+                                   ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 }  // namespace
 
 Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const char* op = "linear_forward";
-  const int dev = check_f32_cuda(op, {x_in, weight_in, bias_in});
+  DType dtype = kFloat32;
+  const int dev = check_float_cuda(op, {x_in, weight_in, bias_in}, dtype);
   TANDEM_CHECK(x_in.dim() == 2, op, ": input must be 2-D [N, in], got ", x_in.str());
   TANDEM_CHECK(weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op, ": weight must be [out, ",
                x_in.size(1), "], got ", weight_in.str());
@@ -46,12 +70,12 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
   if (bias_in.defined())
     TANDEM_CHECK(bias_in.dim() == 1 && bias_in.size(0) == out, op, ": bias must be [", out, "], got ", bias_in.str());
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-  Tensor y = Tensor::empty({N, out}, kFloat32, x_in.device());
-  sgemm(dev, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, f32_ptr(weight), std::max(in, 1), f32_ptr(x), std::max(in, 1),
-        f32_ptr(y), std::max(out, 1));
+  Tensor y = Tensor::empty({N, out}, dtype, x_in.device());
+  gemm_any(dev, dtype, CUBLAS_OP_T, CUBLAS_OP_N, out, N, in, weight.raw_data(), std::max(in, 1), x.raw_data(),
+           std::max(in, 1), y.raw_data(), std::max(out, 1));
   if (bias_in.defined()) {
     const Tensor bias = bias_in.contiguous();
-    add_channel_bias(f32_ptr(y), f32_ptr(bias), N, out, 1, compute_stream(dev));
+    add_channel_bias_any(y.raw_data(), bias.raw_data(), dtype, N, out, 1, compute_stream(dev));
   }
   return y;
 }
@@ -59,7 +83,8 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
 LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const Tensor& weight_in, bool need_input,
                             bool need_weight, bool need_bias) {
   const char* op = "linear_backward";
-  const int dev = check_f32_cuda(op, {grad_out_in, x_in, weight_in});
+  DType dtype = kFloat32;
+  const int dev = check_float_cuda(op, {grad_out_in, x_in, weight_in}, dtype);
   TANDEM_CHECK(x_in.dim() == 2 && weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op,
                ": expected input [N, in] and weight [out, in], got ", x_in.str(), " and ", weight_in.str());
   const int N = to_int(x_in.size(0), op, "batch size");
@@ -72,22 +97,22 @@ LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const
   LinearGrads grads;
   if (need_input) {
     const Tensor weight = weight_in.contiguous();
-    grads.input = Tensor::empty({N, in}, kFloat32, device);
-    sgemm(dev, CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, f32_ptr(weight), std::max(in, 1), f32_ptr(dy),
-          std::max(out, 1), f32_ptr(grads.input), std::max(in, 1));
+    grads.input = Tensor::empty({N, in}, dtype, device);
+    gemm_any(dev, dtype, CUBLAS_OP_N, CUBLAS_OP_N, in, N, out, weight.raw_data(), std::max(in, 1), dy.raw_data(),
+             std::max(out, 1), grads.input.raw_data(), std::max(in, 1));
   }
   if (need_weight) {
     const Tensor x = x_in.contiguous();
-    grads.weight = Tensor::empty({out, in}, kFloat32, device);
-    sgemm(dev, CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, f32_ptr(x), std::max(in, 1), f32_ptr(dy), std::max(out, 1),
-          f32_ptr(grads.weight), std::max(in, 1));
+    grads.weight = Tensor::empty({out, in}, dtype, device);
+    gemm_any(dev, dtype, CUBLAS_OP_N, CUBLAS_OP_T, in, out, N, x.raw_data(), std::max(in, 1), dy.raw_data(),
+             std::max(out, 1), grads.weight.raw_data(), std::max(in, 1));
   }
   if (need_bias) {
-    grads.bias = Tensor::empty({out}, kFloat32, device);
+    grads.bias = Tensor::empty({out}, dtype, device);
     if (N == 0) {
       grads.bias.zero_();
     } else {
-      channel_sum(f32_ptr(dy), f32_ptr(grads.bias), N, out, 1, compute_stream(dev));
+      channel_sum_any(dy.raw_data(), grads.bias.raw_data(), dtype, N, out, 1, compute_stream(dev));
     }
   }
   return grads;

@@ -19,13 +19,13 @@ Tensor MnistNet::forward(const Tensor& x) {
   // One statement per op: each intermediate is released as soon as the next
   // exists (nested calls would keep every temporary alive to the end of the
   // expression), which bounds the activations held at once without a graph.
+  // BatchNorm followed by relu runs as one fused op (BatchNorm2d::forward_relu; relu(n(h)) when
+  // SyncBatchNorm statistics are installed).
   Tensor h = (*conv1)(x);
-  h = (*n1)(h);
-  h = F::relu(h);
+  h = n1->forward_relu(h);
   h = F::max_pool2d(h, 2);
   h = (*conv2)(h);
-  h = (*n2)(h);
-  h = F::relu(h);
+  h = n2->forward_relu(h);
   h = F::max_pool2d(h, 2);
   h = F::flatten(h, 1);
   h = F::relu((*fc1)(h));

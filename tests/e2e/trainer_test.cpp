@@ -84,6 +84,20 @@ TEST(Trainer, SavedWeightsLoadAndTrainingContinuesFromThem) {
   EXPECT_LT(nlohmann::json::parse(first)["loss"].get<double>(), 1.5);
 }
 
+TEST(Trainer, ProfileFlagPrintsAnOpTable) {
+  if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TempDir tmp("e2e");
+  ASSERT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--epochs", "1", "--limit", "128", "--test-limit", "64",
+                         "--threads", "1", "--work-dir", tmp.file("w"), "--profile"},
+                        tmp / "log"),
+            0)
+      << read_file(tmp / "log");
+  const std::string log = read_file(tmp / "log");
+  EXPECT_NE(log.find("profile (wall time per op"), std::string::npos) << log;
+  EXPECT_NE(log.find("conv2d"), std::string::npos) << log;
+  EXPECT_NE(log.find("adadelta_update"), std::string::npos) << log;
+}
+
 TEST(TrainerErrors, UnknownFlag) {
   TempDir tmp("e2e");
   EXPECT_EQ(run_process({kTrainer, "--no-such-flag"}, tmp / "log"), 2);

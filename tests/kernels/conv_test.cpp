@@ -172,6 +172,31 @@ TEST(Conv2d, SeveralThreadsSplitTheBatch) {
   }
 }
 
+TEST(Conv2d, OneChannelDirectKernels) {
+  // C = 1, 3x3, stride 1, no padding takes the direct float32 kernels
+  // (kernels/cpu/conv_c1.cpp) for the forward and for weight/bias gradients
+  // without an input gradient: rows with a partial vector (Q = 35 = 16+16+3)
+  // and fewer than 16 columns (Q = 5), output channels not a multiple of the
+  // 8- and 2-channel blocks, with and without bias, over several threads.
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadCountGuard guard(threads);
+    check_case({3, 1, 21, 37, 11, 3, 3, {1, 1, 0, 0}, true}, kFloat32, false, 60);
+    check_case({5, 1, 7, 7, 9, 3, 3, {1, 1, 0, 0}, false}, kFloat32, false, 61);
+    check_case({2, 1, 9, 18, 1, 3, 3, {1, 1, 0, 0}, true}, kFloat32, true, 62);
+  }
+}
+
+TEST(Conv2d, PermutedIm2colAndItsFallback) {
+  // Stride 1, no padding, float32: the column matrix is built by permutes
+  // when 16 consecutive column elements span at most 32 input values (Q = 3,
+  // W = 5: five row breaks in a vector), and by the row-copy loop otherwise
+  // (Q = 1, W = 4: 16 elements span 61 values).
+  check_case({2, 3, 9, 5, 4, 3, 3, {1, 1, 0, 0}, true}, kFloat32, false, 63);
+  check_case({2, 2, 20, 4, 3, 2, 4, {1, 1, 0, 0}, true}, kFloat32, false, 64);
+  check_case({3, 4, 14, 15, 5, 2, 2, {1, 1, 0, 0}, false}, kFloat32, true, 65);
+}
+
 TEST(Conv2d, MnistShapes) {
   // The two convolutions of the MNIST net, at a reduced batch.
   check_case({3, 1, 28, 28, 32, 3, 3, {1, 1, 0, 0}, true}, kFloat32, false, 50);

@@ -1,0 +1,170 @@
+// tandem-mnist's config schema and its resolution (see config.h).
+#include "config.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+
+namespace tandem::app {
+namespace {
+
+using train::Json;
+
+const std::map<std::string, std::string>& flag_keys() {
+  static const std::map<std::string, std::string> m = {
+      {"--data-dir", "data.data_dir"},
+      {"--batch-size", "data.batch_size"},
+      {"--test-batch-size", "data.test_batch_size"},
+      {"--limit", "data.limit"},
+      {"--test-limit", "data.test_limit"},
+      {"--no-shuffle", "data.shuffle"},
+      {"--optimizer", "optimizer.type"},
+      {"--lr", "optimizer.lr"},
+      {"--momentum", "optimizer.momentum"},
+      {"--weight-decay", "optimizer.weight_decay"},
+      {"--auto-scale-lr", "optimizer.auto_scale_lr_base_batch"},
+      {"--lr-schedule", "schedule.type"},
+      {"--gamma", "schedule.gamma"},
+      {"--amp", "amp"},
+      {"--launcher", "ddp.launcher"},
+      {"--backend", "ddp.backend"},
+      {"--bucket-cap-mb", "ddp.bucket_cap_mb"},
+      {"--first-bucket-cap-mb", "ddp.first_bucket_cap_mb"},
+      {"--find-unused-parameters", "ddp.find_unused_parameters"},
+      {"--gradient-as-bucket-view", "ddp.gradient_as_bucket_view"},
+      {"--comm-hook", "ddp.comm_hook"},
+      {"--sync-bn", "ddp.sync_bn"},
+      {"--dist-timeout", "ddp.timeout_s"},
+      {"--epochs", "train.epochs"},
+      {"--seed", "train.seed"},
+      {"--log-interval", "train.log_interval"},
+      {"--eval-interval", "train.eval_interval"},
+      {"--checkpoint-interval", "train.checkpoint_interval_iters"},
+      {"--checkpoint-epochs", "train.checkpoint_interval_epochs"},
+      {"--max-keep-ckpts", "train.max_keep_ckpts"},
+      {"--device", "env.device"},
+      {"--threads", "env.threads"},
+      {"--init-weights", "load_from"},
+      {"--work-dir", "work_dir"},
+  };
+  return m;
+}
+
+template <typename T>
+T get(const Json& c, const std::string& key) {
+  return train::get_path(c, key).get<T>();
+}
+
+void check_choice(const std::string& key, const std::string& value, std::initializer_list<const char*> choices) {
+  std::string list;
+  for (const char* c : choices) {
+    if (value == c) return;
+    list += std::string(list.empty() ? "" : ", ") + c;
+  }
+  TANDEM_FAIL("config key '", key, "' must be one of ", list, "; got \"", value, "\"");
+}
+
+template <typename T>
+T at_least(const Json& c, const std::string& key, T minimum) {
+  const T v = get<T>(c, key);
+  TANDEM_CHECK(v >= minimum, "config key '", key, "' must be >= ", minimum, ", got ", v);
+  return v;
+}
+
+}  // namespace
+
+Json options_to_json(const TrainOptions& o) {
+  return {
+      {"model", {{"type", o.model}}},
+      {"data",
+       {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"test_batch_size", o.test_batch_size},
+        {"limit", o.limit}, {"test_limit", o.test_limit}, {"shuffle", o.shuffle}}},
+      {"optimizer",
+       {{"type", o.optimizer}, {"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
+        {"auto_scale_lr_base_batch", o.auto_scale_lr_base_batch}}},
+      {"schedule", {{"type", o.lr_schedule}, {"gamma", o.gamma}}},
+      {"amp", o.amp},
+      {"ddp",
+       {{"launcher", o.launcher}, {"backend", o.backend}, {"bucket_cap_mb", o.bucket_cap_mb},
+        {"first_bucket_cap_mb", o.first_bucket_cap_mb}, {"find_unused_parameters", o.find_unused_parameters},
+        {"gradient_as_bucket_view", o.gradient_as_bucket_view}, {"comm_hook", o.comm_hook},
+        {"sync_bn", o.sync_bn}, {"timeout_s", o.dist_timeout_s}}},
+      {"train",
+       {{"epochs", o.epochs}, {"seed", o.seed}, {"log_interval", o.log_interval},
+        {"eval_interval", o.eval_interval}, {"checkpoint_interval_iters", o.checkpoint_interval_iters},
+        {"checkpoint_interval_epochs", o.checkpoint_interval_epochs}, {"max_keep_ckpts", o.max_keep_ckpts}}},
+      {"env", {{"device", o.device}, {"threads", o.threads}}},
+      {"load_from", o.init_weights},
+      {"work_dir", o.work_dir},
+  };
+}
+
+void options_from_json(const Json& c, TrainOptions& o) {
+  o.model = get<std::string>(c, "model.type");
+  check_choice("model.type", o.model, {"MnistNet"});
+  o.data_dir = get<std::string>(c, "data.data_dir");
+  o.batch_size = at_least<int64_t>(c, "data.batch_size", 1);
+  o.test_batch_size = at_least<int64_t>(c, "data.test_batch_size", 1);
+  o.limit = at_least<int64_t>(c, "data.limit", 0);
+  o.test_limit = at_least<int64_t>(c, "data.test_limit", 0);
+  o.shuffle = get<bool>(c, "data.shuffle");
+  o.optimizer = get<std::string>(c, "optimizer.type");
+  check_choice("optimizer.type", o.optimizer, {"adadelta", "sgd", "adam"});
+  o.lr = at_least<double>(c, "optimizer.lr", 0.0);
+  o.momentum = at_least<double>(c, "optimizer.momentum", 0.0);
+  o.weight_decay = at_least<double>(c, "optimizer.weight_decay", 0.0);
+  o.auto_scale_lr_base_batch = at_least<int64_t>(c, "optimizer.auto_scale_lr_base_batch", 0);
+  o.lr_schedule = get<std::string>(c, "schedule.type");
+  check_choice("schedule.type", o.lr_schedule, {"step", "cosine"});
+  o.gamma = get<double>(c, "schedule.gamma");
+  TANDEM_CHECK(o.gamma > 0, "config key 'schedule.gamma' must be > 0, got ", o.gamma);
+  o.amp = get<std::string>(c, "amp");
+  check_choice("amp", o.amp, {"off", "fp16", "bf16"});
+  o.launcher = get<std::string>(c, "ddp.launcher");
+  check_choice("ddp.launcher", o.launcher, {"none", "pytorch", "slurm", "mpi"});
+  o.backend = get<std::string>(c, "ddp.backend");
+  check_choice("ddp.backend", o.backend, {"auto", "gloo", "nccl"});
+  o.bucket_cap_mb = get<double>(c, "ddp.bucket_cap_mb");
+  o.first_bucket_cap_mb = get<double>(c, "ddp.first_bucket_cap_mb");
+  TANDEM_CHECK(o.bucket_cap_mb >= 0, "config key 'ddp.bucket_cap_mb' must be >= 0 (0: auto, measured at "
+               "start-up), got ", o.bucket_cap_mb);
+  TANDEM_CHECK(o.first_bucket_cap_mb > 0, "config key 'ddp.first_bucket_cap_mb' must be > 0, got ",
+               o.first_bucket_cap_mb);
+  o.find_unused_parameters = get<bool>(c, "ddp.find_unused_parameters");
+  o.gradient_as_bucket_view = get<bool>(c, "ddp.gradient_as_bucket_view");
+  o.comm_hook = get<std::string>(c, "ddp.comm_hook");
+  check_choice("ddp.comm_hook", o.comm_hook, {"allreduce", "fp16", "bf16"});
+  o.sync_bn = get<bool>(c, "ddp.sync_bn");
+  o.dist_timeout_s = get<double>(c, "ddp.timeout_s");
+  TANDEM_CHECK(o.dist_timeout_s > 0, "config key 'ddp.timeout_s' must be > 0, got ", o.dist_timeout_s);
+  o.epochs = at_least<int64_t>(c, "train.epochs", 1);
+  o.seed = get<uint64_t>(c, "train.seed");
+  o.log_interval = at_least<int64_t>(c, "train.log_interval", 1);
+  o.eval_interval = at_least<int64_t>(c, "train.eval_interval", 0);
+  o.checkpoint_interval_iters = at_least<int64_t>(c, "train.checkpoint_interval_iters", 0);
+  o.checkpoint_interval_epochs = at_least<int64_t>(c, "train.checkpoint_interval_epochs", 0);
+  o.max_keep_ckpts = at_least<int64_t>(c, "train.max_keep_ckpts", 0);
+  o.device = get<std::string>(c, "env.device");
+  o.threads = at_least<int>(c, "env.threads", 0);
+  o.init_weights = get<std::string>(c, "load_from");
+  o.work_dir = get<std::string>(c, "work_dir");
+}
+
+std::string config_key_of_flag(const std::string& flag) {
+  auto it = flag_keys().find(flag);
+  return it == flag_keys().end() ? "" : it->second;
+}
+
+Json resolve_config(TrainOptions& o) {
+  const Json flags = options_to_json(o);  // defaults with the given flags' values
+  Json config = options_to_json(TrainOptions{});
+  if (!o.config_file.empty())
+    config = train::merge_config(config, train::load_config_file(o.config_file), "config '" + o.config_file + "'");
+  for (const std::string& a : o.cfg_options) train::apply_override(config, a);
+  for (const std::string& key : o.given_keys) train::set_path(config, key, train::get_path(flags, key), "flag");
+  options_from_json(config, o);
+  return config;
+}
+
+}  // namespace tandem::app

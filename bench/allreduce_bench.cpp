@@ -1,0 +1,290 @@
+// allreduce_bench: latency and bus bandwidth of the engine's ProcessGroupGloo::allreduce against Gloo's
+// own algorithms called directly, for float32 messages of 4 KiB .. 256 MiB (x4 steps), so the engine's
+// overhead (queue, worker thread, reduction function) shows as a ratio per size.
+// Run one process per rank under a torchrun-like launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
+//   tandem-run --nproc-per-node 2 build-bench/bench/allreduce_bench --benchmark_out=ar.json
+// A single process without those variables runs as world 1 (every algorithm is a copy or a no-op).
+// Variants (benchmark names "<variant>/<bytes>"):
+//   engine            ProcessGroupGloo::allreduce(float32 tensor) then Work::wait
+//   gloo_ring         gloo::allreduce(opts) with Algorithm::RING and gloo::sum<float>, on a second Gloo
+//                     context made the same way (TCP transport, same interface, same store)
+//   gloo_bcube        gloo::allreduce(opts) with Algorithm::BCUBE
+//   ring, ring_chunked, halving_doubling
+//                     the algorithm classes gloo::AllreduceRing / AllreduceRingChunked /
+//                     AllreduceHalvingDoubling<float> (constructed once per size, run() per iteration)
+//   nccl              ProcessGroupNccl via make_process_group("nccl"), registered only when this build has
+//                     CUDA and a device is visible
+// Every iteration starts after a barrier (not timed) so each rank times the collective itself; the
+// time is rank 0's (manual time). Iteration counts are fixed per size (not adaptive), so every rank
+// runs the same collectives: pass the same flags to every rank. Counters: bytes, busbw_GBps =
+// 2(n-1)/n * bytes / mean time, algbw_GBps = bytes / mean time, median_us and busbw_median_GBps
+// (the median iteration: what bench/plot.py shows). Sizes run in turn, every variant per size.
+// Only rank 0 prints and writes --benchmark_out. Own flags (removed before Google Benchmark sees the rest):
+//   --quick          sizes 4 KiB .. 16 MiB and fewer iterations
+//   --max-mb=M       largest message (MiB, default 256)
+//   --budget-mb=M    bytes moved per benchmark, sets the iterations (default 2048; --quick 128),
+//                    at least 3 and at most 500 (--quick 100)
+// Each variant checks its result once (ones on every rank sum to the world size) before timing.
+#include <benchmark/benchmark.h>
+#include <gloo/allreduce.h>
+#include <gloo/allreduce_bcube.h>
+#include <gloo/allreduce_halving_doubling.h>
+#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/device.h"
+#include "core/tensor.h"
+#include "dist/env.h"
+#include "dist/gloo_store_adapter.h"
+#include "dist/process_group_factory.h"
+#include "dist/process_group_gloo.h"
+#include "dist/tcp_store.h"
+
+namespace {
+
+using namespace tandem;
+using Clock = std::chrono::steady_clock;
+
+struct Job {
+  int rank = 0, world = 1, local_rank = 0;
+  std::shared_ptr<dist::Store> store;
+  std::shared_ptr<dist::ProcessGroup> engine;
+  std::shared_ptr<dist::ProcessGroup> nccl;
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> raw;  // the directly driven Gloo context
+};
+
+Job& job() {
+  static Job j;
+  return j;
+}
+
+int64_t g_budget_bytes = int64_t{2048} << 20;
+int64_t g_max_iterations = 500;
+
+void raw_barrier() {
+  gloo::BarrierOptions opts(job().raw);
+  opts.setTag(1);
+  gloo::barrier(opts);
+}
+
+int64_t iterations_for(int64_t bytes) {
+  return std::clamp<int64_t>(g_budget_bytes / bytes, 3, g_max_iterations);
+}
+
+void set_counters(benchmark::State& state, int64_t bytes, std::vector<double> times) {
+  const int n = job().world;
+  const double bus = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  const auto iters = static_cast<int64_t>(times.size());
+  double seconds = 0;
+  for (double t : times) seconds += t;
+  std::sort(times.begin(), times.end());
+  const double median = times.empty() ? 0.0 : times[times.size() / 2];
+  state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["world"] = n;
+  state.counters["busbw_GBps"] = seconds > 0 ? bus * bytes * iters / seconds / 1e9 : 0.0;
+  state.counters["algbw_GBps"] = seconds > 0 ? 1.0 * bytes * iters / seconds / 1e9 : 0.0;
+  // The median iteration, robust to a rank descheduled now and then on a loaded machine.
+  state.counters["median_us"] = median * 1e6;
+  state.counters["busbw_median_GBps"] = median > 0 ? bus * bytes / median / 1e9 : 0.0;
+  state.SetBytesProcessed(bytes * iters);
+}
+
+// Runs `op` once untimed (checking `check` afterwards), then once per iteration after a barrier,
+// timing each run.
+void time_loop(benchmark::State& state, int64_t bytes, const std::function<void()>& reset,
+               const std::function<void()>& op, const std::function<bool()> check) {
+  reset();
+  raw_barrier();
+  op();
+  if (!check()) {
+    state.SkipWithError("wrong result: ones summed over the ranks did not give the world size");
+    for (auto _ : state) {
+    }
+    return;
+  }
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(state.max_iterations));
+  for (auto _ : state) {
+    raw_barrier();
+    const auto t0 = Clock::now();
+    op();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(s);
+    times.push_back(s);
+  }
+  set_counters(state, bytes, std::move(times));
+}
+
+bool all_equal(const float* p, size_t n, float v) {
+  return n > 0 && p[0] == v && p[n / 2] == v && p[n - 1] == v;
+}
+
+void bm_engine(benchmark::State& state, bool nccl) {
+  const int64_t bytes = state.range(0), n = bytes / 4;
+  dist::ProcessGroup& pg = nccl ? *job().nccl : *job().engine;
+  const Device dev = nccl ? Device::cuda(job().local_rank) : Device::cpu();
+  Tensor t = Tensor::ones({n}, kFloat32, dev);
+  time_loop(
+      state, bytes, [&] { t = Tensor::ones({n}, kFloat32, dev); },
+      [&] { pg.allreduce(t)->wait(pg.timeout()); },
+      [&] {
+        Tensor c = t.to(Device::cpu());
+        return all_equal(c.data<float>(), static_cast<size_t>(n), static_cast<float>(job().world));
+      });
+}
+
+void bm_gloo(benchmark::State& state, gloo::AllreduceOptions::Algorithm algorithm) {
+  const int64_t bytes = state.range(0), n = bytes / 4;
+  std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+  time_loop(
+      state, bytes, [&] { std::fill(buf.begin(), buf.end(), 1.0f); },
+      [&] {
+        gloo::AllreduceOptions opts(job().raw);
+        opts.setOutput(buf.data(), buf.size());
+        opts.setAlgorithm(algorithm);
+        opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+        opts.setTag(2);
+        gloo::allreduce(opts);
+      },
+      [&] { return all_equal(buf.data(), buf.size(), static_cast<float>(job().world)); });
+}
+
+template <typename Algo>
+void bm_algorithm(benchmark::State& state) {
+  const int64_t bytes = state.range(0), n = bytes / 4;
+  std::vector<float> buf(static_cast<size_t>(n), 1.0f);
+  std::vector<float*> ptrs{buf.data()};
+  Algo algo(job().raw, ptrs, static_cast<int>(n));
+  time_loop(
+      state, bytes, [&] { std::fill(buf.begin(), buf.end(), 1.0f); }, [&] { algo.run(); },
+      [&] { return all_equal(buf.data(), buf.size(), static_cast<float>(job().world)); });
+}
+
+// A display reporter that prints nothing (ranks other than 0).
+class QuietReporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+void connect(int64_t timeout_ms) {
+  Job& j = job();
+  const char* world = std::getenv("WORLD_SIZE");
+  dist::DistEnv env;
+  if (world != nullptr) env = dist::env_from_launcher("pytorch");
+  j.rank = env.rank;
+  j.world = env.world_size;
+  j.local_rank = env.local_rank;
+  const dist::Millis timeout(timeout_ms);
+  dist::TCPStoreOptions so;
+  so.timeout = timeout;
+  so.num_workers = env.world_size;
+  if (env.world_size == 1) {
+    so.num_workers.reset();
+  }
+  j.store = std::make_shared<dist::TCPStore>(env.master_addr, env.master_port, env.rank == 0, so);
+  j.engine = dist::make_process_group("gloo", j.store, env.rank, env.world_size, timeout);
+  gloo::transport::tcp::attr attr;
+  attr.hostname = dist::local_address_toward(env.master_addr);
+  j.device = gloo::transport::tcp::CreateDevice(attr);
+  dist::GlooStoreAdapter adapter(j.store, "bench-raw/");
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
+  ctx->setTimeout(timeout);
+  ctx->connectFullMesh(adapter, j.device);
+  j.raw = std::move(ctx);
+  if (cuda_compiled() && cuda_device_count() > 0)
+    j.nccl = dist::make_process_group("nccl", j.store, env.rank, env.world_size, timeout, -1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  double max_mb = 256, budget_mb = -1;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a.rfind("--max-mb=", 0) == 0) {
+      max_mb = std::stod(a.substr(9));
+    } else if (a.rfind("--budget-mb=", 0) == 0) {
+      budget_mb = std::stod(a.substr(12));
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  if (quick) max_mb = std::min(max_mb, 16.0);
+  if (budget_mb <= 0) budget_mb = quick ? 128 : 2048;
+  g_budget_bytes = static_cast<int64_t>(budget_mb * (1 << 20));
+  if (quick) g_max_iterations = 100;
+
+  try {
+    connect(300000);
+  } catch (const std::exception& e) {
+    std::cerr << "allreduce_bench: cannot set up the process groups: " << e.what() << "\n";
+    return 1;
+  }
+  const int rank = job().rank;
+  if (rank != 0) {  // only rank 0 writes the output file
+    args.erase(std::remove_if(args.begin() + 1, args.end(),
+                              [](char* a) { return std::strncmp(a, "--benchmark_out", 15) == 0; }),
+               args.end());
+  }
+
+  std::vector<int64_t> sizes;
+  for (int64_t b = 4096; b <= static_cast<int64_t>(max_mb * (1 << 20)); b *= 4) sizes.push_back(b);
+  using Algorithm = gloo::AllreduceOptions::Algorithm;
+  // Size-major order: every variant of one size runs back to back, so a drift in machine load
+  // affects the ratios at a size less than it would if each variant swept all sizes in turn.
+  std::vector<std::pair<std::string, std::function<void(benchmark::State&)>>> variants = {
+      {"engine", [](benchmark::State& s) { bm_engine(s, false); }},
+      {"gloo_ring", [](benchmark::State& s) { bm_gloo(s, Algorithm::RING); }},
+      {"gloo_bcube", [](benchmark::State& s) { bm_gloo(s, Algorithm::BCUBE); }},
+      {"ring", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceRing<float>>(s); }},
+      {"ring_chunked", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceRingChunked<float>>(s); }},
+      {"halving_doubling", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceHalvingDoubling<float>>(s); }},
+  };
+  if (job().nccl) variants.push_back({"nccl", [](benchmark::State& s) { bm_engine(s, true); }});
+  for (int64_t b : sizes)
+    for (auto& [name, fn] : variants)
+      benchmark::RegisterBenchmark(name.c_str(), fn)
+          ->Arg(b)
+          ->Iterations(iterations_for(b))
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+
+  int bargc = static_cast<int>(args.size());
+  benchmark::Initialize(&bargc, args.data());
+  benchmark::AddCustomContext("world_size", std::to_string(job().world));
+  benchmark::AddCustomContext("transport", "gloo tcp " + job().device->str());
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    QuietReporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  // Leave together: rank 0's store must outlive the others' last use of it.
+  raw_barrier();
+  job().nccl.reset();
+  job().engine.reset();
+  job().raw.reset();
+  return 0;
+}

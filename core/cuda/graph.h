@@ -1,0 +1,61 @@
+// CUDA graphs for a whole training step (the trainer's --cuda-graph): capture the kernels one
+// step queues on a device's compute stream once, then replay them with one launch per step.
+// Owns: one captured and instantiated graph (cudaStreamBeginCapture / cudaStreamEndCapture /
+//   cudaGraphInstantiate / cudaGraphLaunch on kernels::cuda::compute_stream(device)).
+// Assumes (the caller's contract, not checked here):
+//  - the captured region does no host synchronisation (no .item(), no device-to-host copy, no
+//    GradScaler::step, whose found_inf read syncs) and no allocation that misses the caching
+//    allocator's cache: run a few warm-up steps uncaptured first so every block is cached;
+//  - every tensor the region reads or writes keeps its storage (same device address) for as long
+//    as the graph is replayed: copy each new batch into the captured input tensors; keep the
+//    outputs, parameters, gradients and optimizer state alive, and never set grads to none;
+//  - capture runs on the thread that later replays (capture mode thread-local).
+// Guarantees: replay() queues the captured work on the compute stream, ordered after what is
+// already queued there, and returns without waiting. Without the CUDA backend every call but
+// supported() throws "built without CUDA".
+#pragma once
+
+#include <memory>
+
+#include "core/error.h"
+
+namespace tandem::cuda {
+
+class Graph {
+ public:
+  explicit Graph(int device);
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void begin_capture();  // from here on, work queued on the compute stream is recorded, not run
+  void end_capture();    // stops recording and instantiates; throws naming the CUDA error
+  void replay();         // one cudaGraphLaunch on the compute stream
+  void reset();          // drops the graph (capture again after shapes change)
+  bool captured() const;
+  int device() const { return device_; }
+
+  static bool supported();  // true in builds with the CUDA backend
+
+ private:
+  struct Impl;
+  int device_;
+  std::unique_ptr<Impl> impl_;
+};
+
+#ifndef TANDEM_WITH_CUDA
+// Builds without CUDA: the class exists so callers compile; using it is a clear error.
+struct Graph::Impl {};
+inline Graph::Graph(int device) : device_(device) {
+  TANDEM_FAIL("cuda::Graph: Tandem was built without CUDA (reconfigure with -DTANDEM_CUDA=ON)");
+}
+inline Graph::~Graph() = default;
+inline void Graph::begin_capture() {}
+inline void Graph::end_capture() {}
+inline void Graph::replay() {}
+inline void Graph::reset() {}
+inline bool Graph::captured() const { return false; }
+inline bool Graph::supported() { return false; }
+#endif
+
+}  // namespace tandem::cuda

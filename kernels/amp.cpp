@@ -1,0 +1,126 @@
+// Device-neutral mixed-precision entry points (see kernels/amp.h). Validates dtypes and devices,
+// then routes: CUDA runs the half paths of kernels/cuda/{conv,linear}.cu and the unscale kernel of
+// kernels/cuda/amp.cu; CPU emulates low-precision conv/linear with the f32 kernels on widened
+// operands and rounds the results. The f32 entry points of kernels/{conv,linear}.cpp are not used
+// for low-precision tensors (their dtype check admits f32/f64 only). Profiling (core/profiler.h):
+// casts are recorded as "cast"; the CUDA low-precision GEMMs as "lowp_*" with their FLOPs; the CPU
+// emulation's GEMMs are recorded by the f32 entry points it calls (conv2d_forward, ...).
+#include "kernels/amp.h"
+
+#include "core/profiler.h"
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+namespace {
+
+DType common_lowp_dtype(const char* op, std::initializer_list<Tensor> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    if (!first) first = &t;
+    TANDEM_CHECK(t.dtype() == first->dtype(), op, ": expected all tensors as ", dtype_name(first->dtype()),
+                 ", got ", t.str());
+  }
+  TANDEM_CHECK(first != nullptr, op, ": no tensor given");
+  TANDEM_CHECK(is_low_precision(first->dtype()), op, ": expected float16 or bfloat16 operands, got ",
+               first->str());
+  return first->dtype();
+}
+
+// 2*M*N*K of the conv as a GEMM (output elements x weight elements per output channel).
+[[maybe_unused]] double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
+  if (x.dim() != 4 || w.dim() != 4 || a.stride_h < 1 || a.stride_w < 1) return 0.0;
+  const double p = static_cast<double>((x.size(2) + 2 * a.pad_h - w.size(2)) / a.stride_h + 1);
+  const double q = static_cast<double>((x.size(3) + 2 * a.pad_w - w.size(3)) / a.stride_w + 1);
+  return 2.0 * static_cast<double>(x.size(0)) * p * q * static_cast<double>(w.numel());
+}
+
+Tensor widen(const Tensor& t) { return t.defined() ? cast(t, kFloat32) : Tensor(); }
+Tensor narrow_to(const Tensor& t, DType d) { return t.defined() ? cast(t, d) : Tensor(); }
+
+}  // namespace
+
+bool is_low_precision(DType t) { return t == kFloat16 || t == kBFloat16; }
+
+Tensor cast(const Tensor& x, DType to) {
+  TANDEM_CHECK(x.defined(), "cast: undefined tensor");
+  if (x.dtype() == to) return x;
+  profiler::Scope prof_scope("cast");
+  if (x.device().is_cpu()) return cpu::cast(x, to);
+  return x.to(to);  // CUDA: Tensor::to runs one conversion kernel on the compute stream
+}
+
+Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args) {
+  constexpr const char* op = "lowp_conv2d_forward";
+  const Device device = common_device(op, {x, weight, bias});
+  const DType d = common_lowp_dtype(op, {x, weight, bias});
+#ifdef TANDEM_WITH_CUDA
+  if (device.is_cuda()) {
+    profiler::Scope prof_scope(op, conv_flops(x, weight, args));
+    return cuda::conv2d_forward(x, weight, bias, args);
+  }
+#else
+  if (device.is_cuda()) throw_no_cuda(op);
+#endif
+  return cast(conv2d_forward(widen(x), widen(weight), widen(bias), args), d);
+}
+
+Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                 const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
+  constexpr const char* op = "lowp_conv2d_backward";
+  const Device device = common_device(op, {grad_out, x, weight});
+  const DType d = common_lowp_dtype(op, {grad_out, x, weight});
+#ifdef TANDEM_WITH_CUDA
+  if (device.is_cuda()) {
+    profiler::Scope prof_scope(op, (int(need_input) + int(need_weight)) * conv_flops(x, weight, args));
+    return cuda::conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias);
+  }
+#else
+  if (device.is_cuda()) throw_no_cuda(op);
+#endif
+  Conv2dGrads g =
+      conv2d_backward(widen(grad_out), widen(x), widen(weight), args, need_input, need_weight, need_bias);
+  return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};
+}
+
+Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  constexpr const char* op = "lowp_linear_forward";
+  const Device device = common_device(op, {x, weight, bias});
+  const DType d = common_lowp_dtype(op, {x, weight, bias});
+#ifdef TANDEM_WITH_CUDA
+  if (device.is_cuda()) {
+    profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
+    return cuda::linear_forward(x, weight, bias);
+  }
+#else
+  if (device.is_cuda()) throw_no_cuda(op);
+#endif
+  return cast(linear_forward(widen(x), widen(weight), widen(bias)), d);
+}
+
+LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
+                                 bool need_weight, bool need_bias) {
+  constexpr const char* op = "lowp_linear_backward";
+  const Device device = common_device(op, {grad_out, x, weight});
+  const DType d = common_lowp_dtype(op, {grad_out, x, weight});
+#ifdef TANDEM_WITH_CUDA
+  if (device.is_cuda()) {
+    profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
+                                       static_cast<double>(weight.numel()));
+    return cuda::linear_backward(grad_out, x, weight, need_input, need_weight, need_bias);
+  }
+#else
+  if (device.is_cuda()) throw_no_cuda(op);
+#endif
+  LinearGrads g = linear_backward(widen(grad_out), widen(x), widen(weight), need_input, need_weight, need_bias);
+  return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};
+}
+
+void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale) {
+  constexpr const char* op = "unscale_and_check_";
+  TANDEM_CHECK(grad.defined() && found_inf.defined(), op, ": grad and found_inf must be defined");
+  const Device device = common_device(op, {grad, found_inf});
+  TANDEM_DISPATCH(device, unscale_and_check_, grad, found_inf, inv_scale);
+}
+
+}  // namespace tandem::kernels

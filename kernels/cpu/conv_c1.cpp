@@ -1,0 +1,150 @@
+// Direct 3x3 convolution of a single-channel image (kernels/cpu/conv_c1.h).
+// Forward: per output row and block of 16 output columns, the 9 shifted input
+// vectors are loaded once and reused by every output channel, 8 channels at a
+// time (8 independent FMA chains hide the FMA latency). Weight gradient: per
+// output channel, 9 + 1 vector accumulators run over all images and rows of
+// the range, then are reduced once. Row tails use masked loads and stores, so
+// nothing outside the given images is read or written.
+#include "kernels/cpu/conv_c1.h"
+
+// GCC 12 reports a false "may be used uninitialized" inside its AVX-512
+// headers (see kernels/cpu/common.h); silenced for the intrinsics only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <algorithm>
+#include <vector>
+
+namespace tandem::kernels::cpu::detail {
+
+#if defined(__AVX512F__)
+
+bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h,
+                       int64_t pad_w) {
+  return C == 1 && R == 3 && S == 3 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
+}
+
+namespace {
+inline __mmask16 lane_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+}  // namespace
+
+void conv_c1_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1, int64_t H,
+                     int64_t W, int64_t K) {
+  const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* xi = x + n * H * W;
+    float* yo = y + n * K * PQ;
+    for (int64_t p = 0; p < P; ++p) {
+      for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+        const __mmask16 m = lane_mask(Q - q0);
+        const bool full = m == __mmask16(0xFFFF);
+        __m512 t[9];
+#pragma GCC unroll 9
+        for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
+        float* out = yo + p * Q + q0;
+        int64_t k = 0;
+        for (; k + 8 <= K; k += 8) {
+          __m512 acc[8];
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) acc[j] = b ? _mm512_set1_ps(b[k + j]) : _mm512_setzero_ps();
+#pragma GCC unroll 9
+          for (int i = 0; i < 9; ++i) {
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[(k + j) * 9 + i]), acc[j]);
+          }
+#pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) {
+            if (full) {
+              _mm512_storeu_ps(out + (k + j) * PQ, acc[j]);
+            } else {
+              _mm512_mask_storeu_ps(out + (k + j) * PQ, m, acc[j]);
+            }
+          }
+        }
+        for (; k < K; ++k) {
+          __m512 acc = b ? _mm512_set1_ps(b[k]) : _mm512_setzero_ps();
+#pragma GCC unroll 9
+          for (int i = 0; i < 9; ++i) acc = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[k * 9 + i]), acc);
+          _mm512_mask_storeu_ps(out + k * PQ, m, acc);
+        }
+      }
+    }
+  }
+}
+
+// Adds image n's contribution for channels k .. k+KB-1 to their 10 vector
+// accumulators each (9 taps + bias) kept in `part` ([K][10][16] floats).
+// KB = 2: 2 x 10 accumulators and 9 shared input vectors fill the 32 vector
+// registers. Loops are fully unrolled (constant indices) so the accumulators
+// stay in registers.
+template <int KB>
+void weight_grad_channels(const float* gy, const float* xi, float* part, int64_t n, int64_t H, int64_t W,
+                          int64_t K, int64_t k) {
+  const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
+  __m512 acc[KB][10];
+#pragma GCC unroll 2
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 10
+    for (int i = 0; i < 10; ++i) acc[j][i] = _mm512_loadu_ps(part + ((k + j) * 10 + i) * 16);
+  }
+  const float* g = gy + (n * K + k) * PQ;
+  for (int64_t p = 0; p < P; ++p) {
+    for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+      const __mmask16 m = lane_mask(Q - q0);
+      __m512 t[9];
+#pragma GCC unroll 9
+      for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
+#pragma GCC unroll 2
+      for (int j = 0; j < KB; ++j) {
+        const __m512 gv = _mm512_maskz_loadu_ps(m, g + j * PQ + p * Q + q0);
+        acc[j][9] = _mm512_add_ps(acc[j][9], gv);
+#pragma GCC unroll 9
+        for (int i = 0; i < 9; ++i) acc[j][i] = _mm512_fmadd_ps(gv, t[i], acc[j][i]);
+      }
+    }
+  }
+#pragma GCC unroll 2
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 10
+    for (int i = 0; i < 10; ++i) _mm512_storeu_ps(part + ((k + j) * 10 + i) * 16, acc[j][i]);
+  }
+}
+
+void conv_c1_weight_grad(const float* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1,
+                         int64_t H, int64_t W, int64_t K) {
+  // Images outer, so gy and x are read once, in address order.
+  std::vector<float> part(static_cast<size_t>(K) * 10 * 16, 0.0f);
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* xi = x + n * H * W;
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) weight_grad_channels<2>(gy, xi, part.data(), n, H, W, K, k);
+    for (; k < K; ++k) weight_grad_channels<1>(gy, xi, part.data(), n, H, W, K, k);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    const float* a = part.data() + k * 10 * 16;
+    if (dw) {
+      for (int i = 0; i < 9; ++i) dw[k * 9 + i] += _mm512_reduce_add_ps(_mm512_loadu_ps(a + i * 16));
+    }
+    if (db) db[k] += _mm512_reduce_add_ps(_mm512_loadu_ps(a + 9 * 16));
+  }
+}
+
+#else  // no AVX-512: the im2col + GEMM path is used instead
+
+bool conv_c1_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
+void conv_c1_forward(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
+                     int64_t) {}
+void conv_c1_weight_grad(const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) {}
+
+#endif
+
+}  // namespace tandem::kernels::cpu::detail

@@ -1,0 +1,37 @@
+// Single-precision GEMM for the narrow products of Linear layers (one side of
+// at most a few hundred, e.g. the batch), on an AVX-512 register-tiled
+// micro-kernel, under tandem::kernels::cpu::detail.
+//
+//   C[m, j] (+)= sum_k A[m, k] * B[k, j]    for m in [m0, m1), j in [0, J), k in [0, K)
+//
+// A is read in place through two strides (A[m, k] = a[m * a_rs + k * a_ks]),
+// so both W and W^T of a row-major weight are read without a copy; B must be
+// packed first with pack_b_* into panels of 64 columns (zero padded). C is
+// row-major with leading dimension ldc.
+// Assumes: built with AVX-512F (small_gemm_available() says so at run time:
+// false means the caller must use another path); buffers do not overlap.
+// Guarantees: every C element is the sum over k in increasing order, started
+// from 0 (no accumulate) or from C, in one FMA chain: the bits depend only on
+// the operands, not on the thread count or on how [m0, m1) is split.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem::kernels::cpu::detail {
+
+constexpr int64_t kPanel = 64;  // columns per packed B panel
+
+bool small_gemm_available();
+
+// Floats needed for the packed form of a [K, J] matrix.
+inline int64_t packed_b_size(int64_t K, int64_t J) { return (J + kPanel - 1) / kPanel * kPanel * K; }
+
+// Packs B[k, j] = src[k * ld + j] (row-major [K, J]).
+void pack_b_rows(const float* src, int64_t ld, int64_t K, int64_t J, float* dst);
+// Packs B[k, j] = src[j * ld + k] (B is the transpose of a row-major [J, K]).
+void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float* dst);
+
+void small_gemm(int64_t m0, int64_t m1, int64_t J, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
+                const float* b_packed, float* c, int64_t ldc);
+
+}  // namespace tandem::kernels::cpu::detail

@@ -1,0 +1,159 @@
+// Mixed-precision CUDA kernels: the GradScaler's fused unscale + non-finite check (one pass, no
+// host wait: the flag stays on the device until the scaler reads it once per step), and the
+// per-channel bias add / bias gradient for f16 and bf16 storage used by conv.cu and linear.cu.
+// All work is on the device's compute stream.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/amp.h"
+#include "kernels/cuda/amp.cuh"
+#include "kernels/cuda/context.h"
+#include "kernels/cuda/reduce.cuh"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+__global__ void unscale_and_check_kernel(float* g, float* found_inf, float inv_scale, int64_t n) {
+  bool bad = false;
+  TANDEM_GRID_STRIDE_LOOP(i, n) {
+    const float v = g[i];
+    bad |= !isfinite(v);
+    g[i] = v * inv_scale;
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;  // benign race: all write 1
+}
+
+template <typename T>
+__device__ __forceinline__ float to_f(T v) {
+  return static_cast<float>(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_f(float v);
+template <>
+__device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half from_f<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T>
+__global__ void add_channel_bias_t(T* y, const T* bias, int64_t C, int64_t S, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) { y[i] = from_f<T>(to_f(y[i]) + to_f(bias[(i / S) % C])); }
+}
+
+template <typename T>
+__global__ void channel_sum_t(const T* dy, T* out, int64_t N, int64_t C, int64_t S) {
+  const int64_t c = blockIdx.x;
+  const int64_t m = N * S;
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
+    const int64_t n = i / S, s = i - n * S;
+    acc += to_f(dy[(n * C + c) * S + s]);
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[c] = from_f<T>(static_cast<float>(acc));
+}
+
+}  // namespace
+
+int check_float_cuda(const char* op, std::initializer_list<Tensor> tensors, DType& dtype) {
+  const Tensor* first = nullptr;
+  for (const Tensor& t : tensors) {
+    if (!t.defined()) continue;
+    TANDEM_CHECK(t.device().is_cuda(), op, ": expected a CUDA tensor, got ", t.str());
+    if (!first) {
+      first = &t;
+      TANDEM_CHECK(t.dtype() == kFloat32 || is_low_precision(t.dtype()), op,
+                   ": the CUDA kernels support float32, float16 and bfloat16, got ", t.str());
+      continue;
+    }
+    TANDEM_CHECK(t.device() == first->device() && t.dtype() == first->dtype(), op, ": expected all tensors as ",
+                 first->str(), ", got ", t.str());
+  }
+  TANDEM_CHECK(first != nullptr, op, ": no tensor given");
+  check_device_index(first->device().index);
+  dtype = first->dtype();
+  return first->device().index;
+}
+
+cudnnDataType_t cudnn_dtype(DType t) {
+  switch (t) {
+    case DType::Float32: return CUDNN_DATA_FLOAT;
+    case DType::Float16: return CUDNN_DATA_HALF;
+    case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
+    default: TANDEM_FAIL("cudnn_dtype: no cuDNN type for ", dtype_name(t));
+  }
+}
+
+cudaDataType cuda_dtype(DType t) {
+  switch (t) {
+    case DType::Float32: return CUDA_R_32F;
+    case DType::Float16: return CUDA_R_16F;
+    case DType::BFloat16: return CUDA_R_16BF;
+    default: TANDEM_FAIL("cuda_dtype: no CUDA type for ", dtype_name(t));
+  }
+}
+
+void add_channel_bias_any(void* y, const void* bias, DType t, int64_t N, int64_t C, int64_t S,
+                          cudaStream_t stream) {
+  const int64_t n = N * C * S;
+  if (n == 0) return;
+  switch (t) {
+    case DType::Float32:
+      add_channel_bias_t<<<grid_for(n), 256, 0, stream>>>(static_cast<float*>(y), static_cast<const float*>(bias),
+                                                         C, S, n);
+      break;
+    case DType::Float16:
+      add_channel_bias_t<<<grid_for(n), 256, 0, stream>>>(static_cast<__half*>(y),
+                                                         static_cast<const __half*>(bias), C, S, n);
+      break;
+    case DType::BFloat16:
+      add_channel_bias_t<<<grid_for(n), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(y),
+                                                         static_cast<const __nv_bfloat16*>(bias), C, S, n);
+      break;
+    default: TANDEM_FAIL("add_channel_bias_any: unsupported dtype ", dtype_name(t));
+  }
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void channel_sum_any(const void* dy, void* out, DType t, int64_t N, int64_t C, int64_t S, cudaStream_t stream) {
+  if (C == 0) return;
+  TANDEM_CHECK(C <= 0x7fffffff, "channel_sum_any: ", C, " channels exceed the grid limit");
+  const unsigned grid = static_cast<unsigned>(C);
+  switch (t) {
+    case DType::Float32:
+      channel_sum_t<<<grid, 256, 0, stream>>>(static_cast<const float*>(dy), static_cast<float*>(out), N, C, S);
+      break;
+    case DType::Float16:
+      channel_sum_t<<<grid, 256, 0, stream>>>(static_cast<const __half*>(dy), static_cast<__half*>(out), N, C, S);
+      break;
+    case DType::BFloat16:
+      channel_sum_t<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(dy),
+                                              static_cast<__nv_bfloat16*>(out), N, C, S);
+      break;
+    default: TANDEM_FAIL("channel_sum_any: unsupported dtype ", dtype_name(t));
+  }
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale) {
+  const char* op = "unscale_and_check_";
+  const int dev = check_f32_cuda(op, {grad, found_inf});
+  TANDEM_CHECK(grad.is_contiguous(), op, ": expected a contiguous float32 gradient, got ", grad.str());
+  TANDEM_CHECK(found_inf.numel() == 1, op, ": found_inf must be a 1-element float32 tensor, got ",
+               found_inf.str());
+  const int64_t n = grad.numel();
+  if (n == 0) return;
+  DeviceGuard guard(dev);
+  unscale_and_check_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(grad), f32_ptr(found_inf),
+                                                                         static_cast<float>(inv_scale), n);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tandem::kernels::cuda

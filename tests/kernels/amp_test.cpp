@@ -1,0 +1,151 @@
+// Mixed-precision kernels on CPU: the fast casts against hand-picked rounding cases and against the
+// generic Tensor::to conversion (Eigen's round-to-nearest-even) bit for bit; the low-precision
+// conv2d/linear emulation against "f32 math on the rounded operands, rounded result"; the fused
+// unscale + non-finite check; and dtype errors.
+#include "kernels/amp.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernel_test_util.h"
+
+using namespace tandem;
+using namespace tandem::test;
+
+namespace {
+
+std::vector<uint16_t> bits16(const Tensor& t) {
+  std::vector<uint16_t> out(t.numel());
+  std::memcpy(out.data(), t.contiguous().raw_data(), out.size() * 2);
+  return out;
+}
+
+Tensor f32(std::vector<float> v) { return Tensor::from_vector<float>(v, {static_cast<int64_t>(v.size())}); }
+
+}  // namespace
+
+TEST(AmpCast, Bf16RoundsToNearestEvenAndKeepsSpecials) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 1 + 2^-8 is a tie between 1 and 1 + 2^-7: even (1) wins; 1 + 3*2^-8 ties to 1 + 2^-6 (even);
+  // 1 + 2^-8 + 2^-20 is above the tie: rounds up.
+  const Tensor x = f32({1.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f, -2.5f, inf, -inf,
+                        std::numeric_limits<float>::quiet_NaN(), 3.0e38f});
+  const Tensor y = kernels::cast(x, kBFloat16);
+  ASSERT_EQ(y.dtype(), kBFloat16);
+  const auto b = bits16(y);
+  EXPECT_EQ(b[0], 0x3f80);
+  EXPECT_EQ(b[1], 0x3f80);
+  EXPECT_EQ(b[2], 0x3f82);
+  EXPECT_EQ(b[3], 0x3f81);
+  EXPECT_EQ(b[4], 0xc020);
+  EXPECT_EQ(b[5], 0x7f80);
+  EXPECT_EQ(b[6], 0xff80);
+  EXPECT_TRUE((b[7] & 0x7f80) == 0x7f80 && (b[7] & 0x7f) != 0) << std::hex << b[7];  // still NaN
+  EXPECT_EQ(b[8], 0x7f62);  // 3e38 rounds within range
+  const auto back = kernels::cast(y, kFloat32).to_vector<float>();
+  EXPECT_EQ(back[2], 1.0f + 0x1p-6f);
+  EXPECT_EQ(back[4], -2.5f);
+  EXPECT_TRUE(std::isnan(back[7]));
+}
+
+TEST(AmpCast, MatchesGenericConversionBitForBit) {
+  Generator gen(7);
+  const Tensor x = random_tensor({1000, 37}, kFloat32, gen, -1e4, 1e4);  // large: several pool chunks
+  for (DType d : {kBFloat16, kFloat16}) {
+    const Tensor fast = kernels::cast(x, d);
+    const Tensor slow = x.to(d);
+    EXPECT_EQ(bits16(fast), bits16(slow)) << dtype_name(d);
+    const auto up_fast = kernels::cast(fast, kFloat32).to_vector<float>();
+    const auto up_slow = slow.to(kFloat32).to_vector<float>();
+    EXPECT_EQ(up_fast, up_slow) << dtype_name(d);
+  }
+  // f16 overflows to inf above 65504; bf16 does not.
+  const Tensor big = f32({70000.0f, 65504.0f});
+  EXPECT_TRUE(std::isinf(kernels::cast(big, kFloat16).to_vector<float>()[0]));
+  EXPECT_EQ(kernels::cast(big, kFloat16).to_vector<float>()[1], 65504.0f);
+  EXPECT_EQ(kernels::cast(big, kBFloat16).to_vector<float>()[0], 70144.0f);
+  // Non-contiguous input and same-dtype pass-through.
+  const Tensor nc = non_contiguous(random_tensor({4, 5}, kFloat32, gen));
+  EXPECT_EQ(bits16(kernels::cast(nc, kBFloat16)), bits16(nc.contiguous().to(kBFloat16)));
+  EXPECT_TRUE(kernels::cast(x, kFloat32).is_same(x));
+}
+
+TEST(AmpLowp, LinearEqualsF32MathOnRoundedOperands) {
+  Generator gen(11);
+  for (DType d : {kBFloat16, kFloat16}) {
+    const Tensor x = kernels::cast(random_tensor({6, 9}, kFloat32, gen), d);
+    const Tensor w = kernels::cast(random_tensor({4, 9}, kFloat32, gen), d);
+    const Tensor b = kernels::cast(random_tensor({4}, kFloat32, gen), d);
+    const Tensor y = kernels::lowp_linear_forward(x, w, b);
+    ASSERT_EQ(y.dtype(), d);
+    const Tensor ref = kernels::linear_forward(x.to(kFloat32), w.to(kFloat32), b.to(kFloat32)).to(d);
+    EXPECT_EQ(bits16(y), bits16(ref)) << dtype_name(d);
+
+    const Tensor dy = kernels::cast(random_tensor({6, 4}, kFloat32, gen), d);
+    const auto g = kernels::lowp_linear_backward(dy, x, w, true, true, true);
+    const auto r = kernels::linear_backward(dy.to(kFloat32), x.to(kFloat32), w.to(kFloat32), true, true, true);
+    ASSERT_EQ(g.input.dtype(), d);
+    EXPECT_EQ(bits16(g.input), bits16(r.input.to(d)));
+    EXPECT_EQ(bits16(g.weight), bits16(r.weight.to(d)));
+    EXPECT_EQ(bits16(g.bias), bits16(r.bias.to(d)));
+    const auto only_w = kernels::lowp_linear_backward(dy, x, w, false, true, false);
+    EXPECT_FALSE(only_w.input.defined());
+    EXPECT_FALSE(only_w.bias.defined());
+  }
+}
+
+TEST(AmpLowp, Conv2dEqualsF32MathOnRoundedOperands) {
+  Generator gen(12);
+  const DType d = kBFloat16;
+  const kernels::Conv2dArgs args{2, 2, 1, 1};
+  const Tensor x = kernels::cast(random_tensor({2, 3, 7, 6}, kFloat32, gen), d);
+  const Tensor w = kernels::cast(random_tensor({5, 3, 3, 3}, kFloat32, gen), d);
+  const Tensor b = kernels::cast(random_tensor({5}, kFloat32, gen), d);
+  const Tensor y = kernels::lowp_conv2d_forward(x, w, b, args);
+  ASSERT_EQ(y.dtype(), d);
+  ASSERT_EQ(y.shape(), (Shape{2, 5, 4, 3}));
+  EXPECT_EQ(bits16(y), bits16(kernels::conv2d_forward(x.to(kFloat32), w.to(kFloat32), b.to(kFloat32), args).to(d)));
+  const Tensor dy = kernels::cast(random_tensor(y.shape(), kFloat32, gen), d);
+  const auto g = kernels::lowp_conv2d_backward(dy, x, w, args, true, true, true);
+  const auto r = kernels::conv2d_backward(dy.to(kFloat32), x.to(kFloat32), w.to(kFloat32), args, true, true, true);
+  EXPECT_EQ(bits16(g.input), bits16(r.input.to(d)));
+  EXPECT_EQ(bits16(g.weight), bits16(r.weight.to(d)));
+  EXPECT_EQ(bits16(g.bias), bits16(r.bias.to(d)));
+}
+
+TEST(AmpLowp, RejectsMixedOrFullPrecisionOperands) {
+  Generator gen(13);
+  const Tensor x = random_tensor({2, 3}, kFloat32, gen), w = random_tensor({4, 3}, kFloat32, gen);
+  EXPECT_TRUE(throws_with([&] { kernels::lowp_linear_forward(x, w, Tensor()); }, {"float16 or bfloat16"}));
+  EXPECT_TRUE(throws_with([&] { kernels::lowp_linear_forward(x.to(kBFloat16), w.to(kFloat16), Tensor()); },
+                          {"expected all tensors as bfloat16"}));
+}
+
+TEST(AmpUnscale, ScalesInPlaceAndFlagsNonFinite) {
+  ThreadCountGuard threads(3);
+  Generator gen(5);
+  const Tensor g = random_tensor({100000}, kFloat32, gen, -100, 100);  // several pool chunks
+  const auto before = g.to_vector<float>();
+  Tensor flag = Tensor::zeros({1});
+  kernels::unscale_and_check_(g, flag, 0.125);
+  const auto after = g.to_vector<float>();
+  for (size_t i = 0; i < before.size(); ++i) ASSERT_EQ(after[i], before[i] * 0.125f) << i;
+  EXPECT_EQ(flag.item<float>(), 0.0f);
+
+  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    Tensor h = random_tensor({70000}, kFloat32, gen);
+    h.data<float>()[65432] = bad;
+    Tensor f = Tensor::zeros({1});
+    kernels::unscale_and_check_(h, f, 0.5);
+    EXPECT_EQ(f.item<float>(), 1.0f);
+    Tensor clean = Tensor::ones({3});
+    kernels::unscale_and_check_(clean, f, 0.5);  // a later clean tensor never clears the flag
+    EXPECT_EQ(f.item<float>(), 1.0f);
+    EXPECT_EQ(clean.to_vector<float>(), (std::vector<float>{0.5f, 0.5f, 0.5f}));
+  }
+  EXPECT_TRUE(throws_with([&] { kernels::unscale_and_check_(g.to(kFloat64), flag, 1.0); }, {"float32 gradient"}));
+  EXPECT_TRUE(throws_with([&] { kernels::unscale_and_check_(g, Tensor::zeros({2}), 1.0); }, {"found_inf"}));
+}

@@ -1,0 +1,163 @@
+// Checkpoint files (see checkpoint.h). POSIX file calls for the fsyncs; the
+// tensor files go through save_safetensors, which is itself atomic per file.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "core/error.h"
+
+namespace tandem::train {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kMetaKey = "tandem";
+constexpr const char* kFormat = "tandem-checkpoint-1";
+
+std::string parent_dir(const std::string& path) {
+  const fs::path p = fs::path(path).parent_path();
+  return p.empty() ? "." : p.string();
+}
+
+}  // namespace
+
+std::string state_path(const std::string& weights_path) {
+  const std::string suffix = ".safetensors";
+  if (weights_path.size() > suffix.size() &&
+      weights_path.compare(weights_path.size() - suffix.size(), suffix.size(), suffix) == 0)
+    return weights_path.substr(0, weights_path.size() - suffix.size()) + ".state" + suffix;
+  return weights_path + ".state";
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  TANDEM_CHECK(fd >= 0, "cannot open directory '", dir, "' to fsync it: ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  TANDEM_CHECK(rc == 0, "fsync of directory '", dir, "' failed: ", std::strerror(err));
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TANDEM_CHECK(fd >= 0, "cannot write '", path, "': cannot create '", tmp, "': ", std::strerror(errno));
+  size_t done = 0;
+  int err = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    TANDEM_FAIL("cannot write '", path, "': ", std::strerror(err));
+  }
+  fsync_dir(parent_dir(path));
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  TensorMap state;
+  for (const auto& [k, t] : c.optimizer) state["optimizer." + k] = t;
+  for (const auto& [k, t] : c.scaler) state["scaler." + k] = t;
+  Json meta = c.meta;
+  meta["format"] = kFormat;
+  const std::string sp = state_path(path);
+  save_safetensors(sp, state, {{kMetaKey, meta.dump()}});
+  try {
+    save_safetensors(path, c.weights);
+  } catch (...) {
+    // Only the new state file can be removed here: `path` itself was not replaced.
+    std::error_code ec;
+    fs::remove(sp, ec);
+    throw;
+  }
+  fsync_dir(parent_dir(path));
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  TANDEM_CHECK(fs::exists(path), "checkpoint '", path, "' does not exist");
+  const std::string sp = state_path(path);
+  TANDEM_CHECK(fs::exists(sp), "checkpoint '", path, "' has no training state: '", sp,
+               "' is missing (plain weights load with --init-weights, not --resume)");
+  Checkpoint c;
+  c.weights = load_safetensors(path);
+  const auto md = load_safetensors_metadata(sp);
+  auto it = md.find(kMetaKey);
+  TANDEM_CHECK(it != md.end(), "checkpoint state '", sp, "' has no \"", kMetaKey, "\" metadata");
+  c.meta = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  TANDEM_CHECK(c.meta.is_object() && c.meta.value("format", "") == kFormat, "checkpoint state '", sp,
+               "': metadata is not a ", kFormat, " object");
+  for (auto& [k, t] : load_safetensors(sp)) {
+    if (k.rfind("optimizer.", 0) == 0)
+      c.optimizer[k.substr(10)] = t;
+    else if (k.rfind("scaler.", 0) == 0)
+      c.scaler[k.substr(7)] = t;
+    else
+      TANDEM_FAIL("checkpoint state '", sp, "': unexpected tensor '", k, "' (expected optimizer.* or scaler.*)");
+  }
+  return c;
+}
+
+CheckpointManager::CheckpointManager(std::string dir, int64_t max_keep) : dir_(std::move(dir)), max_keep_(max_keep) {
+  TANDEM_CHECK(max_keep_ >= 0, "max_keep_ckpts must be >= 0 (0 keeps all), got ", max_keep_);
+}
+
+std::vector<std::string> CheckpointManager::list(const std::string& dir) {
+  static const std::regex name(R"(iter_(\d+)\.safetensors)");
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string file = e.path().filename().string();
+    if (std::regex_match(file, m, name)) found.emplace_back(std::stoll(m[1].str()), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+std::string CheckpointManager::save(const Checkpoint& c, int64_t global_iter) {
+  const std::string path = (fs::path(dir_) / ("iter_" + std::to_string(global_iter) + ".safetensors")).string();
+  save_checkpoint(path, c);
+  write_file_atomic((fs::path(dir_) / "last_checkpoint").string(), fs::absolute(path).string() + "\n");
+  if (max_keep_ > 0) {
+    std::vector<std::string> all = list(dir_);
+    all.erase(std::remove(all.begin(), all.end(), path), all.end());
+    const int64_t extra = static_cast<int64_t>(all.size()) + 1 - max_keep_;
+    for (int64_t i = 0; i < extra; ++i) {
+      std::error_code ec;
+      fs::remove(state_path(all[static_cast<size_t>(i)]), ec);
+      fs::remove(all[static_cast<size_t>(i)], ec);
+    }
+  }
+  return path;
+}
+
+std::string CheckpointManager::latest(const std::string& dir) {
+  const std::string pointer = (fs::path(dir) / "last_checkpoint").string();
+  std::ifstream in(pointer);
+  TANDEM_CHECK(in.good(), "--resume: no checkpoint to resume from: '", pointer,
+               "' does not exist (give a checkpoint path, or the --work-dir of the run)");
+  std::string path;
+  std::getline(in, path);
+  TANDEM_CHECK(!path.empty(), "--resume: '", pointer, "' is empty");
+  return path;
+}
+
+}  // namespace tandem::train

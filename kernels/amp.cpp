@@ -14,27 +14,18 @@ namespace tandem::kernels {
 namespace {
 
 DType common_lowp_dtype(const char* op, std::initializer_list<Tensor> tensors) {
-  const Tensor* first = nullptr;
-  for (const Tensor& t : tensors) {
-    if (!t.defined()) continue;
-    if (!first) first = &t;
-    TANDEM_CHECK(t.dtype() == first->dtype(), op, ": expected all tensors as ", dtype_name(first->dtype()),
-                 ", got ", t.str());
-  }
-  TANDEM_CHECK(first != nullptr, op, ": no tensor given");
-  TANDEM_CHECK(is_low_precision(first->dtype()), op, ": expected float16 or bfloat16 operands, got ",
-               first->str());
-  return first->dtype();
+  const DType d = common_dtype(op, tensors);
+  TANDEM_CHECK(is_low_precision(d), op, ": expected float16 or bfloat16 operands, got ", dtype_name(d));
+  return d;
 }
 
-// 2*M*N*K of the conv as a GEMM (output elements x weight elements per output channel).
-[[maybe_unused]] double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
+// The conv's FLOPs as the profiler counts them (kernels/dispatch.h), from the input's shape.
+[[maybe_unused]] double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a, int gemms) {
   if (x.dim() != 4 || w.dim() != 4 || a.stride_h < 1 || a.stride_w < 1) return 0.0;
-  const double p = static_cast<double>((x.size(2) + 2 * a.pad_h - w.size(2)) / a.stride_h + 1);
-  const double q = static_cast<double>((x.size(3) + 2 * a.pad_w - w.size(3)) / a.stride_w + 1);
-  return 2.0 * static_cast<double>(x.size(0)) * p * q * static_cast<double>(w.numel());
+  const int64_t p = (x.size(2) + 2 * a.pad_h - w.size(2)) / a.stride_h + 1;
+  const int64_t q = (x.size(3) + 2 * a.pad_w - w.size(3)) / a.stride_w + 1;
+  return conv_gemm_flops({x.size(0), w.size(0), p, q}, w, gemms);
 }
-
 Tensor widen(const Tensor& t) { return t.defined() ? cast(t, kFloat32) : Tensor(); }
 Tensor narrow_to(const Tensor& t, DType d) { return t.defined() ? cast(t, d) : Tensor(); }
 
@@ -56,7 +47,7 @@ Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   const DType d = common_lowp_dtype(op, {x, weight, bias});
 #ifdef TANDEM_WITH_CUDA
   if (device.is_cuda()) {
-    profiler::Scope prof_scope(op, conv_flops(x, weight, args));
+    profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
     return cuda::conv2d_forward(x, weight, bias, args);
   }
 #else
@@ -72,7 +63,7 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
   const DType d = common_lowp_dtype(op, {grad_out, x, weight});
 #ifdef TANDEM_WITH_CUDA
   if (device.is_cuda()) {
-    profiler::Scope prof_scope(op, (int(need_input) + int(need_weight)) * conv_flops(x, weight, args));
+    profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
     return cuda::conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias);
   }
 #else

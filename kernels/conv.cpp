@@ -31,19 +31,12 @@ Shape check_input_weight(const char* op, const Tensor& x, const Tensor& weight, 
           (wp - weight.size(3)) / a.stride_w + 1};
 }
 
-// 2*N*P*Q*K*C*R*S multiply-adds per GEMM (forward: 1; backward: one per
-// gradient of input or weight asked for; the bias sum is not counted).
-double gemm_flops(const Shape& out, const Tensor& weight, int gemms) {
-  return 2.0 * gemms * static_cast<double>(out[0] * out[2] * out[3]) *
-         static_cast<double>(weight.size(0) * weight.size(1) * weight.size(2) * weight.size(3));
-}
-
 }  // namespace
 
 Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args) {
   constexpr const char* op = "conv2d_forward";
   const Shape out_shape = check_input_weight(op, x, weight, args);
-  profiler::Scope prof_scope(op, gemm_flops(out_shape, weight, 1));
+  profiler::Scope prof_scope(op, conv_gemm_flops(out_shape, weight, 1));
   if (bias.defined()) {
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), op, ": expected bias [", weight.size(0),
                  "], got ", bias.str());
@@ -57,7 +50,7 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                             const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
   constexpr const char* op = "conv2d_backward";
   const Shape out_shape = check_input_weight(op, x, weight, args);
-  profiler::Scope prof_scope(op, gemm_flops(out_shape, weight, int(need_input) + int(need_weight)));
+  profiler::Scope prof_scope(op, conv_gemm_flops(out_shape, weight, int(need_input) + int(need_weight)));
   TANDEM_CHECK(grad_out.defined() && grad_out.shape() == out_shape, op, ": expected grad_out ",
                shape_str(out_shape), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
   const Device device = common_device(op, {grad_out, x, weight});

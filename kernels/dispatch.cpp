@@ -1,5 +1,7 @@
 #include "kernels/dispatch.h"
 
+#include <algorithm>
+
 namespace tandem::kernels {
 
 void throw_no_cuda(const char* op) {
@@ -22,7 +24,7 @@ Device common_device(const char* op, std::initializer_list<Tensor> tensors) {
   return first->device();
 }
 
-DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors) {
+DType common_dtype(const char* op, std::initializer_list<Tensor> tensors) {
   const Tensor* first = nullptr;
   for (const Tensor& t : tensors) {
     if (!t.defined()) continue;
@@ -31,9 +33,19 @@ DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors) 
                  ", got ", t.str());
   }
   TANDEM_CHECK(first != nullptr, op, ": no tensor given");
-  const DType d = first->dtype();
-  TANDEM_CHECK(d == kFloat32 || (d == kFloat64 && first->device().is_cpu()), op,
-               ": expected float32 (or float64 on CPU), got ", first->str());
+  return first->dtype();
+}
+
+double conv_gemm_flops(const Shape& out, const Tensor& weight, int gemms) {
+  return 2.0 * gemms * static_cast<double>(out[0] * out[2] * out[3]) *
+         static_cast<double>(weight.size(0) * weight.size(1) * weight.size(2) * weight.size(3));
+}
+
+DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors) {
+  const DType d = common_dtype(op, tensors);
+  const Tensor& first = *std::find_if(tensors.begin(), tensors.end(), [](const Tensor& t) { return t.defined(); });
+  TANDEM_CHECK(d == kFloat32 || (d == kFloat64 && first.device().is_cpu()), op,
+               ": expected float32 (or float64 on CPU), got ", first.str());
   return d;
 }
 

@@ -46,6 +46,17 @@ std::vector<std::string> trainer(const std::vector<std::string>& flags) {
   return argv;
 }
 
+// Sets the fc2 bias of a checkpoint's weights to NaN, so that a run resumed from it has a NaN loss
+// at its first iteration. False if the checkpoint is not there.
+bool poison_fc2_bias(const fs::path& weights) {
+  if (!fs::exists(weights)) return false;
+  tandem::nn::models::MnistNet net;
+  tandem::nn::load_weights(net, weights.string());
+  net.fc2->bias.fill_(std::nan(""));
+  tandem::nn::save_weights(net, weights.string());
+  return true;
+}
+
 }  // namespace
 
 TEST(NanLoss, OneProcessStopsNamingTheIteration) {
@@ -60,14 +71,7 @@ TEST(NanLoss, OneProcessStopsNamingTheIteration) {
   const auto rc1 = first.wait_for(seconds(60));
   ASSERT_TRUE(rc1.has_value()) << first.output();
   ASSERT_EQ(*rc1, 143) << first.output();
-  const std::string weights = (tmp / "w" / "iter_1.safetensors").string();
-  ASSERT_TRUE(std::filesystem::exists(weights)) << first.output();
-  {
-    tandem::nn::models::MnistNet net;
-    tandem::nn::load_weights(net, weights);
-    net.fc2->bias.fill_(std::nan(""));
-    tandem::nn::save_weights(net, weights);
-  }
+  ASSERT_TRUE(poison_fc2_bias(tmp / "w" / "iter_1.safetensors")) << first.output();
   Child run(trainer({"--limit", "640", "--log-interval", "1", "--checkpoint-interval", "1", "--epochs", "1",
                      "--resume", "--work-dir", (tmp / "w").string()}),
             tmp / "log");
@@ -99,14 +103,7 @@ TEST(NanLoss, TwoRanksUnderTandemRunStopNamingTheIteration) {
   const auto rc1 = first.wait_for(seconds(60));
   ASSERT_TRUE(rc1.has_value()) << first.output();
   ASSERT_NE(*rc1, 0) << first.output();
-  const std::string weights = (tmp / "w" / "iter_1.safetensors").string();
-  ASSERT_TRUE(std::filesystem::exists(weights)) << first.output();
-  {
-    tandem::nn::models::MnistNet net;
-    tandem::nn::load_weights(net, weights);
-    net.fc2->bias.fill_(std::nan(""));
-    tandem::nn::save_weights(net, weights);
-  }
+  ASSERT_TRUE(poison_fc2_bias(tmp / "w" / "iter_1.safetensors")) << first.output();
   Child run(job({"--resume"}), tmp / "log");
   const auto rc = run.wait_for(seconds(60));
   ASSERT_TRUE(rc.has_value()) << run.output();

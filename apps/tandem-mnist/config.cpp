@@ -43,6 +43,7 @@ const std::map<std::string, std::string>& flag_keys() {
       {"--checkpoint-interval", "train.checkpoint_interval_iters"},
       {"--checkpoint-epochs", "train.checkpoint_interval_epochs"},
       {"--max-keep-ckpts", "train.max_keep_ckpts"},
+      {"--cuda-graph", "train.cuda_graph"},
       {"--device", "env.device"},
       {"--threads", "env.threads"},
       {"--init-weights", "load_from"},
@@ -93,7 +94,8 @@ Json options_to_json(const TrainOptions& o) {
       {"train",
        {{"epochs", o.epochs}, {"seed", o.seed}, {"log_interval", o.log_interval},
         {"eval_interval", o.eval_interval}, {"checkpoint_interval_iters", o.checkpoint_interval_iters},
-        {"checkpoint_interval_epochs", o.checkpoint_interval_epochs}, {"max_keep_ckpts", o.max_keep_ckpts}}},
+        {"checkpoint_interval_epochs", o.checkpoint_interval_epochs}, {"max_keep_ckpts", o.max_keep_ckpts},
+        {"cuda_graph", o.cuda_graph}}},
       {"env", {{"device", o.device}, {"threads", o.threads}}},
       {"load_from", o.init_weights},
       {"work_dir", o.work_dir},
@@ -145,6 +147,7 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.checkpoint_interval_iters = at_least<int64_t>(c, "train.checkpoint_interval_iters", 0);
   o.checkpoint_interval_epochs = at_least<int64_t>(c, "train.checkpoint_interval_epochs", 0);
   o.max_keep_ckpts = at_least<int64_t>(c, "train.max_keep_ckpts", 0);
+  o.cuda_graph = get<bool>(c, "train.cuda_graph");
   o.device = get<std::string>(c, "env.device");
   o.threads = at_least<int>(c, "env.threads", 0);
   o.init_weights = get<std::string>(c, "load_from");

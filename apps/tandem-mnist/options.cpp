@@ -69,6 +69,9 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
   app.add_option("--amp", o.amp, "mixed precision: off, fp16 (with a loss scaler) or bf16")
       ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "CUDA: capture forward + backward + optimizer step of a full batch once (after a few warm-up "
+               "iterations) and replay it every iteration (one launch per step)");
   app.add_option("--config", o.config_file,
                  "JSON config (see configs/); its keys override the defaults, flags override it");
   app.add_option("--cfg-options", o.cfg_options, "override config keys: KEY=VALUE ... (e.g. optimizer.lr=0.5)")

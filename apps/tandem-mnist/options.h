@@ -46,6 +46,7 @@ struct TrainOptions {
   double dist_timeout_s = 300.0;
   bool sync_bn = false;
   std::string amp = "off";  // off | fp16 | bf16
+  bool cuda_graph = false;  // capture the steady-state step once and replay it (CUDA only)
   // Train loop, work dir, checkpoints.
   int64_t eval_interval = 1;               // epochs between evaluations (0: never)
   int64_t checkpoint_interval_iters = 0;   // 0: off

@@ -3,6 +3,21 @@
 // BN buffers, optimizer state, schedule, default RNG, the epoch's sample order
 // via (seed, epoch), the batches to skip) is restored, so a resumed run's
 // per-iteration losses are bitwise those of an uninterrupted one.
+//
+// --cuda-graph (CUDA, one rank): after kGraphWarmup uncaptured iterations in this process (so the
+// caching allocator holds every block the step needs and every gradient and optimizer buffer
+// exists), each full batch is copied into fixed input/label tensors and one captured graph of
+// forward + backward + optimizer step (plus a copy of the loss into a fixed tensor) is replayed;
+// the loss is read from that tensor after the replay. The graph is captured again whenever the
+// lr changes (StepLR, once per epoch: the lr is a kernel argument baked into the capture), after
+// one more eager step. Warm-up steps run the very same code on the fixed tensors, so the capture
+// allocates exactly what the warm-up left in the cache. Partial batches run uncaptured. Gradients
+// are zeroed in place (never set to none) for the whole run so their storage stays where the graph
+// writes it. BatchNorm's num_batches_tracked counter is kept on the host (its device update would
+// sync inside the capture) and advanced here after each replay.
+// Refused with one line: a CPU device, --amp fp16 (the scaler syncs), Adam (its bias correction
+// changes every step), --lr-schedule cosine (the lr changes every step), DDP with world size > 1
+// (the reducer's bucket hooks are host logic that a replay skips).
 #include "trainer.h"
 
 #include <spdlog/spdlog.h>
@@ -10,6 +25,7 @@
 #include <signal.h>
 #include <spdlog/sinks/basic_file_sink.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -18,6 +34,7 @@
 #include <optional>
 
 #include "core/autograd.h"
+#include "core/cuda/graph.h"
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "data/data_loader.h"
@@ -166,6 +183,28 @@ int agree_on_stop(const Distributed& d, Device device, int local) {
   return static_cast<int>(flag.to(Device::cpu()).item<double>());
 }
 
+// Why --cuda-graph cannot run with these settings ("" when it can). `world` is the launcher's world size.
+std::string cuda_graph_refusal(const TrainOptions& o, const Device& device, int world) {
+  if (o.amp == "fp16")
+    return "--cuda-graph cannot capture --amp fp16: the loss scaler reads found_inf on the host every step; "
+           "use --amp bf16 (no scaler) or --amp off";
+  if (o.optimizer == "adam")
+    return "--cuda-graph cannot capture --optimizer adam: its bias correction changes every step and would be "
+           "frozen in the graph; use --optimizer sgd or adadelta";
+  if (o.lr_schedule == "cosine")
+    return "--cuda-graph needs an lr that is constant within an epoch (the lr is frozen in the captured "
+           "optimizer kernels); use --lr-schedule step, not cosine";
+  if (o.launcher != "none" && world > 1) {
+    const std::string backend = o.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : o.backend;
+    return "--cuda-graph does not support DDP (" + std::to_string(world) + " ranks over " + backend +
+           "): the reducer's bucket hooks are host logic that a replayed graph skips; run one rank or drop "
+           "--cuda-graph";
+  }
+  if (!device.is_cuda())
+    return "--cuda-graph needs a CUDA device, got --device " + o.device + " (resolved to " + device.str() + ")";
+  return "";
+}
+
 // Config keys a resumed run must share with the checkpoint's run.
 const char* const kResumeKeys[] = {"model",          "data.batch_size", "data.limit", "data.shuffle",
                                    "optimizer.type", "schedule.type",   "train.seed"};
@@ -202,6 +241,11 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   const amp::Precision precision = amp::parse_precision(o.amp);
   const dist::DistEnv env = o.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o.launcher);
   const std::string work_dir = o.work_dir.empty() ? train::default_work_dir(o.config_file) : o.work_dir;
+  const Device device = choose_device(o.device, env.local_rank);
+  if (o.cuda_graph) {
+    const std::string why = cuda_graph_refusal(o, device, o.launcher == "none" ? 1 : env.world_size);
+    TANDEM_CHECK(why.empty(), why);
+  }
   const bool writer = env.rank == 0;  // rank 0 writes the job's files
   const std::string stamp = train::run_timestamp();
   if (writer) {
@@ -211,7 +255,6 @@ int run_training(const TrainOptions& o, const train::Json& config) {
     resolved["work_dir"] = work_dir;
     train::write_file_atomic(work_dir + "/config.json", resolved.dump(2) + "\n");
   }
-  const Device device = choose_device(o.device, env.local_rank);
   Distributed d = init_distributed(o, env, device);
   const int rank = d.env.rank, world = d.active() ? d.env.world_size : 1;
   if (rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
@@ -265,6 +308,19 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   }
   net->to(device);
   net->train();
+  // --cuda-graph: BatchNorm counts batches on the host (count_batch does no device work for a host
+  // counter, so the forward can be captured); the loop advances the counters after each replay.
+  std::vector<Tensor> batch_counters;
+  if (o.cuda_graph) {
+    const std::string suffix = "num_batches_tracked";
+    for (auto& [name, t] : net->named_buffers()) {
+      if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+        continue;
+      Tensor counter = t;  // shares the module's tensor: set_data moves it for the module too
+      counter.set_data(counter.to(Device::cpu()));
+      batch_counters.push_back(counter);
+    }
+  }
   if (o.sync_bn && d.active()) {
     const int n = dist::convert_sync_batchnorm(*net, d.group);
     spdlog::info("sync_bn: {} BatchNorm layer(s) synchronised across {} ranks", n, world);
@@ -351,6 +407,19 @@ int run_training(const TrainOptions& o, const train::Json& config) {
                  done, iters, global_iter);
   };
 
+  // --cuda-graph state: the fixed tensors the captured step reads and writes, and the lr it froze.
+  constexpr int64_t kGraphWarmup = 3;  // uncaptured iterations in this process before the first capture
+  std::unique_ptr<cuda::Graph> graph;
+  Tensor graph_x, graph_y, graph_loss;
+  double graph_lr = 0;
+  int64_t uncaptured_done = 0;  // eager full-batch steps since the last (re)start of the warm-up
+  int64_t warmups = 0, captures = 0, replays = 0, partial = 0;
+  if (o.cuda_graph) {
+    graph = std::make_unique<cuda::Graph>(device.index);
+    spdlog::info("cuda graph: capturing forward + backward + {} step after {} warm-up iterations", o.optimizer,
+                 kGraphWarmup);
+  }
+
   spdlog::info("training: {} epochs x {} iterations, batch {}{}, {} lr {}", o.epochs, iters, o.batch_size,
                world > 1 ? " per rank x " + std::to_string(world) + " ranks" : "", o.optimizer, lr);
   int stop = 0;  // the agreed signal that ends the run early
@@ -365,29 +434,88 @@ int run_training(const TrainOptions& o, const train::Json& config) {
       auto batch = train_loader.next();
       if (!batch) break;
       const double data_time = seconds_since(tick);
-      Tensor x = batch->images.to(device), y = batch->labels.to(device);
-      Tensor loss;
-      {
-        amp::AutocastGuard autocast(precision);
-        loss = F::nll_loss(model(x), y);
-      }
-      const double loss_value = loss.item<double>();  // syncs a GPU
-      TANDEM_CHECK(std::isfinite(loss_value) || scaler.enabled(), "the loss is ", std::isnan(loss_value) ? "nan" : loss_value > 0 ? "inf" : "-inf", " at epoch ", epoch,
-                   ", iteration ", it, "/", iters, " (global iteration ", global_iter + 1,
-                   "): training diverged; lower optimizer.lr (--lr) or check the data");
-      optimizer->zero_grad(/*set_to_none=*/!o.gradient_as_bucket_view);
-      if (scaler.enabled()) {
-        scaler.scale(loss).backward();
-        scaler.step(*optimizer);  // skipped when a gradient is inf/NaN
-        scaler.update();
+      const int64_t batch_n = batch->images.size(0);
+      double loss_value = 0;
+      // A NaN or infinite loss ends the run naming the iteration (under fp16 the scaler skips the step).
+      auto check_loss = [&](double value) {
+        TANDEM_CHECK(std::isfinite(value) || scaler.enabled(), "the loss is ",
+                     std::isnan(value) ? "nan" : value > 0 ? "inf" : "-inf", " at epoch ", epoch, ", iteration ", it,
+                     "/", iters, " (global iteration ", global_iter + 1,
+                     "): training diverged; lower optimizer.lr (--lr) or check the data");
+      };
+      if (o.cuda_graph && batch_n == o.batch_size) {
+        // Full batches always go through the fixed tensors, also while warming up, so the warm-up
+        // leaves the allocator's cache exactly as the captured step will use it.
+        if (!graph_x.defined()) {  // same addresses for the whole run
+          graph_x = Tensor::empty(batch->images.shape(), batch->images.dtype(), device);
+          graph_y = Tensor::empty(batch->labels.shape(), batch->labels.dtype(), device);
+          graph_loss = Tensor::zeros({}, kFloat32, device);
+        }
+        graph_x.copy_(batch->images);
+        graph_y.copy_(batch->labels);
+        // The step the graph holds: forward, a copy of the loss, zero_grad in place, backward, step.
+        auto step = [&] {
+          Tensor loss;
+          {
+            amp::AutocastGuard autocast(precision);
+            loss = F::nll_loss(model(graph_x), graph_y);
+          }
+          graph_loss.copy_(loss);
+          optimizer->zero_grad(/*set_to_none=*/false);
+          loss.backward();
+          optimizer->step();
+        };  // its temporaries go back to the cache before it returns (inside the capture)
+        if (graph->captured() && graph_lr != optimizer->lr()) {
+          // The lr is frozen in the graph: capture again, after one more eager step so the cache
+          // holds what the step needs now (an evaluation may have reshaped it since).
+          graph->reset();
+          uncaptured_done = std::min(uncaptured_done, kGraphWarmup - 1);
+        }
+        if (uncaptured_done < kGraphWarmup) {
+          step();
+          ++uncaptured_done;
+          ++warmups;
+        } else {
+          if (!graph->captured()) {
+            graph_lr = optimizer->lr();
+            graph->begin_capture();
+            step();
+            graph->end_capture();
+            ++captures;
+            spdlog::info("cuda graph: captured at epoch {}, iteration {} (lr {})", epoch, it, graph_lr);
+          } else {
+            for (Tensor& c : batch_counters) c.data<int64_t>()[0] += 1;  // a capture's forward counts once
+          }
+          graph->replay();
+          ++replays;
+        }
+        loss_value = graph_loss.item<double>();  // syncs: the step (or its replay) has finished
       } else {
-        loss.backward();
-        optimizer->step();
+        Tensor x = batch->images.to(device), y = batch->labels.to(device);
+        Tensor loss;
+        {
+          amp::AutocastGuard autocast(precision);
+          loss = F::nll_loss(model(x), y);
+        }
+        loss_value = loss.item<double>();  // syncs a GPU
+        check_loss(loss_value);            // before the step, so diverged weights are never stepped
+        // Under --cuda-graph, gradients keep their storage (the graph writes there): zero in place.
+        optimizer->zero_grad(/*set_to_none=*/!o.gradient_as_bucket_view && !o.cuda_graph);
+        if (scaler.enabled()) {
+          scaler.scale(loss).backward();
+          scaler.step(*optimizer);  // skipped when a gradient is inf/NaN
+          scaler.update();
+        } else {
+          loss.backward();
+          optimizer->step();
+        }
+        if (o.cuda_graph) ++partial;
       }
+      check_loss(loss_value);  // a replayed step can only be checked after it ran
       const double lr_used = optimizer->lr();
       if (cosine) iter_schedule.step();
       ++global_iter;
-      samples += x.size(0);
+      samples += batch_n;
 
       const bool log_now = it % o.log_interval == 0 || it == iters;
       const double iter_time = seconds_since(tick);
@@ -447,6 +575,9 @@ int run_training(const TrainOptions& o, const train::Json& config) {
                  stop == SIGTERM ? "SIGTERM" : stop == SIGINT ? "SIGINT" : "signal", work_dir);
     return train::StopSignal::exit_code(stop);
   }
+  if (o.cuda_graph)
+    spdlog::info("cuda graph: {} capture(s), {} replayed iterations, {} warm-up and {} partial-batch iterations "
+                 "uncaptured", captures, replays, warmups, partial);
   if (!o.save_weights.empty() && rank == 0) {
     nn::save_weights(*net, o.save_weights);
     spdlog::info("weights saved: {}", o.save_weights);

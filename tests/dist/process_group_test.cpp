@@ -430,8 +430,10 @@ TEST(GlooGroup, RankThatExitsEarlyMakesOthersFailNamingTheOp) {
 }
 
 TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
-  // Rank 2 dies while a 64 MiB allreduce is in flight: the others' sockets to it break during
-  // their writes. Their collective must fail with an error, not kill them with SIGPIPE.
+  // Rank 2 dies while the others' 64 MiB allreduce is in flight: their sockets to it break during
+  // their writes. Their collective must fail with an error, not kill them with SIGPIPE. Rank 2
+  // never joins the collective, so it cannot complete however the ranks are scheduled (a rank
+  // that joined and then exited could finish first on a loaded machine).
   JobOptions opt;
   opt.timeout = 5s;
   opt.deadline = 60s;
@@ -439,12 +441,12 @@ TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
       3,
       [](ProcessGroupGloo& pg, Store&) {
         pg.barrier()->wait(pg.timeout());
-        Tensor t = Tensor::ones({int64_t{1} << 24}, kFloat32);
-        auto work = pg.allreduce(t);
         if (pg.rank() == 2) {
           std::this_thread::sleep_for(20ms);
           _exit(0);
         }
+        Tensor t = Tensor::ones({int64_t{1} << 24}, kFloat32);
+        auto work = pg.allreduce(t);
         const std::string msg = error_of([&] { work->wait(30s); });
         CHILD_CHECK(contains(msg, "allreduce(float32[16777216], sum)") && contains(msg, "failed"), msg);
       },

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "common/test_util.h"
+#include "dist/raw_socket.h"
 #include "core/error.h"
 #include "dist/tcp_store.h"
 
@@ -34,6 +35,8 @@ using namespace tandem::dist;
 using namespace std::chrono_literals;
 namespace proto = tandem::dist::tcp_store_protocol;
 using tandem::test::error_of;
+using tandem::test::raw_connect;
+using tandem::test::RawSocket;
 
 namespace {
 
@@ -66,45 +69,6 @@ struct Refusals {
     }
     std::lock_guard<std::mutex> lk(mu);
     return lines;
-  }
-};
-
-// Connects a raw TCP socket to ip:port; returns the fd or -1 (errno set).
-int raw_connect(const std::string& ip, int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (fd < 0 || ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr) != 1) return -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    int e = errno;
-    ::close(fd);
-    errno = e;
-    return -1;
-  }
-  return fd;
-}
-
-struct Raw {
-  int fd;
-  explicit Raw(int port) : fd(raw_connect("127.0.0.1", port)) {
-    if (fd < 0) throw Error("raw connect failed");
-  }
-  ~Raw() { ::close(fd); }
-  void send(const std::vector<uint8_t>& b) { ::send(fd, b.data(), b.size(), MSG_NOSIGNAL); }
-  // Everything the server sends until it closes (true) or 10 s pass (false).
-  bool read_until_closed(std::vector<uint8_t>* got = nullptr) {
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    uint8_t buf[4096];
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd pf{fd, POLLIN, 0};
-      if (::poll(&pf, 1, 100) <= 0) continue;
-      ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n == 0) return true;
-      if (n < 0) return errno == ECONNRESET;
-      if (got) got->insert(got->end(), buf, buf + n);
-    }
-    return false;
   }
 };
 
@@ -244,9 +208,9 @@ TEST(StoreSecurity, RefusedClientCannotReadOrWriteKeys) {
   get.keys = {"secret"};
   for (const std::string& token :
        std::vector<std::string>{"", "t0keN", "t0ken-longer", std::string(proto::kMaxTokenBytes, 'x')}) {
-    Raw raw(server.port());
+    RawSocket raw(server.port());
     Bytes hello = proto::encode_hello(token);
-    raw.send(cat({hello, frame(set_request("evil", "1")), frame(proto::encode_request(get))}));
+    raw.send_some(cat({hello, frame(set_request("evil", "1")), frame(proto::encode_request(get))}));
     std::vector<uint8_t> got;
     EXPECT_TRUE(raw.read_until_closed(&got)) << "token '" << token << "'";
     ASSERT_EQ(got.size(), 9u) << "only the handshake reply may come back";
@@ -255,8 +219,8 @@ TEST(StoreSecurity, RefusedClientCannotReadOrWriteKeys) {
   EXPECT_FALSE(server.check({"evil"}));
   EXPECT_EQ(refusals.wait_for(4).size(), 4u);
   {  // A token over the limit: dropped without a reply.
-    Raw raw(server.port());
-    raw.send(cat({le32(proto::kMagic), le32(proto::kVersion), le32(proto::kMaxTokenBytes + 1)}));
+    RawSocket raw(server.port());
+    raw.send_some(cat({le32(proto::kMagic), le32(proto::kVersion), le32(proto::kMaxTokenBytes + 1)}));
     std::vector<uint8_t> got;
     EXPECT_TRUE(raw.read_until_closed(&got));
     EXPECT_TRUE(got.empty());
@@ -265,8 +229,8 @@ TEST(StoreSecurity, RefusedClientCannotReadOrWriteKeys) {
     EXPECT_HAS(lines[4], "exceeds the limit");
   }
   {  // A version-1 client (8-byte hello, no token) learns the version and is closed.
-    Raw raw(server.port());
-    raw.send(cat({le32(proto::kMagic), le32(1), frame(set_request("evil", "1"))}));
+    RawSocket raw(server.port());
+    raw.send_some(cat({le32(proto::kMagic), le32(1), frame(set_request("evil", "1"))}));
     std::vector<uint8_t> got;
     EXPECT_TRUE(raw.read_until_closed(&got));
     ASSERT_EQ(got.size(), 9u);
@@ -308,9 +272,9 @@ TEST(StoreSecurity, UnfinishedHandshakeIsDropped) {
   so.hello_timeout = 300ms;
   so.on_refused = refusals.sink();
   TCPStore server("127.0.0.1", 0, true, so);
-  Raw silent(server.port());
-  Raw partial(server.port());
-  partial.send({0x53, 0x4E});  // half a magic
+  RawSocket silent(server.port());
+  RawSocket partial(server.port());
+  partial.send_some({0x53, 0x4E});  // half a magic
   EXPECT_TRUE(silent.read_until_closed());
   EXPECT_TRUE(partial.read_until_closed());
   auto lines = refusals.wait_for(2);
@@ -339,7 +303,7 @@ TEST(StoreSecurity, RandomGarbageNeverStopsServer) {
   std::mt19937 rng(12345);
   for (int i = 0; i < 200; ++i) {
     {
-      Raw raw(server.port());
+      RawSocket raw(server.port());
       std::vector<uint8_t> junk(1 + rng() % 300);
       for (auto& b : junk) b = static_cast<uint8_t>(rng());
       if (i % 2) {  // a valid handshake first, then a frame of junk with a plausible length
@@ -348,7 +312,7 @@ TEST(StoreSecurity, RandomGarbageNeverStopsServer) {
         if (i % 4 == 1) body[0] = static_cast<uint8_t>(1 + rng() % 6);  // a real op code, junk after it
         junk = cat({proto::encode_hello(""), frame(body), junk});
       }
-      raw.send(junk);
+      raw.send_some(junk);
       if (i % 3 == 0) raw.read_until_closed();  // sometimes wait for the drop, sometimes just vanish
     }
     const std::string key = "real/" + std::to_string(i);

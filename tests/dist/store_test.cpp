@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "dist/raw_socket.h"
 #include "dist/file_store.h"
 #include "dist/prefix_store.h"
 #include "dist/tcp_store.h"
@@ -33,6 +34,7 @@
 using namespace tandem;
 using namespace tandem::dist;
 using namespace std::chrono_literals;
+using tandem::test::RawSocket;
 
 namespace {
 
@@ -156,39 +158,6 @@ struct ReservedPort {
     fd = -1;
   }
   ~ReservedPort() { release(); }
-};
-
-// A raw loopback connection for speaking (or mangling) the wire protocol.
-struct RawSocket {
-  int fd = -1;
-  explicit RawSocket(int port) {
-    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) throw Error("connect failed");
-  }
-  ~RawSocket() {
-    if (fd >= 0) ::close(fd);
-  }
-  void send_bytes(const std::vector<uint8_t>& b) {
-    ASSERT_EQ(::send(fd, b.data(), b.size(), MSG_NOSIGNAL), static_cast<ssize_t>(b.size()));
-  }
-  // Reads what arrives until the server closes the connection (true) or 10 s pass (false).
-  bool read_until_closed(std::vector<uint8_t>* got = nullptr) {
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    uint8_t buf[256];
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd pf{fd, POLLIN, 0};
-      if (::poll(&pf, 1, 100) <= 0) continue;
-      ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-      if (n == 0) return true;
-      if (n < 0) return errno == ECONNRESET;
-      if (got) got->insert(got->end(), buf, buf + n);
-    }
-    return false;
-  }
 };
 
 std::vector<uint8_t> le32(uint32_t v) {

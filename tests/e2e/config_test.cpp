@@ -15,12 +15,7 @@
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using tandem::test::read_file;
-using tandem::test::kDigits;
-using tandem::test::kRun;
-using tandem::test::kTrainer;
-using tandem::test::run_process;
-using tandem::test::TempDir;
+using namespace tandem::test;
 
 namespace {
 

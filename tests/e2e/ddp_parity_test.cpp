@@ -29,21 +29,12 @@
 #include "metrics.h"
 #include "process.h"
 
-using tandem::test::mean;
-using tandem::test::Metrics;
-using tandem::test::read_metrics;
-using tandem::test::rel;
+using namespace tandem::test;
 
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using tandem::test::read_file;
-using tandem::test::kDigits;
-using tandem::test::kRun;
-using tandem::test::kTrainer;
-using tandem::test::run_process;
-using tandem::test::TempDir;
 
 const std::string kFixtures = TANDEM_SOURCE_DIR "/tests/fixtures";
 

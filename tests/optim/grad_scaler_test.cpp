@@ -7,21 +7,13 @@
 #include <limits>
 
 #include "../common/test_util.h"
+#include "optim/optim_test_util.h"
 #include "optim/grad_scaler.h"
 
 using namespace tandem;
 
-namespace {
-
-Tensor param(std::vector<float> v) {
-  return Tensor::from_vector<float>(v, {static_cast<int64_t>(v.size())}).set_requires_grad(true);
-}
-
-void set_grad(Tensor& p, std::vector<float> g) {
-  p.set_grad(Tensor::from_vector<float>(g, {static_cast<int64_t>(g.size())}));
-}
-
-}  // namespace
+using test::param;
+using test::set_grad;
 
 TEST(GradScaler, ScaleMultipliesLossAndBackwardCarriesTheScale) {
   optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 1024.0});

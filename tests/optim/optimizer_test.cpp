@@ -4,21 +4,13 @@
 
 #include <cmath>
 
+#include "optim/optim_test_util.h"
 #include "optim/optimizer.h"
 
 using namespace tandem;
 
-namespace {
-
-Tensor param(std::vector<float> v) {
-  return Tensor::from_vector<float>(v, {static_cast<int64_t>(v.size())}).set_requires_grad(true);
-}
-
-void set_grad(Tensor& p, std::vector<float> g) {
-  p.set_grad(Tensor::from_vector<float>(g, {static_cast<int64_t>(g.size())}));
-}
-
-}  // namespace
+using test::param;
+using test::set_grad;
 
 TEST(Optim, SgdMomentumNesterovWeightDecay) {
   Tensor p = param({1.0f, -2.0f});

@@ -74,7 +74,7 @@ TEST(SafetensorsBadInput, HeaderLengthBeyondFileOrLimit) {
 TEST(SafetensorsBadInput, HeaderNotJson) {
   TempDir dir;
   const std::string p = dir.file("json.safetensors");
-  for (const std::string h : {std::string("not json at all"), std::string("{\"a\": \"\xff\xfe\"}"),
+  for (const std::string& h : {std::string("not json at all"), std::string("{\"a\": \"\xff\xfe\"}"),
                               std::string("{\"a\":1} trailing"), std::string(1, '\0'), std::string("\"str\"")}) {
     write_st(p, h, "");
     const std::string msg = load_error(p);

@@ -127,10 +127,8 @@ void options_from_json(const Json& c, TrainOptions& o) {
   check_choice("ddp.launcher", o.launcher, {"none", "pytorch", "slurm", "mpi"});
   o.backend = get<std::string>(c, "ddp.backend");
   check_choice("ddp.backend", o.backend, {"auto", "gloo", "nccl"});
-  o.bucket_cap_mb = get<double>(c, "ddp.bucket_cap_mb");
+  o.bucket_cap_mb = at_least<double>(c, "ddp.bucket_cap_mb", 0.0);  // 0: auto, measured at start-up
   o.first_bucket_cap_mb = get<double>(c, "ddp.first_bucket_cap_mb");
-  TANDEM_CHECK(o.bucket_cap_mb >= 0, "config key 'ddp.bucket_cap_mb' must be >= 0 (0: auto, measured at "
-               "start-up), got ", o.bucket_cap_mb);
   TANDEM_CHECK(o.first_bucket_cap_mb > 0, "config key 'ddp.first_bucket_cap_mb' must be > 0, got ",
                o.first_bucket_cap_mb);
   o.find_unused_parameters = get<bool>(c, "ddp.find_unused_parameters");

@@ -422,6 +422,11 @@ int run_training(const TrainOptions& o, const train::Json& config) {
 
   spdlog::info("training: {} epochs x {} iterations, batch {}{}, {} lr {}", o.epochs, iters, o.batch_size,
                world > 1 ? " per rank x " + std::to_string(world) + " ranks" : "", o.optimizer, lr);
+  // The training loss of one batch, its conv and linear layers under the chosen precision.
+  auto forward_loss = [&](const Tensor& x, const Tensor& y) {
+    amp::AutocastGuard autocast(precision);
+    return F::nll_loss(model(x), y);
+  };
   int stop = 0;  // the agreed signal that ends the run early
   for (int64_t epoch = start_epoch; epoch <= o.epochs && stop == 0; ++epoch) {
     const auto epoch_start = Clock::now();
@@ -455,11 +460,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
         graph_y.copy_(batch->labels);
         // The step the graph holds: forward, a copy of the loss, zero_grad in place, backward, step.
         auto step = [&] {
-          Tensor loss;
-          {
-            amp::AutocastGuard autocast(precision);
-            loss = F::nll_loss(model(graph_x), graph_y);
-          }
+          Tensor loss = forward_loss(graph_x, graph_y);
           graph_loss.copy_(loss);
           optimizer->zero_grad(/*set_to_none=*/false);
           loss.backward();
@@ -490,13 +491,10 @@ int run_training(const TrainOptions& o, const train::Json& config) {
           ++replays;
         }
         loss_value = graph_loss.item<double>();  // syncs: the step (or its replay) has finished
+        check_loss(loss_value);                   // a replayed step can only be checked after it ran
       } else {
         Tensor x = batch->images.to(device), y = batch->labels.to(device);
-        Tensor loss;
-        {
-          amp::AutocastGuard autocast(precision);
-          loss = F::nll_loss(model(x), y);
-        }
+        Tensor loss = forward_loss(x, y);
         loss_value = loss.item<double>();  // syncs a GPU
         check_loss(loss_value);            // before the step, so diverged weights are never stepped
         // Under --cuda-graph, gradients keep their storage (the graph writes there): zero in place.
@@ -511,7 +509,6 @@ int run_training(const TrainOptions& o, const train::Json& config) {
         }
         if (o.cuda_graph) ++partial;
       }
-      check_loss(loss_value);  // a replayed step can only be checked after it ran
       const double lr_used = optimizer->lr();
       if (cosine) iter_schedule.step();
       ++global_iter;

@@ -71,52 +71,28 @@ void sgd_impl(const Tensor& param, const Tensor& grad_in, const Tensor& buf, con
   });
 }
 
-template <typename T>
-void adadelta_impl(const Tensor& param, const Tensor& grad_in, const Tensor& sq, const Tensor& acc,
-                   const AdadeltaStep& step) {
+// Adadelta and Adam: a parameter, its gradient and two state buffers, one functor call per element.
+template <typename T, typename Step>
+void two_state_impl(const char* op, const Tensor& param, const Tensor& grad_in, const Tensor& s1,
+                    const Tensor& s2, const Step& step) {
   const Tensor grad = grad_in.contiguous();
   T* p = mutable_data<T>(param);
   const T* g = grad.data<T>();
-  T* s = mutable_data<T>(sq);
-  T* a = mutable_data<T>(acc);
-  check_disjoint("adadelta_update", {&param, &grad, &sq, &acc});
+  T* a = mutable_data<T>(s1);
+  T* b = mutable_data<T>(s2);
+  check_disjoint(op, {&param, &grad, &s1, &s2});
   detail::parallel_range(param.numel(), kGrain, [&](int64_t i0, int64_t i1) {
-    const AdadeltaStep st = step;
+    const Step st = step;
     T* __restrict pr = p;
     const T* __restrict gr = g;
-    T* __restrict sr = s;
     T* __restrict ar = a;
+    T* __restrict br = b;
     for (int64_t i = i0; i < i1; ++i) {
-      T pi = pr[i], si = sr[i], ai = ar[i];
-      st(pi, gr[i], si, ai);
+      T pi = pr[i], ai = ar[i], bi = br[i];
+      st(pi, gr[i], ai, bi);
       pr[i] = pi;
-      sr[i] = si;
       ar[i] = ai;
-    }
-  });
-}
-
-template <typename T>
-void adam_impl(const Tensor& param, const Tensor& grad_in, const Tensor& m, const Tensor& v,
-               const AdamStep& step) {
-  const Tensor grad = grad_in.contiguous();
-  T* p = mutable_data<T>(param);
-  const T* g = grad.data<T>();
-  T* mp = mutable_data<T>(m);
-  T* vp = mutable_data<T>(v);
-  check_disjoint("adam_update", {&param, &grad, &m, &v});
-  detail::parallel_range(param.numel(), kGrain, [&](int64_t i0, int64_t i1) {
-    const AdamStep st = step;
-    T* __restrict pr = p;
-    const T* __restrict gr = g;
-    T* __restrict mr = mp;
-    T* __restrict vr = vp;
-    for (int64_t i = i0; i < i1; ++i) {
-      T pi = pr[i], mi = mr[i], vi = vr[i];
-      st(pi, gr[i], mi, vi);
-      pr[i] = pi;
-      mr[i] = mi;
-      vr[i] = vi;
+      br[i] = bi;
     }
   });
 }
@@ -133,7 +109,7 @@ void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& squa
                      const Tensor& acc_delta, const AdadeltaStep& step) {
   detail::check_cpu("adadelta_update", param);
   detail::dispatch_float(param.dtype(), "adadelta_update", [&](auto t) {
-    adadelta_impl<decltype(t)>(param, grad, square_avg, acc_delta, step);
+    two_state_impl<decltype(t)>("adadelta_update", param, grad, square_avg, acc_delta, step);
   });
 }
 
@@ -141,7 +117,9 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                  const AdamStep& step) {
   detail::check_cpu("adam_update", param);
   detail::dispatch_float(param.dtype(), "adam_update",
-                         [&](auto t) { adam_impl<decltype(t)>(param, grad, exp_avg, exp_avg_sq, step); });
+                         [&](auto t) {
+    two_state_impl<decltype(t)>("adam_update", param, grad, exp_avg, exp_avg_sq, step);
+  });
 }
 
 }  // namespace tandem::kernels::cpu

@@ -36,6 +36,7 @@
 
 #include "core/error.h"
 #include "dist/gloo_store_adapter.h"
+#include "dist/shm_allreduce.h"
 
 namespace tandem::dist {
 namespace {
@@ -372,6 +373,8 @@ struct ProcessGroupGloo::Impl {
   Millis timeout{0};
   Millis diagnosis{0};                     // how long a failed rank waits to hear from the others
   std::vector<std::string> peer_address;  // [r]: how Gloo names rank r in its errors ("" for self)
+  std::unique_ptr<ShmAllreduce> shm;      // all-reduce through shared memory when all ranks share a host
+  std::string shm_why_not;                // why not, otherwise
 
   std::mutex mu;
   std::condition_variable cv;
@@ -533,6 +536,12 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     TANDEM_FAIL(im.who, ": Gloo rendezvous through ", store->address(), " (keys ", prefix,
                 "*) failed within ", timeout.count(), " ms: ", e.what());
   }
+  try {
+    im.shm = ShmAllreduce::create(*store, prefix, rank, size, timeout, im.shm_why_not);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL(im.who, ": setting up the shared-memory all-reduce through ", store->address(), " (keys ",
+                prefix, "shm/*) failed: ", e.what());
+  }
   im.worker = std::thread([&im] { im.loop(); });
 }
 
@@ -554,6 +563,11 @@ std::string ProcessGroupGloo::local_address() const {
   return impl_->device ? impl_->device->str() : impl_->address;
 }
 
+std::string ProcessGroupGloo::allreduce_transport() const {
+  if (impl_->shm) return "shared memory (" + std::to_string(impl_->shm->slot_bytes() >> 10) + " KiB slots)";
+  return "tcp (" + impl_->shm_why_not + ")";
+}
+
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
   check_cpu_contiguous("allreduce", "tensor", tensor);
   const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) +
@@ -562,9 +576,14 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
   Tensor t = tensor;  // keeps the storage alive until the collective ran
-  return impl_->enqueue(desc, [t, fn, context, timeout](uint32_t tag) mutable {
+  ShmAllreduce* shm = impl_->shm.get();  // lives as long as the worker thread
+  return impl_->enqueue(desc, [t, fn, context, timeout, shm](uint32_t tag) mutable {
     const size_t n = static_cast<size_t>(t.numel());
     if (n == 0) return;
+    if (shm) {
+      shm->allreduce(t.raw_data(), n, element_size(t.dtype()), fn, timeout);
+      return;
+    }
     // Element type only sets the element size Gloo splits the buffer by; fn does the math.
     switch (element_size(t.dtype())) {
       case 1: run_allreduce<uint8_t>(context, t.raw_data(), n, fn, tag, timeout); break;

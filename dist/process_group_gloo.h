@@ -17,6 +17,11 @@
 // first failure. The destructor finishes queued work (bounded by the timeout) and stops the
 // thread; it never hangs. The group keeps the store alive (the diagnosis uses it from the worker
 // thread; a long blocking store call on another thread delays it, bounded by that call).
+// Intra-host all-reduce: when every rank shares this host, allreduce runs through one
+// shared-memory segment (dist/shm_allreduce.h) instead of Gloo's TCP pairs over loopback, with
+// the same ordering, timeout and failure rules (a late peer is named; a peer whose process is
+// gone fails the collective at once); TANDEM_SHM=0 turns it off. Broadcast, allgather and
+// barrier always use Gloo.
 // Network interface: TANDEM_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) when set; otherwise the local
 // address whose route reaches MASTER_ADDR (127.0.0.1 for loopback jobs); otherwise the
 // hostname's address. Gloo's headers stay out of this header (pimpl).
@@ -53,6 +58,9 @@ class ProcessGroupGloo : public ProcessGroup {
 
   // The local address Gloo listens on, e.g. "127.0.0.1" (for logs and tests).
   std::string local_address() const;
+  // How allreduce moves data: "shared memory (4096 KiB slots)" when every rank is on this host
+  // (same boot and namespaces) and TANDEM_SHM is not 0 on any rank, else "tcp (<why not>)".
+  std::string allreduce_transport() const;
 
  private:
   struct Impl;

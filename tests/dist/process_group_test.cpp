@@ -244,20 +244,64 @@ void check_allreduce(ProcessGroupGloo& pg, int64_t n, ReduceOp op, T (*input)(in
   }
 }
 
-class GlooRanks : public ::testing::TestWithParam<int> {};
+// (ranks, shared memory): every collective test runs over the shared-memory all-reduce (the
+// default when all ranks share a host) and over Gloo's TCP pairs (TANDEM_SHM=0, the path ranks on
+// different hosts take).
+class GlooRanks : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  int ranks() const { return std::get<0>(GetParam()); }
+  bool shm() const { return std::get<1>(GetParam()); }
+  JobOptions options() const {
+    JobOptions o;
+    if (!shm()) o.env["TANDEM_SHM"] = "0";
+    return o;
+  }
+};
+
+TEST_P(GlooRanks, AllreduceTransportIsSharedMemoryUnlessTurnedOff) {
+  expect_all_ok(run_job(
+      ranks(),
+      [shm = shm()](ProcessGroupGloo& pg, Store&) {
+        const std::string transport = pg.allreduce_transport();
+        if (shm)
+          CHILD_CHECK(transport == "shared memory (4096 KiB slots)", transport);
+        else
+          CHILD_CHECK(contains(transport, "tcp (TANDEM_SHM=0 on rank 0)"), transport);
+      },
+      options()));
+}
+
+// Messages spanning several slots (64 KiB slots: 1M floats is 64 chunks), odd lengths whose parts
+// are uneven, and the small-chunk path, with every rank's result bit-identical.
+TEST_P(GlooRanks, AllreduceAcrossManyChunksIsExact) {
+  if (!shm()) GTEST_SKIP() << "the slot size only applies to the shared-memory path";
+  JobOptions opt = options();
+  opt.env["TANDEM_SHM_SLOT_KB"] = "64";
+  expect_all_ok(run_job(
+      ranks(),
+      [](ProcessGroupGloo& pg, Store&) {
+        CHILD_CHECK(pg.allreduce_transport() == "shared memory (64 KiB slots)", pg.allreduce_transport());
+        for (int64_t n : {int64_t{16383}, int64_t{16384}, int64_t{16385}, int64_t{1} << 20, (int64_t{1} << 20) + 5})
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+            check_allreduce<float>(pg, n, op, f32_input);
+            check_allreduce<double>(pg, n, op, f64_input);
+          }
+      },
+      opt));
+}
 
 TEST_P(GlooRanks, AllreduceSumMaxMinIsExactForFloat32AndFloat64) {
-  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+  expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store&) {
     for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1} << 20, (int64_t{1} << 20) + 3})
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min}) {
         check_allreduce<float>(pg, n, op, f32_input);
         check_allreduce<double>(pg, n, op, f64_input);
       }
-  }));
+  }, options()));
 }
 
 TEST_P(GlooRanks, AllreduceOtherDtypes) {
-  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+  expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store&) {
     const int r = pg.rank(), n = pg.size();
     const int64_t sum_ranks = int64_t{n} * (n - 1) / 2;
     Tensor i64 = Tensor::from_vector<int64_t>({int64_t{1} << 40, -3, r}, {3});
@@ -279,11 +323,11 @@ TEST_P(GlooRanks, AllreduceOtherDtypes) {
       const std::vector<float> want = {static_cast<float>(n + sum_ranks), -2.0f * sum_ranks, 0.5f * n};
       CHILD_CHECK(got == want, dtype_name(dt), ": got ", got[0], ", ", got[1], ", ", got[2]);
     }
-  }));
+  }, options()));
 }
 
 TEST_P(GlooRanks, BroadcastFromRankOne) {
-  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+  expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store&) {
     const int r = pg.rank();
     Tensor t = Tensor::empty({4, 250}, kFloat32);
     for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(r * 1000 + i);
@@ -297,11 +341,11 @@ TEST_P(GlooRanks, BroadcastFromRankOne) {
     pg.broadcast(ids, pg.size() - 1)->wait(pg.timeout());
     const int64_t last = pg.size() - 1;
     CHILD_CHECK(ids.to_vector<int64_t>() == (std::vector<int64_t>{last, 7 * last, -last}), "");
-  }));
+  }, options()));
 }
 
 TEST_P(GlooRanks, AllgatherPutsEachRanksInputInItsSlot) {
-  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+  expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store&) {
     const int r = pg.rank(), n = pg.size();
     Tensor in = Tensor::empty({2, 3}, kFloat64);
     for (int64_t i = 0; i < 6; ++i) in.data<double>()[i] = r * 100.0 + i + 0.5;
@@ -324,11 +368,11 @@ TEST_P(GlooRanks, AllgatherPutsEachRanksInputInItsSlot) {
       for (int64_t i = 0; i < big; i += 997)
         CHILD_CHECK(bouts[k].data<float>()[i] == static_cast<float>(i % 4096 + k * 10000), "slot ", k,
                     " index ", i);
-  }));
+  }, options()));
 }
 
 TEST_P(GlooRanks, BarrierWaitsForEveryRank) {
-  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store& store) {
+  expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store& store) {
     std::vector<std::string> keys;
     for (int k = 0; k < pg.size(); ++k) keys.push_back("arrived/" + std::to_string(k));
     // The last rank arrives late: if the barrier let anyone through early, its key would be missing.
@@ -341,11 +385,11 @@ TEST_P(GlooRanks, BarrierWaitsForEveryRank) {
       CHILD_CHECK(store.check(keys), "rank ", pg.rank(), " passed barrier round ", round,
                   " before every rank arrived");
     }
-  }));
+  }, options()));
 }
 
 TEST_P(GlooRanks, TwentyAsyncAllreducesCompleteInIssueOrder) {
-  expect_all_ok(run_job(GetParam(), [](ProcessGroupGloo& pg, Store&) {
+  expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store&) {
     const int r = pg.rank(), n = pg.size();
     constexpr int kOps = 20;
     std::vector<Tensor> tensors;
@@ -367,15 +411,15 @@ TEST_P(GlooRanks, TwentyAsyncAllreducesCompleteInIssueOrder) {
       for (int64_t i = 0; i < tensors[k].numel(); ++i)
         CHILD_CHECK(p[i] == ranks_sum * (k + 1) + n * (i % 3), "op ", k, " index ", i, ": ", p[i]);
     }
-  }));
+  }, options()));
 }
 
 TEST_P(GlooRanks, DestructorRunsQueuedCollectives) {
   // Rank 0 issues an allreduce and destroys its group at once; the others' allreduce can only
   // complete if that destructor still runs it.
   expect_all_ok(run_children(
-      GetParam(),
-      [size = GetParam()](int rank, const std::string& path) {
+      ranks(),
+      [size = ranks()](int rank, const std::string& path) {
         auto store = std::make_shared<FileStore>(path, size, 30s);
         Tensor t = Tensor::full({1000}, rank + 1.0, kFloat64);
         std::shared_ptr<Work> work;
@@ -388,12 +432,13 @@ TEST_P(GlooRanks, DestructorRunsQueuedCollectives) {
         work->wait(1ms);  // completed: returns at once, no error
         for (double v : t.to_vector<double>()) CHILD_CHECK(v == size * (size + 1) / 2.0, "got ", v);
       },
-      JobOptions{}));
+      options()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Values(2, 3),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::to_string(info.param) + "Ranks";
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooRanks, ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "Ranks" +
+                                  (std::get<1>(info.param) ? "Shm" : "Tcp");
                          });
 
 // ---- failures: every one ends with an error naming the operation, never a hang ----
@@ -402,6 +447,7 @@ TEST(GlooGroup, RankThatExitsEarlyMakesOthersFailNamingTheOp) {
   JobOptions opt;
   opt.timeout = 2s;
   opt.deadline = 60s;
+  opt.env["TANDEM_SHM"] = "0";  // Gloo's TCP pairs (the shared-memory path: ShmGroup below)
   const auto results = run_job(
       3,
       [](ProcessGroupGloo& pg, Store& store) {
@@ -437,6 +483,7 @@ TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
   JobOptions opt;
   opt.timeout = 5s;
   opt.deadline = 60s;
+  opt.env["TANDEM_SHM"] = "0";  // Gloo's TCP pairs (the shared-memory path: ShmGroup below)
   const auto results = run_job(
       3,
       [](ProcessGroupGloo& pg, Store&) {
@@ -459,6 +506,7 @@ TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
   JobOptions opt;
   opt.timeout = 2s;
   opt.deadline = 60s;
+  opt.env["TANDEM_SHM"] = "0";  // Gloo's TCP pairs (the shared-memory path: ShmGroup below)
   expect_all_ok(run_children(
       3,
       [](int rank, const std::string& path) {
@@ -481,6 +529,89 @@ TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
         CHILD_CHECK(contains(late, "allreduce(float64[64], max)") && contains(late, "failed"), late);
         CHILD_CHECK(contains(late, "imed out") || contains(late, "closed"), late);
         store->set_string("done/" + std::to_string(rank), "1");
+      },
+      opt));
+}
+
+// ---- the shared-memory all-reduce: failures name the peer, nothing is left behind ----
+
+TEST(ShmGroup, RankThatExitsFailsTheOthersAtOnceNamingIt) {
+  JobOptions opt;
+  opt.timeout = 30s;  // the exit, not this timeout, must end the collective
+  opt.deadline = 60s;
+  expect_all_ok(run_job(
+      3,
+      [](ProcessGroupGloo& pg, Store& store) {
+        CHILD_CHECK(contains(pg.allreduce_transport(), "shared memory"), pg.allreduce_transport());
+        pg.barrier()->wait(pg.timeout());
+        if (pg.rank() == 2) {
+          store.set_string("pid2", std::to_string(getpid()));
+          _exit(0);
+        }
+        const std::string pid2 = store.get_string("pid2");
+        Tensor t = Tensor::ones({int64_t{1} << 20}, kFloat32);
+        const std::string msg = error_of([&] { pg.allreduce(t)->wait(60s); });
+        CHILD_CHECK(contains(msg, "allreduce(float32[1048576], sum) failed") &&
+                        contains(msg, "rank 2 (pid " + pid2 + ") exited during the shared-memory all-reduce"),
+                    msg);
+        CHILD_CHECK(!contains(msg, "imed out"), msg);
+        const std::string later = error_of([&] { pg.allreduce(t)->wait(60s); });
+        CHILD_CHECK(contains(later, "earlier collective"), later);
+      },
+      opt));
+}
+
+TEST(ShmGroup, StuckRankMakesOthersTimeOutNamingIt) {
+  JobOptions opt;
+  opt.timeout = 2s;
+  opt.deadline = 60s;
+  expect_all_ok(run_children(
+      3,
+      [](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, 3, 20s);
+        ProcessGroupGloo pg(store, rank, 3, 2s);
+        pg.barrier()->wait(pg.timeout());
+        if (rank == 2) {  // alive, attached, but never joins the allreduce
+          store->wait({"done/0", "done/1"}, 20s);
+          return;
+        }
+        Tensor t = Tensor::ones({300000}, kFloat32);
+        const std::string msg = error_of([&] { pg.allreduce(t)->wait(30s); });
+        CHILD_CHECK(contains(msg, "allreduce(float32[300000], sum) failed") &&
+                        contains(msg, "Timed out waiting 2000ms for rank 2 (pid ") &&
+                        contains(msg, "peer rank 2 never reached this collective"),
+                    msg);
+        store->set_string("done/" + std::to_string(rank), "1");
+      },
+      opt));
+}
+
+TEST(ShmGroup, TurnedOffOnOneRankMeansTcpOnAllAndNoSegmentStaysInDevShm) {
+  JobOptions opt;
+  opt.deadline = 60s;
+  expect_all_ok(run_children(
+      2,
+      [](int rank, const std::string& path) {
+        auto store = std::make_shared<FileStore>(path, 2, 20s);
+        if (rank == 1) setenv("TANDEM_SHM", "0", 1);
+        {
+          ProcessGroupGloo tcp(store, rank, 2, 20s);
+          CHILD_CHECK(tcp.allreduce_transport() == "tcp (TANDEM_SHM=0 on rank 1)", tcp.allreduce_transport());
+          Tensor t = Tensor::full({100000}, rank + 1.0, kFloat32);
+          tcp.allreduce(t)->wait(tcp.timeout());
+          CHILD_CHECK(t.to_vector<float>()[99999] == 3.0f, t.to_vector<float>()[99999]);
+        }
+        unsetenv("TANDEM_SHM");
+        ProcessGroupGloo pg(store, rank, 2, 20s);
+        CHILD_CHECK(contains(pg.allreduce_transport(), "shared memory"), pg.allreduce_transport());
+        // Rank 0 named the segment after its pid and unlinked it once both ranks had attached.
+        if (rank == 0) store->set_string("pid0", std::to_string(getpid()));
+        const std::string prefix = "tandem-" + store->get_string("pid0") + "-";
+        for (const auto& entry : std::filesystem::directory_iterator("/dev/shm"))
+          CHILD_CHECK(entry.path().filename().string().rfind(prefix, 0) != 0, entry.path().string());
+        Tensor t = Tensor::full({100000}, rank + 1.0, kFloat32);
+        pg.allreduce(t)->wait(pg.timeout());
+        CHILD_CHECK(t.to_vector<float>()[0] == 3.0f, t.to_vector<float>()[0]);
       },
       opt));
 }

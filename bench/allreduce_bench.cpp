@@ -5,7 +5,10 @@
 //   tandem-run --nproc-per-node 2 build-bench/bench/allreduce_bench --benchmark_out=ar.json
 // A single process without those variables runs as world 1 (every algorithm is a copy or a no-op).
 // Variants (benchmark names "<variant>/<bytes>"):
-//   engine            ProcessGroupGloo::allreduce(float32 tensor) then Work::wait
+//   engine            ProcessGroupGloo::allreduce(float32 tensor) then Work::wait: through shared memory
+//                     when every rank is on this host (the default), else Gloo's TCP pairs
+//   engine_tcp        the same on a second ProcessGroupGloo made with TANDEM_SHM=0: Gloo's TCP pairs
+//                     always (what ranks on different hosts use), against gloo_ring for the overhead
 //   gloo_ring         gloo::allreduce(opts) with Algorithm::RING and gloo::sum<float>, on a second Gloo
 //                     context made the same way (TCP transport, same interface, same store)
 //   gloo_bcube        gloo::allreduce(opts) with Algorithm::BCUBE
@@ -64,6 +67,7 @@ struct Job {
   int rank = 0, world = 1, local_rank = 0;
   std::shared_ptr<dist::Store> store;
   std::shared_ptr<dist::ProcessGroup> engine;
+  std::shared_ptr<dist::ProcessGroup> engine_tcp;  // TANDEM_SHM=0
   std::shared_ptr<dist::ProcessGroup> nccl;
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> raw;  // the directly driven Gloo context
@@ -135,10 +139,9 @@ bool all_equal(const float* p, size_t n, float v) {
   return n > 0 && p[0] == v && p[n / 2] == v && p[n - 1] == v;
 }
 
-void bm_engine(benchmark::State& state, bool nccl) {
+void bm_engine(benchmark::State& state, dist::ProcessGroup& pg) {
   const int64_t bytes = state.range(0), n = bytes / 4;
-  dist::ProcessGroup& pg = nccl ? *job().nccl : *job().engine;
-  const Device dev = nccl ? Device::cuda(job().local_rank) : Device::cpu();
+  const Device dev = &pg == job().nccl.get() ? Device::cuda(job().local_rank) : Device::cpu();
   Tensor t = Tensor::ones({n}, kFloat32, dev);
   time_loop(
       state, bytes, [&] { t = Tensor::ones({n}, kFloat32, dev); },
@@ -200,6 +203,12 @@ void connect(int64_t timeout_ms) {
   }
   j.store = std::make_shared<dist::TCPStore>(env.master_addr, env.master_port, env.rank == 0, so);
   j.engine = dist::make_process_group("gloo", j.store, env.rank, env.world_size, timeout);
+  const char* shm = std::getenv("TANDEM_SHM");
+  const std::string saved = shm ? shm : "";
+  setenv("TANDEM_SHM", "0", 1);
+  j.engine_tcp = dist::make_process_group("gloo", j.store, env.rank, env.world_size, timeout);
+  if (shm) setenv("TANDEM_SHM", saved.c_str(), 1);
+  else unsetenv("TANDEM_SHM");
   gloo::transport::tcp::attr attr;
   attr.hostname = dist::local_address_toward(env.master_addr);
   j.device = gloo::transport::tcp::CreateDevice(attr);
@@ -254,14 +263,15 @@ int main(int argc, char** argv) {
   // Size-major order: every variant of one size runs back to back, so a drift in machine load
   // affects the ratios at a size less than it would if each variant swept all sizes in turn.
   std::vector<std::pair<std::string, std::function<void(benchmark::State&)>>> variants = {
-      {"engine", [](benchmark::State& s) { bm_engine(s, false); }},
+      {"engine", [](benchmark::State& s) { bm_engine(s, *job().engine); }},
+      {"engine_tcp", [](benchmark::State& s) { bm_engine(s, *job().engine_tcp); }},
       {"gloo_ring", [](benchmark::State& s) { bm_gloo(s, Algorithm::RING); }},
       {"gloo_bcube", [](benchmark::State& s) { bm_gloo(s, Algorithm::BCUBE); }},
       {"ring", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceRing<float>>(s); }},
       {"ring_chunked", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceRingChunked<float>>(s); }},
       {"halving_doubling", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceHalvingDoubling<float>>(s); }},
   };
-  if (job().nccl) variants.push_back({"nccl", [](benchmark::State& s) { bm_engine(s, true); }});
+  if (job().nccl) variants.push_back({"nccl", [](benchmark::State& s) { bm_engine(s, *job().nccl); }});
   for (int64_t b : sizes)
     for (auto& [name, fn] : variants)
       benchmark::RegisterBenchmark(name.c_str(), fn)
@@ -274,6 +284,8 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&bargc, args.data());
   benchmark::AddCustomContext("world_size", std::to_string(job().world));
   benchmark::AddCustomContext("transport", "gloo tcp " + job().device->str());
+  if (auto* gloo = dynamic_cast<dist::ProcessGroupGloo*>(job().engine.get()))
+    benchmark::AddCustomContext("engine_transport", gloo->allreduce_transport());
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {
@@ -285,6 +297,7 @@ int main(int argc, char** argv) {
   raw_barrier();
   job().nccl.reset();
   job().engine.reset();
+  job().engine_tcp.reset();
   job().raw.reset();
   return 0;
 }

@@ -5,9 +5,10 @@ Owns: turning bench/results/ddp_buckets.json (bench/ddp_buckets.py) and bench/re
 (allreduce_bench's --benchmark_out) into
   results/ddp_buckets_<model>.png  step time and hidden share against bucket_cap_mb, tandem vs PyTorch,
                                    with the compute-only step and the bound max(compute, all-reduce)
-  results/allreduce.png            bus bandwidth against message size per variant (engine, raw Gloo
-                                   algorithms), and the engine's time over gloo_ring (gloo::allreduce's
-                                   ring, the call the engine makes) and over the fastest raw variant
+  results/allreduce.png            bus bandwidth against message size per variant (engine, engine_tcp,
+                                   raw Gloo algorithms), the engine's time over the fastest raw Gloo
+                                   variant, and engine_tcp's over gloo_ring (gloo::allreduce's ring, the
+                                   call the engine's TCP path makes: its overhead)
   results/ddp_buckets.md, results/allreduce.md   the same numbers as markdown tables
 Either input may be missing (its outputs are skipped). Uses Debian's python3-matplotlib (Agg backend).
 Example:  /usr/bin/python3 bench/plot.py            (reads and writes bench/results/)
@@ -93,6 +94,10 @@ def load_allreduce(data):
     return out
 
 
+# The engine's own variants; the others are Gloo called directly.
+ENGINE_VARIANTS = ("engine", "engine_tcp", "nccl")
+
+
 def human(nbytes):
     for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= div:
@@ -104,23 +109,23 @@ def plot_allreduce(data, outdir):
     runs = load_allreduce(data)
     if not runs:
         return []
-    raw = [v for v in runs if v not in ("engine", "nccl")]
+    raw = [v for v in runs if v not in ENGINE_VARIANTS]
     sizes = sorted({s for v in runs.values() for s in v})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for variant, pts in sorted(runs.items()):
         xs = sorted(pts)
-        ax1.plot(xs, [pts[x][1] for x in xs], "o-", lw=2.5 if variant == "engine" else 1.2, label=variant)
+        ax1.plot(xs, [pts[x][1] for x in xs], "o-", lw=2.5 if variant in ENGINE_VARIANTS else 1.2, label=variant)
     ratios, same = [], []
     for s in sizes:
         best = min((runs[v][s][0] for v in raw if s in runs[v]), default=None)
         if "engine" in runs and s in runs["engine"] and best:
             ratios.append((s, runs["engine"][s][0] / best))
-        if "engine" in runs and s in runs["engine"] and s in runs.get("gloo_ring", {}):
-            same.append((s, runs["engine"][s][0] / runs["gloo_ring"][s][0]))
+        if "engine_tcp" in runs and s in runs["engine_tcp"] and s in runs.get("gloo_ring", {}):
+            same.append((s, runs["engine_tcp"][s][0] / runs["gloo_ring"][s][0]))
     ax2.plot([r[0] for r in ratios], [r[1] for r in ratios], "o-", color="tab:blue",
-             label="engine / fastest raw variant")
+             label="engine (shared memory on one host) / fastest raw Gloo variant")
     ax2.plot([r[0] for r in same], [r[1] for r in same], "s--", color="tab:green",
-             label="engine / gloo_ring (the algorithm the engine calls)")
+             label="engine_tcp / gloo_ring (the call the engine's TCP path makes)")
     ax2.legend(fontsize=8)
     ax2.axhline(1.0, color="gray", lw=0.8)
     for ax in (ax1, ax2):
@@ -134,15 +139,16 @@ def plot_allreduce(data, outdir):
     ax2.set_ylabel("engine time / raw Gloo time (log)")
     ax2.set_yscale("log")
     ctx = data.get("context", {})
-    fig.suptitle(f"all-reduce, {ctx.get('world_size', '?')} ranks, {ctx.get('transport', 'gloo tcp')}", fontsize=9)
+    fig.suptitle(f"all-reduce, {ctx.get('world_size', '?')} ranks, raw Gloo: {ctx.get('transport', 'gloo tcp')}, "
+                 f"engine: {ctx.get('engine_transport', '?')}", fontsize=9)
     fig.tight_layout()
     png = os.path.join(outdir, "allreduce.png")
     fig.savefig(png, dpi=100)
     plt.close(fig)
 
-    variants = ["engine"] + sorted(v for v in runs if v != "engine")
+    variants = [v for v in ENGINE_VARIANTS if v in runs] + sorted(v for v in runs if v not in ENGINE_VARIANTS)
     lines = ["| size | " + " | ".join(f"{v} median us (bus GB/s)" for v in variants) +
-             " | engine / gloo_ring | engine / fastest raw |",
+             " | engine_tcp / gloo_ring | engine / fastest raw Gloo |",
              "|---|" + "---:|" * (len(variants) + 2)]
     ratio_of, same_of = dict(ratios), dict(same)
     for s in sizes:

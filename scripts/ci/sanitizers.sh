@@ -26,7 +26,7 @@ configure() {  # configure <dir> <sanitizers>
 }
 
 # The tests ThreadSanitizer runs: everything with threads of ours in it.
-TSAN_TESTS='^(TCPStore|StoreSecurity|Store/StoreKinds|GlooGroup|Ranks/GlooRanks|MakeProcessGroup|Ddp|DdpEquivalence|Reducer|CommHook|SyncBatchNorm|DataLoader)[./]'
+TSAN_TESTS='^(TCPStore|StoreSecurity|Store/StoreKinds|GlooGroup|ShmGroup|Ranks/GlooRanks|MakeProcessGroup|Ddp|DdpEquivalence|Reducer|CommHook|SyncBatchNorm|DataLoader)[./]'
 
 for stage in $STAGES; do
   t0=$SECONDS

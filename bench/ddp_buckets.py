@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--mlp-hidden", type=int, default=2048)
     p.add_argument("--mlp-layers", type=int, default=6)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--gradient-as-bucket-view", action="store_true",
+                   help="DDP's gradient_as_bucket_view on both sides (grads are views of the buckets: no copies)")
     p.add_argument("--only", default="tandem,pytorch", help="frameworks to run")
     p.add_argument("--timeout", type=float, default=900, help="seconds per child")
     p.add_argument("--json-out", default=os.path.join(HERE, "results", "ddp_buckets.json"))
@@ -118,6 +120,8 @@ def run_tandem(args, mode, model, cap):
     else:
         argv = [os.path.join(args.build, "apps", "tandem-run"), "--nproc-per-node", str(args.nproc),
                 "--master-port", str(free_port()), exe] + flags + ["--bucket-cap-mb", cap]
+        if args.gradient_as_bucket_view:
+            argv.append("--gradient-as-bucket-view")
     try:
         r = subprocess.run(argv, env=child_env(args.threads), capture_output=True, text=True,
                            timeout=args.timeout)
@@ -142,6 +146,8 @@ def run_pytorch(args, mode, model, cap):
     nproc = 1
     if mode == "ddp":
         argv += ["--bucket-cap-mb", cap]
+        if args.gradient_as_bucket_view:
+            argv.append("--gradient-as-bucket-view")
         nproc = args.nproc
     port = free_port()
     procs = []
@@ -238,7 +244,8 @@ def markdown(data):
         params = next(iter(per.values()))["compute"]["params"]
         lines.append(f"**{model}** ({params / 1e6:.2f}M parameters, {4 * params / 1e6:.1f} MB of gradients, "
                      f"batch {data['settings']['batch']} per rank, {data['settings']['nproc']} ranks x "
-                     f"{data['settings']['threads']} thread)\n")
+                     f"{data['settings']['threads']} thread"
+                     f"{', gradient_as_bucket_view' if data['settings'].get('gradient_as_bucket_view') else ''})\n")
         head = "| bucket_cap_mb |"
         rule = "|---|"
         for fw in fws:
@@ -300,6 +307,7 @@ def main(argv=None):
         "settings": {"nproc": args.nproc, "threads": args.threads, "batch": args.batch, "steps": args.steps,
                      "warmup": args.warmup, "repeats": args.repeats, "caps": caps, "quick": args.quick,
                      "mlp": [args.mlp_in, args.mlp_hidden, args.mlp_layers],
+                     "gradient_as_bucket_view": args.gradient_as_bucket_view,
                      "command": " ".join([sys.executable] + sys.argv)},
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results,

@@ -10,6 +10,7 @@ Owns: turning bench/results/ddp_buckets.json (bench/ddp_buckets.py) and bench/re
                                    variant, and engine_tcp's over gloo_ring (gloo::allreduce's ring, the
                                    call the engine's TCP path makes: its overhead)
   results/ddp_buckets.md, results/allreduce.md   the same numbers as markdown tables
+  (a sweep run with --gradient-as-bucket-view writes ddp_buckets_<model>_view.png and ddp_buckets_view.md)
 Either input may be missing (its outputs are skipped). Uses Debian's python3-matplotlib (Agg backend).
 Example:  /usr/bin/python3 bench/plot.py            (reads and writes bench/results/)
 """
@@ -65,13 +66,14 @@ def plot_ddp(data, outdir):
         st = data["settings"]
         fig.suptitle(f"DDP bucket sweep, {model} ({params / 1e6:.1f}M params), {st['nproc']} ranks x "
                      f"{st['threads']} thread, batch {st['batch']}/rank, {data['machine']['cpu']}"
+                     f"{', gradient_as_bucket_view' if st.get('gradient_as_bucket_view') else ''}"
                      f"{' (quick)' if st.get('quick') else ''}", fontsize=10)
         fig.tight_layout()
-        path = os.path.join(outdir, f"ddp_buckets_{model}.png")
+        path = os.path.join(outdir, f"ddp_buckets_{model}{view_suffix(data)}.png")
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
-    path = os.path.join(outdir, "ddp_buckets.md")
+    path = os.path.join(outdir, f"ddp_buckets{view_suffix(data)}.md")
     with open(path, "w") as f:
         f.write(ddp_markdown(data) + "\n")
     written.append(path)
@@ -92,6 +94,11 @@ def load_allreduce(data):
         else:
             out.setdefault(variant, {})[int(b["bytes"])] = (b["real_time"] * scale, b["busbw_GBps"])
     return out
+
+
+def view_suffix(data):
+    """'_view' for a sweep run with --gradient-as-bucket-view, so both sweeps' outputs can sit side by side."""
+    return "_view" if data.get("settings", {}).get("gradient_as_bucket_view") else ""
 
 
 # The engine's own variants; the others are Gloo called directly.

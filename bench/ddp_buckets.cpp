@@ -11,8 +11,10 @@
 //             measured cap, ReducerOptions::bucket_cap_mb = 0). Per step: step time,
 //             backward time (its end includes the reducer's finalize) and ReducerStats'
 //             exposed_comm_ms (finalize waiting for the buckets). Then, with no compute running,
-//             the all-reduce alone: of every gradient as one flat buffer (allreduce_all_ms) and of
-//             the same bucket layout launched back to back (bucket_comm_ms).
+//             the all-reduce alone: of every gradient as one flat buffer in the group's comm_buffer,
+//             as DDP's buckets are (allreduce_all_ms; in place in shared memory on one host), the same
+//             in ordinary memory (allreduce_all_staged_ms), and of the bucket layout launched back to
+//             back (bucket_comm_ms); with the group's transport and how many allreduces took each path.
 // Models: mnist (nn/models/mnist_net, Fashion-MNIST shaped random input) and mlp (nn/models/mlp,
 // 1024 -> 2048 x6 -> 10 by default). Inputs and labels are random but fixed (seed 1) and the same
 // on every rank; the loss is nll_loss(log_softmax(out)); the optimizer SGD lr 1e-4 (no momentum).
@@ -36,6 +38,7 @@
 #include "dist/ddp.h"
 #include "dist/env.h"
 #include "dist/process_group_factory.h"
+#include "dist/process_group_gloo.h"
 #include "dist/tcp_store.h"
 #include "nn/functional.h"
 #include "nn/models/mlp.h"
@@ -236,15 +239,21 @@ int main(int argc, char** argv) {
         sizes.push_back(n);
       }
       out["bucket_sizes"] = sizes;
-      Tensor all = Tensor::ones({n_params}, kFloat32);
+      // In the group's comm_buffer, as the reducer's buckets are (shared memory on one host: the
+      // all-reduce runs in place); all_staged is ordinary memory (staged through the slots).
+      Tensor all = group->comm_buffer(n_params, kFloat32, Device::cpu()).fill_(1.0);
+      Tensor all_staged = Tensor::ones({n_params}, kFloat32);
       std::vector<Tensor> bufs;
-      for (int64_t n : sizes) bufs.push_back(Tensor::ones({n}, kFloat32));
-      std::vector<double> all_ms, layout_ms;
+      for (int64_t n : sizes) bufs.push_back(group->comm_buffer(n, kFloat32, Device::cpu()).fill_(1.0));
+      std::vector<double> all_ms, staged_ms, layout_ms;
       group->barrier()->wait(group->timeout());
       for (int it = 0; it < 1 + o.steps; ++it) {
         const auto t0 = Clock::now();
         group->allreduce(all)->wait(group->timeout());
         if (it > 0) all_ms.push_back(ms_since(t0));
+        const auto ts = Clock::now();
+        group->allreduce(all_staged)->wait(group->timeout());
+        if (it > 0) staged_ms.push_back(ms_since(ts));
         const auto t1 = Clock::now();
         std::vector<std::shared_ptr<dist::Work>> works;
         for (auto& buf : bufs) works.push_back(group->allreduce(buf));
@@ -253,6 +262,13 @@ int main(int argc, char** argv) {
       }
       const double allreduce_all = median(all_ms), layout = median(layout_ms);
       out["allreduce_all_ms"] = allreduce_all;
+      out["allreduce_all_staged_ms"] = median(staged_ms);
+      if (auto* gloo = dynamic_cast<dist::ProcessGroupGloo*>(group.get())) {
+        const auto paths = gloo->allreduce_paths();
+        out["transport"] = gloo->allreduce_transport();
+        out["allreduce_paths"] = {{"in_place", paths.in_place}, {"through_slots", paths.through_slots},
+                                  {"tcp", paths.tcp}};
+      }
       out["bucket_comm_ms"] = layout;
       out["hidden_share"] = allreduce_all > 0 ? 1.0 - median(exposed_ms) / allreduce_all : 0.0;
       out["hidden_share_layout"] = layout > 0 ? 1.0 - median(exposed_ms) / layout : 0.0;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 
 #include "core/device.h"
@@ -12,6 +13,9 @@ namespace tandem {
 class Storage {
  public:
   Storage(size_t nbytes, Device device);
+  // Memory owned elsewhere (e.g. a shared-memory mapping): `release` runs when the last tensor
+  // using it goes away, instead of the device allocator's deallocate.
+  Storage(void* data, size_t nbytes, Device device, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -25,6 +29,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  std::function<void()> release_;  // set for memory owned elsewhere
 };
 
 }  // namespace tandem

@@ -47,6 +47,15 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> allgather(std::vector<Tensor>& outputs, const Tensor& input) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
 
+  // A zero-filled contiguous buffer of `numel` elements that this group's collectives can use in
+  // place (DDP's buckets live in one). Collective: every rank calls it in the same order with the
+  // same arguments. ProcessGroupGloo maps it in shared memory when every rank is on this host, so
+  // that allreduce on it, or on a slice every rank passes at the same offset, reads the peers'
+  // data where it lies; everywhere else it is Tensor::zeros, which works the same, with copies.
+  virtual Tensor comm_buffer(int64_t numel, DType dtype, Device device) {
+    return Tensor::zeros({numel}, dtype, device);
+  }
+
  protected:
   int rank_, size_;
   Millis timeout_;

@@ -23,6 +23,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <condition_variable>
 #include <cstdlib>
@@ -35,6 +36,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/storage.h"
 #include "dist/gloo_store_adapter.h"
 #include "dist/shm_allreduce.h"
 
@@ -375,6 +377,7 @@ struct ProcessGroupGloo::Impl {
   std::vector<std::string> peer_address;  // [r]: how Gloo names rank r in its errors ("" for self)
   std::unique_ptr<ShmAllreduce> shm;      // all-reduce through shared memory when all ranks share a host
   std::string shm_why_not;                // why not, otherwise
+  std::atomic<int64_t> tcp_allreduces{0};
 
   std::mutex mu;
   std::condition_variable cv;
@@ -563,9 +566,39 @@ std::string ProcessGroupGloo::local_address() const {
   return impl_->device ? impl_->device->str() : impl_->address;
 }
 
+ProcessGroupGloo::AllreducePaths ProcessGroupGloo::allreduce_paths() const {
+  AllreducePaths p;
+  p.tcp = impl_->tcp_allreduces.load();
+  if (impl_->shm) {
+    p.in_place = impl_->shm->in_place_calls();
+    p.through_slots = impl_->shm->slot_calls();
+  }
+  return p;
+}
+
 std::string ProcessGroupGloo::allreduce_transport() const {
   if (impl_->shm) return "shared memory (" + std::to_string(impl_->shm->slot_bytes() >> 10) + " KiB slots)";
   return "tcp (" + impl_->shm_why_not + ")";
+}
+
+Tensor ProcessGroupGloo::comm_buffer(int64_t numel, DType dtype, Device device) {
+  TANDEM_CHECK(numel >= 0, impl_->who, ": comm_buffer of ", numel, " elements");
+  if (!impl_->shm || !device.is_cpu() || numel == 0) return ProcessGroup::comm_buffer(numel, dtype, device);
+  const size_t bytes = static_cast<size_t>(numel) * element_size(dtype);
+  ShmAllreduce::Buffer b;
+  try {
+    b = impl_->shm->allocate(*impl_->store, bytes, impl_->timeout);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL(impl_->who, ": comm_buffer(", numel, " x ", dtype_name(dtype), ") through ",
+                impl_->store->address(), " failed: ", e.what());
+  }
+  if (!b.data) return ProcessGroup::comm_buffer(numel, dtype, device);  // every rank falls back alike
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(b.data, bytes, device, std::move(b.release));
+  impl->shape = {numel};
+  impl->strides = contiguous_strides(impl->shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
@@ -577,7 +610,8 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
   const Millis timeout = impl_->timeout;
   Tensor t = tensor;  // keeps the storage alive until the collective ran
   ShmAllreduce* shm = impl_->shm.get();  // lives as long as the worker thread
-  return impl_->enqueue(desc, [t, fn, context, timeout, shm](uint32_t tag) mutable {
+  std::atomic<int64_t>* tcp_count = &impl_->tcp_allreduces;
+  return impl_->enqueue(desc, [t, fn, context, timeout, shm, tcp_count](uint32_t tag) mutable {
     const size_t n = static_cast<size_t>(t.numel());
     if (n == 0) return;
     if (shm) {
@@ -592,6 +626,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
       case 8: run_allreduce<uint64_t>(context, t.raw_data(), n, fn, tag, timeout); break;
       default: TANDEM_FAIL("allreduce: unsupported element size ", element_size(t.dtype()));
     }
+    ++*tcp_count;
   });
 }
 

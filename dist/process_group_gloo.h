@@ -55,12 +55,20 @@ class ProcessGroupGloo : public ProcessGroup {
   // Any dtype; outputs must be size() contiguous CPU tensors of input's shape and dtype.
   std::shared_ptr<Work> allgather(std::vector<Tensor>& outputs, const Tensor& input) override;
   std::shared_ptr<Work> barrier() override;
+  // In shared memory when allreduce runs through it (see allreduce_transport), else as the base.
+  Tensor comm_buffer(int64_t numel, DType dtype, Device device) override;
 
   // The local address Gloo listens on, e.g. "127.0.0.1" (for logs and tests).
   std::string local_address() const;
   // How allreduce moves data: "shared memory (4096 KiB slots)" when every rank is on this host
   // (same boot and namespaces) and TANDEM_SHM is not 0 on any rank, else "tcp (<why not>)".
   std::string allreduce_transport() const;
+  // How many allreduces completed by each path so far (for tests and benchmarks): in place on a
+  // comm_buffer, staged through the shared slots, or over Gloo's TCP pairs.
+  struct AllreducePaths {
+    int64_t in_place = 0, through_slots = 0, tcp = 0;
+  };
+  AllreducePaths allreduce_paths() const;
 
  private:
   struct Impl;

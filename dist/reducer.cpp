@@ -118,10 +118,17 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     const double mb = bucket == 0 ? options_.first_bucket_cap_mb : options_.bucket_cap_mb;
     return static_cast<int64_t>(mb * 1024 * 1024);
   };
+  // Every bucket is a slice of one buffer from the group (collective: every rank builds the same
+  // layout), which on one host lives in shared memory where the all-reduce reads it in place.
+  int64_t total = 0;
+  for (size_t idx : order) total += params_[idx].second.numel();
+  const Tensor flat = group_->comm_buffer(total, kFloat32, device);
+  int64_t flat_offset = 0;
   Bucket current;
   int64_t bytes = 0, elements = 0;
   auto close = [&] {
-    current.buffer = Tensor::zeros({elements}, kFloat32, device);
+    current.buffer = flat.slice(0, flat_offset, flat_offset + elements);
+    flat_offset += elements;
     current.pending = current.params.size();
     buckets_.push_back(std::move(current));
     current = Bucket();

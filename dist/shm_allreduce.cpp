@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -37,6 +38,11 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t> arrived;   // barriers this rank has reached
   std::atomic<uint32_t> sleepers;  // ranks in futex_wait on `arrived`
   std::atomic<int32_t> pid;
+  // The call this rank is in: which buffer (-1: none) and where, and the element count and size.
+  std::atomic<int32_t> buffer;
+  std::atomic<int64_t> offset;
+  std::atomic<uint64_t> count;
+  std::atomic<uint64_t> elem_size;
 };
 static_assert(sizeof(RankControl) == 64);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
@@ -102,7 +108,56 @@ std::string host_identity() {
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
+std::string unique_segment_name() {
+  std::random_device rd;
+  return "/tandem-" + std::to_string(getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
+}
+
+// Maps segment `name` of `bytes` (creating and reserving it when `create`); "" or the error.
+std::string map_segment(const std::string& name, size_t bytes, bool create, bool writable, void** out) {
+  *out = nullptr;
+  const int fd = create ? shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600)
+                        : shm_open(name.c_str(), writable ? O_RDWR : O_RDONLY, 0);
+  if (fd < 0) return errno_text(("shm_open(" + name + ")").c_str());
+  std::string error;
+  if (create) {
+    // posix_fallocate reserves the pages now: a full /dev/shm fails here, not as SIGBUS later.
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    if (rc != 0) error = "reserving " + std::to_string(bytes) + " bytes in /dev/shm: " + std::strerror(rc);
+  } else {
+    struct stat st{};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes)
+      error = "segment " + name + " has " + std::to_string(st.st_size) + " bytes, expected " + std::to_string(bytes);
+  }
+  if (error.empty()) {
+    void* p = mmap(nullptr, bytes, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) error = errno_text("mmap");
+    else *out = p;
+  }
+  close(fd);
+  if (create && !error.empty()) shm_unlink(name.c_str());
+  return error;
+}
+
 }  // namespace
+
+// The buffers made by allocate(): per buffer, its mapped size and where each rank's copy is
+// mapped here ([rank_] is this rank's own). Shared with the buffers' release functions, which
+// may run on any thread and after the ShmAllreduce is gone.
+struct ShmAllreduce::Registry {
+  struct Entry {
+    int id;
+    size_t bytes;
+    std::vector<unsigned char*> base;
+  };
+  std::mutex mu;
+  std::vector<Entry> entries;
+
+  static void unmap(const std::vector<unsigned char*>& base, size_t bytes) {
+    for (unsigned char* b : base)
+      if (b) munmap(b, bytes);
+  }
+};
 
 std::unique_ptr<ShmAllreduce> ShmAllreduce::create(Store& store, const std::string& prefix, int rank, int size,
                                                    Millis timeout, std::string& why_not) {
@@ -131,6 +186,8 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(Store& store, const std::stri
   std::unique_ptr<ShmAllreduce> self(new ShmAllreduce());
   self->rank_ = rank;
   self->size_ = size;
+  self->prefix_ = key;
+  self->registry_ = std::make_shared<Registry>();
   // Two sets of `size` slots: 4 MiB slots for a few ranks, smaller ones for many (at most
   // 64 MiB in all), never below 256 KiB.
   size_t slot = std::clamp<size_t>((size_t{64} << 20) / (2 * static_cast<size_t>(size)), size_t{256} << 10,
@@ -147,24 +204,8 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(Store& store, const std::stri
   // Rank 0 makes and names the segment; the name lives only until every rank has attached.
   std::string name, error;
   if (rank == 0) {
-    std::random_device rd;
-    name = "/tandem-" + std::to_string(getpid()) + "-" + std::to_string(rd()) + std::to_string(rd());
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      error = errno_text(("shm_open(" + name + ")").c_str());
-    } else {
-      // posix_fallocate reserves the pages now: a full /dev/shm fails here, not as SIGBUS later.
-      const int rc = posix_fallocate(fd, 0, static_cast<off_t>(self->segment_bytes_));
-      if (rc != 0) {
-        error = "reserving " + std::to_string(self->segment_bytes_) + " bytes in /dev/shm: " + std::strerror(rc);
-      } else {
-        void* p = mmap(nullptr, self->segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) error = errno_text("mmap");
-        else self->base_ = p;
-      }
-      close(fd);
-      if (!error.empty()) shm_unlink(name.c_str());
-    }
+    name = unique_segment_name();
+    error = map_segment(name, self->segment_bytes_, true, true, &self->base_);
     store.set_string(key + "name", error.empty() ? name : "!" + error);
   } else {
     name = store.get_string(key + "name");
@@ -172,21 +213,7 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(Store& store, const std::stri
       why_not = "rank 0 could not make the segment: " + name.substr(1);
       return nullptr;
     }
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      error = errno_text(("shm_open(" + name + ")").c_str());
-    } else {
-      struct stat st{};
-      if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != self->segment_bytes_) {
-        error = "segment " + name + " has " + std::to_string(st.st_size) + " bytes, expected " +
-                std::to_string(self->segment_bytes_);
-      } else {
-        void* p = mmap(nullptr, self->segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) error = errno_text("mmap");
-        else self->base_ = p;
-      }
-      close(fd);
-    }
+    error = map_segment(name, self->segment_bytes_, false, true, &self->base_);
   }
   if (rank == 0 && !error.empty()) {
     why_not = "rank 0 could not make the segment: " + error;
@@ -255,9 +282,130 @@ void ShmAllreduce::barrier(Clock::time_point deadline, Millis timeout) {
   }
 }
 
+ShmAllreduce::Buffer ShmAllreduce::allocate(Store& store, size_t bytes, Millis timeout) {
+  const std::string key = prefix_ + "buffer/" + std::to_string(buffers_made_++) + "/";
+  const size_t mapped = round_up(std::max<size_t>(bytes, 1), kPage);
+  std::vector<unsigned char*> base(static_cast<size_t>(size_), nullptr);
+  auto at = [&](int r) -> void** { return reinterpret_cast<void**>(&base[static_cast<size_t>(r)]); };
+  // Each rank makes its own segment (named only until every peer has mapped it) and maps the others'.
+  const std::string name = unique_segment_name();
+  std::string error = map_segment(name, mapped, true, true, at(rank_));
+  store.set_string(key + "name/" + std::to_string(rank_), error.empty() ? name : "!" + error);
+  for (int q = 0; q < size_ && error.empty(); ++q) {
+    if (q == rank_) continue;
+    const std::string theirs = store.get_string(key + "name/" + std::to_string(q));
+    if (!theirs.empty() && theirs[0] == '!') error = "rank " + std::to_string(q) + ": " + theirs.substr(1);
+    else error = map_segment(theirs, mapped, false, false, at(q));
+  }
+  store.set_string(key + "mapped/" + std::to_string(rank_), error.empty() ? "ok" : error);
+  std::vector<std::string> keys;
+  for (int q = 0; q < size_; ++q) keys.push_back(key + "mapped/" + std::to_string(q));
+  try {
+    store.wait(keys, timeout);
+  } catch (...) {
+    if (base[static_cast<size_t>(rank_)]) shm_unlink(name.c_str());
+    Registry::unmap(base, mapped);
+    throw;
+  }
+  if (base[static_cast<size_t>(rank_)]) shm_unlink(name.c_str());
+  bool all_ok = true;
+  for (const auto& k : keys) all_ok = all_ok && store.get_string(k) == "ok";
+  if (!all_ok) {
+    Registry::unmap(base, mapped);
+    return {};
+  }
+  const int id = buffers_made_;
+  {
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    registry_->entries.push_back({id, mapped, base});
+  }
+  Buffer out;
+  out.data = base[static_cast<size_t>(rank_)];
+  out.release = [registry = registry_, id] {
+    std::lock_guard<std::mutex> lock(registry->mu);
+    auto& e = registry->entries;
+    for (auto it = e.begin(); it != e.end(); ++it) {
+      if (it->id != id) continue;
+      Registry::unmap(it->base, it->bytes);
+      e.erase(it);
+      return;
+    }
+  };
+  return out;
+}
+
 void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& fn, Millis timeout) {
   const auto deadline = Clock::now() + timeout;
   auto* bytes = static_cast<unsigned char*>(data);
+  const size_t nbytes = count * elem_size;
+  // Is the tensor inside one of the shared buffers? Then the peers' data lies at the same offset
+  // of their copies, if they pass the same range.
+  int buffer = -1;
+  int64_t offset = -1;
+  std::vector<unsigned char*> peers;
+  {
+    std::lock_guard<std::mutex> lock(registry_->mu);
+    for (const auto& e : registry_->entries) {
+      unsigned char* mine = e.base[static_cast<size_t>(rank_)];
+      if (bytes < mine || bytes + nbytes > mine + e.bytes) continue;
+      buffer = e.id;
+      offset = bytes - mine;
+      for (unsigned char* b : e.base) peers.push_back(b + offset);
+      break;
+    }
+  }
+  auto* ctl = static_cast<RankControl*>(base_);
+  ctl[rank_].buffer.store(buffer);
+  ctl[rank_].offset.store(offset);
+  ctl[rank_].count.store(count);
+  ctl[rank_].elem_size.store(elem_size);
+  barrier(deadline, timeout);
+  bool in_place = buffer >= 0 && nbytes > kSmallBytes;
+  for (int q = 0; q < size_; ++q) {
+    const uint64_t c = ctl[q].count.load(), e = ctl[q].elem_size.load();
+    if (c != count || e != elem_size)
+      TANDEM_FAIL("the ranks passed different tensors: rank ", q, " has ", c, " elements of ", e,
+                  " bytes, rank ", rank_, " has ", count, " of ", elem_size);
+    in_place = in_place && ctl[q].buffer.load() == buffer && ctl[q].offset.load() == offset;
+  }
+  // Nobody publishes again before the next barrier, which needs this rank: the values read above
+  // were this call's on every rank.
+  if (in_place) {
+    reduce_in_place(bytes, peers, count, elem_size, fn, deadline, timeout);
+    ++in_place_calls_;
+  } else {
+    reduce_through_slots(bytes, count, elem_size, fn, deadline, timeout);
+    ++slot_calls_;
+  }
+}
+
+void ShmAllreduce::reduce_in_place(unsigned char* data, const std::vector<unsigned char*>& peers, size_t count,
+                                   size_t elem_size, const ReduceFn& fn, Clock::time_point deadline,
+                                   Millis timeout) {
+  const size_t align = std::max<size_t>(1, 64 / elem_size);
+  const size_t part = round_up((count + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_), align);
+  auto lo_of = [&](int r) { return std::min(count, static_cast<size_t>(r) * part); };
+  auto hi_of = [&](int r) { return std::min(count, static_cast<size_t>(r + 1) * part); };
+  const size_t lo = lo_of(rank_), hi = hi_of(rank_);
+  if (hi > lo) {
+    // Only this rank writes its part of its own buffer, and no peer reads that part: each reads
+    // its own part of every buffer. The sum starts from this rank's values; one rank computes
+    // each part, so every rank ends with the same bits.
+    const size_t at = lo * elem_size;
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) fn(data + at, data + at, peers[static_cast<size_t>(q)] + at, hi - lo);
+  }
+  barrier(deadline, timeout);
+  for (int q = 0; q < size_; ++q) {
+    if (q == rank_ || hi_of(q) <= lo_of(q)) continue;
+    const size_t at = lo_of(q) * elem_size;
+    std::memcpy(data + at, peers[static_cast<size_t>(q)] + at, (hi_of(q) - lo_of(q)) * elem_size);
+  }
+  barrier(deadline, timeout);  // every peer has copied this rank's part: the caller may write it again
+}
+
+void ShmAllreduce::reduce_through_slots(unsigned char* bytes, size_t count, size_t elem_size, const ReduceFn& fn,
+                                        Clock::time_point deadline, Millis timeout) {
   const size_t chunk_elems = slot_bytes_ / elem_size;
   // Parts of a split chunk are whole cache lines (of 4-byte elements) where the chunk allows.
   const size_t align = std::max<size_t>(1, 64 / elem_size);

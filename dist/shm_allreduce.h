@@ -5,7 +5,14 @@
 // unlinked, so nothing stays in /dev/shm even when a rank is killed) and this rank's barrier
 // sequence. Layout: a control block (per rank: an arrival counter on its own cache line, the
 // pid) then two sets of `size` slots of `slot_bytes` each, used alternately chunk by chunk.
-// Algorithm per chunk of at most slot_bytes: every rank copies its chunk into its slot;
+// Buffers (allocate(), behind ProcessGroup::comm_buffer): each rank's buffer is a segment of its
+// own that every peer maps too. An allreduce over a range that every rank passes at the same
+// offset of such a buffer runs in place: rank r sums the r-th part reading the peers' buffers
+// where they lie, barrier, copies the others' parts, barrier (no peer still reads this rank's
+// buffer when the call returns). Half the memory traffic of the slot path, and no staging copy.
+// Every call first publishes (buffer, offset, count, element size) and passes one barrier, so all
+// ranks choose the same path and mismatched sizes fail naming the ranks instead of corrupting.
+// Slot path, per chunk of at most slot_bytes: every rank copies its chunk into its slot;
 // barrier; small chunks: every rank reduces all slots itself, in rank order; large ones: rank r
 // reduces the r-th of `size` parts of all slots (in rank order) into its own slot and tensor,
 // barrier, then copies the others' parts. Results are bit-identical on every rank and
@@ -20,10 +27,12 @@
 // rank, as ProcessGroup requires).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dist/store.h"
 
@@ -50,14 +59,38 @@ class ShmAllreduce {
   // are out of step, so the caller must treat the group as broken.
   void allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& fn, Millis timeout);
 
+  // A zero-filled buffer of `bytes` that every rank maps (collective through `store`: every rank
+  // calls it in the same order with the same size). data is null on every rank when any rank
+  // could not map it (callers then use ordinary memory). `release` unmaps this rank's mappings
+  // of it and must run before the ShmAllreduce is destroyed or after; either order is safe.
+  struct Buffer {
+    void* data = nullptr;
+    std::function<void()> release;
+  };
+  Buffer allocate(Store& store, size_t bytes, Millis timeout);
+
+  // Calls that ran in place on a buffer / through the slots.
+  int64_t in_place_calls() const { return in_place_calls_.load(); }
+  int64_t slot_calls() const { return slot_calls_.load(); }
+
   size_t slot_bytes() const { return slot_bytes_; }
   size_t segment_bytes() const { return segment_bytes_; }
 
  private:
   ShmAllreduce() = default;
+  struct Registry;
   void barrier(std::chrono::steady_clock::time_point deadline, Millis timeout);
   unsigned char* slot(int set, int rank) const;
+  void reduce_through_slots(unsigned char* data, size_t count, size_t elem_size, const ReduceFn& fn,
+                            std::chrono::steady_clock::time_point deadline, Millis timeout);
+  void reduce_in_place(unsigned char* data, const std::vector<unsigned char*>& peers, size_t count,
+                       size_t elem_size, const ReduceFn& fn, std::chrono::steady_clock::time_point deadline,
+                       Millis timeout);
 
+  std::string prefix_;
+  std::shared_ptr<Registry> registry_;  // the buffers; shared with their release functions
+  int buffers_made_ = 0;
+  std::atomic<int64_t> in_place_calls_{0}, slot_calls_{0};
   int rank_ = 0, size_ = 1;
   size_t slot_bytes_ = 0, segment_bytes_ = 0;
   void* base_ = nullptr;

@@ -300,6 +300,68 @@ TEST_P(GlooRanks, AllreduceSumMaxMinIsExactForFloat32AndFloat64) {
   }, options()));
 }
 
+// DDP's buckets are slices of one comm_buffer. On one host it is shared memory and an allreduce
+// over a range every rank passes at the same offset runs in place (reading the peers' copies);
+// ranges at different offsets, and small ones, take the slots; over TCP it is ordinary memory.
+TEST_P(GlooRanks, AllreduceOnCommBufferSlicesIsExactInPlaceOrNot) {
+  expect_all_ok(run_job(
+      ranks(),
+      [shm = shm()](ProcessGroupGloo& pg, Store&) {
+        const int64_t total = (int64_t{1} << 20) + 40;
+        Tensor buf = pg.comm_buffer(total, kFloat32, Device::cpu());
+        CHILD_CHECK(buf.shape() == Shape{total} && buf.is_contiguous(), buf.str());
+        for (float v : {buf.data<float>()[0], buf.data<float>()[total / 2], buf.data<float>()[total - 1]})
+          CHILD_CHECK(v == 0.0f, "comm_buffer is not zero-filled: ", v);
+        const int r = pg.rank();
+        // [begin, end) of buf, filled with this rank's inputs, reduced, checked against all ranks'.
+        auto check = [&](int64_t begin, int64_t end, ReduceOp op, int shift) {
+          Tensor t = buf.slice(0, begin, end);
+          float* p = t.data<float>();
+          for (int64_t i = 0; i < end - begin; ++i) p[i] = f32_input(r + shift, i);
+          pg.allreduce(t, op)->wait(pg.timeout());
+          for (int64_t i = 0; i < end - begin; ++i) {
+            float expected = f32_input(shift, i);
+            for (int q = 1; q < pg.size(); ++q) expected = fold(op, expected, f32_input(q + shift, i));
+            CHILD_CHECK(p[i] == expected, "[", begin, ", ", end, ") ", name_of(op), " index ", i, ": ", p[i],
+                        " expected ", expected);
+          }
+        };
+        const auto before = pg.allreduce_paths();
+        check(0, total, ReduceOp::Sum, 0);
+        check(0, 300000, ReduceOp::Max, 1);
+        check(300000, total, ReduceOp::Sum, 2);  // an offset that is no multiple of a cache line
+        check(300007, 300107, ReduceOp::Min, 0);  // small: through the slots
+        const auto in_place = pg.allreduce_paths();
+        // Different offsets on different ranks: the same sizes, so still a valid collective.
+        check(16 * r, 16 * r + 200000, ReduceOp::Sum, 0);
+        const auto after = pg.allreduce_paths();
+        if (shm) {
+          CHILD_CHECK(in_place.in_place - before.in_place == 3 && in_place.through_slots - before.through_slots == 1,
+                      "in place ", in_place.in_place - before.in_place, ", slots ",
+                      in_place.through_slots - before.through_slots);
+          CHILD_CHECK(after.in_place == in_place.in_place && after.through_slots == in_place.through_slots + 1,
+                      "mismatched offsets went in place");
+        } else {
+          CHILD_CHECK(after.tcp - before.tcp == 5 && after.in_place == 0, "tcp ", after.tcp - before.tcp);
+        }
+      },
+      options()));
+}
+
+TEST_P(GlooRanks, AllreduceOfDifferentSizesFailsNamingThem) {
+  if (!shm()) GTEST_SKIP() << "Gloo's TCP pairs do not compare sizes";
+  expect_all_ok(run_job(
+      ranks(),
+      [](ProcessGroupGloo& pg, Store&) {
+        Tensor t = Tensor::ones({100 + pg.rank()}, kFloat32);
+        const std::string msg = error_of([&] { pg.allreduce(t)->wait(pg.timeout()); });
+        CHILD_CHECK(contains(msg, "the ranks passed different tensors: rank ") &&
+                        contains(msg, " has " + std::to_string(100 + pg.rank()) + " of 4"),
+                    msg);
+      },
+      options()));
+}
+
 TEST_P(GlooRanks, AllreduceOtherDtypes) {
   expect_all_ok(run_job(ranks(), [](ProcessGroupGloo& pg, Store&) {
     const int r = pg.rank(), n = pg.size();

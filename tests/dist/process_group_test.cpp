@@ -564,35 +564,42 @@ TEST(GlooGroup, RankThatDiesMidCollectiveGivesErrorsNotSigpipe) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].message;
 }
 
-TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
+// Three ranks with a 2 s group timeout; rank 2 is alive and connected but never joins the
+// allreduce that ranks 0 and 1 run through `in_collective` (TANDEM_SHM=0 when !shm).
+void run_with_a_stuck_rank(bool shm, const std::function<void(ProcessGroupGloo&)>& in_collective) {
   JobOptions opt;
   opt.timeout = 2s;
   opt.deadline = 60s;
-  opt.env["TANDEM_SHM"] = "0";  // Gloo's TCP pairs (the shared-memory path: ShmGroup below)
+  if (!shm) opt.env["TANDEM_SHM"] = "0";
   expect_all_ok(run_children(
       3,
-      [](int rank, const std::string& path) {
+      [&](int rank, const std::string& path) {
         auto store = std::make_shared<FileStore>(path, 3, 20s);
         ProcessGroupGloo pg(store, rank, 3, 2s);
         pg.barrier()->wait(pg.timeout());
-        if (rank == 2) {  // alive, connected, but never joins the allreduce
+        if (rank == 2) {
           store->wait({"done/0", "done/1"}, 20s);
           return;
         }
-        Tensor t = Tensor::ones({64}, kFloat64);
-        auto work = pg.allreduce(t, ReduceOp::Max);
-        // A wait shorter than Gloo's timeout ends first and says so.
-        const std::string early = error_of([&] { work->wait(50ms); });
-        CHILD_CHECK(contains(early, "allreduce(float64[64], max)") &&
-                        contains(early, "did not complete within 50 ms"),
-                    early);
-        // Gloo's own timeout (the group's 2 s) then ends the collective with an error.
-        const std::string late = error_of([&] { work->wait(30s); });
-        CHILD_CHECK(contains(late, "allreduce(float64[64], max)") && contains(late, "failed"), late);
-        CHILD_CHECK(contains(late, "imed out") || contains(late, "closed"), late);
+        in_collective(pg);
         store->set_string("done/" + std::to_string(rank), "1");
       },
       opt));
+}
+
+TEST(GlooGroup, StuckRankMakesOthersTimeOutNamingTheOp) {
+  run_with_a_stuck_rank(false, [](ProcessGroupGloo& pg) {
+    Tensor t = Tensor::ones({64}, kFloat64);
+    auto work = pg.allreduce(t, ReduceOp::Max);
+    // A wait shorter than Gloo's timeout ends first and says so.
+    const std::string early = error_of([&] { work->wait(50ms); });
+    CHILD_CHECK(contains(early, "allreduce(float64[64], max)") && contains(early, "did not complete within 50 ms"),
+                early);
+    // Gloo's own timeout (the group's 2 s) then ends the collective with an error.
+    const std::string late = error_of([&] { work->wait(30s); });
+    CHILD_CHECK(contains(late, "allreduce(float64[64], max)") && contains(late, "failed"), late);
+    CHILD_CHECK(contains(late, "imed out") || contains(late, "closed"), late);
+  });
 }
 
 // ---- the shared-memory all-reduce: failures name the peer, nothing is left behind ----
@@ -624,28 +631,14 @@ TEST(ShmGroup, RankThatExitsFailsTheOthersAtOnceNamingIt) {
 }
 
 TEST(ShmGroup, StuckRankMakesOthersTimeOutNamingIt) {
-  JobOptions opt;
-  opt.timeout = 2s;
-  opt.deadline = 60s;
-  expect_all_ok(run_children(
-      3,
-      [](int rank, const std::string& path) {
-        auto store = std::make_shared<FileStore>(path, 3, 20s);
-        ProcessGroupGloo pg(store, rank, 3, 2s);
-        pg.barrier()->wait(pg.timeout());
-        if (rank == 2) {  // alive, attached, but never joins the allreduce
-          store->wait({"done/0", "done/1"}, 20s);
-          return;
-        }
-        Tensor t = Tensor::ones({300000}, kFloat32);
-        const std::string msg = error_of([&] { pg.allreduce(t)->wait(30s); });
-        CHILD_CHECK(contains(msg, "allreduce(float32[300000], sum) failed") &&
-                        contains(msg, "Timed out waiting 2000ms for rank 2 (pid ") &&
-                        contains(msg, "peer rank 2 never reached this collective"),
-                    msg);
-        store->set_string("done/" + std::to_string(rank), "1");
-      },
-      opt));
+  run_with_a_stuck_rank(true, [](ProcessGroupGloo& pg) {
+    Tensor t = Tensor::ones({300000}, kFloat32);
+    const std::string msg = error_of([&] { pg.allreduce(t)->wait(30s); });
+    CHILD_CHECK(contains(msg, "allreduce(float32[300000], sum) failed") &&
+                    contains(msg, "Timed out waiting 2000ms for rank 2 (pid ") &&
+                    contains(msg, "peer rank 2 never reached this collective"),
+                msg);
+  });
 }
 
 TEST(ShmGroup, TurnedOffOnOneRankMeansTcpOnAllAndNoSegmentStaysInDevShm) {

@@ -81,8 +81,9 @@ void Reducer::measure_auto_bucket_cap() {
   }
   const Device device = params_[0].second.device();
   const int64_t probe_elems = std::clamp<int64_t>(total / 4 / 4, int64_t{1} << 18, int64_t{1} << 22);
-  Tensor small = Tensor::zeros({1024}, kFloat32, device);
-  Tensor probe = Tensor::zeros({probe_elems}, kFloat32, device);
+  // In the group's comm_buffer, where the buckets will be: the path and cost the buckets will see.
+  Tensor small = group_->comm_buffer(1024, kFloat32, device);
+  Tensor probe = group_->comm_buffer(probe_elems, kFloat32, device);
   auto median_ms = [&](Tensor& t) {
     group_->allreduce(t)->wait(group_->timeout());
     std::vector<double> ms;

@@ -95,10 +95,13 @@ std::string report(double peak_gflops) {
   const std::vector<OpStat> stats = snapshot();
   double total = 0;
   for (const OpStat& s : stats) total += s.seconds;
+  // The op column is as wide as the longest name (at least 26, at most 120).
+  int width = 26;
+  for (const OpStat& s : stats) width = std::max(width, std::min(120, static_cast<int>(s.op.size())));
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-26s %-4s %9s %11s %7s %9s %7s\n", "op", "pass", "calls", "ms", "share",
-                "GFLOP/s", "%peak");
+  std::snprintf(line, sizeof line, "%-*s %-4s %9s %11s %7s %9s %7s\n", width, "op", "pass", "calls", "ms",
+                "share", "GFLOP/s", "%peak");
   out += line;
   for (const OpStat& s : stats) {
     const double share = total > 0 ? 100.0 * s.seconds / total : 0.0;
@@ -108,11 +111,11 @@ std::string report(double peak_gflops) {
       std::snprintf(gf, sizeof gf, "%.1f", g);
       if (peak_gflops > 0) std::snprintf(pk, sizeof pk, "%.1f", 100.0 * g / peak_gflops);
     }
-    std::snprintf(line, sizeof line, "%-26s %-4s %9lld %11.2f %6.1f%% %9s %7s\n", s.op.c_str(),
+    std::snprintf(line, sizeof line, "%-*s %-4s %9lld %11.2f %6.1f%% %9s %7s\n", width, s.op.c_str(),
                   s.backward ? "bwd" : "fwd", static_cast<long long>(s.calls), s.seconds * 1e3, share, gf, pk);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-26s %-4s %9s %11.2f %6.1f%%", "total", "", "", total * 1e3,
+  std::snprintf(line, sizeof line, "%-*s %-4s %9s %11.2f %6.1f%%", width, "total", "", "", total * 1e3,
                 total > 0 ? 100.0 : 0.0);
   out += line;
   if (peak_gflops > 0) {

@@ -1,8 +1,11 @@
-// Device-neutral batch_norm entry points: validate the input rank, the [C]
-// shapes of weight/bias/running stats/saved stats, the running stats'
-// contiguity (they are updated in place), devices and dtypes, then route to
-// cpu:: or cuda::. No math here.
+// Device-neutral batch_norm entry points (kernels/batch_norm.h, and the fused
+// batch_norm + relu + 2x2 max-pool of kernels/batch_norm_pool.h): validate the
+// input rank, the [C] shapes of weight/bias/running stats/saved stats, the
+// running stats' contiguity (they are updated in place), the pooled shapes and
+// the uint8 code of the fused op, devices and dtypes, then route to cpu:: or
+// cuda:: (the fused op is CPU only). No math here.
 #include "kernels/batch_norm.h"
+#include "kernels/batch_norm_pool.h"
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
@@ -19,6 +22,21 @@ void check_channel_vector(const char* op, const char* what, const Tensor& t, int
 void check_input(const char* op, const Tensor& x) {
   TANDEM_CHECK(x.defined(), op, ": input is undefined");
   TANDEM_CHECK(x.dim() >= 2, op, ": expected input [N, C, ...] with at least 2 dimensions, got ", x.str());
+}
+
+// The fused batch_norm + relu + 2x2 max-pool's input: 4-D with a whole pooling window.
+void check_pool_input(const char* op, const Tensor& x) {
+  TANDEM_CHECK(x.defined() && x.dim() == 4, op, ": expected input [N, C, H, W], got ",
+               x.defined() ? x.str() : "undefined tensor");
+  TANDEM_CHECK(x.size(2) >= 2 && x.size(3) >= 2, op,
+               ": the 2x2 pooling window needs H >= 2 and W >= 2, got input ", shape_str(x.shape()));
+}
+
+Shape pooled_shape(const Tensor& x) { return {x.size(0), x.size(1), x.size(2) / 2, x.size(3) / 2}; }
+
+void check_cpu_only(const char* op, const Device& device) {
+  TANDEM_CHECK(!device.is_cuda(), op,
+               ": CPU only; on CUDA use batch_norm_forward, relu_forward and max_pool2d_forward");
 }
 
 // Checks the forward's arguments; returns the device to run on.
@@ -111,6 +129,51 @@ BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x,
                ": CPU only; on CUDA use relu_backward then batch_norm_backward");
   return cpu::batch_norm_relu_backward(grad_out, x, weight, bias, save_mean, save_invstd, training, need_input,
                                        need_weight, need_bias);
+}
+
+BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
+                                                            const Tensor& bias, const Tensor& running_mean,
+                                                            const Tensor& running_var, bool training,
+                                                            double momentum, double eps) {
+  constexpr const char* op = "batch_norm_relu_max_pool2d_forward";
+  profiler::Scope prof_scope(op);
+  check_pool_input(op, x);
+  check_cpu_only(op, check_forward(op, x, weight, bias, running_mean, running_var, training, eps));
+  return cpu::batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training,
+                                                 momentum, eps);
+}
+
+
+BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
+                                                   const Tensor& code, const Tensor& winner,
+                                                   const Tensor& weight, const Tensor& bias,
+                                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                                   bool training, bool need_input, bool need_weight,
+                                                   bool need_bias) {
+  constexpr const char* op = "batch_norm_relu_max_pool2d_backward";
+  profiler::Scope prof_scope(op);
+  check_pool_input(op, x);
+  const int64_t C = x.size(1);
+  const Shape pooled = pooled_shape(x);
+  TANDEM_CHECK(grad_out.defined() && grad_out.shape() == pooled, op, ": expected grad_out ",
+               shape_str(pooled), " (the pooled shape of input ", shape_str(x.shape()), "), got ",
+               grad_out.defined() ? grad_out.str() : "undefined tensor");
+  TANDEM_CHECK(code.defined() && code.shape() == pooled && code.dtype() == kUInt8, op,
+               ": expected code (from the forward) as uint8 ", shape_str(pooled), ", got ",
+               code.defined() ? code.str() : "undefined tensor");
+  TANDEM_CHECK(winner.defined() && winner.shape() == pooled, op, ": expected winner (from the forward) ",
+               shape_str(pooled), ", got ", winner.defined() ? winner.str() : "undefined tensor");
+  TANDEM_CHECK(save_mean.defined() && save_invstd.defined(), op,
+               ": save_mean and save_invstd (from the forward) must be defined");
+  check_channel_vector(op, "weight", weight, C);
+  check_channel_vector(op, "bias", bias, C);
+  check_channel_vector(op, "save_mean", save_mean, C);
+  check_channel_vector(op, "save_invstd", save_invstd, C);
+  const Device device = common_device(op, {grad_out, x, code, winner, weight, bias, save_mean, save_invstd});
+  common_float_dtype(op, {grad_out, x, winner, weight, bias, save_mean, save_invstd});
+  check_cpu_only(op, device);
+  return cpu::batch_norm_relu_max_pool2d_backward(grad_out, x, code, winner, weight, bias, save_mean,
+                                                  save_invstd, training, need_input, need_weight, need_bias);
 }
 
 }  // namespace tandem::kernels

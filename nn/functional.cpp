@@ -4,6 +4,7 @@
 #include "kernels/activation.h"
 #include "kernels/amp.h"
 #include "kernels/batch_norm.h"
+#include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
@@ -46,6 +47,18 @@ struct BatchNormReluBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     auto r = kernels::batch_norm_relu_backward(g[0], x, w, b, save_mean, save_invstd, training,
                                                needs_input_grad(0), needs_input_grad(1), needs_input_grad(2));
+    return {r.input, r.weight, r.bias};
+  }
+};
+
+struct BatchNormReluMaxPool2dBackward final : Node {
+  Tensor x, code, winner, w, b, save_mean, save_invstd;
+  bool training;
+  std::string name() const override { return "BatchNormReluMaxPool2dBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::batch_norm_relu_max_pool2d_backward(g[0], x, code, winner, w, b, save_mean, save_invstd,
+                                                          training, needs_input_grad(0), needs_input_grad(1),
+                                                          needs_input_grad(2));
     return {r.input, r.weight, r.bias};
   }
 };
@@ -266,6 +279,33 @@ Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Ten
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluBackward>();
     n->x = x.detach();
+    n->w = weight.defined() ? weight.detach() : Tensor();
+    n->b = bias.defined() ? bias.detach() : Tensor();
+    n->save_mean = r.save_mean;
+    n->save_invstd = r.save_invstd;
+    n->training = training;
+    autograd::record(n, {x, weight, bias}, {&r.output});
+  }
+  return r.output;
+}
+
+Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training, double momentum,
+                                  double eps) {
+  const Tensor x = f32_if_lowp(x_in);
+  const bool fused = x.device().is_cpu() && x.dtype() == kFloat32 && x.dim() == 4 && x.size(2) >= 2 &&
+                     x.size(3) >= 2;
+  if (!fused) {
+    // The same ops one by one (their own checks and messages); CUDA composes batch_norm and relu there.
+    return max_pool2d(batch_norm_relu(x, running_mean, running_var, weight, bias, training, momentum, eps), 2);
+  }
+  auto r = kernels::batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training,
+                                                       momentum, eps);
+  if (autograd::any_requires_grad({x, weight, bias})) {
+    auto n = make_node<BatchNormReluMaxPool2dBackward>();
+    n->x = x.detach();
+    n->code = r.code;
+    n->winner = r.winner;
     n->w = weight.defined() ? weight.detach() : Tensor();
     n->b = bias.defined() ? bias.detach() : Tensor();
     n->save_mean = r.save_mean;

@@ -24,6 +24,13 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                        double eps = 1e-5);
+// max_pool2d(relu(batch_norm(...)), 2) in one kernel on CPU for float32 (kernels/batch_norm_pool.h:
+// writes only pooled-size data, the output bitwise the unfused one; the backward goes from the
+// pooled gradient to the input's without full-size intermediates). Other devices and dtypes
+// compose batch_norm_relu and max_pool2d. Same arguments as batch_norm; x must be [N, C, H, W].
+Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                                  const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                                  double eps = 1e-5);
 Tensor relu(const Tensor& x);
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);

@@ -57,6 +57,12 @@ Tensor BatchNorm2d::forward_relu(const Tensor& x) {
   return F::batch_norm_relu(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
 }
 
+Tensor BatchNorm2d::forward_relu_pool2(const Tensor& x) {
+  if (is_training() && stats_sync_) return F::max_pool2d(forward_relu(x), 2);
+  count_batch(x);
+  return F::batch_norm_relu_max_pool2d(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
+}
+
 Linear::Linear(int64_t in, int64_t out, bool with_bias) {
   TANDEM_CHECK(in > 0 && out > 0, "Linear: sizes must be positive, got in=", in, " out=", out);
   weight = Tensor::empty({out, in});

@@ -50,6 +50,9 @@ class BatchNorm2d : public Module {
   // relu(forward(x)), fused into one kernel (F::batch_norm_relu) unless synced statistics are
   // installed and training (then exactly relu(forward(x))).
   Tensor forward_relu(const Tensor& x);
+  // max_pool2d(forward_relu(x), 2) (kernel 2, stride 2), fused into one kernel
+  // (F::batch_norm_relu_max_pool2d) under the same condition as forward_relu.
+  Tensor forward_relu_pool2(const Tensor& x);
   // Installs (or, with nullptr, removes) the strategy for synced statistics.
   void set_stats_sync(std::shared_ptr<BatchNormStatsSync> sync) { stats_sync_ = std::move(sync); }
   const std::shared_ptr<BatchNormStatsSync>& stats_sync() const { return stats_sync_; }

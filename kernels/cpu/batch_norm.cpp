@@ -15,39 +15,24 @@
 // b = bias - mean * a per channel, and their backward recomputes that value
 // with the same instructions to mask dy (no saved output, no separate relu
 // passes over the activations): bitwise the same mask as the forward.
+// The statistics, the affine map and the layout are kernels/cpu/batch_norm_stats.h's, shared with
+// the fused batch_norm+relu+max_pool kernels (kernels/cpu/batch_norm_pool.cpp).
 #include "kernels/batch_norm.h"
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/batch_norm_stats.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
 namespace {
 
-// The per-channel affine map y = x * alpha + beta of the forward; explicit fma so that forward and
-// the fused backward get the same bits whatever the compiler contracts.
-template <typename T>
-struct Affine {
-  T alpha, beta;
-};
-template <typename T>
-Affine<T> affine_of(T invstd, const T* wp, const T* bp, int64_t c, T mean) {
-  const T alpha = wp ? invstd * wp[c] : invstd;
-  return {alpha, std::fma(-mean, alpha, bp ? bp[c] : T(0))};
-}
-
-// x * a + b rounded once where the CPU has FMA (as the AVX-512 rows do), else twice (std::fma
-// would be a slow library call); the same function in forward and backward either way.
-template <typename T>
-inline T affine_value(T x, T a, T b) {
-#if defined(__FMA__)
-  return std::fma(x, a, b);
-#else
-  return x * a + b;
-#endif
-}
+using detail::bn_affine_of;
+using detail::bn_affine_value;
+using detail::bn_relu_value;
+using detail::BnLayout;
 
 // ---- rows of the fused batch_norm + relu (float: AVX-512 with a masked tail; double: scalar) ----
 
@@ -66,8 +51,7 @@ void bn_relu_row(const T* x, T* y, int64_t n, T a, T b) {
   }
 #endif
   for (int64_t i = 0; i < n; ++i) {
-    const T v = affine_value(x[i], a, b);
-    y[i] = v > T(0) || v != v ? v : T(0);
+    y[i] = bn_relu_value(bn_affine_value(x[i], a, b));
   }
 }
 
@@ -103,7 +87,7 @@ void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, doub
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T d = affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
+    const T d = bn_affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
     t1 += d;
     t2 += d * (x[i] - mean);
   }
@@ -132,28 +116,13 @@ void bn_relu_grad_row(const T* dy, const T* x, T* gx, int64_t n, T a, T b, T mea
   }
 #endif
   for (int64_t i = 0; i < n; ++i) {
-    const T d = affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
+    const T d = bn_affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
     gx[i] = (d - grad_mean - (x[i] - mean) * k) * scale;
   }
 }
 
 using detail::ArrMap;
 using detail::CArrMap;
-
-struct Layout {
-  int64_t N, C, HW;
-};
-
-Layout layout_of(const Tensor& x) {
-  const int64_t N = x.size(0), C = x.size(1);
-  const int64_t HW = N * C == 0 ? 0 : x.numel() / (N * C);
-  return {N, C, HW};
-}
-
-// Channels per parallel chunk: aim for >= 32K elements of work per chunk.
-int64_t channel_grain(const Layout& l) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.N * l.HW));
-}
 
 template <typename T>
 BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
@@ -162,13 +131,12 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
   const Tensor x = x_in.contiguous();
   const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
   const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-  const Layout l = layout_of(x);
+  const BnLayout l = detail::bn_layout_of(x);
   BatchNormForward r;
   r.output = Tensor::empty(x.shape(), x.dtype());
   r.save_mean = Tensor::empty({l.C}, x.dtype());
   r.save_invstd = Tensor::empty({l.C}, x.dtype());
 
-  const bool update = training && running_mean.defined() && running_var.defined();
   const T* xp = x.data<T>();
   const T* wp = weight.defined() ? weight.data<T>() : nullptr;
   const T* bp = bias.defined() ? bias.data<T>() : nullptr;
@@ -178,39 +146,14 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
   Tensor rm = running_mean, rv = running_var;  // handles to the caller's buffers
   T* rmp = running_mean.defined() ? rm.data<T>() : nullptr;
   T* rvp = running_var.defined() ? rv.data<T>() : nullptr;
-  const int64_t M = l.N * l.HW;
 
-  detail::parallel_range(l.C, channel_grain(l), [&](int64_t c0, int64_t c1) {
+  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      T mean, invstd;
-      if (training) {
-        // One pass for both moments, shifted by the channel's first value so
-        // that the sum of squares does not cancel catastrophically.
-        const T shift = M > 0 ? xp[c * l.HW] : T(0);
-        double s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < l.N; ++n) {
-          const CArrMap<T> row(xp + (n * l.C + c) * l.HW, l.HW);  // L1-resident: read twice
-          s1 += (row - shift).sum();
-          s2 += (row - shift).square().sum();
-        }
-        const double m = M > 0 ? s1 / double(M) : 0.0;
-        const double var_sum = std::max(0.0, s2 - s1 * m);  // sum of (x - mean)^2
-        const double mean_d = double(shift) + m;
-        mean = T(mean_d);
-        const double var = M > 0 ? var_sum / double(M) : 0.0;
-        invstd = T(1.0 / std::sqrt(var + eps));
-        if (update) {
-          const double unbiased = M > 1 ? var_sum / double(M - 1) : var;
-          rmp[c] = T(momentum * mean_d + (1.0 - momentum) * double(rmp[c]));
-          rvp[c] = T(momentum * unbiased + (1.0 - momentum) * double(rvp[c]));
-        }
-      } else {
-        mean = rmp[c];
-        invstd = T(1.0 / std::sqrt(double(rvp[c]) + eps));
-      }
+      // Updates the running statistics when both are given (training), reads them in eval.
+      const auto [mean, invstd] = detail::channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp);
       mp[c] = mean;
       ip[c] = invstd;
-      const auto [alpha, beta] = affine_of<T>(invstd, wp, bp, c, mean);
+      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
       for (int64_t n = 0; n < l.N; ++n) {
         const int64_t off = (n * l.C + c) * l.HW;
         if (relu) {
@@ -235,7 +178,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous();
   const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
   const Tensor save_mean = save_mean_in.contiguous(), save_invstd = save_invstd_in.contiguous();
-  const Layout l = layout_of(x);
+  const BnLayout l = detail::bn_layout_of(x);
   if (need_input) g.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) g.weight = Tensor::empty({l.C}, x.dtype());
   if (need_bias) g.bias = Tensor::empty({l.C}, x.dtype());
@@ -255,13 +198,13 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   // the weight and bias gradients.
   const bool need_sums = need_weight || need_bias || (need_input && training);
 
-  detail::parallel_range(l.C, channel_grain(l), [&](int64_t c0, int64_t c1) {
+  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const T mean = mp[c], invstd = ip[c];
       const T w = wp ? wp[c] : T(1);
       double sum_dy = 0, sum_dy_xmu = 0;
       // The forward's affine map, recomputed exactly as forward_impl did (relu mask).
-      const auto [alpha, beta] = affine_of<T>(invstd, wp, bp, c, mean);
+      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
       if (need_sums && relu) {
         for (int64_t n = 0; n < l.N; ++n) {
           const int64_t off = (n * l.C + c) * l.HW;

@@ -19,14 +19,12 @@ Tensor MnistNet::forward(const Tensor& x) {
   // One statement per op: each intermediate is released as soon as the next
   // exists (nested calls would keep every temporary alive to the end of the
   // expression), which bounds the activations held at once without a graph.
-  // BatchNorm followed by relu runs as one fused op (BatchNorm2d::forward_relu; relu(n(h)) when
-  // SyncBatchNorm statistics are installed).
+  // BatchNorm, relu and the 2x2 max-pool run as one fused op (BatchNorm2d::forward_relu_pool2;
+  // max_pool2d(relu(n(h)), 2) when SyncBatchNorm statistics are installed).
   Tensor h = (*conv1)(x);
-  h = n1->forward_relu(h);
-  h = F::max_pool2d(h, 2);
+  h = n1->forward_relu_pool2(h);
   h = (*conv2)(h);
-  h = n2->forward_relu(h);
-  h = F::max_pool2d(h, 2);
+  h = n2->forward_relu_pool2(h);
   h = F::flatten(h, 1);
   h = F::relu((*fc1)(h));
   h = (*fc2)(h);

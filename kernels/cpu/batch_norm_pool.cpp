@@ -1,0 +1,373 @@
+// CPU kernels of the fused max_pool2d(relu(batch_norm(x)), 2) (kernels/batch_norm_pool.h) under
+// tandem::kernels::cpu.
+// Assumes: arguments validated by kernels/batch_norm_pool.cpp (x 4-D with H, W >= 2; code and
+// winner of the pooled shape, written by the forward); inputs may be non-contiguous (copied once).
+// Guarantees:
+// - forward, per channel: the statistics are kernels/cpu/batch_norm_stats.h's (as
+//   batch_norm_relu_forward), then one pass over the channel's planes: each window value is
+//   relu(fma(x, a, b)) computed with the same instructions as that kernel's rows, reduced with
+//   max_pool2d's rule (first maximum in scan order, NaN wins): the pooled output is bitwise
+//   max_pool2d(batch_norm_relu(x)). Written: the pooled output, the codes and the winning x values
+//   (pooled size each); the full-size activations never exist.
+// - backward, per channel, two passes: (1) over the pooled elements only (winner, dy): d = dy where
+//   fma(x_win, a, b) > 0 (relu'(0) = 0, NaN masks out, as batch_norm_relu_backward), else 0, kept in
+//   a pooled-size scratch, with the sums of d and d * (x_win - mean); (2) over every x element:
+//   gx = (d_here - grad_mean - (x - mean) * k) * scale, d_here being d at the winning position (the
+//   code) and 0 elsewhere (also on the last row/column an odd H/W leaves out of pooling). Same
+//   per-element formula as batch_norm_relu_backward; only the sums' order differs.
+// - the planes of a channel lie a channel stride apart: each pass prefetches the next plane.
+// - float rows use AVX-512 where compiled in (masked loads/stores: nothing outside a row is read
+//   or written); double and non-AVX-512 builds use scalar rows with the same rules.
+// - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
+//   thread count.
+#include "kernels/batch_norm_pool.h"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cpu/batch_norm_stats.h"
+#include "kernels/cpu/common.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+using detail::bn_affine_of;
+using detail::bn_affine_value;
+using detail::bn_relu_value;
+using detail::BnLayout;
+
+// x [N, C, H, W] pooled to [N, C, P, Q] with P = H / 2, Q = W / 2.
+struct Geom {
+  int64_t H, W, P, Q;
+};
+
+using detail::prefetch_next_plane;
+
+// Scalar window rule of max_pool2d: v replaces best when greater or NaN.
+template <typename T>
+inline void take_max(T v, uint8_t k, T& best, uint8_t& bk) {
+  if (v > best || v != v) {
+    best = v;
+    bk = k;
+  }
+}
+
+#if defined(__AVX512F__)
+inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
+// Lanes 0, 2, ..., 30 and 1, 3, ..., 31 of a 32-float pair of vectors.
+inline __m512i even_lanes() {
+  return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+}
+inline __m512i odd_lanes() { return _mm512_add_epi32(even_lanes(), _mm512_set1_epi32(1)); }
+#endif
+
+// ---- forward: one plane x [H, W] -> y, code, xw (x at the winning position) [P, Q] ----
+template <typename T>
+void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* xw) {
+  const int64_t Q = g.Q;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
+    const __m512i even = even_lanes(), odd = odd_lanes();
+    // relu(fma(x, a, b)) exactly as batch_norm_relu_forward's row: max(z, NaN) = NaN.
+    auto act = [&](__m512 xv) { return _mm512_max_ps(z, _mm512_fmadd_ps(xv, va, vb)); };
+    for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
+      const float* r0 = x + 2 * p * g.W;
+      const float* r1 = r0 + g.W;
+      for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+        const int64_t n = std::min<int64_t>(16, Q - q0), n2 = 2 * n;
+        const __mmask16 m = lanes(n), m_lo = lanes(n2), m_hi = n2 > 16 ? lanes(n2 - 16) : __mmask16(0);
+        const __m512 xa0 = _mm512_maskz_loadu_ps(m_lo, r0 + 2 * q0),
+                     xa1 = _mm512_maskz_loadu_ps(m_hi, r0 + 2 * q0 + 16);
+        const __m512 xb0 = _mm512_maskz_loadu_ps(m_lo, r1 + 2 * q0),
+                     xb1 = _mm512_maskz_loadu_ps(m_hi, r1 + 2 * q0 + 16);
+        const __m512 a0 = act(xa0), a1 = act(xa1), b0 = act(xb0), b1 = act(xb1);
+        __m512 best = _mm512_permutex2var_ps(a0, even, a1), xbest = _mm512_permutex2var_ps(xa0, even, xa1);
+        __m512i k = _mm512_setzero_si512();
+        auto take = [&](__m512 v, __m512 xv, int32_t pos) {
+          const __mmask16 t =
+              _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+          best = _mm512_mask_mov_ps(best, t, v);
+          xbest = _mm512_mask_mov_ps(xbest, t, xv);
+          k = _mm512_mask_mov_epi32(k, t, _mm512_set1_epi32(pos));
+        };
+        take(_mm512_permutex2var_ps(a0, odd, a1), _mm512_permutex2var_ps(xa0, odd, xa1), 1);
+        take(_mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(xb0, even, xb1), 2);
+        take(_mm512_permutex2var_ps(b0, odd, b1), _mm512_permutex2var_ps(xb0, odd, xb1), 3);
+        _mm512_mask_storeu_ps(y + q0, m, best);
+        _mm512_mask_storeu_ps(xw + q0, m, xbest);
+        _mm512_mask_cvtepi32_storeu_epi8(code + q0, m, k);
+      }
+    }
+    return;
+  }
+#endif
+  for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
+    const T* r0 = x + 2 * p * g.W;
+    const T* r1 = r0 + g.W;
+    for (int64_t q = 0; q < Q; ++q) {
+      const T win[4] = {r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1]};
+      T best = bn_relu_value(bn_affine_value(win[0], a, b));
+      uint8_t bk = 0;
+      for (uint8_t i = 1; i < 4; ++i) take_max(bn_relu_value(bn_affine_value(win[i], a, b)), i, best, bk);
+      y[q] = best;
+      code[q] = bk;
+      xw[q] = win[bk];
+    }
+  }
+}
+
+// A channel's backward sums, sum d and sum d * (x_win - mean), in double: scalar rows add one
+// partial sum per plane; the float AVX-512 rows add each plane's per-lane float sums into per-lane
+// doubles ([0..7] and [8..15] of a vector), reduced once per channel.
+template <typename T>
+struct GradSums {
+#if defined(__AVX512F__)
+  __m512d dy_lo = _mm512_setzero_pd(), dy_hi = dy_lo, xmu_lo = dy_lo, xmu_hi = dy_lo;
+#endif
+  double dy = 0, xmu = 0;
+  double sum_dy() const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) return _mm512_reduce_add_pd(_mm512_add_pd(dy_lo, dy_hi));
+#endif
+    return dy;
+  }
+  double sum_dy_xmu() const {
+#if defined(__AVX512F__)
+    if constexpr (std::is_same_v<T, float>) return _mm512_reduce_add_pd(_mm512_add_pd(xmu_lo, xmu_hi));
+#endif
+    return xmu;
+  }
+};
+
+// ---- backward pass 1: one pooled plane of n values. d = dy where fma(xw, a, b) > 0 (xw: x at the
+// winning position), else 0, into d; adds the plane's sums into s. ----
+template <typename T>
+void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* d, GradSums<T>& s) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
+    const __m512 z = _mm512_setzero_ps();
+    __m512 s1 = z, s2 = z;
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 m = lanes(n - i);
+      const __m512 xv = _mm512_maskz_loadu_ps(m, xw + i);
+      // The relu mask as batch_norm_relu_backward computes it at that position.
+      const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+      const __m512 dv = _mm512_maskz_loadu_ps(pos, dy + i);
+      _mm512_mask_storeu_ps(d + i, m, dv);
+      s1 = _mm512_add_ps(s1, dv);
+      s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
+    }
+    s.dy_lo = _mm512_add_pd(s.dy_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(s1)));
+    s.dy_hi = _mm512_add_pd(
+        s.dy_hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s1), 1))));
+    s.xmu_lo = _mm512_add_pd(s.xmu_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(s2)));
+    s.xmu_hi = _mm512_add_pd(
+        s.xmu_hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s2), 1))));
+    return;
+  }
+#endif
+  T t1 = 0, t2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T dv = bn_affine_value(xw[i], a, b) > T(0) ? dy[i] : T(0);
+    d[i] = dv;
+    t1 += dv;
+    t2 += dv * (xw[i] - mean);
+  }
+  s.dy += t1;
+  s.xmu += t2;
+}
+
+// ---- backward pass 2: one plane. gx[h, w] = (d_here - grad_mean - (x - mean) * k) * scale with
+// d_here = d[h / 2, w / 2] where code[h / 2, w / 2] == 2 * (h & 1) + (w & 1), h < 2P and w < 2Q; else 0. ----
+template <typename T>
+void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g, T mean, T grad_mean, T k,
+                      T scale, T* gx) {
+  const int64_t W = g.W, Q = g.Q;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m512 vm = _mm512_set1_ps(mean), vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k);
+    const __m512 vs = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
+    const __m512i col_bit = _mm512_and_si512(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(1));
+    const __m512i here_even = col_bit, here_odd = _mm512_add_epi32(col_bit, _mm512_set1_epi32(2));
+    auto row = [&](const float* xr, float* gr, __m512 dv, int64_t j0, __mmask16 m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(m, xr + j0);
+      const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
+      _mm512_mask_storeu_ps(gr + j0, m, _mm512_mul_ps(t, vs));
+    };
+    for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
+      const float* x0 = x + 2 * p * W;
+      float* g0 = gx + 2 * p * W;
+      for (int64_t j0 = 0; j0 < W; j0 += 16) {
+        const __mmask16 m = lanes(W - j0);
+        // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
+        // past them read d = 0 (masked load), so their code does not matter.
+        const int64_t np = std::min<int64_t>(8, std::max<int64_t>(0, Q - j0 / 2));
+        const __mmask8 mp = __mmask8((1u << np) - 1);
+        const __m512 dp =
+            _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, d + j0 / 2)));
+        const __m512i kp =
+            _mm512_permutexvar_epi32(dup, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mp, code + j0 / 2)));
+        row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0, m);
+        row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0, m);
+      }
+    }
+    for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
+      for (int64_t j0 = 0; j0 < W; j0 += 16) row(x + h * W, gx + h * W, z, j0, lanes(W - j0));
+    }
+    return;
+  }
+#endif
+  for (int64_t h = 0; h < g.H; ++h) {
+    const bool pooled = h < 2 * g.P;
+    for (int64_t w = 0; w < W; ++w) {
+      const int64_t i = (h / 2) * Q + w / 2;
+      T dv = T(0);
+      if (pooled && w < 2 * Q && code[i] == 2 * (h & 1) + (w & 1)) dv = d[i];
+      gx[h * W + w] = (dv - grad_mean - (x[h * W + w] - mean) * k) * scale;
+    }
+  }
+}
+
+template <typename T>
+BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
+                                      const Tensor& running_mean, const Tensor& running_var, bool training,
+                                      double momentum, double eps) {
+  const Tensor x = x_in.contiguous();
+  const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
+  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  const BnLayout l = detail::bn_layout_of(x);
+  const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
+  BatchNormReluPoolForward r;
+  r.output = Tensor::empty({l.N, l.C, g.P, g.Q}, x.dtype());
+  r.code = Tensor::empty({l.N, l.C, g.P, g.Q}, kUInt8);
+  r.winner = Tensor::empty({l.N, l.C, g.P, g.Q}, x.dtype());
+  r.save_mean = Tensor::empty({l.C}, x.dtype());
+  r.save_invstd = Tensor::empty({l.C}, x.dtype());
+
+  const T* xp = x.data<T>();
+  const T* wp = weight.defined() ? weight.data<T>() : nullptr;
+  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  T* yp = r.output.data<T>();
+  uint8_t* kp = r.code.data<uint8_t>();
+  T* xwp = r.winner.data<T>();
+  T* mp = r.save_mean.data<T>();
+  T* ip = r.save_invstd.data<T>();
+  Tensor rm = running_mean, rv = running_var;  // handles to the caller's buffers
+  T* rmp = running_mean.defined() ? rm.data<T>() : nullptr;
+  T* rvp = running_var.defined() ? rv.data<T>() : nullptr;
+  const int64_t PQ = g.P * g.Q;
+
+  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const auto [mean, invstd] = detail::channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp);
+      mp[c] = mean;
+      ip[c] = invstd;
+      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
+      for (int64_t n = 0; n < l.N; ++n) {
+        const T* xs = xp + (n * l.C + c) * l.HW;
+        const int64_t o = (n * l.C + c) * PQ;
+        prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
+        forward_plane<T>(xs, g, alpha, beta, yp + o, kp + o, xwp + o);
+      }
+    }
+  });
+  return r;
+}
+
+template <typename T>
+BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor& code_in,
+                             const Tensor& winner_in, const Tensor& weight_in, const Tensor& bias_in,
+                             const Tensor& save_mean_in, const Tensor& save_invstd_in, bool training,
+                             bool need_input, bool need_weight, bool need_bias) {
+  BatchNormGrads r;
+  if (!need_input && !need_weight && !need_bias) return r;
+  const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), code = code_in.contiguous();
+  const Tensor winner = winner_in.contiguous();
+  const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
+  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  const Tensor save_mean = save_mean_in.contiguous(), save_invstd = save_invstd_in.contiguous();
+  const BnLayout l = detail::bn_layout_of(x);
+  const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
+  if (need_input) r.input = Tensor::empty(x.shape(), x.dtype());
+  if (need_weight) r.weight = Tensor::empty({l.C}, x.dtype());
+  if (need_bias) r.bias = Tensor::empty({l.C}, x.dtype());
+  // The masked pooled gradient of pass 1, read back by pass 2 (L2-resident per channel).
+  Tensor scratch = Tensor::empty(gy.shape(), x.dtype());
+
+  const T* gyp = gy.data<T>();
+  const T* xp = x.data<T>();
+  const uint8_t* kp = code.data<uint8_t>();
+  const T* xwp = winner.data<T>();
+  const T* wp = weight.defined() ? weight.data<T>() : nullptr;
+  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  const T* mp = save_mean.data<T>();
+  const T* ip = save_invstd.data<T>();
+  T* dp = scratch.data<T>();
+  T* gxp = need_input ? r.input.data<T>() : nullptr;
+  T* gwp = need_weight ? r.weight.data<T>() : nullptr;
+  T* gbp = need_bias ? r.bias.data<T>() : nullptr;
+  const int64_t M = l.N * l.HW, PQ = g.P * g.Q;
+
+  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const T mean = mp[c], invstd = ip[c];
+      const T w = wp ? wp[c] : T(1);
+      // The forward's affine map, recomputed exactly as the forward did (relu mask).
+      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
+      GradSums<T> sums;
+      for (int64_t n = 0; n < l.N; ++n) {
+        const int64_t o = (n * l.C + c) * PQ;
+        prefetch_next_plane(xwp + c * PQ, n, l.N, l.C * PQ, PQ);
+        prefetch_next_plane(gyp + c * PQ, n, l.N, l.C * PQ, PQ);
+        masked_grad_plane<T>(xwp + o, gyp + o, PQ, alpha, beta, mean, dp + o, sums);
+      }
+      const double sum_dy = sums.sum_dy(), sum_dy_xmu = sums.sum_dy_xmu();
+      if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
+      if (gbp) gbp[c] = T(sum_dy);
+      if (!gxp) continue;
+      // Eval: grad_mean = k = 0 gives gx = d * scale, as batch_norm_relu_backward.
+      const T grad_mean = training && M > 0 ? T(sum_dy / double(M)) : T(0);
+      const T k = training && M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
+      const T scale = invstd * w;
+      for (int64_t n = 0; n < l.N; ++n) {
+        const int64_t off = (n * l.C + c) * l.HW, o = (n * l.C + c) * PQ;
+        prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
+        prefetch_next_plane(kp + c * PQ, n, l.N, l.C * PQ, PQ);
+        input_grad_plane<T>(xp + off, dp + o, kp + o, g, mean, grad_mean, k, scale, gxp + off);
+      }
+    }
+  });
+  return r;
+}
+
+}  // namespace
+
+BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
+                                                            const Tensor& bias, const Tensor& running_mean,
+                                                            const Tensor& running_var, bool training,
+                                                            double momentum, double eps) {
+  detail::check_cpu("batch_norm_relu_max_pool2d_forward", x);
+  return detail::dispatch_float(x.dtype(), "batch_norm_relu_max_pool2d_forward", [&](auto t) {
+    return forward_impl<decltype(t)>(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  });
+}
+
+BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
+                                                   const Tensor& code, const Tensor& winner,
+                                                   const Tensor& weight, const Tensor& bias,
+                                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                                   bool training, bool need_input, bool need_weight,
+                                                   bool need_bias) {
+  detail::check_cpu("batch_norm_relu_max_pool2d_backward", x);
+  return detail::dispatch_float(x.dtype(), "batch_norm_relu_max_pool2d_backward", [&](auto t) {
+    return backward_impl<decltype(t)>(grad_out, x, code, winner, weight, bias, save_mean, save_invstd,
+                                      training, need_input, need_weight, need_bias);
+  });
+}
+
+}  // namespace tandem::kernels::cpu

@@ -639,8 +639,13 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(Tensor& tensor, int root) {
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
   Tensor t = tensor;
-  return impl_->enqueue(desc, [t, root, context, timeout](uint32_t tag) mutable {
+  ShmAllreduce* shm = impl_->shm.get();  // lives as long as the worker thread
+  return impl_->enqueue(desc, [t, root, context, timeout, shm](uint32_t tag) mutable {
     if (t.nbytes() == 0) return;
+    if (shm) {
+      shm->broadcast(t.raw_data(), t.nbytes(), root, timeout);
+      return;
+    }
     gloo::BroadcastOptions opts(context);
     opts.setOutput(static_cast<uint8_t*>(t.raw_data()), t.nbytes());
     opts.setRoot(root);

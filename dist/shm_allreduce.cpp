@@ -49,6 +49,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 constexpr size_t kPage = 4096;
 constexpr size_t kSmallBytes = 64 * 1024;  // chunks up to this are reduced whole by every rank
+constexpr int32_t kBroadcast = -2;         // RankControl::buffer of a rank in a broadcast
 constexpr int kSpins = 2000;               // pause loops before sleeping on the futex
 constexpr Millis kSlice{50};               // futex sleep between liveness checks
 
@@ -354,28 +355,59 @@ void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const R
       break;
     }
   }
+  const bool same_place = agree(buffer, offset, count, elem_size, deadline, timeout);
+  if (same_place && buffer >= 0 && nbytes > kSmallBytes) {
+    reduce_in_place(bytes, peers, count, elem_size, fn, deadline, timeout);
+    ++in_place_calls_;
+  } else {
+    reduce_through_slots(bytes, count, elem_size, fn, deadline, timeout);
+    ++slot_calls_;
+  }
+}
+
+bool ShmAllreduce::agree(int32_t buffer, int64_t offset, size_t count, size_t elem_size, Clock::time_point deadline,
+                         Millis timeout) {
   auto* ctl = static_cast<RankControl*>(base_);
   ctl[rank_].buffer.store(buffer);
   ctl[rank_].offset.store(offset);
   ctl[rank_].count.store(count);
   ctl[rank_].elem_size.store(elem_size);
   barrier(deadline, timeout);
-  bool in_place = buffer >= 0 && nbytes > kSmallBytes;
+  // Nobody publishes again before the next barrier, which needs this rank: the values read here
+  // are this call's on every rank.
+  bool same = true;
   for (int q = 0; q < size_; ++q) {
+    const int32_t b = ctl[q].buffer.load();
+    const int64_t o = ctl[q].offset.load();
+    if ((b == kBroadcast) != (buffer == kBroadcast))
+      TANDEM_FAIL("the ranks disagree on the collective: rank ", q, " is in ",
+                  b == kBroadcast ? "a broadcast" : "an all-reduce", ", rank ", rank_, " in ",
+                  buffer == kBroadcast ? "a broadcast" : "an all-reduce");
+    if (buffer == kBroadcast && o != offset)
+      TANDEM_FAIL("the ranks disagree on the broadcast's root: rank ", q, " names ", o, ", rank ", rank_,
+                  " names ", offset);
     const uint64_t c = ctl[q].count.load(), e = ctl[q].elem_size.load();
     if (c != count || e != elem_size)
       TANDEM_FAIL("the ranks passed different tensors: rank ", q, " has ", c, " elements of ", e,
                   " bytes, rank ", rank_, " has ", count, " of ", elem_size);
-    in_place = in_place && ctl[q].buffer.load() == buffer && ctl[q].offset.load() == offset;
+    same = same && b == buffer && o == offset;
   }
-  // Nobody publishes again before the next barrier, which needs this rank: the values read above
-  // were this call's on every rank.
-  if (in_place) {
-    reduce_in_place(bytes, peers, count, elem_size, fn, deadline, timeout);
-    ++in_place_calls_;
-  } else {
-    reduce_through_slots(bytes, count, elem_size, fn, deadline, timeout);
-    ++slot_calls_;
+  return same;
+}
+
+void ShmAllreduce::broadcast(void* data, size_t nbytes, int root, Millis timeout) {
+  const auto deadline = Clock::now() + timeout;
+  agree(kBroadcast, root, nbytes, 1, deadline, timeout);  // published as (kBroadcast, root)
+  auto* bytes = static_cast<unsigned char*>(data);
+  for (size_t off = 0; off < nbytes; off += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, nbytes - off);
+    const int set = set_;
+    set_ ^= 1;
+    // Root's slot of this set is read by the others until they reach the next chunk's (or the
+    // next call's) first barrier; root writes it again only two chunks later, past that barrier.
+    if (rank_ == root) std::memcpy(slot(set, root), bytes + off, n);
+    barrier(deadline, timeout);
+    if (rank_ != root) std::memcpy(bytes + off, slot(set, root), n);
   }
 }
 

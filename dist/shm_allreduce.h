@@ -1,4 +1,4 @@
-// ShmAllreduce: all-reduce between the ranks of one host through one shared-memory segment,
+// ShmAllreduce: all-reduce (and broadcast) between the ranks of one host through shared memory,
 // the intra-host transport of ProcessGroupGloo (Gloo's TCP pairs over loopback cost two kernel
 // copies per byte and per hop, on the cores that also compute).
 // Owns: the mapping of the segment (POSIX shm, named only while the ranks attach, then
@@ -58,6 +58,9 @@ class ShmAllreduce {
   // Throws tandem::Error naming the late or exited peer; after a throw the segment's barriers
   // are out of step, so the caller must treat the group as broken.
   void allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& fn, Millis timeout);
+  // Copies root's `nbytes` at `data` to every rank's `data`, chunk by chunk through root's slots
+  // (root writes, barrier, the others read). Same timeout, failure and size-check rules.
+  void broadcast(void* data, size_t nbytes, int root, Millis timeout);
 
   // A zero-filled buffer of `bytes` that every rank maps (collective through `store`: every rank
   // calls it in the same order with the same size). data is null on every rank when any rank
@@ -80,6 +83,10 @@ class ShmAllreduce {
   ShmAllreduce() = default;
   struct Registry;
   void barrier(std::chrono::steady_clock::time_point deadline, Millis timeout);
+  // Publishes this rank's call, passes a barrier, fails naming a rank whose count or element size
+  // differ; true when every rank published the same (buffer, offset).
+  bool agree(int32_t buffer, int64_t offset, size_t count, size_t elem_size,
+             std::chrono::steady_clock::time_point deadline, Millis timeout);
   unsigned char* slot(int set, int rank) const;
   void reduce_through_slots(unsigned char* data, size_t count, size_t elem_size, const ReduceFn& fn,
                             std::chrono::steady_clock::time_point deadline, Millis timeout);

@@ -403,7 +403,37 @@ TEST_P(GlooRanks, BroadcastFromRankOne) {
     pg.broadcast(ids, pg.size() - 1)->wait(pg.timeout());
     const int64_t last = pg.size() - 1;
     CHILD_CHECK(ids.to_vector<int64_t>() == (std::vector<int64_t>{last, 7 * last, -last}), "");
+    // 9 MiB from rank 0: several 4 MiB slots on the shared-memory path.
+    Tensor big = Tensor::empty({(int64_t{9} << 20) / 4 + 3}, kFloat32);
+    for (int64_t i = 0; i < big.numel(); ++i) big.data<float>()[i] = static_cast<float>((i % 9973) + r);
+    pg.broadcast(big, 0)->wait(pg.timeout());
+    for (int64_t i = 0; i < big.numel(); i += 101)
+      CHILD_CHECK(big.data<float>()[i] == static_cast<float>(i % 9973), "big index ", i, ": ", big.data<float>()[i]);
+    CHILD_CHECK(big.data<float>()[big.numel() - 1] == static_cast<float>((big.numel() - 1) % 9973), "last");
   }, options()));
+}
+
+TEST_P(GlooRanks, MismatchedCollectivesFailNamingTheRanks) {
+  if (!shm()) GTEST_SKIP() << "Gloo's TCP pairs do not compare the ranks' calls";
+  expect_all_ok(run_job(
+      ranks(),
+      [](ProcessGroupGloo& pg, Store&) {
+        Tensor t = Tensor::ones({64}, kFloat32);
+        const std::string msg = error_of([&] {
+          if (pg.rank() == 0) pg.allreduce(t)->wait(pg.timeout());
+          else pg.broadcast(t, 0)->wait(pg.timeout());
+        });
+        CHILD_CHECK(contains(msg, "the ranks disagree on the collective: rank "), msg);
+      },
+      options()));
+  expect_all_ok(run_job(
+      ranks(),
+      [](ProcessGroupGloo& pg, Store&) {
+        Tensor t = Tensor::ones({64}, kFloat32);
+        const std::string msg = error_of([&] { pg.broadcast(t, pg.rank() == 0 ? 0 : 1)->wait(pg.timeout()); });
+        CHILD_CHECK(contains(msg, "the ranks disagree on the broadcast's root: rank "), msg);
+      },
+      options()));
 }
 
 TEST_P(GlooRanks, AllgatherPutsEachRanksInputInItsSlot) {

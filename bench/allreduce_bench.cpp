@@ -7,6 +7,8 @@
 // Variants (benchmark names "<variant>/<bytes>"):
 //   engine            ProcessGroupGloo::allreduce(float32 tensor) then Work::wait: through shared memory
 //                     when every rank is on this host (the default), else Gloo's TCP pairs
+//   engine_buffer     the same on a tensor from ProcessGroup::comm_buffer, as DDP's buckets: in place
+//                     in shared memory on one host (no staging copy)
 //   engine_tcp        the same on a second ProcessGroupGloo made with TANDEM_SHM=0: Gloo's TCP pairs
 //                     always (what ranks on different hosts use), against gloo_ring for the overhead
 //   gloo_ring         gloo::allreduce(opts) with Algorithm::RING and gloo::sum<float>, on a second Gloo
@@ -152,6 +154,17 @@ void bm_engine(benchmark::State& state, dist::ProcessGroup& pg) {
       });
 }
 
+// The engine on a tensor in the group's comm_buffer, as DDP's buckets are (in place in shared memory
+// on one host).
+void bm_engine_buffer(benchmark::State& state) {
+  const int64_t bytes = state.range(0), n = bytes / 4;
+  dist::ProcessGroup& pg = *job().engine;
+  Tensor t = pg.comm_buffer(n, kFloat32, Device::cpu());
+  time_loop(
+      state, bytes, [&] { t.fill_(1.0); }, [&] { pg.allreduce(t)->wait(pg.timeout()); },
+      [&] { return all_equal(t.data<float>(), static_cast<size_t>(n), static_cast<float>(job().world)); });
+}
+
 void bm_gloo(benchmark::State& state, gloo::AllreduceOptions::Algorithm algorithm) {
   const int64_t bytes = state.range(0), n = bytes / 4;
   std::vector<float> buf(static_cast<size_t>(n), 1.0f);
@@ -264,6 +277,7 @@ int main(int argc, char** argv) {
   // affects the ratios at a size less than it would if each variant swept all sizes in turn.
   std::vector<std::pair<std::string, std::function<void(benchmark::State&)>>> variants = {
       {"engine", [](benchmark::State& s) { bm_engine(s, *job().engine); }},
+      {"engine_buffer", [](benchmark::State& s) { bm_engine_buffer(s); }},
       {"engine_tcp", [](benchmark::State& s) { bm_engine(s, *job().engine_tcp); }},
       {"gloo_ring", [](benchmark::State& s) { bm_gloo(s, Algorithm::RING); }},
       {"gloo_bcube", [](benchmark::State& s) { bm_gloo(s, Algorithm::BCUBE); }},

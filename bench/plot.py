@@ -102,7 +102,7 @@ def view_suffix(data):
 
 
 # The engine's own variants; the others are Gloo called directly.
-ENGINE_VARIANTS = ("engine", "engine_tcp", "nccl")
+ENGINE_VARIANTS = ("engine", "engine_buffer", "engine_tcp", "nccl")
 
 
 def human(nbytes):
@@ -122,15 +122,20 @@ def plot_allreduce(data, outdir):
     for variant, pts in sorted(runs.items()):
         xs = sorted(pts)
         ax1.plot(xs, [pts[x][1] for x in xs], "o-", lw=2.5 if variant in ENGINE_VARIANTS else 1.2, label=variant)
-    ratios, same = [], []
+    ratios, same, inplace = [], [], []
     for s in sizes:
         best = min((runs[v][s][0] for v in raw if s in runs[v]), default=None)
         if "engine" in runs and s in runs["engine"] and best:
             ratios.append((s, runs["engine"][s][0] / best))
+        if "engine_buffer" in runs and s in runs["engine_buffer"] and best:
+            inplace.append((s, runs["engine_buffer"][s][0] / best))
         if "engine_tcp" in runs and s in runs["engine_tcp"] and s in runs.get("gloo_ring", {}):
             same.append((s, runs["engine_tcp"][s][0] / runs["gloo_ring"][s][0]))
     ax2.plot([r[0] for r in ratios], [r[1] for r in ratios], "o-", color="tab:blue",
              label="engine (shared memory on one host) / fastest raw Gloo variant")
+    if inplace:
+        ax2.plot([r[0] for r in inplace], [r[1] for r in inplace], "^-", color="tab:purple",
+                 label="engine_buffer (in place, DDP's buckets) / fastest raw Gloo variant")
     ax2.plot([r[0] for r in same], [r[1] for r in same], "s--", color="tab:green",
              label="engine_tcp / gloo_ring (the call the engine's TCP path makes)")
     ax2.legend(fontsize=8)
@@ -155,18 +160,16 @@ def plot_allreduce(data, outdir):
 
     variants = [v for v in ENGINE_VARIANTS if v in runs] + sorted(v for v in runs if v not in ENGINE_VARIANTS)
     lines = ["| size | " + " | ".join(f"{v} median us (bus GB/s)" for v in variants) +
-             " | engine_tcp / gloo_ring | engine / fastest raw Gloo |",
-             "|---|" + "---:|" * (len(variants) + 2)]
-    ratio_of, same_of = dict(ratios), dict(same)
+             " | engine_tcp / gloo_ring | engine / fastest raw Gloo | engine_buffer / fastest raw Gloo |",
+             "|---|" + "---:|" * (len(variants) + 3)]
+    columns = (dict(same), dict(ratios), dict(inplace))
     for s in sizes:
         cells = []
         for v in variants:
             t = runs.get(v, {}).get(s)
             cells.append(f"{t[0]:.0f} ({t[1]:.2f})" if t else "")
-        r = ratio_of.get(s)
-        q = same_of.get(s)
-        lines.append(f"| {human(s)} | " + " | ".join(cells) + (f" | {q:.2f}" if q else " |") +
-                     (f" | {r:.2f} |" if r else " | |"))
+        cells += [f"{c[s]:.2f}" if s in c else "" for c in columns]
+        lines.append(f"| {human(s)} | " + " | ".join(cells) + " |")
     md = os.path.join(outdir, "allreduce.md")
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -673,9 +673,16 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor>& outputs, 
   const int world = size_;
   Tensor in = input;
   std::vector<Tensor> outs = outputs;
-  return impl_->enqueue(desc, [in, outs, world, context, timeout](uint32_t tag) mutable {
+  ShmAllreduce* shm = impl_->shm.get();  // lives as long as the worker thread
+  return impl_->enqueue(desc, [in, outs, world, context, timeout, shm](uint32_t tag) mutable {
     const size_t nbytes = in.nbytes();
     if (nbytes == 0) return;
+    if (shm) {
+      std::vector<void*> out_ptrs;
+      for (auto& o : outs) out_ptrs.push_back(o.raw_data());
+      shm->allgather(in.raw_data(), out_ptrs, nbytes, timeout);
+      return;
+    }
     std::vector<uint8_t> flat(nbytes * world);
     gloo::AllgatherOptions opts(context);
     opts.setInput(static_cast<uint8_t*>(in.raw_data()), nbytes);

@@ -20,8 +20,9 @@
 // Intra-host all-reduce: when every rank shares this host, allreduce runs through one
 // shared-memory segment (dist/shm_allreduce.h) instead of Gloo's TCP pairs over loopback, with
 // the same ordering, timeout and failure rules (a late peer is named; a peer whose process is
-// gone fails the collective at once); TANDEM_SHM=0 turns it off. Broadcast goes the same way
-// (DDP broadcasts the BatchNorm buffers every iteration); allgather and barrier always use Gloo.
+// gone fails the collective at once); TANDEM_SHM=0 turns it off. Broadcast (DDP broadcasts the
+// BatchNorm buffers every iteration) and allgather (SyncBatchNorm's statistics) go the same way;
+// barrier always uses Gloo.
 // Network interface: TANDEM_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME) when set; otherwise the local
 // address whose route reaches MASTER_ADDR (127.0.0.1 for loopback jobs); otherwise the
 // hostname's address. Gloo's headers stay out of this header (pimpl).

@@ -49,7 +49,13 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 constexpr size_t kPage = 4096;
 constexpr size_t kSmallBytes = 64 * 1024;  // chunks up to this are reduced whole by every rank
-constexpr int32_t kBroadcast = -2;         // RankControl::buffer of a rank in a broadcast
+// RankControl::buffer of a rank in a broadcast / an all-gather (an all-reduce publishes -1 or
+// the buffer it runs in).
+constexpr int32_t kBroadcast = -2, kAllgather = -3;
+
+const char* kind_name(int32_t buffer) {
+  return buffer == kBroadcast ? "a broadcast" : buffer == kAllgather ? "an all-gather" : "an all-reduce";
+}
 constexpr int kSpins = 2000;               // pause loops before sleeping on the futex
 constexpr Millis kSlice{50};               // futex sleep between liveness checks
 
@@ -379,10 +385,9 @@ bool ShmAllreduce::agree(int32_t buffer, int64_t offset, size_t count, size_t el
   for (int q = 0; q < size_; ++q) {
     const int32_t b = ctl[q].buffer.load();
     const int64_t o = ctl[q].offset.load();
-    if ((b == kBroadcast) != (buffer == kBroadcast))
-      TANDEM_FAIL("the ranks disagree on the collective: rank ", q, " is in ",
-                  b == kBroadcast ? "a broadcast" : "an all-reduce", ", rank ", rank_, " in ",
-                  buffer == kBroadcast ? "a broadcast" : "an all-reduce");
+    if (std::string(kind_name(b)) != kind_name(buffer))
+      TANDEM_FAIL("the ranks disagree on the collective: rank ", q, " is in ", kind_name(b), ", rank ", rank_,
+                  " in ", kind_name(buffer));
     if (buffer == kBroadcast && o != offset)
       TANDEM_FAIL("the ranks disagree on the broadcast's root: rank ", q, " names ", o, ", rank ", rank_,
                   " names ", offset);
@@ -408,6 +413,29 @@ void ShmAllreduce::broadcast(void* data, size_t nbytes, int root, Millis timeout
     if (rank_ == root) std::memcpy(slot(set, root), bytes + off, n);
     barrier(deadline, timeout);
     if (rank_ != root) std::memcpy(bytes + off, slot(set, root), n);
+  }
+}
+
+void ShmAllreduce::allgather(const void* input, const std::vector<void*>& outputs, size_t nbytes,
+                             Millis timeout) {
+  TANDEM_CHECK(static_cast<int>(outputs.size()) == size_, "allgather: ", outputs.size(), " outputs for ", size_,
+               " ranks");
+  const auto deadline = Clock::now() + timeout;
+  agree(kAllgather, 0, nbytes, 1, deadline, timeout);
+  const auto* in = static_cast<const unsigned char*>(input);
+  for (size_t off = 0; off < nbytes; off += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, nbytes - off);
+    const int set = set_;
+    set_ ^= 1;
+    // As broadcast: a set is written again only past the next chunk's (or call's) first barrier,
+    // which every rank reaches after it has read this one.
+    std::memcpy(slot(set, rank_), in + off, n);
+    barrier(deadline, timeout);
+    for (int q = 0; q < size_; ++q) {
+      auto* out = static_cast<unsigned char*>(outputs[static_cast<size_t>(q)]) + off;
+      const unsigned char* from = q == rank_ ? in + off : slot(set, q);
+      if (out != from) std::memcpy(out, from, n);  // an output may be the input itself
+    }
   }
 }
 

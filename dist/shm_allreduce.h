@@ -1,4 +1,4 @@
-// ShmAllreduce: all-reduce (and broadcast) between the ranks of one host through shared memory,
+// ShmAllreduce: all-reduce (and broadcast, all-gather) between the ranks of one host through shared memory,
 // the intra-host transport of ProcessGroupGloo (Gloo's TCP pairs over loopback cost two kernel
 // copies per byte and per hop, on the cores that also compute).
 // Owns: the mapping of the segment (POSIX shm, named only while the ranks attach, then
@@ -61,6 +61,9 @@ class ShmAllreduce {
   // Copies root's `nbytes` at `data` to every rank's `data`, chunk by chunk through root's slots
   // (root writes, barrier, the others read). Same timeout, failure and size-check rules.
   void broadcast(void* data, size_t nbytes, int root, Millis timeout);
+  // outputs[r] (size() of them, nbytes each) receives rank r's `nbytes` at `input`, chunk by chunk
+  // through every rank's slot (each writes its own, barrier, each reads all).
+  void allgather(const void* input, const std::vector<void*>& outputs, size_t nbytes, Millis timeout);
 
   // A zero-filled buffer of `bytes` that every rank maps (collective through `store`: every rank
   // calls it in the same order with the same size). data is null on every rank when any rank

@@ -430,6 +430,20 @@ TEST_P(GlooRanks, MismatchedCollectivesFailNamingTheRanks) {
       ranks(),
       [](ProcessGroupGloo& pg, Store&) {
         Tensor t = Tensor::ones({64}, kFloat32);
+        std::vector<Tensor> outs;
+        for (int k = 0; k < pg.size(); ++k) outs.push_back(Tensor::zeros({64}, kFloat32));
+        const std::string msg = error_of([&] {
+          if (pg.rank() == 0) pg.allgather(outs, t)->wait(pg.timeout());
+          else pg.broadcast(t, 0)->wait(pg.timeout());
+        });
+        CHILD_CHECK(contains(msg, "the ranks disagree on the collective: rank ") && contains(msg, "an all-gather"),
+                    msg);
+      },
+      options()));
+  expect_all_ok(run_job(
+      ranks(),
+      [](ProcessGroupGloo& pg, Store&) {
+        Tensor t = Tensor::ones({64}, kFloat32);
         const std::string msg = error_of([&] { pg.broadcast(t, pg.rank() == 0 ? 0 : 1)->wait(pg.timeout()); });
         CHILD_CHECK(contains(msg, "the ranks disagree on the broadcast's root: rank "), msg);
       },
@@ -460,6 +474,17 @@ TEST_P(GlooRanks, AllgatherPutsEachRanksInputInItsSlot) {
       for (int64_t i = 0; i < big; i += 997)
         CHILD_CHECK(bouts[k].data<float>()[i] == static_cast<float>(i % 4096 + k * 10000), "slot ", k,
                     " index ", i);
+    // 9 MiB a rank: several 4 MiB slots on the shared-memory path.
+    const int64_t huge = (int64_t{9} << 20) / 4 + 5;
+    Tensor hin = Tensor::empty({huge}, kFloat32);
+    for (int64_t i = 0; i < huge; ++i) hin.data<float>()[i] = static_cast<float>(i % 8191 + r * 10000);
+    std::vector<Tensor> houts;
+    for (int k = 0; k < n; ++k) houts.push_back(Tensor::zeros({huge}, kFloat32));
+    pg.allgather(houts, hin)->wait(pg.timeout());
+    for (int k = 0; k < n; ++k)
+      for (int64_t i : {int64_t{0}, int64_t{1} << 20, (int64_t{1} << 21) + 7, huge - 1})
+        CHILD_CHECK(houts[k].data<float>()[i] == static_cast<float>(i % 8191 + k * 10000), "huge slot ", k,
+                    " index ", i, ": ", houts[k].data<float>()[i]);
   }, options()));
 }
 

@@ -10,8 +10,9 @@
 // offset of such a buffer runs in place: rank r sums the r-th part reading the peers' buffers
 // where they lie, barrier, copies the others' parts, barrier (no peer still reads this rank's
 // buffer when the call returns). Half the memory traffic of the slot path, and no staging copy.
-// Every call first publishes (buffer, offset, count, element size) and passes one barrier, so all
-// ranks choose the same path and mismatched sizes fail naming the ranks instead of corrupting.
+// Every call first publishes (kind or buffer, offset or root, count, element size) and passes
+// one barrier, so all ranks choose the same path, and mismatched kinds, roots and sizes fail
+// naming the ranks instead of corrupting data or hanging.
 // Slot path, per chunk of at most slot_bytes: every rank copies its chunk into its slot;
 // barrier; small chunks: every rank reduces all slots itself, in rank order; large ones: rank r
 // reduces the r-th of `size` parts of all slots (in rank order) into its own slot and tensor,
@@ -23,8 +24,9 @@
 // computes); every wait ends by the collective's deadline, and sooner when a peer's process is
 // gone. Errors name the peer: "Timed out waiting 2000ms for rank 1 (pid 4242) ..." or "rank 1
 // (pid 4242) exited ...".
-// Assumes: one worker thread per group calls allreduce (collectives in the same order on every
-// rank, as ProcessGroup requires).
+// Assumes: one worker thread per group calls allreduce, broadcast and allgather (collectives in
+// the same order on every rank, as ProcessGroup requires); allocate() runs on the caller's thread
+// and only uses the store.
 #pragma once
 
 #include <atomic>

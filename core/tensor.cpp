@@ -142,8 +142,16 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     TANDEM_CHECK(s == 0 || nonzero <= INT64_MAX / 16 / s, "shape ", shape_str(shape), " is too large");
     if (s) nonzero *= s;
   }
+  return from_storage(std::make_shared<Storage>(shape_numel(shape) * element_size(dtype), device), shape,
+                      dtype);
+}
+
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype) {
+  const size_t needed = static_cast<size_t>(shape_numel(shape)) * element_size(dtype);
+  TANDEM_CHECK(storage != nullptr && storage->nbytes() >= needed, "Tensor::from_storage: a storage of ",
+               storage ? storage->nbytes() : 0, " bytes is too small for ", dtype_name(dtype), shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * element_size(dtype), device);
+  impl->storage = std::move(storage);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -66,6 +66,9 @@ class Tensor {
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
   static Tensor scalar(double value, DType dtype = kFloat32);
+  // A contiguous tensor over `storage` (which must hold at least the shape's bytes), e.g. memory
+  // owned elsewhere (Storage's release-function constructor).
+  static Tensor from_storage(std::shared_ptr<Storage> storage, const Shape& shape, DType dtype);
 
   // ---- metadata ----
   bool defined() const { return impl_ != nullptr; }

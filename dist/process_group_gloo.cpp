@@ -593,12 +593,8 @@ Tensor ProcessGroupGloo::comm_buffer(int64_t numel, DType dtype, Device device) 
                 impl_->store->address(), " failed: ", e.what());
   }
   if (!b.data) return ProcessGroup::comm_buffer(numel, dtype, device);  // every rank falls back alike
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(b.data, bytes, device, std::move(b.release));
-  impl->shape = {numel};
-  impl->strides = contiguous_strides(impl->shape);
-  impl->dtype = dtype;
-  return Tensor(std::move(impl));
+  return Tensor::from_storage(std::make_shared<Storage>(b.data, bytes, device, std::move(b.release)), {numel},
+                              dtype);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -146,6 +147,30 @@ std::string map_segment(const std::string& name, size_t bytes, bool create, bool
   return error;
 }
 
+// Publishes this rank's outcome of a set-up step ("" = ok) under `prefix` + rank, waits (bounded
+// by `timeout`) for every rank's, runs `after_wait` either way (unlinking a name no rank needs any
+// more), and returns the first rank whose step failed with its reason, or -1 when all succeeded.
+// Every rank reads the same answers, so every rank takes the same decision.
+std::pair<int, std::string> first_failure(Store& store, const std::string& prefix, int rank, int size,
+                                          const std::string& mine, Millis timeout,
+                                          const std::function<void()>& after_wait) {
+  store.set_string(prefix + std::to_string(rank), mine.empty() ? "ok" : mine);
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+  try {
+    store.wait(keys, timeout);
+  } catch (...) {
+    after_wait();
+    throw;
+  }
+  after_wait();
+  for (int r = 0; r < size; ++r) {
+    const std::string state = store.get_string(keys[static_cast<size_t>(r)]);
+    if (state != "ok") return {r, state};
+  }
+  return {-1, ""};
+}
+
 }  // namespace
 
 // The buffers made by allocate(): per buffer, its mapped size and where each rank's copy is
@@ -228,22 +253,12 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(Store& store, const std::stri
   }
   auto* ctl = static_cast<RankControl*>(self->base_);
   if (self->base_) ctl[rank].pid.store(static_cast<int32_t>(getpid()));
-  store.set_string(key + "attached/" + std::to_string(rank), error.empty() ? "ok" : error);
-  std::vector<std::string> attached;
-  for (int r = 0; r < size; ++r) attached.push_back(key + "attached/" + std::to_string(r));
-  try {
-    store.wait(attached, timeout);
-  } catch (...) {
+  const auto [failed, reason] = first_failure(store, key + "attached/", rank, size, error, timeout, [&] {
     if (rank == 0) shm_unlink(name.c_str());
-    throw;
-  }
-  if (rank == 0) shm_unlink(name.c_str());
-  for (int r = 0; r < size; ++r) {
-    const std::string state = store.get_string(attached[static_cast<size_t>(r)]);
-    if (state != "ok") {
-      why_not = "rank " + std::to_string(r) + " could not attach the segment: " + state;
-      return nullptr;  // the destructor unmaps
-    }
+  });
+  if (failed >= 0) {
+    why_not = "rank " + std::to_string(failed) + " could not attach the segment: " + reason;
+    return nullptr;  // the destructor unmaps
   }
   return self;
 }
@@ -304,20 +319,16 @@ ShmAllreduce::Buffer ShmAllreduce::allocate(Store& store, size_t bytes, Millis t
     if (!theirs.empty() && theirs[0] == '!') error = "rank " + std::to_string(q) + ": " + theirs.substr(1);
     else error = map_segment(theirs, mapped, false, false, at(q));
   }
-  store.set_string(key + "mapped/" + std::to_string(rank_), error.empty() ? "ok" : error);
-  std::vector<std::string> keys;
-  for (int q = 0; q < size_; ++q) keys.push_back(key + "mapped/" + std::to_string(q));
+  int failed = -1;
   try {
-    store.wait(keys, timeout);
+    failed = first_failure(store, key + "mapped/", rank_, size_, error, timeout, [&] {
+               if (base[static_cast<size_t>(rank_)]) shm_unlink(name.c_str());
+             }).first;
   } catch (...) {
-    if (base[static_cast<size_t>(rank_)]) shm_unlink(name.c_str());
     Registry::unmap(base, mapped);
     throw;
   }
-  if (base[static_cast<size_t>(rank_)]) shm_unlink(name.c_str());
-  bool all_ok = true;
-  for (const auto& k : keys) all_ok = all_ok && store.get_string(k) == "ok";
-  if (!all_ok) {
+  if (failed >= 0) {
     Registry::unmap(base, mapped);
     return {};
   }
@@ -439,14 +450,27 @@ void ShmAllreduce::allgather(const void* input, const std::vector<void*>& output
   }
 }
 
+namespace {
+
+// How `n` elements split into one part per rank: rank r owns [lo(r), hi(r)). Parts are whole cache
+// lines (of 4-byte elements) where n allows; the last ones may be short or empty.
+struct Parts {
+  size_t n, part;
+  Parts(size_t count, size_t elem_size, int ranks)
+      : n(count),
+        part(round_up((count + static_cast<size_t>(ranks) - 1) / static_cast<size_t>(ranks),
+                      std::max<size_t>(1, 64 / elem_size))) {}
+  size_t lo(int r) const { return std::min(n, static_cast<size_t>(r) * part); }
+  size_t hi(int r) const { return std::min(n, static_cast<size_t>(r + 1) * part); }
+};
+
+}  // namespace
+
 void ShmAllreduce::reduce_in_place(unsigned char* data, const std::vector<unsigned char*>& peers, size_t count,
                                    size_t elem_size, const ReduceFn& fn, Clock::time_point deadline,
                                    Millis timeout) {
-  const size_t align = std::max<size_t>(1, 64 / elem_size);
-  const size_t part = round_up((count + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_), align);
-  auto lo_of = [&](int r) { return std::min(count, static_cast<size_t>(r) * part); };
-  auto hi_of = [&](int r) { return std::min(count, static_cast<size_t>(r + 1) * part); };
-  const size_t lo = lo_of(rank_), hi = hi_of(rank_);
+  const Parts parts(count, elem_size, size_);
+  const size_t lo = parts.lo(rank_), hi = parts.hi(rank_);
   if (hi > lo) {
     // Only this rank writes its part of its own buffer, and no peer reads that part: each reads
     // its own part of every buffer. The sum starts from this rank's values; one rank computes
@@ -457,9 +481,9 @@ void ShmAllreduce::reduce_in_place(unsigned char* data, const std::vector<unsign
   }
   barrier(deadline, timeout);
   for (int q = 0; q < size_; ++q) {
-    if (q == rank_ || hi_of(q) <= lo_of(q)) continue;
-    const size_t at = lo_of(q) * elem_size;
-    std::memcpy(data + at, peers[static_cast<size_t>(q)] + at, (hi_of(q) - lo_of(q)) * elem_size);
+    if (q == rank_ || parts.hi(q) <= parts.lo(q)) continue;
+    const size_t at = parts.lo(q) * elem_size;
+    std::memcpy(data + at, peers[static_cast<size_t>(q)] + at, (parts.hi(q) - parts.lo(q)) * elem_size);
   }
   barrier(deadline, timeout);  // every peer has copied this rank's part: the caller may write it again
 }
@@ -467,8 +491,6 @@ void ShmAllreduce::reduce_in_place(unsigned char* data, const std::vector<unsign
 void ShmAllreduce::reduce_through_slots(unsigned char* bytes, size_t count, size_t elem_size, const ReduceFn& fn,
                                         Clock::time_point deadline, Millis timeout) {
   const size_t chunk_elems = slot_bytes_ / elem_size;
-  // Parts of a split chunk are whole cache lines (of 4-byte elements) where the chunk allows.
-  const size_t align = std::max<size_t>(1, 64 / elem_size);
   for (size_t off = 0; off < count; off += chunk_elems) {
     const size_t n = std::min(chunk_elems, count - off);
     const size_t nbytes = n * elem_size;
@@ -483,10 +505,8 @@ void ShmAllreduce::reduce_through_slots(unsigned char* bytes, size_t count, size
       for (int q = 2; q < size_; ++q) fn(mine, mine, slot(set, q), n);
       continue;
     }
-    const size_t part = round_up((n + static_cast<size_t>(size_) - 1) / static_cast<size_t>(size_), align);
-    auto lo_of = [&](int r) { return std::min(n, static_cast<size_t>(r) * part); };
-    auto hi_of = [&](int r) { return std::min(n, static_cast<size_t>(r + 1) * part); };
-    const size_t lo = lo_of(rank_), hi = hi_of(rank_);
+    const Parts parts(n, elem_size, size_);
+    const size_t lo = parts.lo(rank_), hi = parts.hi(rank_);
     if (hi > lo) {
       // Only this rank reads or writes this range of any slot until the next barrier. The sum
       // goes into this rank's tensor (its own slot is still an operand), then to its slot.
@@ -497,9 +517,9 @@ void ShmAllreduce::reduce_through_slots(unsigned char* bytes, size_t count, size
     }
     barrier(deadline, timeout);
     for (int q = 0; q < size_; ++q) {
-      if (q == rank_ || hi_of(q) <= lo_of(q)) continue;
-      const size_t at = lo_of(q) * elem_size;
-      std::memcpy(mine + at, slot(set, q) + at, (hi_of(q) - lo_of(q)) * elem_size);
+      if (q == rank_ || parts.hi(q) <= parts.lo(q)) continue;
+      const size_t at = parts.lo(q) * elem_size;
+      std::memcpy(mine + at, slot(set, q) + at, (parts.hi(q) - parts.lo(q)) * elem_size);
     }
   }
 }

@@ -143,7 +143,6 @@ BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, con
                                                  momentum, eps);
 }
 
-
 BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
                                                    const Tensor& code, const Tensor& winner,
                                                    const Tensor& weight, const Tensor& bias,

@@ -29,9 +29,22 @@ struct Conv2dBackward final : Node {
   }
 };
 
-struct BatchNormBackward final : Node {
-  Tensor x, w, save_mean, save_invstd;
-  bool training;
+// What every batch-norm backward node keeps from its forward (`r`: the kernel's forward result).
+struct BatchNormSaved {
+  Tensor x, w, b, save_mean, save_invstd;
+  bool training = false;
+  template <typename Forward>
+  void save(const Tensor& input, const Tensor& weight, const Tensor& bias, const Forward& r, bool train) {
+    x = input.detach();
+    w = weight.defined() ? weight.detach() : Tensor();
+    b = bias.defined() ? bias.detach() : Tensor();
+    save_mean = r.save_mean;
+    save_invstd = r.save_invstd;
+    training = train;
+  }
+};
+
+struct BatchNormBackward final : Node, BatchNormSaved {
   std::string name() const override { return "BatchNormBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     auto r = kernels::batch_norm_backward(g[0], x, w, save_mean, save_invstd, training, needs_input_grad(0),
@@ -40,9 +53,7 @@ struct BatchNormBackward final : Node {
   }
 };
 
-struct BatchNormReluBackward final : Node {
-  Tensor x, w, b, save_mean, save_invstd;
-  bool training;
+struct BatchNormReluBackward final : Node, BatchNormSaved {
   std::string name() const override { return "BatchNormReluBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     auto r = kernels::batch_norm_relu_backward(g[0], x, w, b, save_mean, save_invstd, training,
@@ -51,9 +62,8 @@ struct BatchNormReluBackward final : Node {
   }
 };
 
-struct BatchNormReluMaxPool2dBackward final : Node {
-  Tensor x, code, winner, w, b, save_mean, save_invstd;
-  bool training;
+struct BatchNormReluMaxPool2dBackward final : Node, BatchNormSaved {
+  Tensor code, winner;
   std::string name() const override { return "BatchNormReluMaxPool2dBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     auto r = kernels::batch_norm_relu_max_pool2d_backward(g[0], x, code, winner, w, b, save_mean, save_invstd,
@@ -197,6 +207,20 @@ struct LowpLinearBackward final : Node {
   }
 };
 
+// Records the backward node N of y = op(x, w, b) for conv2d and linear (and their low-precision
+// forms): it keeps x, w, whether there is a bias and, for convolutions, the geometry.
+template <typename N>
+void record_weighted(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b,
+                     const kernels::Conv2dArgs& args = {}) {
+  if (!autograd::any_requires_grad({x, w, b})) return;
+  auto n = make_node<N>();
+  n->x = x.detach();
+  n->w = w.detach();
+  n->has_bias = b.defined();
+  if constexpr (requires(N& m) { m.args; }) n->args = args;
+  autograd::record(n, {x, w, b}, {&y});
+}
+
 // Differentiable cast (undefined and same-dtype tensors pass through).
 Tensor cast_to(const Tensor& t, DType d) {
   if (!t.defined() || t.dtype() == d) return t;
@@ -231,25 +255,11 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
   if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
     const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
     Tensor y = kernels::lowp_conv2d_forward(xl, wl, bl, args);
-    if (autograd::any_requires_grad({xl, wl, bl})) {
-      auto n = make_node<LowpConv2dBackward>();
-      n->x = xl.detach();
-      n->w = wl.detach();
-      n->args = args;
-      n->has_bias = bl.defined();
-      autograd::record(n, {xl, wl, bl}, {&y});
-    }
+    record_weighted<LowpConv2dBackward>(y, xl, wl, bl, args);
     return y;
   }
   Tensor y = kernels::conv2d_forward(x, weight, bias, args);
-  if (autograd::any_requires_grad({x, weight, bias})) {
-    auto n = make_node<Conv2dBackward>();
-    n->x = x.detach();
-    n->w = weight.detach();
-    n->args = args;
-    n->has_bias = bias.defined();
-    autograd::record(n, {x, weight, bias}, {&y});
-  }
+  record_weighted<Conv2dBackward>(y, x, weight, bias, args);
   return y;
 }
 
@@ -259,11 +269,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
   auto r = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormBackward>();
-    n->x = x.detach();
-    n->w = weight.defined() ? weight.detach() : Tensor();
-    n->save_mean = r.save_mean;
-    n->save_invstd = r.save_invstd;
-    n->training = training;
+    n->save(x, weight, bias, r, training);
     autograd::record(n, {x, weight, bias}, {&r.output});
   }
   return r.output;
@@ -278,12 +284,7 @@ Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Ten
   auto r = kernels::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluBackward>();
-    n->x = x.detach();
-    n->w = weight.defined() ? weight.detach() : Tensor();
-    n->b = bias.defined() ? bias.detach() : Tensor();
-    n->save_mean = r.save_mean;
-    n->save_invstd = r.save_invstd;
-    n->training = training;
+    n->save(x, weight, bias, r, training);
     autograd::record(n, {x, weight, bias}, {&r.output});
   }
   return r.output;
@@ -303,14 +304,9 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean
                                                        momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluMaxPool2dBackward>();
-    n->x = x.detach();
+    n->save(x, weight, bias, r, training);
     n->code = r.code;
     n->winner = r.winner;
-    n->w = weight.defined() ? weight.detach() : Tensor();
-    n->b = bias.defined() ? bias.detach() : Tensor();
-    n->save_mean = r.save_mean;
-    n->save_invstd = r.save_invstd;
-    n->training = training;
     autograd::record(n, {x, weight, bias}, {&r.output});
   }
   return r.output;
@@ -345,23 +341,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
     const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
     Tensor y = kernels::lowp_linear_forward(xl, wl, bl);
-    if (autograd::any_requires_grad({xl, wl, bl})) {
-      auto n = make_node<LowpLinearBackward>();
-      n->x = xl.detach();
-      n->w = wl.detach();
-      n->has_bias = bl.defined();
-      autograd::record(n, {xl, wl, bl}, {&y});
-    }
+    record_weighted<LowpLinearBackward>(y, xl, wl, bl);
     return y;
   }
   Tensor y = kernels::linear_forward(x, weight, bias);
-  if (autograd::any_requires_grad({x, weight, bias})) {
-    auto n = make_node<LinearBackward>();
-    n->x = x.detach();
-    n->w = weight.detach();
-    n->has_bias = bias.defined();
-    autograd::record(n, {x, weight, bias}, {&y});
-  }
+  record_weighted<LinearBackward>(y, x, weight, bias);
   return y;
 }
 

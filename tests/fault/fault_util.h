@@ -207,6 +207,31 @@ inline std::set<std::string> shm_entries() {
   return out;
 }
 
+// The creating process's pid of a shared-memory segment of the engine ("tandem-<pid>-<nonce>"),
+// or 0 for any other /dev/shm entry.
+inline pid_t shm_creator(const std::string& entry) {
+  static const std::string prefix = "tandem-";
+  if (entry.rfind(prefix, 0) != 0) return 0;
+  const size_t end = entry.find('-', prefix.size());
+  if (end == std::string::npos || end == prefix.size()) return 0;
+  const std::string digits = entry.substr(prefix.size(), end - prefix.size());
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return 0;
+  return static_cast<pid_t>(std::stol(digits));
+}
+
+// The engine's segments in /dev/shm that were not in `before` and that no process can still
+// unlink: their creator is `owner` (a process whose jobs have all finished) or has exited. Segments
+// of other live processes (tests running beside this one) are theirs to clean, not leaks.
+inline std::vector<std::string> leaked_shm_segments(const std::set<std::string>& before, pid_t owner = 0) {
+  std::vector<std::string> out;
+  for (const auto& entry : shm_entries()) {
+    const pid_t creator = shm_creator(entry);
+    if (creator == 0 || before.count(entry)) continue;
+    if (creator == owner || !process_exists(creator)) out.push_back(entry);
+  }
+  return out;
+}
+
 // Local ports in LISTEN state on the machine (IPv4 and IPv6), from /proc/net/tcp{,6}.
 inline std::multiset<int> listening_ports() {
   std::multiset<int> out;

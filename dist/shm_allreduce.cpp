@@ -50,6 +50,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 constexpr size_t kPage = 4096;
 constexpr size_t kSmallBytes = 64 * 1024;  // chunks up to this are reduced whole by every rank
+constexpr size_t kInPlaceBlockBytes = 64 * 1024;  // summed, then copied to the peers, while in L2
 // RankControl::buffer of a rank in a broadcast / an all-gather (an all-reduce publishes -1 or
 // the buffer it runs in).
 constexpr int32_t kBroadcast = -2, kAllgather = -3;
@@ -317,7 +318,7 @@ ShmAllreduce::Buffer ShmAllreduce::allocate(Store& store, size_t bytes, Millis t
     if (q == rank_) continue;
     const std::string theirs = store.get_string(key + "name/" + std::to_string(q));
     if (!theirs.empty() && theirs[0] == '!') error = "rank " + std::to_string(q) + ": " + theirs.substr(1);
-    else error = map_segment(theirs, mapped, false, false, at(q));
+    else error = map_segment(theirs, mapped, false, true, at(q));  // peers' sums of their parts land here
   }
   int failed = -1;
   try {
@@ -471,21 +472,19 @@ void ShmAllreduce::reduce_in_place(unsigned char* data, const std::vector<unsign
                                    Millis timeout) {
   const Parts parts(count, elem_size, size_);
   const size_t lo = parts.lo(rank_), hi = parts.hi(rank_);
-  if (hi > lo) {
-    // Only this rank writes its part of its own buffer, and no peer reads that part: each reads
-    // its own part of every buffer. The sum starts from this rank's values; one rank computes
-    // each part, so every rank ends with the same bits.
-    const size_t at = lo * elem_size;
+  // Every rank owns one part of every buffer: it alone reads or writes that range anywhere until
+  // the barrier. It sums its part into its own buffer, starting from its own values, and writes
+  // the sum into every peer's buffer while the block is still in cache. One rank computes each
+  // part, so every rank ends with the same bits; the barrier says every part is everywhere.
+  const size_t block = std::max<size_t>(1, kInPlaceBlockBytes / elem_size);
+  for (size_t b = lo; b < hi; b += block) {
+    const size_t at = b * elem_size, n = std::min(block, hi - b);
     for (int q = 0; q < size_; ++q)
-      if (q != rank_) fn(data + at, data + at, peers[static_cast<size_t>(q)] + at, hi - lo);
+      if (q != rank_) fn(data + at, data + at, peers[static_cast<size_t>(q)] + at, n);
+    for (int q = 0; q < size_; ++q)
+      if (q != rank_) std::memcpy(peers[static_cast<size_t>(q)] + at, data + at, n * elem_size);
   }
   barrier(deadline, timeout);
-  for (int q = 0; q < size_; ++q) {
-    if (q == rank_ || parts.hi(q) <= parts.lo(q)) continue;
-    const size_t at = parts.lo(q) * elem_size;
-    std::memcpy(data + at, peers[static_cast<size_t>(q)] + at, (parts.hi(q) - parts.lo(q)) * elem_size);
-  }
-  barrier(deadline, timeout);  // every peer has copied this rank's part: the caller may write it again
 }
 
 void ShmAllreduce::reduce_through_slots(unsigned char* bytes, size_t count, size_t elem_size, const ReduceFn& fn,

@@ -8,8 +8,9 @@
 // Buffers (allocate(), behind ProcessGroup::comm_buffer): each rank's buffer is a segment of its
 // own that every peer maps too. An allreduce over a range that every rank passes at the same
 // offset of such a buffer runs in place: rank r sums the r-th part reading the peers' buffers
-// where they lie, barrier, copies the others' parts, barrier (no peer still reads this rank's
-// buffer when the call returns). Half the memory traffic of the slot path, and no staging copy.
+// where they lie and writes the sum into every buffer, block by block while it is in cache, then
+// one barrier (every part is in every buffer, and no peer still touches this rank's buffer, when
+// the call returns). Well under half the memory traffic of the slot path, and no staging copy.
 // Every call first publishes (kind or buffer, offset or root, count, element size) and passes
 // one barrier, so all ranks choose the same path, and mismatched kinds, roots and sizes fail
 // naming the ranks instead of corrupting data or hanging.

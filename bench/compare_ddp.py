@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Benchmarks data-parallel scaling on one machine: tandem-mnist and PyTorch, 1 rank x 1 thread against
-2 ranks x 1 thread.
+2 ranks x 1 thread, and against the machine's ceiling for two processes.
 
-Owns: running four configurations as child processes on the same data and recipe, and reporting
+Owns: running the configurations below as child processes on the same data and recipe, and reporting
 training throughput (samples/s from rank 0's "epoch" metrics lines: samples of all ranks / rank 0's
 training-loop wall time; eval excluded) with the ratios 2 ranks / 1 rank per framework and
 tandem / PyTorch per configuration, as a markdown table on stdout and as JSON (--json-out):
@@ -11,11 +11,21 @@ tandem / PyTorch per configuration, as a markdown table on stdout and as JSON (-
   PyTorch 1 rank : pytorch_mnist.py --threads 1
   PyTorch 2 ranks: pytorch_mnist.py --nproc-per-node 2 --threads 1  (DistributedDataParallel over gloo,
                    DistributedSampler; torchrun's variables set by the script itself)
-Every rank trains --batch-size samples per step, so 2 ranks take half the steps of 1 rank over the
-same --limit samples (the global batch doubles).
+  tandem  pair   : two independent 1-rank runs started together, no communication at all: what two
+                   processes get from this machine's cores, caches and memory bandwidth. Each runs
+                   one epoch more than asked and that last one is not counted, so both are measured
+                   while both train. The pair's samples/s is the sum of the two; its lockstep
+                   samples/s is twice the slower one's, the most that ranks which wait for each
+                   other every step can reach (the two vCPUs are often not equally fast).
+                   (pytorch_pair, the same for PyTorch, runs only when --only names it.)
+2 ranks / lockstep pair is then how much of the reachable scaling DDP delivers.
+Every process runs the same number of steps per epoch (--limit / --batch-size): a 2-rank epoch
+covers 2 x --limit samples, so throughput is compared at the same point of each process's life
+(steps get faster over a process's first seconds).
 Assumes: Linux, 2+ cores; Debian's /usr/bin/python3 with PyTorch 1.13; the tandem binaries built.
 Only the standard library is used here (helpers shared with compare_pytorch.py).
-Guarantees: runs are sequential, never concurrent, interleaved across configurations on each repeat
+Guarantees: runs are sequential (the pair's two processes run together, as one run), interleaved
+across configurations on each repeat
 (so that slow drift in machine load spreads over all four); OMP_NUM_THREADS=MKL_NUM_THREADS=1 and
 --threads 1 for every rank; the 1-minute load average before each run is recorded; a child that
 fails or times out stops the script with its status and the tail of its output.
@@ -25,6 +35,7 @@ Example:
       --tandem-run build/apps/tandem-run --repeats 3 --json-out bench-ddp-cpu.json
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import socket
@@ -37,7 +48,13 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from compare_pytorch import cpu_model, run_measured  # noqa: E402
 
-CONFIGS = [("tandem", 1), ("tandem", 2), ("pytorch", 1), ("pytorch", 2)]
+# (framework, ranks): ranks 0 is the pair of independent 1-rank runs.
+CONFIGS = [("tandem", 1), ("tandem", 2), ("tandem", 0), ("pytorch", 1), ("pytorch", 2), ("pytorch", 0)]
+DEFAULT = ["tandem1", "tandem2", "tandem_pair", "pytorch1", "pytorch2"]
+
+
+def config_name(side, ranks):
+    return f"{side}_pair" if ranks == 0 else f"{side}{ranks}"
 
 
 def parse_args(argv=None):
@@ -47,9 +64,10 @@ def parse_args(argv=None):
     p.add_argument("--python", default="/usr/bin/python3", help="interpreter with PyTorch")
     p.add_argument("--pytorch-script", default=os.path.join(HERE, "pytorch_mnist.py"))
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("--limit", type=int, default=12800, help="training samples per epoch (all ranks)")
+    p.add_argument("--limit", type=int, default=12800,
+                   help="training samples per epoch and process (a 2-rank epoch covers twice as many)")
     p.add_argument("--test-limit", type=int, default=1000, help="test samples (untimed eval)")
-    p.add_argument("--epochs", type=int, default=1,
+    p.add_argument("--epochs", type=int, default=2,
                    help="epochs per run; with more than one the first is dropped as warm-up")
     p.add_argument("--batch-size", type=int, default=64, help="per rank")
     p.add_argument("--optimizer", default="adadelta", choices=["adadelta", "sgd", "adam"])
@@ -57,7 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--only", default=None,
-                   help="comma-separated subset of tandem1,tandem2,pytorch1,pytorch2 (ratios need pairs)")
+                   help="comma-separated subset of tandem1,tandem2,tandem_pair,pytorch1,pytorch2,pytorch_pair "
+                        f"(default {','.join(DEFAULT)}; ratios need both of their configurations)")
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration; samples/s is the median")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--json-out", default=None)
@@ -75,15 +94,16 @@ def free_port():
 
 
 def command(args, side, ranks, metrics):
-    flags = ["--data-dir", args.data_dir, "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+    epochs = args.epochs + 1 if ranks == 0 else args.epochs
+    flags = ["--data-dir", args.data_dir, "--epochs", str(epochs), "--batch-size", str(args.batch_size),
              "--optimizer", args.optimizer, "--lr", str(args.lr), "--seed", str(args.seed),
-             "--limit", str(args.limit), "--test-limit", str(args.test_limit),
+             "--limit", str(args.limit * max(ranks, 1)), "--test-limit", str(args.test_limit),
              "--test-batch-size", str(args.batch_size), "--threads", "1", "--device", "cpu",
              "--metrics-out", metrics]
     if args.no_shuffle:
         flags.append("--no-shuffle")
     if side == "tandem":
-        if ranks == 1:
+        if ranks <= 1:
             return [args.tandem_bin] + flags
         return [args.tandem_run, "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
                 args.tandem_bin, "--launcher", "pytorch"] + flags
@@ -92,18 +112,32 @@ def command(args, side, ranks, metrics):
 
 
 def run_once(args, side, ranks, rep, workdir):
-    return run_measured(f"{side}_{ranks}rank_r{rep}", command(args, side, ranks, "METRICS"), 1, workdir,
-                        args.timeout)
+    if ranks:
+        return run_measured(f"{side}_{ranks}rank_r{rep}", command(args, side, ranks, "METRICS"), 1, workdir,
+                            args.timeout)
+    # The pair: both processes at once. Each counts the epochs a single run would (the first dropped
+    # when there are several) and not its extra last one, which the other may already have left.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = [pool.submit(run_measured, f"{side}_pair{i}_r{rep}", command(args, side, 0, "METRICS"), 1,
+                            workdir, args.timeout) for i in (0, 1)]
+        halves = [j.result() for j in jobs]
+
+    def counted(r):
+        rates = r["epoch_samples_per_s"][:-1]
+        return statistics.mean(rates[1:] if len(rates) > 1 else rates)
+
+    rates = [counted(r) for r in halves]
+    return {"samples_per_s": sum(rates), "lockstep_samples_per_s": 2 * min(rates), "processes": halves,
+            "load_avg_1min_before": min(r["load_avg_1min_before"] for r in halves)}
 
 
 def main(argv=None):
     args = parse_args(argv)
-    configs = CONFIGS
-    if args.only:
-        wanted = {c.strip() for c in args.only.split(",") if c.strip()}
-        configs = [c for c in CONFIGS if f"{c[0]}{c[1]}" in wanted]
-        if not configs:
-            sys.exit(f"--only {args.only!r}: expected some of tandem1,tandem2,pytorch1,pytorch2")
+    wanted = {c.strip() for c in args.only.split(",") if c.strip()} if args.only else set(DEFAULT)
+    configs = [c for c in CONFIGS if config_name(*c) in wanted]
+    unknown = wanted - {config_name(*c) for c in CONFIGS}
+    if unknown or not configs:
+        sys.exit(f"--only {args.only!r}: expected some of {','.join(config_name(*c) for c in CONFIGS)}")
     for side, _ in configs:
         if side == "tandem":
             for b in (args.tandem_bin, args.tandem_run):
@@ -111,9 +145,9 @@ def main(argv=None):
                     sys.exit(f"{b} is not an executable (build the tandem-mnist and tandem-run targets)")
     if not os.path.isdir(args.data_dir):
         sys.exit(f"--data-dir {args.data_dir} not found (run scripts/setup.sh)")
-    if args.limit % (2 * args.batch_size):
-        print(f"note: --limit {args.limit} is not a multiple of 2 x --batch-size: the last batches differ "
-              "between 1 and 2 ranks (DistributedSampler pads each rank to equal length)", file=sys.stderr)
+    if args.limit % args.batch_size:
+        print(f"note: --limit {args.limit} is not a multiple of --batch-size: every epoch ends with a short "
+              "batch", file=sys.stderr)
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"warning: 1-minute load average is {load:.2f}: other work shares the CPUs, so 2-rank "
@@ -129,14 +163,26 @@ def main(argv=None):
 
     res = {}
     for (side, ranks), rs in runs.items():
-        res[f"{side}{ranks}"] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
-                                 "command": command(args, side, ranks, "METRICS"), "runs": rs}
+        res[config_name(side, ranks)] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+                                         "command": command(args, side, ranks, "METRICS"), "runs": rs}
+        if ranks == 0:
+            res[config_name(side, ranks)]["lockstep_samples_per_s"] = statistics.median(
+                r["lockstep_samples_per_s"] for r in rs)
     sps = {k: v["samples_per_s"] for k, v in res.items()}
+    for side in ("tandem", "pytorch"):
+        if side + "_pair" in res:
+            sps[side + "_lockstep"] = res[side + "_pair"]["lockstep_samples_per_s"]
     ratio = lambda a, b: sps[a] / sps[b] if a in sps and b in sps else None  # noqa: E731
     ratios = {"tandem_2_over_1": ratio("tandem2", "tandem1"),
               "pytorch_2_over_1": ratio("pytorch2", "pytorch1"),
               "tandem_over_pytorch_1rank": ratio("tandem1", "pytorch1"),
-              "tandem_over_pytorch_2ranks": ratio("tandem2", "pytorch2")}
+              "tandem_over_pytorch_2ranks": ratio("tandem2", "pytorch2"),
+              "tandem_pair_over_1": ratio("tandem_pair", "tandem1"),
+              "tandem_lockstep_over_1": ratio("tandem_lockstep", "tandem1"),
+              "tandem_2_over_lockstep": ratio("tandem2", "tandem_lockstep"),
+              "pytorch_pair_over_1": ratio("pytorch_pair", "pytorch1"),
+              "pytorch_lockstep_over_1": ratio("pytorch_lockstep", "pytorch1"),
+              "pytorch_2_over_lockstep": ratio("pytorch2", "pytorch_lockstep")}
 
     fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
     recipe = (f"{args.optimizer} lr {args.lr}, batch {args.batch_size} per rank, {args.epochs} epoch(s) of "
@@ -144,14 +190,17 @@ def main(argv=None):
     loads = [r["load_avg_1min_before"] for rs in runs.values() for r in rs]
     print(f"\nDDP scaling on {cpu_model()} ({os.cpu_count()} CPUs); {recipe}; load before runs "
           f"{min(loads):.2f}-{max(loads):.2f}; median of {args.repeats}\n")
-    print("| | 1 rank x 1 thread samples/s | 2 ranks x 1 thread samples/s | 2 ranks / 1 rank |")
-    print("|---|---:|---:|---:|")
-    print(f"| tandem | {fmt(sps.get('tandem1'), '.0f')} | {fmt(sps.get('tandem2'), '.0f')} | "
-          f"{fmt(ratios['tandem_2_over_1'], '.2f')} |")
-    print(f"| PyTorch (gloo) | {fmt(sps.get('pytorch1'), '.0f')} | {fmt(sps.get('pytorch2'), '.0f')} | "
-          f"{fmt(ratios['pytorch_2_over_1'], '.2f')} |")
+    print("| | 1 rank x 1 thread samples/s | 2 ranks x 1 thread samples/s | 2 ranks / 1 rank "
+          "| 2 independent processes: sum / lockstep samples/s | sum / 1 rank | lockstep / 1 rank "
+          "| 2 ranks / lockstep |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for side, name in (("tandem", "tandem"), ("pytorch", "PyTorch (gloo)")):
+        print(f"| {name} | {fmt(sps.get(side + '1'), '.0f')} | {fmt(sps.get(side + '2'), '.0f')} | "
+              f"{fmt(ratios[side + '_2_over_1'], '.2f')} | {fmt(sps.get(side + '_pair'), '.0f')} / "
+              f"{fmt(sps.get(side + '_lockstep'), '.0f')} | {fmt(ratios[side + '_pair_over_1'], '.2f')} | "
+              f"{fmt(ratios[side + '_lockstep_over_1'], '.2f')} | {fmt(ratios[side + '_2_over_lockstep'], '.2f')} |")
     print(f"| tandem / PyTorch | {fmt(ratios['tandem_over_pytorch_1rank'], '.2f')} | "
-          f"{fmt(ratios['tandem_over_pytorch_2ranks'], '.2f')} | |")
+          f"{fmt(ratios['tandem_over_pytorch_2ranks'], '.2f')} | | | | | |")
 
     if args.json_out:
         out = {
@@ -160,7 +209,9 @@ def main(argv=None):
             "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
             "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "keep_logs")},
             "samples_per_s": "median over repeats of the mean over timed epochs of rank 0's epoch lines' "
-                             "samples_per_s (samples of all ranks / rank 0's training-loop seconds)",
+                             "samples_per_s (samples of all ranks / rank 0's training-loop seconds); "
+                             "for a pair, the sum over its two processes of the mean over their middle "
+                             "epochs",
             "results": res, "ratios": ratios,
         }
         with open(args.json_out, "w") as f:

@@ -142,6 +142,7 @@ def run_measured(tag, argv, threads, workdir, timeout):
     return {
         "samples_per_s": statistics.mean(e["samples_per_s"] for e in timed),
         "epoch_seconds": [e["seconds"] for e in epochs],
+        "epoch_samples_per_s": [e["samples_per_s"] for e in epochs],
         "samples": sum(e["samples"] for e in timed),
         "peak_rss_bytes": rss, "wall_s": wall, "last_train_loss": last_loss,
         "load_avg_1min_before": load_before,

@@ -50,7 +50,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 
 constexpr size_t kPage = 4096;
 constexpr size_t kSmallBytes = 64 * 1024;  // chunks up to this are reduced whole by every rank
-constexpr size_t kInPlaceBlockBytes = 64 * 1024;  // summed, then copied to the peers, while in L2
+constexpr size_t kInPlaceBlockBytes = 64 * 1024;  // summed, then copied to every buffer, while in L2
 // RankControl::buffer of a rank in a broadcast / an all-gather (an all-reduce publishes -1 or
 // the buffer it runs in).
 constexpr int32_t kBroadcast = -2, kAllgather = -3;
@@ -361,7 +361,7 @@ void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const R
   // of their copies, if they pass the same range.
   int buffer = -1;
   int64_t offset = -1;
-  std::vector<unsigned char*> peers;
+  std::vector<unsigned char*> copies;
   {
     std::lock_guard<std::mutex> lock(registry_->mu);
     for (const auto& e : registry_->entries) {
@@ -369,13 +369,13 @@ void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const R
       if (bytes < mine || bytes + nbytes > mine + e.bytes) continue;
       buffer = e.id;
       offset = bytes - mine;
-      for (unsigned char* b : e.base) peers.push_back(b + offset);
+      for (unsigned char* b : e.base) copies.push_back(b + offset);
       break;
     }
   }
   const bool same_place = agree(buffer, offset, count, elem_size, deadline, timeout);
   if (same_place && buffer >= 0 && nbytes > kSmallBytes) {
-    reduce_in_place(bytes, peers, count, elem_size, fn, deadline, timeout);
+    reduce_in_place(copies, count, elem_size, fn, deadline, timeout);
     ++in_place_calls_;
   } else {
     reduce_through_slots(bytes, count, elem_size, fn, deadline, timeout);
@@ -467,22 +467,21 @@ struct Parts {
 
 }  // namespace
 
-void ShmAllreduce::reduce_in_place(unsigned char* data, const std::vector<unsigned char*>& peers, size_t count,
-                                   size_t elem_size, const ReduceFn& fn, Clock::time_point deadline,
-                                   Millis timeout) {
+void ShmAllreduce::reduce_in_place(const std::vector<unsigned char*>& copies, size_t count, size_t elem_size,
+                                   const ReduceFn& fn, Clock::time_point deadline, Millis timeout) {
   const Parts parts(count, elem_size, size_);
   const size_t lo = parts.lo(rank_), hi = parts.hi(rank_);
   // Every rank owns one part of every buffer: it alone reads or writes that range anywhere until
-  // the barrier. It sums its part into its own buffer, starting from its own values, and writes
-  // the sum into every peer's buffer while the block is still in cache. One rank computes each
-  // part, so every rank ends with the same bits; the barrier says every part is everywhere.
+  // the barrier. It sums its part block by block in rank order (as the slot path does), into
+  // rank 0's copy, whose values are used first, then writes the sum into every other copy while
+  // the block is still in cache. One rank computes each part, so every rank ends with the same
+  // bits; the barrier says every part is everywhere.
   const size_t block = std::max<size_t>(1, kInPlaceBlockBytes / elem_size);
   for (size_t b = lo; b < hi; b += block) {
     const size_t at = b * elem_size, n = std::min(block, hi - b);
-    for (int q = 0; q < size_; ++q)
-      if (q != rank_) fn(data + at, data + at, peers[static_cast<size_t>(q)] + at, n);
-    for (int q = 0; q < size_; ++q)
-      if (q != rank_) std::memcpy(peers[static_cast<size_t>(q)] + at, data + at, n * elem_size);
+    unsigned char* sum = copies[0] + at;
+    for (int q = 1; q < size_; ++q) fn(sum, sum, copies[static_cast<size_t>(q)] + at, n);
+    for (int q = 1; q < size_; ++q) std::memcpy(copies[static_cast<size_t>(q)] + at, sum, n * elem_size);
   }
   barrier(deadline, timeout);
 }

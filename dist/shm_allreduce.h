@@ -11,6 +11,8 @@
 // where they lie and writes the sum into every buffer, block by block while it is in cache, then
 // one barrier (every part is in every buffer, and no peer still touches this rank's buffer, when
 // the call returns). Well under half the memory traffic of the slot path, and no staging copy.
+// Both paths sum in rank order ((x0 + x1) + x2 ...), so a tensor reduces to the same bits in
+// place or through the slots, on every rank.
 // Every call first publishes (kind or buffer, offset or root, count, element size) and passes
 // one barrier, so all ranks choose the same path, and mismatched kinds, roots and sizes fail
 // naming the ranks instead of corrupting data or hanging.
@@ -96,9 +98,9 @@ class ShmAllreduce {
   unsigned char* slot(int set, int rank) const;
   void reduce_through_slots(unsigned char* data, size_t count, size_t elem_size, const ReduceFn& fn,
                             std::chrono::steady_clock::time_point deadline, Millis timeout);
-  void reduce_in_place(unsigned char* data, const std::vector<unsigned char*>& peers, size_t count,
-                       size_t elem_size, const ReduceFn& fn, std::chrono::steady_clock::time_point deadline,
-                       Millis timeout);
+  // `copies`: every rank's copy of the tensor, in rank order (this rank's own at rank_).
+  void reduce_in_place(const std::vector<unsigned char*>& copies, size_t count, size_t elem_size,
+                       const ReduceFn& fn, std::chrono::steady_clock::time_point deadline, Millis timeout);
 
   std::string prefix_;
   std::shared_ptr<Registry> registry_;  // the buffers; shared with their release functions

@@ -348,6 +348,55 @@ TEST_P(GlooRanks, AllreduceOnCommBufferSlicesIsExactInPlaceOrNot) {
       options()));
 }
 
+// Float sums depend on their order. In shared memory both paths add the ranks' values in rank order,
+// ((x0 + x1) + x2) ..., so a tensor reduces to the same bits in place (a comm_buffer slice) as
+// through the slots (small and large), on every rank. The inputs mix magnitudes 2^20 apart, so any
+// other order would round differently somewhere.
+TEST_P(GlooRanks, AllreduceSumsInRankOrderInPlaceAndThroughTheSlots) {
+  if (!shm()) GTEST_SKIP() << "Gloo's ring adds in its own order";
+  expect_all_ok(run_job(
+      ranks(),
+      [](ProcessGroupGloo& pg, Store&) {
+        auto input = [](int rank, int64_t i) {
+          const float big = static_cast<float>((i * 7 + rank * 13) % 101 - 50) * 1048576.0f;
+          const float small = static_cast<float>((i * 3 + rank * 5) % 17) * 0.3f;
+          return rank % 2 ? small : big;
+        };
+        auto expected = [&](int64_t i) {
+          float sum = input(0, i) + input(1, i);
+          for (int q = 2; q < pg.size(); ++q) sum += input(q, i);
+          return sum;
+        };
+        int64_t order_matters = 0;
+        for (int64_t i = 0; i < 1000; ++i) {
+          float reversed = input(pg.size() - 1, i);
+          for (int q = pg.size() - 2; q >= 0; --q) reversed += input(q, i);
+          order_matters += reversed != expected(i);
+        }
+        CHILD_CHECK(pg.size() < 3 || order_matters > 0, "the inputs do not tell the orders apart");
+        const int64_t n = 300000;
+        Tensor buf = pg.comm_buffer(n, kFloat32, Device::cpu());
+        Tensor plain = Tensor::empty({n}, kFloat32), small = Tensor::empty({1000}, kFloat32);
+        for (Tensor* t : {&buf, &plain, &small}) {
+          float* p = t->data<float>();
+          for (int64_t i = 0; i < t->numel(); ++i) p[i] = input(pg.rank(), i);
+        }
+        const auto before = pg.allreduce_paths();
+        for (Tensor* t : {&buf, &plain, &small}) pg.allreduce(*t)->wait(pg.timeout());
+        const auto after = pg.allreduce_paths();
+        CHILD_CHECK(after.in_place - before.in_place == 1 && after.through_slots - before.through_slots == 2,
+                    "in place ", after.in_place - before.in_place, ", slots ",
+                    after.through_slots - before.through_slots);
+        for (Tensor* t : {&buf, &plain, &small}) {
+          const float* p = t->data<float>();
+          for (int64_t i = 0; i < t->numel(); ++i)
+            CHILD_CHECK(p[i] == expected(i), t->numel(), " elements, index ", i, ": ", std::to_string(p[i]),
+                        " expected ", std::to_string(expected(i)));
+        }
+      },
+      options()));
+}
+
 TEST_P(GlooRanks, AllreduceOfDifferentSizesFailsNamingThem) {
   if (!shm()) GTEST_SKIP() << "Gloo's TCP pairs do not compare sizes";
   expect_all_ok(run_job(

@@ -2,6 +2,9 @@
 # CI stage: the unit and dist suites under AddressSanitizer + UndefinedBehaviorSanitizer,
 # then the threaded parts (store server, process group, reducer/DDP, data loader) under
 # ThreadSanitizer. Own build dirs (build-asan, build-tsan), CPU only, no benchmarks, -O1.
+# The ASan build is portable (TANDEM_NATIVE=OFF: x86-64 baseline, no AVX-512), so the kernels'
+# generic paths, which machines without AVX-512 run, are tested too; the main suite and TSan
+# test the build machine's native paths.
 # Any sanitizer report fails the test that triggered it (-fno-sanitize-recover=all, and
 # halt_on_error below), which fails this script.
 # Budget: measured on the 2-core dev machine (see docs/reliability.md); keep it under
@@ -19,9 +22,9 @@ if command -v ccache >/dev/null; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 
-configure() {  # configure <dir> <sanitizers>
+configure() {  # configure <dir> <sanitizers> <native: ON or OFF>
   cmake -S "$ROOT" -B "$ROOT/$1" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF \
-    -DTANDEM_SANITIZE="$2" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" \
+    -DTANDEM_SANITIZE="$2" -DTANDEM_NATIVE="$3" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" \
     "${launcher[@]}" >/dev/null
 }
 
@@ -32,7 +35,7 @@ for stage in $STAGES; do
   t0=$SECONDS
   case $stage in
     asan)
-      configure build-asan address,undefined
+      configure build-asan address,undefined OFF
       # The executables behind the unit and dist labels (only the folders that have tests).
       targets=$(cmake --build build-asan --target help | grep -oE 'tandem_(core|kernels|nn|optim|data|apps|train|dist)_tests' | sort -u)
       cmake --build build-asan -j"$JOBS" --target $targets tandem-run tandem-mnist
@@ -42,7 +45,7 @@ for stage in $STAGES; do
         ctest --test-dir build-asan -L 'unit|dist' --output-on-failure -j"$JOBS" --timeout "$CTEST_TIMEOUT"
       ;;
     tsan)
-      configure build-tsan thread
+      configure build-tsan thread ON
       cmake --build build-tsan -j"$JOBS" --target tandem_data_tests tandem_dist_tests tandem-run
       # Gloo comes from Debian without TSan instrumentation: see scripts/ci/tsan.supp.
       TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/ci/tsan.supp" \

@@ -128,32 +128,18 @@ template <typename T>
 BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                               const Tensor& running_mean, const Tensor& running_var, bool training,
                               double momentum, double eps, bool relu) {
-  const Tensor x = x_in.contiguous();
-  const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
-  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-  const BnLayout l = detail::bn_layout_of(x);
+  const detail::BnForwardArgs<T> a(x_in, weight_in, bias_in, running_mean, running_var);
+  const BnLayout& l = a.l;
+  const T* xp = a.xp;
   BatchNormForward r;
-  r.output = Tensor::empty(x.shape(), x.dtype());
-  r.save_mean = Tensor::empty({l.C}, x.dtype());
-  r.save_invstd = Tensor::empty({l.C}, x.dtype());
-
-  const T* xp = x.data<T>();
-  const T* wp = weight.defined() ? weight.data<T>() : nullptr;
-  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  r.output = Tensor::empty(a.x.shape(), a.x.dtype());
+  r.save_mean = a.save_mean;
+  r.save_invstd = a.save_invstd;
   T* yp = r.output.data<T>();
-  T* mp = r.save_mean.data<T>();
-  T* ip = r.save_invstd.data<T>();
-  Tensor rm = running_mean, rv = running_var;  // handles to the caller's buffers
-  T* rmp = running_mean.defined() ? rm.data<T>() : nullptr;
-  T* rvp = running_var.defined() ? rv.data<T>() : nullptr;
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      // Updates the running statistics when both are given (training), reads them in eval.
-      const auto [mean, invstd] = detail::channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp);
-      mp[c] = mean;
-      ip[c] = invstd;
-      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
+      const auto [alpha, beta] = a.channel(c, training, momentum, eps);
       for (int64_t n = 0; n < l.N; ++n) {
         const int64_t off = (n * l.C + c) * l.HW;
         if (relu) {
@@ -176,7 +162,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   BatchNormGrads g;
   if (!need_input && !need_weight && !need_bias) return g;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous();
-  const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
+  const Tensor weight = detail::contiguous_if_defined(weight_in);
   const Tensor save_mean = save_mean_in.contiguous(), save_invstd = save_invstd_in.contiguous();
   const BnLayout l = detail::bn_layout_of(x);
   if (need_input) g.input = Tensor::empty(x.shape(), x.dtype());
@@ -185,9 +171,9 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
 
   const T* gyp = gy.data<T>();
   const T* xp = x.data<T>();
-  const T* wp = weight.defined() ? weight.data<T>() : nullptr;
-  const Tensor bias = relu && bias_in.defined() ? bias_in.contiguous() : Tensor();
-  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  const T* wp = detail::data_or_null<T>(weight);
+  const Tensor bias = relu ? detail::contiguous_if_defined(bias_in) : Tensor();
+  const T* bp = detail::data_or_null<T>(bias);
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
   T* gxp = need_input ? g.input.data<T>() : nullptr;

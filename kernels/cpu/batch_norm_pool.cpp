@@ -237,37 +237,25 @@ template <typename T>
 BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                                       const Tensor& running_mean, const Tensor& running_var, bool training,
                                       double momentum, double eps) {
-  const Tensor x = x_in.contiguous();
-  const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
-  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
-  const BnLayout l = detail::bn_layout_of(x);
+  const detail::BnForwardArgs<T> a(x_in, weight_in, bias_in, running_mean, running_var);
+  const BnLayout& l = a.l;
+  const T* xp = a.xp;
+  const Tensor& x = a.x;
   const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
   BatchNormReluPoolForward r;
   r.output = Tensor::empty({l.N, l.C, g.P, g.Q}, x.dtype());
   r.code = Tensor::empty({l.N, l.C, g.P, g.Q}, kUInt8);
   r.winner = Tensor::empty({l.N, l.C, g.P, g.Q}, x.dtype());
-  r.save_mean = Tensor::empty({l.C}, x.dtype());
-  r.save_invstd = Tensor::empty({l.C}, x.dtype());
-
-  const T* xp = x.data<T>();
-  const T* wp = weight.defined() ? weight.data<T>() : nullptr;
-  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  r.save_mean = a.save_mean;
+  r.save_invstd = a.save_invstd;
   T* yp = r.output.data<T>();
   uint8_t* kp = r.code.data<uint8_t>();
   T* xwp = r.winner.data<T>();
-  T* mp = r.save_mean.data<T>();
-  T* ip = r.save_invstd.data<T>();
-  Tensor rm = running_mean, rv = running_var;  // handles to the caller's buffers
-  T* rmp = running_mean.defined() ? rm.data<T>() : nullptr;
-  T* rvp = running_var.defined() ? rv.data<T>() : nullptr;
   const int64_t PQ = g.P * g.Q;
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const auto [mean, invstd] = detail::channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp);
-      mp[c] = mean;
-      ip[c] = invstd;
-      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
+      const auto [alpha, beta] = a.channel(c, training, momentum, eps);
       for (int64_t n = 0; n < l.N; ++n) {
         const T* xs = xp + (n * l.C + c) * l.HW;
         const int64_t o = (n * l.C + c) * PQ;
@@ -288,8 +276,8 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   if (!need_input && !need_weight && !need_bias) return r;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), code = code_in.contiguous();
   const Tensor winner = winner_in.contiguous();
-  const Tensor weight = weight_in.defined() ? weight_in.contiguous() : Tensor();
-  const Tensor bias = bias_in.defined() ? bias_in.contiguous() : Tensor();
+  const Tensor weight = detail::contiguous_if_defined(weight_in);
+  const Tensor bias = detail::contiguous_if_defined(bias_in);
   const Tensor save_mean = save_mean_in.contiguous(), save_invstd = save_invstd_in.contiguous();
   const BnLayout l = detail::bn_layout_of(x);
   const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
@@ -303,8 +291,8 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* xp = x.data<T>();
   const uint8_t* kp = code.data<uint8_t>();
   const T* xwp = winner.data<T>();
-  const T* wp = weight.defined() ? weight.data<T>() : nullptr;
-  const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  const T* wp = detail::data_or_null<T>(weight);
+  const T* bp = detail::data_or_null<T>(bias);
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
   T* dp = scratch.data<T>();

@@ -4,7 +4,8 @@
 // (training: batch mean and biased-variance invstd, running stats updated with momentum and the
 // unbiased variance, as PyTorch; eval: the running ones) and the per-channel affine map
 // y = fma(x, alpha, beta) with its relu, written once so that every fused kernel produces the
-// same bits as batch_norm_relu_forward; the software prefetch of a channel's next plane.
+// same bits as batch_norm_relu_forward; the software prefetch of a channel's next plane; the
+// forwards' common set-up (BnForwardArgs).
 // Assumes: x contiguous; running_mean/running_var contiguous [C] of x's dtype when given.
 // Guarantees: channel_statistics reads only channel c and writes only rm[c], rv[c], so channels
 // may run on different threads; its result does not depend on the thread count.
@@ -114,5 +115,51 @@ BnChannelStats<T> channel_statistics(const T* xp, const BnLayout& l, int64_t c, 
   }
   return {T(mean_d), T(1.0 / std::sqrt(var + eps))};
 }
+
+// An optional input (weight, bias): contiguous when given, else undefined; its elements, or nullptr.
+inline Tensor contiguous_if_defined(const Tensor& t) { return t.defined() ? t.contiguous() : Tensor(); }
+template <typename T>
+const T* data_or_null(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+
+// What every CPU batch-norm forward (plain, +relu, +relu+pool) sets up: x, weight and bias made
+// contiguous, the saved mean and invstd [C] it fills, and the running statistics, updated in place
+// in the caller's buffers (through handles) when given.
+template <typename T>
+struct BnForwardArgs {
+  Tensor x, weight, bias, save_mean, save_invstd, running_mean, running_var;
+  BnLayout l;
+  const T *xp, *wp, *bp;
+  T *mp, *ip, *rmp, *rvp;
+
+  BnForwardArgs(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& rm,
+                const Tensor& rv)
+      : x(x_in.contiguous()),
+        weight(contiguous_if_defined(weight_in)),
+        bias(contiguous_if_defined(bias_in)),
+        running_mean(rm),
+        running_var(rv),
+        l(bn_layout_of(x)) {
+    save_mean = Tensor::empty({l.C}, x.dtype());
+    save_invstd = Tensor::empty({l.C}, x.dtype());
+    xp = x.data<T>();
+    wp = data_or_null<T>(weight);
+    bp = data_or_null<T>(bias);
+    mp = save_mean.data<T>();
+    ip = save_invstd.data<T>();
+    rmp = running_mean.defined() ? running_mean.data<T>() : nullptr;
+    rvp = running_var.defined() ? running_var.data<T>() : nullptr;
+  }
+
+  // Channel c: its statistics (saved; the running ones updated in training, read in eval) and the
+  // affine map the output applies. Touches only channel c, so channels may run on any thread.
+  BnAffine<T> channel(int64_t c, bool training, double momentum, double eps) const {
+    const auto [mean, invstd] = channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp);
+    mp[c] = mean;
+    ip[c] = invstd;
+    return bn_affine_of<T>(invstd, wp, bp, c, mean);
+  }
+};
 
 }  // namespace tandem::kernels::cpu::detail

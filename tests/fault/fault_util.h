@@ -18,6 +18,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -232,37 +233,22 @@ inline std::vector<std::string> leaked_shm_segments(const std::set<std::string>&
   return out;
 }
 
-// Local ports in LISTEN state on the machine (IPv4 and IPv6), from /proc/net/tcp{,6}.
-inline std::multiset<int> listening_ports() {
-  std::multiset<int> out;
-  for (const char* f : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(f);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream row(line);
-      std::string slot, local, remote, state;
-      row >> slot >> local >> remote >> state;
-      if (state != "0A") continue;  // TCP_LISTEN
-      const size_t colon = local.rfind(':');
-      if (colon != std::string::npos) out.insert(std::stoi(local.substr(colon + 1), nullptr, 16));
-    }
-  }
-  return out;
-}
-
-// Listening TCP sockets owned by this process: socket inodes of /proc/self/fd that
-// /proc/net/tcp{,6} lists in LISTEN state.
-inline size_t own_listening_sockets() {
+// The socket inodes of a process's open fds ("socket:[N]" links in /proc/<pid>/fd).
+inline std::set<std::string> socket_inodes(const std::string& proc_dir) {
   std::set<std::string> inodes;
   std::error_code ec;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+  for (auto it = std::filesystem::directory_iterator(proc_dir + "/fd", ec);
        !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     std::error_code lec;
     const std::string target = std::filesystem::read_symlink(it->path(), lec).string();
     if (!lec && target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
   }
-  size_t n = 0;
+  return inodes;
+}
+
+// Sockets in LISTEN state on the machine (IPv4 and IPv6), from /proc/net/tcp{,6}: inode -> port.
+inline std::map<std::string, int> listening_sockets() {
+  std::map<std::string, int> out;
   for (const char* f : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::ifstream in(f);
     std::string line;
@@ -271,9 +257,53 @@ inline size_t own_listening_sockets() {
       std::istringstream row(line);
       std::string field[10];
       for (auto& x : field) row >> x;  // sl local remote st tx:rx tr:when retrnsmt uid timeout inode
-      if (field[3] == "0A" && inodes.count(field[9])) ++n;
+      if (field[3] != "0A") continue;  // TCP_LISTEN
+      const size_t colon = field[1].rfind(':');
+      if (colon != std::string::npos) out[field[9]] = std::stoi(field[1].substr(colon + 1), nullptr, 16);
     }
   }
+  return out;
+}
+
+// The processes holding a socket that listens on `port`. A port that a finished job used may be
+// taken again at once by a test running beside this one, so a check for leftovers asks who listens.
+inline std::vector<pid_t> listening_pids(int port) {
+  std::set<std::string> wanted;
+  for (const auto& [inode, p] : listening_sockets())
+    if (p == port) wanted.insert(inode);
+  std::vector<pid_t> out;
+  if (wanted.empty()) return out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    for (const auto& inode : socket_inodes(e.path().string()))
+      if (wanted.count(inode)) {
+        out.push_back(static_cast<pid_t>(std::stol(name)));
+        break;
+      }
+  }
+  return out;
+}
+
+// Whether a live process's initial environment holds `entry` (e.g. a test's "MARK=<pid>").
+inline bool carries_env(pid_t pid, const std::string& entry) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string env((std::istreambuf_iterator<char>(in)), {});
+  size_t at = 0;
+  while (at < env.size()) {
+    const size_t end = env.find('\0', at);
+    if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, entry) == 0) return true;
+    if (end == std::string::npos) break;
+    at = end + 1;
+  }
+  return false;
+}
+
+// Listening TCP sockets owned by this process.
+inline size_t own_listening_sockets() {
+  const auto own = socket_inodes("/proc/self");
+  size_t n = 0;
+  for (const auto& [inode, port] : listening_sockets()) n += own.count(inode);
   return n;
 }
 

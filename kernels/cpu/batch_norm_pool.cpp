@@ -17,12 +17,15 @@
 //   per-element formula as batch_norm_relu_backward; only the sums' order differs.
 // - the planes of a channel lie a channel stride apart: each pass prefetches the next plane.
 // - float rows use AVX-512 where compiled in (masked loads/stores: nothing outside a row is read
-//   or written); double and non-AVX-512 builds use scalar rows with the same rules.
+//   or written), else AVX2+FMA where compiled in (8 lanes, the row's ragged end in scalar code);
+//   double and other builds use scalar rows with the same rules. The AVX2 relu is the scalar one
+//   (x > 0 or NaN keeps x, else +0), so the AVX2 build's pooled output is bitwise its unfused ops'.
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
 #include "kernels/batch_norm_pool.h"
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/batch_norm_stats.h"
@@ -59,6 +62,63 @@ inline __m512i even_lanes() {
   return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
 }
 inline __m512i odd_lanes() { return _mm512_add_epi32(even_lanes(), _mm512_set1_epi32(1)); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define TANDEM_BN_POOL_AVX2 1
+// Elements 0, 2, ..., 14 (kOdd: 1, 3, ..., 15) of the 16 floats in a, b.
+template <bool kOdd>
+inline __m256 deinterleave(__m256 a, __m256 b) {
+  const __m256 s = _mm256_shuffle_ps(a, b, kOdd ? _MM_SHUFFLE(3, 1, 3, 1) : _MM_SHUFFLE(2, 0, 2, 0));
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+// A lane mask (all ones) of the first n lanes, n clamped to 0..8.
+inline __m256i lanes8(int64_t n) {
+  const int32_t c = int32_t(std::clamp<int64_t>(n, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+// The first n (clamped to 0..8) floats at p, 0 in the other lanes (a row's ragged end: a masked
+// load), and the store of the first n lanes (the ragged end goes through the stack: AMD's masked
+// store is microcoded).
+inline __m256 load8(const float* p, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes8(n));
+}
+inline void store8(float* p, __m256 v, int64_t n) {
+  if (n >= 8) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    for (int64_t i = 0; i < n; ++i) p[i] = tmp[i];
+  }
+}
+// bn_relu_value(v) on 8 lanes: v where v > 0 or NaN, else +0.
+inline __m256 relu8(__m256 v) { return _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NLE_UQ)); }
+// The low bytes of the first n of 8 int32 lanes (values 0..3) stored to out[0..n-1].
+inline void store_codes8(uint8_t* out, __m256i k, int64_t n) {
+  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(k, k), _mm256_setzero_si256());
+  const __m128i v = _mm_unpacklo_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+  if (n == 8) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), v);
+  } else {
+    alignas(16) uint8_t tmp[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tmp), v);
+    for (int64_t i = 0; i < n; ++i) out[i] = tmp[i];
+  }
+}
+// n (<= 4) codes as int32 lanes, each repeated twice: lanes 2i and 2i + 1 hold in[i]; the rest 0.
+inline __m256i load_codes_dup(const uint8_t* in, int64_t n) {
+  int32_t k4 = 0;
+  if (n == 4) {
+    std::memcpy(&k4, in, 4);
+  } else {
+    for (int64_t i = 0; i < n; ++i) k4 |= int32_t(in[i]) << (8 * i);
+  }
+  return _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(k4)),
+                                     _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+}
+inline double hsum(__m256d v) {
+  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
 #endif
 
 // ---- forward: one plane x [H, W] -> y, code, xw (x at the winning position) [P, Q] ----
@@ -101,6 +161,37 @@ void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* 
     }
     return;
   }
+#elif defined(TANDEM_BN_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+    auto act = [&](__m256 xv) { return relu8(_mm256_fmadd_ps(xv, va, vb)); };
+    for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
+      const float* r0 = x + 2 * p * g.W;
+      const float* r1 = r0 + g.W;
+      for (int64_t q0 = 0; q0 < Q; q0 += 8) {
+        // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
+        const int64_t n = std::min<int64_t>(8, Q - q0);
+        const __m256 xa0 = load8(r0 + 2 * q0, 2 * n), xa1 = load8(r0 + 2 * q0 + 8, 2 * n - 8);
+        const __m256 xb0 = load8(r1 + 2 * q0, 2 * n), xb1 = load8(r1 + 2 * q0 + 8, 2 * n - 8);
+        __m256 xbest = deinterleave<false>(xa0, xa1), best = act(xbest);
+        __m256i k = _mm256_setzero_si256();
+        auto take = [&](__m256 xv, int32_t pos) {
+          const __m256 v = act(xv);
+          const __m256 t = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+          best = _mm256_blendv_ps(best, v, t);
+          xbest = _mm256_blendv_ps(xbest, xv, t);
+          k = _mm256_blendv_epi8(k, _mm256_set1_epi32(pos), _mm256_castps_si256(t));
+        };
+        take(deinterleave<true>(xa0, xa1), 1);
+        take(deinterleave<false>(xb0, xb1), 2);
+        take(deinterleave<true>(xb0, xb1), 3);
+        store8(y + q0, best, n);
+        store8(xw + q0, xbest, n);
+        store_codes8(code + q0, k, n);
+      }
+    }
+    return;
+  }
 #endif
   for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
     const T* r0 = x + 2 * p * g.W;
@@ -118,23 +209,43 @@ void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* 
 }
 
 // A channel's backward sums, sum d and sum d * (x_win - mean), in double: scalar rows add one
-// partial sum per plane; the float AVX-512 rows add each plane's per-lane float sums into per-lane
-// doubles ([0..7] and [8..15] of a vector), reduced once per channel.
+// partial sum per plane; the float vector rows add each plane's per-lane float sums into per-lane
+// doubles (the low and high halves of a vector), reduced once per channel.
 template <typename T>
 struct GradSums {
 #if defined(__AVX512F__)
   __m512d dy_lo = _mm512_setzero_pd(), dy_hi = dy_lo, xmu_lo = dy_lo, xmu_hi = dy_lo;
+  // A plane's per-lane float sums of d and d * (x_win - mean).
+  void add(__m512 d, __m512 dxmu) {
+    auto high = [](__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); };
+    dy_lo = _mm512_add_pd(dy_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(d)));
+    dy_hi = _mm512_add_pd(dy_hi, _mm512_cvtps_pd(high(d)));
+    xmu_lo = _mm512_add_pd(xmu_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(dxmu)));
+    xmu_hi = _mm512_add_pd(xmu_hi, _mm512_cvtps_pd(high(dxmu)));
+  }
+#elif defined(TANDEM_BN_POOL_AVX2)
+  __m256d dy_lo = _mm256_setzero_pd(), dy_hi = dy_lo, xmu_lo = dy_lo, xmu_hi = dy_lo;
+  void add(__m256 d, __m256 dxmu) {
+    dy_lo = _mm256_add_pd(dy_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(d)));
+    dy_hi = _mm256_add_pd(dy_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
+    xmu_lo = _mm256_add_pd(xmu_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(dxmu)));
+    xmu_hi = _mm256_add_pd(xmu_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(dxmu, 1)));
+  }
 #endif
   double dy = 0, xmu = 0;
   double sum_dy() const {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) return _mm512_reduce_add_pd(_mm512_add_pd(dy_lo, dy_hi));
+#elif defined(TANDEM_BN_POOL_AVX2)
+    if constexpr (std::is_same_v<T, float>) return hsum(_mm256_add_pd(dy_lo, dy_hi));
 #endif
     return dy;
   }
   double sum_dy_xmu() const {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) return _mm512_reduce_add_pd(_mm512_add_pd(xmu_lo, xmu_hi));
+#elif defined(TANDEM_BN_POOL_AVX2)
+    if constexpr (std::is_same_v<T, float>) return hsum(_mm256_add_pd(xmu_lo, xmu_hi));
 #endif
     return xmu;
   }
@@ -159,12 +270,24 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
       s1 = _mm512_add_ps(s1, dv);
       s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
     }
-    s.dy_lo = _mm512_add_pd(s.dy_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(s1)));
-    s.dy_hi = _mm512_add_pd(
-        s.dy_hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s1), 1))));
-    s.xmu_lo = _mm512_add_pd(s.xmu_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(s2)));
-    s.xmu_hi = _mm512_add_pd(
-        s.xmu_hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s2), 1))));
+    s.add(s1, s2);
+    return;
+  }
+#elif defined(TANDEM_BN_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vm = _mm256_set1_ps(mean);
+    const __m256 z = _mm256_setzero_ps();
+    __m256 s1 = z, s2 = z;
+    for (int64_t i = 0; i < n; i += 8) {
+      const __m256 xv = load8(xw + i, n - i);
+      // The relu mask as the scalar rows compute it: fma(x, a, b) > 0; dy is 0 past the end.
+      const __m256 pos = _mm256_cmp_ps(_mm256_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+      const __m256 dv = _mm256_and_ps(load8(dy + i, n - i), pos);
+      store8(d + i, dv, n - i);
+      s1 = _mm256_add_ps(s1, dv);
+      s2 = _mm256_fmadd_ps(dv, _mm256_sub_ps(xv, vm), s2);
+    }
+    s.add(s1, s2);
     return;
   }
 #endif
@@ -218,6 +341,39 @@ void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g
     }
     for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
       for (int64_t j0 = 0; j0 < W; j0 += 16) row(x + h * W, gx + h * W, z, j0, lanes(W - j0));
+    }
+    return;
+  }
+#elif defined(TANDEM_BN_POOL_AVX2)
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 vm = _mm256_set1_ps(mean), vg = _mm256_set1_ps(grad_mean), vk = _mm256_set1_ps(k);
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    // The window position of each lane in an even and an odd row: 2 * (h & 1) + (lane & 1).
+    const __m256i here_even = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+    const __m256i here_odd = _mm256_add_epi32(here_even, _mm256_set1_epi32(2));
+    auto row = [&](const float* xr, float* gr, __m256 dv, int64_t j0) {
+      const __m256 xv = load8(xr + j0, W - j0);
+      const __m256 t = _mm256_sub_ps(_mm256_sub_ps(dv, vg), _mm256_mul_ps(_mm256_sub_ps(xv, vm), vk));
+      store8(gr + j0, _mm256_mul_ps(t, vs), W - j0);
+    };
+    for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
+      const float* x0 = x + 2 * p * W;
+      float* g0 = gx + 2 * p * W;
+      for (int64_t j0 = 0; j0 < W; j0 += 8) {
+        // Pooled elements under these lanes: columns j0 .. min(j0 + 8, 2Q) - 1 (j0 is even); lanes
+        // past them get d = 0 (masked load) and code 0, which never matters with d = 0.
+        const int64_t np = std::clamp<int64_t>(Q - j0 / 2, 0, 4);
+        const __m128 d4 =
+            np == 4 ? _mm_loadu_ps(d + j0 / 2) : _mm_maskload_ps(d + j0 / 2, _mm256_castsi256_si128(lanes8(np)));
+        const __m256 dp = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dup);
+        const __m256i kp = load_codes_dup(code + j0 / 2, np);
+        row(x0, g0, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_even))), j0);
+        row(x0 + W, g0 + W, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_odd))), j0);
+      }
+    }
+    for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
+      for (int64_t j0 = 0; j0 < W; j0 += 8) row(x + h * W, gx + h * W, _mm256_setzero_ps(), j0);
     }
     return;
   }

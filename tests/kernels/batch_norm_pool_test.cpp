@@ -4,9 +4,9 @@
 // the input/weight/bias gradients within float rounding. Covers MnistNet's shapes, odd H/W (the
 // dropped last row/column still gets its batch_norm gradient), batch 1, ties after relu (many
 // equal values and zeros: the first maximum wins and alone gets the gradient), NaN, eval mode,
-// float32 (AVX-512 rows) and float64 (scalar rows), 1 and 2 threads (bitwise the same), repeated
-// calls (bitwise the same), partial gradient requests, finite differences in float64, and bad
-// arguments.
+// float32 (the build's vector rows: AVX-512 natively here, AVX2 in CI's x86-64-v3 build, scalar in
+// the portable one) and float64 (scalar rows), 1 and 2 threads (bitwise the same), repeated calls
+// (bitwise the same), partial gradient requests, finite differences in float64, and bad arguments.
 #include <gtest/gtest.h>
 
 #include <algorithm>

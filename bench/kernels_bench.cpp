@@ -1,0 +1,134 @@
+// The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the two conv layers
+// forward and backward, and the fused batch_norm+relu+max_pool beside the unfused composition it
+// replaces (batch_norm_relu then max_pool2d), so that the fusion's gain shows as a ratio of the
+// same run. Build it for another instruction set to see that set's kernel paths, e.g.
+//   cmake -B build-avx2 -DTANDEM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
+//   cmake --build build-avx2 --target kernels_bench && build-avx2/bench/kernels_bench
+#include <benchmark/benchmark.h>
+
+#include "core/random.h"
+#include "core/thread_pool.h"
+#include "kernels/batch_norm.h"
+#include "kernels/batch_norm_pool.h"
+#include "kernels/conv.h"
+#include "kernels/pool.h"
+
+using namespace tandem;
+
+namespace {
+
+Tensor uniform(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0) {
+  Generator gen(seed);
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = static_cast<float>(gen.uniform(lo, hi));
+  return t;
+}
+
+// MnistNet's two batch-norm layers: conv1's output [64, 32, 26, 26] and conv2's [64, 64, 11, 11].
+Shape bn_shape(int64_t layer) { return layer == 0 ? Shape{64, 32, 26, 26} : Shape{64, 64, 11, 11}; }
+
+struct BnCase {
+  Tensor x, w, b, rm, rv, gy;
+  explicit BnCase(const Shape& s)
+      : x(uniform(s, 1, -2, 2)),
+        w(uniform({s[1]}, 2, 0.5, 1.5)),
+        b(uniform({s[1]}, 3, -0.5, 0.5)),
+        rm(Tensor::zeros({s[1]})),
+        rv(uniform({s[1]}, 4, 0.5, 2)),
+        gy(uniform({s[0], s[1], s[2] / 2, s[3] / 2}, 5)) {}
+};
+
+void BM_BnReluPoolFusedForward(benchmark::State& state) {
+  set_num_threads(1);
+  BnCase c(bn_shape(state.range(0)));
+  for (auto _ : state) {
+    auto f = kernels::batch_norm_relu_max_pool2d_forward(c.x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+    benchmark::DoNotOptimize(f.output.raw_data());
+  }
+}
+
+void BM_BnReluPoolUnfusedForward(benchmark::State& state) {
+  set_num_threads(1);
+  BnCase c(bn_shape(state.range(0)));
+  for (auto _ : state) {
+    auto bn = kernels::batch_norm_relu_forward(c.x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+    auto pool = kernels::max_pool2d_forward(bn.output, kernels::MaxPool2dArgs{});
+    benchmark::DoNotOptimize(pool.output.raw_data());
+  }
+}
+
+void BM_BnReluPoolFusedBackward(benchmark::State& state) {
+  set_num_threads(1);
+  BnCase c(bn_shape(state.range(0)));
+  auto f = kernels::batch_norm_relu_max_pool2d_forward(c.x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+  for (auto _ : state) {
+    auto g = kernels::batch_norm_relu_max_pool2d_backward(c.gy, c.x, f.code, f.winner, c.w, c.b, f.save_mean,
+                                                          f.save_invstd, true, true, true, true);
+    benchmark::DoNotOptimize(g.input.raw_data());
+  }
+}
+
+void BM_BnReluPoolUnfusedBackward(benchmark::State& state) {
+  set_num_threads(1);
+  BnCase c(bn_shape(state.range(0)));
+  auto bn = kernels::batch_norm_relu_forward(c.x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+  auto pool = kernels::max_pool2d_forward(bn.output, kernels::MaxPool2dArgs{});
+  for (auto _ : state) {
+    const Tensor g_relu = kernels::max_pool2d_backward(c.gy, pool.indices, c.x.shape());
+    auto g = kernels::batch_norm_relu_backward(g_relu, c.x, c.w, c.b, bn.save_mean, bn.save_invstd, true, true,
+                                               true, true);
+    benchmark::DoNotOptimize(g.input.raw_data());
+  }
+}
+
+// MnistNet's convolutions: 1 -> 32 channels on 28x28 and 32 -> 64 on 13x13, 3x3, no padding.
+struct ConvCase {
+  Tensor x, w, b, gy;
+  explicit ConvCase(int64_t layer) {
+    const int64_t cin = layer == 0 ? 1 : 32, cout = layer == 0 ? 32 : 64, hw = layer == 0 ? 28 : 13;
+    x = uniform({64, cin, hw, hw}, 6);
+    w = uniform({cout, cin, 3, 3}, 7, -0.3, 0.3);
+    b = uniform({cout}, 8);
+    gy = uniform({64, cout, hw - 2, hw - 2}, 9);
+  }
+};
+
+// Floating-point operations per second (printed with a G suffix) of `passes` GEMM-sized passes.
+void set_conv_flops(benchmark::State& state, const ConvCase& c, double passes) {
+  const double macs = double(c.gy.numel()) * double(c.w.numel() / c.w.size(0));
+  state.counters["FLOP/s"] = benchmark::Counter(2 * macs * passes * double(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+}
+
+void BM_Conv2dForward(benchmark::State& state) {
+  set_num_threads(1);
+  ConvCase c(state.range(0));
+  for (auto _ : state) {
+    Tensor y = kernels::conv2d_forward(c.x, c.w, c.b, kernels::Conv2dArgs{});
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  set_conv_flops(state, c, 1);
+}
+
+void BM_Conv2dBackward(benchmark::State& state) {
+  set_num_threads(1);
+  ConvCase c(state.range(0));
+  const bool need_input = state.range(0) != 0;  // MnistNet needs no gradient of its input images
+  for (auto _ : state) {
+    auto g = kernels::conv2d_backward(c.gy, c.x, c.w, kernels::Conv2dArgs{}, need_input, true, true);
+    benchmark::DoNotOptimize(g.weight.raw_data());
+  }
+  set_conv_flops(state, c, need_input ? 2 : 1);
+}
+
+}  // namespace
+
+BENCHMARK(BM_BnReluPoolFusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluPoolUnfusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluPoolFusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluPoolUnfusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# CI stage: the unit tests (kernels, nn, core, optim, ...) built for x86-64-v3 (AVX2 + FMA, no
+# AVX-512), the instruction set of most x86 machines without AVX-512. The kernels have hand-written
+# AVX2 paths (the fused batch_norm+relu+max_pool) that neither the native build of an AVX-512
+# machine nor the portable sanitizer build compiles; this runs them. Own build dir (build-avx2),
+# optimised as the main build, CPU only, no benchmarks. Skipped on a CPU without AVX2 and FMA.
+# Environment: JOBS (default nproc).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+JOBS=${JOBS:-$(nproc)}
+if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
+  echo "isa.sh: this CPU has no AVX2/FMA; the x86-64-v3 build cannot run here, skipped"
+  exit 0
+fi
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S "$ROOT" -B "$ROOT/build-avx2" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_NATIVE=OFF \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "${launcher[@]}" >/dev/null
+targets=$(cmake --build build-avx2 --target help |
+  grep -oE 'tandem_(core|kernels|nn|optim|data|apps|train)_tests' | sort -u)
+cmake --build build-avx2 -j"$JOBS" --target $targets
+ctest --test-dir build-avx2 -L unit --output-on-failure -j"$JOBS"

@@ -13,11 +13,7 @@ ROOT=$PWD
 FUZZ_TIME=${FUZZ_TIME:-60}
 JOBS=${JOBS:-$(nproc)}
 BUILD=$ROOT/build-fuzz
-launcher=()
-if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+source "$ROOT/scripts/ci/ccache.sh"
 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF \
   -DTANDEM_BUILD_BENCH=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_SANITIZE=address,undefined,fuzzer-no-link \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" >/dev/null

@@ -13,11 +13,7 @@ if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
   echo "isa.sh: this CPU has no AVX2/FMA; the x86-64-v3 build cannot run here, skipped"
   exit 0
 fi
-launcher=()
-if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+source "$ROOT/scripts/ci/ccache.sh"
 cmake -S "$ROOT" -B "$ROOT/build-avx2" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_NATIVE=OFF \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "${launcher[@]}" >/dev/null
 targets=$(cmake --build build-avx2 --target help |

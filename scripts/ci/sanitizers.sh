@@ -16,11 +16,7 @@ ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
 STAGES=${SAN_STAGES:-asan tsan}
 CTEST_TIMEOUT=${CTEST_TIMEOUT:-900}
-launcher=()
-if command -v ccache >/dev/null; then
-  export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
+source "$ROOT/scripts/ci/ccache.sh"
 
 configure() {  # configure <dir> <sanitizers> <native: ON or OFF>
   cmake -S "$ROOT" -B "$ROOT/$1" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF \

@@ -157,15 +157,12 @@ TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
                   "OMP_NUM_THREADS=1", marker});
     ASSERT_TRUE(doomed.wait_for_text("Epoch(train) [1][10/", seconds(120))) << doomed.output();
     pid_t task1 = -1;
-    for (const auto& e : fs::directory_iterator("/proc")) {
-      const std::string name = e.path().filename();
-      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-      std::ifstream in(e.path() / "environ", std::ios::binary);
-      std::string env((std::istreambuf_iterator<char>(in)), {});
-      if (env.find(marker) != std::string::npos &&
-          env.find(std::string("SLURM_PROCID=1") + '\0') != std::string::npos &&
-          fs::exists(e.path() / "exe") && fs::read_symlink(e.path() / "exe").filename() == "tandem-mnist")
-        task1 = std::stoi(name);
+    for (pid_t pid : all_pids()) {
+      const fs::path exe = "/proc/" + std::to_string(pid) + "/exe";
+      std::error_code ec;
+      if (carries_env(pid, marker) && carries_env(pid, "SLURM_PROCID=1") &&
+          fs::read_symlink(exe, ec).filename() == "tandem-mnist")
+        task1 = pid;
     }
     ASSERT_GT(task1, 0) << "task 1 not found";
     ASSERT_EQ(::kill(task1, SIGKILL), 0);

@@ -140,13 +140,34 @@ inline bool process_exists(pid_t pid) {
   return close != std::string::npos && close + 2 < all.size() && all[close + 2] != 'Z';
 }
 
+// Every process on the machine (the numeric entries of /proc).
+inline std::vector<pid_t> all_pids() {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name.find_first_not_of("0123456789") == std::string::npos) out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// Whether a process's initial environment holds `entry` (e.g. a test's "MARK=<pid>").
+inline bool carries_env(pid_t pid, const std::string& entry) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  std::string env((std::istreambuf_iterator<char>(in)), {});
+  std::istringstream items(env);
+  std::string kv;
+  while (std::getline(items, kv, '\0'))
+    if (kv == entry) return true;
+  return false;
+}
+
 // The direct children of `parent` (from /proc).
 inline std::vector<pid_t> children_of(pid_t parent) {
   std::vector<pid_t> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "stat");
+  for (pid_t pid : all_pids()) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
     std::string all((std::istreambuf_iterator<char>(in)), {});
     const size_t close = all.rfind(')');
     if (close == std::string::npos) continue;
@@ -154,7 +175,7 @@ inline std::vector<pid_t> children_of(pid_t parent) {
     char state = 0;
     pid_t ppid = 0;
     rest >> state >> ppid;
-    if (ppid == parent) out.push_back(static_cast<pid_t>(std::stoi(name)));
+    if (ppid == parent) out.push_back(pid);
   }
   return out;
 }
@@ -162,14 +183,8 @@ inline std::vector<pid_t> children_of(pid_t parent) {
 // The pid of the worker of `launcher` whose environment has RANK=<rank>, or -1.
 inline pid_t worker_pid(pid_t launcher, int rank) {
   const std::string want = "RANK=" + std::to_string(rank);
-  for (pid_t p : children_of(launcher)) {
-    std::ifstream in("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(in)), {});
-    std::istringstream items(env);
-    std::string kv;
-    while (std::getline(items, kv, '\0'))
-      if (kv == want) return p;
-  }
+  for (pid_t p : children_of(launcher))
+    if (carries_env(p, want)) return p;
   return -1;
 }
 
@@ -273,30 +288,14 @@ inline std::vector<pid_t> listening_pids(int port) {
     if (p == port) wanted.insert(inode);
   std::vector<pid_t> out;
   if (wanted.empty()) return out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    for (const auto& inode : socket_inodes(e.path().string()))
+  for (pid_t pid : all_pids()) {
+    for (const auto& inode : socket_inodes("/proc/" + std::to_string(pid)))
       if (wanted.count(inode)) {
-        out.push_back(static_cast<pid_t>(std::stol(name)));
+        out.push_back(pid);
         break;
       }
   }
   return out;
-}
-
-// Whether a live process's initial environment holds `entry` (e.g. a test's "MARK=<pid>").
-inline bool carries_env(pid_t pid, const std::string& entry) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-  std::string env((std::istreambuf_iterator<char>(in)), {});
-  size_t at = 0;
-  while (at < env.size()) {
-    const size_t end = env.find('\0', at);
-    if (env.compare(at, (end == std::string::npos ? env.size() : end) - at, entry) == 0) return true;
-    if (end == std::string::npos) break;
-    at = end + 1;
-  }
-  return false;
 }
 
 // Listening TCP sockets owned by this process.

@@ -154,12 +154,8 @@ TEST(Soak, HundredTandemRunJobsLeaveNoProcessesPortsOrShm) {
   }
   // No process carrying this soak's marker is left (workers inherit tandem-run's environment).
   std::vector<pid_t> left;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto pid = static_cast<pid_t>(std::stol(name));
+  for (pid_t pid : all_pids())
     if (carries_env(pid, marker) && process_exists(pid)) left.push_back(pid);
-  }
   EXPECT_TRUE(left.empty()) << left.size() << " process(es) of the soak still alive, e.g. pid "
                             << left.front();
   // No process of the soak listens on a job's store port. The port itself may be listening again:

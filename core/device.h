@@ -28,5 +28,18 @@ bool cuda_compiled();
 // Number of CUDA devices visible to this process (0 without CUDA, without a
 // driver, or with CUDA_VISIBLE_DEVICES=-1).
 int cuda_device_count();
+// Why cuda_device_count() is 0, for error messages: "" when devices are visible; "built without
+// CUDA"; "CUDA_VISIBLE_DEVICES=... hides every device"; or the runtime's error by name and text
+// (e.g. "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime
+// version", a driver older than the toolkit), so a broken driver never reads as "no GPU".
+std::string cuda_unavailable_reason();
+// Makes CUDA device `index` the calling thread's current device (cudaSetDevice). A process calls it
+// once, when it picks its device, before creating anything on the GPU; every kernel launch still
+// runs under a guard for its tensors' device. Throws naming the index and what is visible, or
+// "built without CUDA".
+void set_cuda_device(int index);
+// Blocks the host until the work queued on `device`'s compute stream has run (as
+// torch.cuda.synchronize), then reports a deferred kernel error if one was found. Nothing for the CPU.
+void synchronize(Device device);
 
 }  // namespace tandem

@@ -11,7 +11,6 @@
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
-#include "kernels/linear.h"
 
 namespace tandem::profiler {
 namespace detail {
@@ -66,29 +65,6 @@ std::vector<OpStat> snapshot() {
 void reset() {
   std::lock_guard<std::mutex> lock(table_mu());
   table().clear();
-}
-
-double measure_gemm_peak_gflops(int threads) {
-  TANDEM_CHECK(threads >= 1, "measure_gemm_peak_gflops: threads must be >= 1, got ", threads);
-  constexpr int64_t n = 512;
-  const int before = num_threads();
-  set_num_threads(threads);
-  // Not recorded: the kernel is called below the instrumented dispatcher.
-  Tensor a = Tensor::full({n, n}, 0.5), b = Tensor::full({n, n}, 0.25);
-  double best = 1e30;
-  try {
-    kernels::cpu::matmul(a, b);  // warm-up: page in buffers, spin up the pool
-    for (int rep = 0; rep < 5; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      Tensor c = kernels::cpu::matmul(a, b);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  } catch (...) {
-    set_num_threads(before);
-    throw;
-  }
-  set_num_threads(before);
-  return 2.0 * n * n * n / best / 1e9;
 }
 
 std::string report(double peak_gflops) {

@@ -36,11 +36,8 @@ struct OpStat {
 std::vector<OpStat> snapshot();
 void reset();
 
-// Runs a short f32 GEMM (512^3, a few repetitions, best kept) on `threads`
-// threads of the kernel pool (restoring its size after) and returns GFLOP/s.
-double measure_gemm_peak_gflops(int threads);
-
 // Table: op, fwd/bwd, calls, ms, share of total, GFLOP/s, % of peak_gflops
+// (kernels::measure_gemm_peak_gflops measures a peak in the same run)
 // (the last two only for ops with FLOPs, and % only when peak_gflops > 0).
 std::string report(double peak_gflops);
 

@@ -12,8 +12,14 @@ class DecompressWork final : public Work {
   void wait(Millis timeout) override {
     if (done_) return;
     inner_->wait(timeout);
-    target_.copy_(compressed_);
+    target_.copy_(compressed_);  // on a device: queued after the collective on the compute stream
     done_ = true;
+  }
+  void synchronize(Millis timeout) override {
+    const bool was_done = done_;
+    inner_->synchronize(timeout);
+    wait(timeout);
+    if (!was_done) tandem::synchronize(target_.device());  // the copy back, too
   }
   std::string description() const override { return inner_->description() + " (compressed)"; }
 

@@ -1,8 +1,10 @@
 #include "dist/ddp.h"
 
 #include <functional>
+#include <map>
 
 #include "core/autograd.h"
+#include "dist/host_values.h"
 
 namespace tandem::dist {
 namespace {
@@ -27,30 +29,27 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 
 void DistributedDataParallel::verify_same_model() {
   const nn::NamedTensors state = module_->state_dict();
-  const int world = group_->size();
-  // First the count, then one fingerprint per tensor, gathered from every rank.
-  Tensor count = Tensor::full({1}, static_cast<double>(state.size()), kFloat64);
-  std::vector<Tensor> counts;
-  for (int r = 0; r < world; ++r) counts.push_back(Tensor::empty({1}, kFloat64));
-  group_->allgather(counts, count)->wait(group_->timeout());
-  for (int r = 0; r < world; ++r)
-    TANDEM_CHECK(counts[r].item<double>() == static_cast<double>(state.size()),
-                 "DistributedDataParallel: rank ", r, " has ", counts[r].item<double>(),
-                 " parameters and buffers, this rank (", group_->rank(), ") has ", state.size(),
+  // First the count, then one fingerprint per tensor, gathered from every rank (on the group's
+  // device: NCCL takes nothing else).
+  const auto counts = allgather_values(*group_, {static_cast<double>(state.size())},
+                                       "DistributedDataParallel: the model check (tensor counts)");
+  for (int r = 0; r < group_->size(); ++r)
+    TANDEM_CHECK(counts[r][0] == static_cast<double>(state.size()), "DistributedDataParallel: rank ", r, " has ",
+                 counts[r][0], " parameters and buffers, this rank (", group_->rank(), ") has ", state.size(),
                  "; every rank must build the same model");
-  const int64_t n = static_cast<int64_t>(state.size());
-  Tensor mine = Tensor::empty({n}, kFloat64);
-  for (int64_t i = 0; i < n; ++i) mine.data<double>()[i] = fingerprint(state[i].first, state[i].second);
-  std::vector<Tensor> all;
-  for (int r = 0; r < world; ++r) all.push_back(Tensor::empty({n}, kFloat64));
-  group_->allgather(all, mine)->wait(group_->timeout());
-  for (int r = 0; r < world; ++r)
-    for (int64_t i = 0; i < n; ++i)
-      TANDEM_CHECK(all[r].data<double>()[i] == mine.data<double>()[i], "DistributedDataParallel: tensor ", i,
-                   " ('", state[i].first, "', ", state[i].second.str(), " here) differs on rank ", r,
+  std::vector<double> mine;
+  for (const auto& [name, t] : state) mine.push_back(fingerprint(name, t));
+  const auto all = allgather_values(*group_, mine, "DistributedDataParallel: the model check (fingerprints)");
+  for (int r = 0; r < group_->size(); ++r)
+    for (size_t i = 0; i < mine.size(); ++i)
+      TANDEM_CHECK(all[r][i] == mine[i], "DistributedDataParallel: tensor ", i, " ('", state[i].first, "', ",
+                   state[i].second.str(), " here) differs on rank ", r,
                    " in name, shape or dtype; every rank must build the same model");
 }
 
+// Rank 0's values of the tensors, one broadcast per dtype. A tensor already on the group's device
+// is copied into the flat message and back on that device (NCCL: no host round trip); others
+// cross to it and back (CPU buffers over NCCL, CUDA buffers over Gloo).
 void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
   if (group_->size() == 1) return;
   NoGradGuard no_grad;
@@ -59,21 +58,25 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
     for (auto& [n, t] : module_->named_parameters()) tensors.push_back(t);
   if (buffers)
     for (auto& [n, t] : module_->named_buffers()) tensors.push_back(t);
-  if (tensors.empty()) return;
-  // One flat float64 message (exact for float32 and for counters < 2^53).
-  int64_t total = 0;
-  for (auto& t : tensors) total += t.numel();
-  Tensor flat = Tensor::empty({total}, kFloat64);
-  int64_t off = 0;
-  for (auto& t : tensors) {
-    flat.slice(0, off, off + t.numel()).copy_(t.to(Device::cpu()).reshape({t.numel()}));
-    off += t.numel();
-  }
-  group_->broadcast(flat, 0)->wait(group_->timeout());
-  off = 0;
-  for (auto& t : tensors) {
-    t.copy_(flat.slice(0, off, off + t.numel()).reshape(t.shape()).to(t.dtype()).to(t.device()));
-    off += t.numel();
+  const Device device = group_->comm_device();
+  std::map<DType, std::vector<Tensor>> by_dtype;
+  for (auto& t : tensors)
+    if (t.numel() > 0) by_dtype[t.dtype()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    int64_t total = 0;
+    for (auto& t : group) total += t.numel();
+    Tensor flat = Tensor::empty({total}, dtype, device);
+    int64_t off = 0;
+    for (auto& t : group) {
+      flat.slice(0, off, off + t.numel()).view(t.shape()).copy_(t);
+      off += t.numel();
+    }
+    group_->broadcast(flat, 0)->wait(group_->timeout());
+    off = 0;
+    for (auto& t : group) {
+      t.copy_(flat.slice(0, off, off + t.numel()).view(t.shape()));
+      off += t.numel();
+    }
   }
 }
 

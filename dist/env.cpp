@@ -320,13 +320,42 @@ DistEnv env_from_launcher(const std::string& launcher, const EnvGetter& getenv) 
   TANDEM_FAIL("unknown launcher '", launcher, "', expected none, pytorch, slurm or mpi");
 }
 
-int cuda_device_for(int local_rank, int visible_count) {
+int cuda_device_for(int local_rank, int visible_count, const std::string& visible_devices) {
   TANDEM_CHECK(visible_count > 0, "no CUDA device is visible to local rank ", local_rank,
                " (check CUDA_VISIBLE_DEVICES, or run on the CPU)");
-  TANDEM_CHECK(local_rank >= 0 && local_rank < visible_count, "local rank ", local_rank, " has no GPU: only ",
-               visible_count, " device(s) visible (CUDA_VISIBLE_DEVICES); start at most ", visible_count,
-               " processes per node");
-  return local_rank;
+  TANDEM_CHECK(local_rank >= 0, "local rank ", local_rank, " is negative");
+  if (local_rank < visible_count) return local_rank;
+  // One device named by the launcher for this process alone (e.g. srun --gpus-per-task=1).
+  const bool one_named = !visible_devices.empty() && visible_devices.find(',') == std::string::npos;
+  if (visible_count == 1 && one_named) return 0;
+  TANDEM_FAIL("local rank ", local_rank, " has no GPU: only ", visible_count,
+              " device(s) visible (CUDA_VISIBLE_DEVICES=", visible_devices.empty() ? "<unset>" : visible_devices,
+              "); start at most ", visible_count,
+              " processes per node, or give every process its own GPU (CUDA_VISIBLE_DEVICES naming one device)");
+}
+
+int cuda_device_for(int local_rank, int visible_count) {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return cuda_device_for(local_rank, visible_count, v ? v : "");
+}
+
+Device resolve_device(const std::string& text, int local_rank, int visible_count,
+                      const std::string& visible_devices, const std::string& why_none) {
+  if (text == "auto")
+    return visible_count > 0 ? Device::cuda(cuda_device_for(local_rank, visible_count, visible_devices))
+                             : Device::cpu();
+  const Device d = Device::parse(text);
+  if (d.is_cpu()) return d;
+  TANDEM_CHECK(visible_count > 0, "--device ", text, ": no CUDA device is visible",
+               why_none.empty() ? std::string() : " (" + why_none + ")");
+  if (text == "cuda") return Device::cuda(cuda_device_for(local_rank, visible_count, visible_devices));
+  TANDEM_CHECK(d.index < visible_count, "--device ", text, ": only ", visible_count, " CUDA device(s) visible");
+  return d;
+}
+
+Device resolve_device(const std::string& text, int local_rank) {
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  return resolve_device(text, local_rank, cuda_device_count(), v ? v : "", cuda_unavailable_reason());
 }
 
 }  // namespace tandem::dist

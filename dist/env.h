@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+
 namespace tandem::dist {
 
 inline constexpr int kDefaultMasterPort = 29500;
@@ -55,9 +57,23 @@ std::vector<std::string> expand_nodelist(const std::string& nodelist);
 // Expands Slurm's tasks-per-node form: "2(x3),1" -> 2 2 2 1. Throws when malformed.
 std::vector<int> expand_tasks_per_node(const std::string& spec);
 
-// The CUDA device this process should use: its local rank among the
-// `visible_count` devices it can see (CUDA_VISIBLE_DEVICES already applied by the
-// runtime). Throws when no device is visible or local_rank >= visible_count.
+// The CUDA device this process should use: its local rank among the `visible_count` devices it
+// can see (CUDA_VISIBLE_DEVICES already applied by the runtime), or device 0 when it sees exactly
+// one device and CUDA_VISIBLE_DEVICES names exactly one (a launcher such as Slurm's
+// --gpus-per-task=1 gave every task its own GPU). Throws when no device is visible, or when
+// local_rank >= visible_count otherwise. `visible_devices` is CUDA_VISIBLE_DEVICES ("" if unset);
+// the two-argument form reads it from the environment.
+int cuda_device_for(int local_rank, int visible_count, const std::string& visible_devices);
 int cuda_device_for(int local_rank, int visible_count);
+
+// The device a process trains on, from --device's text: "auto" (a GPU when one is visible, else the
+// CPU), "cpu", "cuda" (the local rank's GPU, by cuda_device_for, as "auto" picks it, so every rank
+// of a launcher gets its own) or "cuda:N" (exactly that device, e.g. ranks sharing one GPU).
+// Throws naming the text when it asks for CUDA that this build or machine lacks (`why_none`: why
+// no device is visible, from tandem::cuda_unavailable_reason). The five-argument form is the
+// rule; the two-argument form reads the machine and the environment.
+Device resolve_device(const std::string& text, int local_rank, int visible_count,
+                      const std::string& visible_devices, const std::string& why_none);
+Device resolve_device(const std::string& text, int local_rank);
 
 }  // namespace tandem::dist

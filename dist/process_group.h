@@ -20,11 +20,21 @@ const char* reduce_op_name(ReduceOp op);  // "sum", "max", "min"
 
 // One issued collective. wait() throws tandem::Error, naming the operation,
 // when it failed or did not finish within the timeout (the group's by default).
+// What wait() guarantees depends on the backend: Gloo's blocks the host until the
+// result is in place; NCCL's does not block the host: it makes the device's compute
+// stream wait for the collective and returns, so the result is in place for all work
+// queued on that stream after wait() (kernels, and device-to-host copies, which wait
+// for that stream); its timeout is enforced by the group's watchdog thread.
 class Work {
  public:
   virtual ~Work() = default;
   virtual bool is_completed() = 0;
   virtual void wait(Millis timeout) = 0;
+  // Blocks the host until the result is in place (for timing and for host reads that
+  // do not go through the device's compute stream). Throws as wait() does, and when the
+  // result is not in place within `timeout`. The default calls wait(), which already
+  // blocks the host where the collective runs on the host (Gloo).
+  virtual void synchronize(Millis timeout) { wait(timeout); }
   // The operation's name, e.g. "allreduce(float32[1048576])".
   virtual std::string description() const = 0;
 };
@@ -38,6 +48,10 @@ class ProcessGroup {
   int size() const { return size_; }
   Millis timeout() const { return timeout_; }
   virtual std::string backend() const = 0;  // "gloo", "nccl"
+  // Where this group's collectives want their tensors: the host for Gloo (which also takes CUDA
+  // tensors, through host copies), the group's GPU for NCCL (which takes nothing else). Engine code
+  // that sends values of its own builds them here (dist/host_values.h).
+  virtual Device comm_device() const { return Device::cpu(); }
 
   // Element-wise reduction of `tensor` across ranks, result on every rank.
   virtual std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum) = 0;

@@ -318,14 +318,24 @@ void run_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, si
   gloo::allreduce(opts);
 }
 
-void check_cpu_contiguous(const char* op, const char* what, const Tensor& t) {
+void check_contiguous(const char* op, const char* what, const Tensor& t) {
   TANDEM_CHECK(t.defined(), "ProcessGroupGloo::", op, ": ", what, " is an undefined tensor");
-  TANDEM_CHECK(t.device().is_cpu(), "ProcessGroupGloo::", op, ": ", what, " is ", t.str(),
-               "; Gloo works on CPU tensors (move it with .to(Device::cpu()), or use the nccl backend ",
-               "for CUDA tensors)");
   TANDEM_CHECK(t.is_contiguous(), "ProcessGroupGloo::", op, ": ", what, " ", t.str(),
                " is not contiguous; pass a contiguous tensor (e.g. .contiguous(), then copy back)");
 }
+
+// CUDA tensors travel through the host, as PyTorch's Gloo group does for its CUDA collectives. On
+// the worker thread: stage() copies the tensor to a host tensor after the device's queued work (a
+// device-to-host copy waits for the compute stream), the CPU collective runs on that copy, and
+// unstage() queues the result's copy back on the device's compute stream before the Work
+// completes, so compute the caller queues after wait() sees it. Host tensors pass through as they
+// are. This is the correctness path for CUDA over Gloo (2 ranks sharing a GPU, CPU-only
+// interconnects), not a fast one: NCCL keeps collectives on the device.
+Tensor stage(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+void unstage(Tensor& t, const Tensor& host) {
+  if (!host.is_same(t)) t.copy_(host);
+}
+std::string where(const Tensor& t) { return t.device().is_cpu() ? "" : " on " + t.device().str() + " via host"; }
 
 }  // namespace
 
@@ -598,9 +608,9 @@ Tensor ProcessGroupGloo::comm_buffer(int64_t numel, DType dtype, Device device) 
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
-  check_cpu_contiguous("allreduce", "tensor", tensor);
+  check_contiguous("allreduce", "tensor", tensor);
   const std::string desc = std::string("allreduce(") + dtype_name(tensor.dtype()) +
-                           shape_str(tensor.shape()) + ", " + reduce_op_name(op) + ")";
+                           shape_str(tensor.shape()) + ", " + reduce_op_name(op) + ")" + where(tensor);
   auto fn = reduce_function(tensor.dtype(), op);
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
@@ -610,60 +620,64 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(Tensor& tensor, ReduceOp op) {
   return impl_->enqueue(desc, [t, fn, context, timeout, shm, tcp_count](uint32_t tag) mutable {
     const size_t n = static_cast<size_t>(t.numel());
     if (n == 0) return;
+    Tensor h = stage(t);
     if (shm) {
-      shm->allreduce(t.raw_data(), n, element_size(t.dtype()), fn, timeout);
-      return;
+      shm->allreduce(h.raw_data(), n, element_size(h.dtype()), fn, timeout);
+    } else {
+      // Element type only sets the element size Gloo splits the buffer by; fn does the math.
+      switch (element_size(h.dtype())) {
+        case 1: run_allreduce<uint8_t>(context, h.raw_data(), n, fn, tag, timeout); break;
+        case 2: run_allreduce<uint16_t>(context, h.raw_data(), n, fn, tag, timeout); break;
+        case 4: run_allreduce<uint32_t>(context, h.raw_data(), n, fn, tag, timeout); break;
+        case 8: run_allreduce<uint64_t>(context, h.raw_data(), n, fn, tag, timeout); break;
+        default: TANDEM_FAIL("allreduce: unsupported element size ", element_size(h.dtype()));
+      }
+      ++*tcp_count;
     }
-    // Element type only sets the element size Gloo splits the buffer by; fn does the math.
-    switch (element_size(t.dtype())) {
-      case 1: run_allreduce<uint8_t>(context, t.raw_data(), n, fn, tag, timeout); break;
-      case 2: run_allreduce<uint16_t>(context, t.raw_data(), n, fn, tag, timeout); break;
-      case 4: run_allreduce<uint32_t>(context, t.raw_data(), n, fn, tag, timeout); break;
-      case 8: run_allreduce<uint64_t>(context, t.raw_data(), n, fn, tag, timeout); break;
-      default: TANDEM_FAIL("allreduce: unsupported element size ", element_size(t.dtype()));
-    }
-    ++*tcp_count;
+    unstage(t, h);
   });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::broadcast(Tensor& tensor, int root) {
-  check_cpu_contiguous("broadcast", "tensor", tensor);
+  check_contiguous("broadcast", "tensor", tensor);
   TANDEM_CHECK(root >= 0 && root < size_, "ProcessGroupGloo::broadcast: root ", root, " outside [0, ", size_,
                ")");
   const std::string desc = std::string("broadcast(") + dtype_name(tensor.dtype()) +
-                           shape_str(tensor.shape()) + ", root " + std::to_string(root) + ")";
+                           shape_str(tensor.shape()) + ", root " + std::to_string(root) + ")" + where(tensor);
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
   Tensor t = tensor;
   ShmAllreduce* shm = impl_->shm.get();  // lives as long as the worker thread
   return impl_->enqueue(desc, [t, root, context, timeout, shm](uint32_t tag) mutable {
     if (t.nbytes() == 0) return;
+    Tensor h = stage(t);
     if (shm) {
-      shm->broadcast(t.raw_data(), t.nbytes(), root, timeout);
-      return;
+      shm->broadcast(h.raw_data(), h.nbytes(), root, timeout);
+    } else {
+      gloo::BroadcastOptions opts(context);
+      opts.setOutput(static_cast<uint8_t*>(h.raw_data()), h.nbytes());
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      gloo::broadcast(opts);
     }
-    gloo::BroadcastOptions opts(context);
-    opts.setOutput(static_cast<uint8_t*>(t.raw_data()), t.nbytes());
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::broadcast(opts);
+    unstage(t, h);
   });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor>& outputs, const Tensor& input) {
-  check_cpu_contiguous("allgather", "input", input);
+  check_contiguous("allgather", "input", input);
   TANDEM_CHECK(static_cast<int>(outputs.size()) == size_, "ProcessGroupGloo::allgather: ", outputs.size(),
                " output tensors given, expected one per rank (", size_, ")");
   for (size_t r = 0; r < outputs.size(); ++r) {
     const std::string what = "outputs[" + std::to_string(r) + "]";
-    check_cpu_contiguous("allgather", what.c_str(), outputs[r]);
+    check_contiguous("allgather", what.c_str(), outputs[r]);
     TANDEM_CHECK(outputs[r].dtype() == input.dtype() && outputs[r].shape() == input.shape(),
                  "ProcessGroupGloo::allgather: ", what, " is ", outputs[r].str(), ", expected the input's ",
                  dtype_name(input.dtype()), shape_str(input.shape()));
   }
   const std::string desc = std::string("allgather(") + dtype_name(input.dtype()) + shape_str(input.shape()) +
-                           " x " + std::to_string(size_) + ")";
+                           " x " + std::to_string(size_) + ")" + where(input);
   auto context = impl_->context;
   const Millis timeout = impl_->timeout;
   const int world = size_;
@@ -673,20 +687,24 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(std::vector<Tensor>& outputs, 
   return impl_->enqueue(desc, [in, outs, world, context, timeout, shm](uint32_t tag) mutable {
     const size_t nbytes = in.nbytes();
     if (nbytes == 0) return;
+    const Tensor h_in = stage(in);
+    std::vector<Tensor> h_outs;
+    for (auto& o : outs) h_outs.push_back(o.device().is_cpu() ? o : Tensor::empty(o.shape(), o.dtype()));
     if (shm) {
       std::vector<void*> out_ptrs;
-      for (auto& o : outs) out_ptrs.push_back(o.raw_data());
-      shm->allgather(in.raw_data(), out_ptrs, nbytes, timeout);
-      return;
+      for (auto& o : h_outs) out_ptrs.push_back(o.raw_data());
+      shm->allgather(h_in.raw_data(), out_ptrs, nbytes, timeout);
+    } else {
+      std::vector<uint8_t> flat(nbytes * world);
+      gloo::AllgatherOptions opts(context);
+      opts.setInput(static_cast<uint8_t*>(const_cast<void*>(h_in.raw_data())), nbytes);
+      opts.setOutput(flat.data(), flat.size());
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      gloo::allgather(opts);
+      for (int r = 0; r < world; ++r) std::memcpy(h_outs[r].raw_data(), flat.data() + r * nbytes, nbytes);
     }
-    std::vector<uint8_t> flat(nbytes * world);
-    gloo::AllgatherOptions opts(context);
-    opts.setInput(static_cast<uint8_t*>(in.raw_data()), nbytes);
-    opts.setOutput(flat.data(), flat.size());
-    opts.setTag(tag);
-    opts.setTimeout(timeout);
-    gloo::allgather(opts);
-    for (int r = 0; r < world; ++r) std::memcpy(outs[r].raw_data(), flat.data() + r * nbytes, nbytes);
+    for (int r = 0; r < world; ++r) unstage(outs[r], h_outs[r]);
   });
 }
 

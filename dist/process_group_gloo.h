@@ -2,8 +2,11 @@
 // Owns one Gloo context, made by a full-mesh rendezvous through the Store, and one worker thread
 // that runs the issued collectives one at a time in issue order (Gloo calls block), so every
 // rank runs them in the same order when every rank issues them in the same order.
-// Assumes: tensors are contiguous CPU tensors (checked when the collective is issued, on the
-// caller's thread) and stay untouched until their Work completes (the Work keeps them alive).
+// Assumes: tensors are contiguous (checked when the collective is issued, on the caller's thread)
+// and stay untouched until their Work completes (the Work keeps them alive). CPU tensors are used
+// in place; CUDA tensors travel through host copies made on the worker thread (the device-to-host
+// copy waits for the device's queued work; the result is queued back on the device's compute
+// stream before the Work completes), as PyTorch's Gloo group does: correct, not fast.
 // Guarantees: every collective ends within the group's timeout (Gloo's own timeout), and its
 // Work then reports success or an error naming the operation and Gloo's reason (a peer that
 // closed its connection, a timeout), with the peers Gloo names by address mapped to ranks

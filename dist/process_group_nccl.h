@@ -2,16 +2,30 @@
 // CUDA/NCCL headers (pimpl); defined by dist/cuda/process_group_nccl.cpp in CUDA builds, and by
 // dist/process_group.cpp in builds without CUDA, where the constructor throws a clear error.
 // Streams: each group owns one communication stream on its device. A collective records an
-// event on the device's compute stream (kernels/cuda/context.h) and makes the communication
+// event on the device's compute stream (core/cuda/context.h) and makes the communication
 // stream wait on it, so it sees everything queued before it without a host synchronisation;
-// it then records a completion event, which its Work holds.
-// Work: is_completed() queries the event; wait(timeout) polls the event and the communicator's
-// asynchronous error until the timeout, then aborts the communicator (the group is unusable
-// afterwards) and throws naming the operation; once complete, it makes the compute stream wait
-// on the completion event, so compute queued after wait() sees the result.
+// it then records a completion event (`done`), which its Work holds.
+// Waiting: nothing blocks the host on a collective unless asked to.
+//  - Work::wait(timeout) makes the compute stream wait on `done` (cudaStreamWaitEvent) and
+//    returns at once: kernels and device-to-host copies queued after it see the result, while
+//    the host goes on (so backward and communication overlap). It throws at once if the group
+//    has recorded an error. Its timeout bounds nothing: the watchdog enforces the group's.
+//  - Work::synchronize(timeout) does the same, then polls `done` on the host, checking NCCL's
+//    asynchronous error, until it is reached; after `timeout` it aborts the communicator and
+//    throws naming the collective, the rank and the timeout. barrier()'s wait() behaves so.
+//  - Work::is_completed() queries `done` without blocking (true once the group has failed).
+// Watchdog: a thread per group checks the unfinished collectives every 100 ms. When one has been
+// outstanding longer than the group's timeout, or NCCL reports an asynchronous error, it aborts
+// the communicator (ncclCommAbort: the stuck kernels return and the streams drain), records an
+// error naming the collective, the rank and the reason, and prints it once to stderr (the host
+// may never call into the group again). After that every collective call, wait() and
+// synchronize() on the group throws tandem::Error with that message; the group is unusable.
 // Assumes: tensors are contiguous CUDA tensors on the group's device; every rank issues the
 // same collectives in the same order. The group keeps the tensors of unfinished collectives
-// alive, so dropping a Work early does not free memory the communication stream still uses.
+// alive until their events are reached, so dropping a Work (or the tensors) early does not free
+// memory the communication stream still uses. The destructor lets unfinished collectives end
+// (at most about the timeout, then aborts), stops the watchdog, then finalizes the communicator;
+// it never throws.
 #pragma once
 
 #include <memory>
@@ -35,12 +49,14 @@ class ProcessGroupNccl : public ProcessGroup {
 
   std::string backend() const override { return "nccl"; }
   int device() const;
+  Device comm_device() const override { return Device::cuda(device()); }
 
   // float32, float64, float16, bfloat16, int32, int64, uint8.
   std::shared_ptr<Work> allreduce(Tensor& tensor, ReduceOp op = ReduceOp::Sum) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, int root) override;
   std::shared_ptr<Work> allgather(std::vector<Tensor>& outputs, const Tensor& input) override;
-  // An allreduce of one float on the device (NCCL has no barrier), waited by its Work.
+  // An allreduce of one float on the device (NCCL has no barrier). A host synchronisation point:
+  // its Work's wait() blocks the host as synchronize() does.
   std::shared_ptr<Work> barrier() override;
 
  private:

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "core/autograd.h"
+#include "dist/host_values.h"
 #include "kernels/elementwise.h"
 
 namespace tandem::dist {
@@ -84,28 +85,28 @@ void Reducer::measure_auto_bucket_cap() {
   // In the group's comm_buffer, where the buckets will be: the path and cost the buckets will see.
   Tensor small = group_->comm_buffer(1024, kFloat32, device);
   Tensor probe = group_->comm_buffer(probe_elems, kFloat32, device);
+  // synchronize(), not wait(): on NCCL wait() only orders the compute stream after the collective.
   auto median_ms = [&](Tensor& t) {
-    group_->allreduce(t)->wait(group_->timeout());
+    group_->allreduce(t)->synchronize(group_->timeout());
     std::vector<double> ms;
     for (int i = 0; i < 5; ++i) {
       const auto t0 = Clock::now();
-      group_->allreduce(t)->wait(group_->timeout());
+      group_->allreduce(t)->synchronize(group_->timeout());
       ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
     std::sort(ms.begin(), ms.end());
     return ms[ms.size() / 2];
   };
-  group_->barrier()->wait(group_->timeout());
+  group_->barrier()->synchronize(group_->timeout());
   const double latency_ms = median_ms(small);
   const double probe_ms = median_ms(probe);
   const double probe_bytes = static_cast<double>(probe_elems) * 4;
   // Bytes over the whole probe time (latency included): a lower bound of the bandwidth that stays
   // sane when the two timings are close (a loaded machine), where subtracting them would not.
   const double bandwidth_gbps = probe_bytes / (std::max(probe_ms, 1e-3) * 1e-3) / 1e9;
-  Tensor chosen = Tensor::from_vector<double>(
-      {auto_bucket_cap_mb(latency_ms * 1e3, bandwidth_gbps, total), latency_ms * 1e3, bandwidth_gbps}, {3});
-  group_->broadcast(chosen, 0)->wait(group_->timeout());
-  const double* v = chosen.data<double>();
+  const std::vector<double> v = broadcast_values(
+      *group_, {auto_bucket_cap_mb(latency_ms * 1e3, bandwidth_gbps, total), latency_ms * 1e3, bandwidth_gbps}, 0,
+      "DistributedDataParallel: the automatic bucket cap");
   options_.bucket_cap_mb = v[0];
   auto_cap_ = AutoBucketCap{true, v[1], v[2], probe_bytes / (1024.0 * 1024.0), v[0]};
 }
@@ -336,15 +337,15 @@ void Reducer::write_back(size_t index) {
 void Reducer::rebuild_buckets_from_arrival_order() {
   rebuilt_ = true;
   // Rank 0's order decides, so every rank builds the same buckets.
-  const int64_t n = static_cast<int64_t>(params_.size());
-  Tensor order = Tensor::empty({n}, kFloat64);
-  for (int64_t i = 0; i < n; ++i)
-    order.data<double>()[i] = i < static_cast<int64_t>(arrival_order_.size()) ? static_cast<double>(arrival_order_[i]) : -1.0;
-  group_->broadcast(order, 0)->wait(group_->timeout());
+  const size_t n = params_.size();
+  std::vector<double> mine(n, -1.0);
+  for (size_t i = 0; i < n && i < arrival_order_.size(); ++i) mine[i] = static_cast<double>(arrival_order_[i]);
+  const std::vector<double> order =
+      broadcast_values(*group_, mine, 0, "DistributedDataParallel: the bucket order of rank 0");
   std::vector<size_t> chosen;
   std::vector<bool> taken(params_.size(), false);
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = order.data<double>()[i];
+  for (size_t i = 0; i < n; ++i) {
+    const double v = order[i];
     if (v < 0) continue;
     const size_t idx = static_cast<size_t>(v);
     TANDEM_CHECK(idx < params_.size() && !taken[idx], "DistributedDataParallel: rank 0 sent a bad bucket order");

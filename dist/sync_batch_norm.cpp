@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "dist/host_values.h"
 #include "kernels/batch_norm.h"
 #include "kernels/elementwise.h"
 #include "nn/functional.h"
@@ -24,19 +25,8 @@ Tensor channel_tensor(const std::vector<double>& v, DType dtype, Device device) 
   return host.to(dtype).to(device);
 }
 
-// Where the per-channel vectors travel: Gloo takes host tensors, NCCL device ones.
-Device comm_device(const ProcessGroup& group, const Tensor& x) {
-  return group.backend() == "gloo" ? Device::cpu() : x.device();
-}
-
-void wait_for(const std::shared_ptr<Work>& work, const ProcessGroup& group, const char* what) {
-  try {
-    work->wait(group.timeout());
-  } catch (const Error& e) {
-    TANDEM_FAIL("SyncBatchNorm: ", what, " over the process group failed (every rank must run the same "
-                "synced layers in the same order): ", e.what());
-  }
-}
+// The per-channel vectors travel through dist/host_values.h, on the group's device.
+const char* kSameOrder = " (every rank must run the same synced layers in the same order)";
 
 struct SyncBatchNormBackward final : Node {
   Tensor x, w, mean, var, invstd;  // mean/var/invstd: the global statistics used, x's dtype
@@ -66,9 +56,8 @@ struct SyncBatchNormBackward final : Node {
       packed[c] = sum_dy[c];
       packed[C + c] = sum_dy_xhat[c];
     }
-    Tensor t = Tensor::from_vector(packed, {2 * C}).to(comm_device(*group, x));
-    wait_for(group->allreduce(t, ReduceOp::Sum), *group, "allreduce of the gradient sums");
-    packed = t.to_vector<double>();
+    packed = allreduce_values(*group, packed, ReduceOp::Sum,
+                              std::string("SyncBatchNorm: the allreduce of the gradient sums") + kSameOrder);
 
     // grad_input = w * invstd * (gy - S_dy / N - xhat * S_dy_xhat / N)
     //            = [gy * w * invstd]  +  [xhat * a + b]   with per-channel a, b.
@@ -132,18 +121,10 @@ Tensor SyncBatchNormStats::forward(nn::BatchNorm2d& bn, const Tensor& x_in) {
   }
 
   const int W = group_->size();
-  const Device dev = comm_device(*group_, x);
-  Tensor mine = Tensor::from_vector(local, {2 * C + 1}).to(dev);
-  std::vector<Tensor> all(W);
-  for (auto& t : all) t = Tensor::empty({2 * C + 1}, kFloat64, dev);
-  wait_for(group_->allgather(all, mine), *group_, "allgather of the batch statistics");
-
-  std::vector<std::vector<double>> ranks(W);
+  const std::vector<std::vector<double>> ranks = allgather_values(
+      *group_, local, std::string("SyncBatchNorm: the allgather of the batch statistics") + kSameOrder);
   double N = 0;
-  for (int r = 0; r < W; ++r) {
-    ranks[r] = all[r].to_vector<double>();
-    N += ranks[r][2 * C];
-  }
+  for (int r = 0; r < W; ++r) N += ranks[r][2 * C];
   TANDEM_CHECK(N > 1, "SyncBatchNorm(", C, "): expected more than 1 value per channel over all ranks when "
                "training, got ", N, " (this rank's input ", x.str(), ")");
   std::vector<double> mean(C, 0.0), var(C, 0.0);

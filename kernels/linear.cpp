@@ -1,9 +1,13 @@
 // Device-neutral linear and matmul entry points: validate ranks, the inner
 // dimensions, the bias shape, devices and dtypes, then route to cpu:: or
-// cuda::. No math here.
+// cuda::. No math here. Also the GEMM peak the profiler reports against.
 #include "kernels/linear.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "core/profiler.h"
+#include "core/thread_pool.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
@@ -57,6 +61,29 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const Device device = common_device(op, {a, b});
   common_float_dtype(op, {a, b});
   return TANDEM_DISPATCH(device, matmul, a, b);
+}
+
+double measure_gemm_peak_gflops(int threads) {
+  TANDEM_CHECK(threads >= 1, "measure_gemm_peak_gflops: threads must be >= 1, got ", threads);
+  constexpr int64_t n = 512;
+  const int before = num_threads();
+  set_num_threads(threads);
+  // Not recorded: the kernel is called below the instrumented dispatcher.
+  Tensor a = Tensor::full({n, n}, 0.5), b = Tensor::full({n, n}, 0.25);
+  double best = 1e30;
+  try {
+    cpu::matmul(a, b);  // warm-up: page in buffers, spin up the pool
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor c = cpu::matmul(a, b);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+  } catch (...) {
+    set_num_threads(before);
+    throw;
+  }
+  set_num_threads(before);
+  return 2.0 * n * n * n / best / 1e9;
 }
 
 }  // namespace tandem::kernels

@@ -29,4 +29,9 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
 Tensor matmul(const Tensor& a, const Tensor& b);
 }  // namespace cuda
 
+// Runs a short f32 GEMM (512^3, a few repetitions, best kept) on `threads` threads of the kernel
+// pool (restoring its size after) and returns GFLOP/s: the peak the profiler's report compares
+// each op with. Not recorded by the profiler (it calls the CPU kernel below the dispatcher).
+double measure_gemm_peak_gflops(int threads);
+
 }  // namespace tandem::kernels

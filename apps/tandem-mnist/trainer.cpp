@@ -43,11 +43,13 @@
 #include "dist/ddp.h"
 #include "dist/sync_batch_norm.h"
 #include "dist/env.h"
+#include "dist/host_values.h"
 #include "dist/process_group_factory.h"
 #include "dist/tcp_store.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
 #include "kernels/elementwise.h"
+#include "kernels/linear.h"
 #include "metrics.h"
 #include "nn/amp.h"
 #include "nn/functional.h"
@@ -73,17 +75,11 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
+// The process's device (dist::resolve_device), made the process's current CUDA device once here,
+// before any stream, handle or communicator exists.
 Device choose_device(const std::string& text, int local_rank) {
-  if (text == "auto") {
-    const int n = cuda_device_count();
-    return n > 0 ? Device::cuda(dist::cuda_device_for(local_rank, n)) : Device::cpu();
-  }
-  Device d = Device::parse(text);
-  if (d.is_cuda()) {
-    TANDEM_CHECK(cuda_compiled(), "--device ", text, ": this build has no CUDA backend");
-    const int n = cuda_device_count();
-    TANDEM_CHECK(d.index < n, "--device ", text, ": only ", n, " CUDA device(s) visible");
-  }
+  const Device d = dist::resolve_device(text, local_rank);
+  if (d.is_cuda()) set_cuda_device(d.index);
   return d;
 }
 
@@ -110,6 +106,10 @@ struct Distributed {
   dist::DistEnv env;
   std::shared_ptr<dist::Store> store;
   std::shared_ptr<dist::ProcessGroup> group;
+  // The per-iteration stop agreement's group: `group` itself when it is Gloo, else a Gloo group
+  // beside NCCL, so that agreeing never waits for the GPU (a device group's result would have to
+  // come back through the compute stream, behind the whole step).
+  std::shared_ptr<dist::ProcessGroup> host_group;
   bool active() const { return group != nullptr; }
 };
 
@@ -121,8 +121,6 @@ Distributed init_distributed(const TrainOptions& o, const dist::DistEnv& env, De
   if (backend == "auto") backend = device.is_cuda() ? "nccl" : "gloo";
   TANDEM_CHECK(backend != "nccl" || device.is_cuda(), "--backend nccl needs a CUDA device, got --device ",
                device.str());
-  TANDEM_CHECK(backend != "gloo" || device.is_cpu(), "--backend gloo works on CPU tensors; use --device cpu "
-               "or --backend nccl");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout_s * 1000));
   dist::TCPStoreOptions so;
   so.timeout = timeout;
@@ -130,6 +128,9 @@ Distributed init_distributed(const TrainOptions& o, const dist::DistEnv& env, De
   d.store = std::make_shared<dist::TCPStore>(d.env.master_addr, d.env.master_port, d.env.rank == 0, so);
   d.group = dist::make_process_group(backend, d.store, d.env.rank, d.env.world_size, timeout,
                                      device.is_cuda() ? device.index : -1);
+  d.host_group = d.group->comm_device().is_cpu()
+                     ? d.group
+                     : dist::make_process_group("gloo", d.store, d.env.rank, d.env.world_size, timeout);
   return d;
 }
 
@@ -161,12 +162,12 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, 
   }
   model.train();
   if (group) {  // each rank evaluated its own shard: add up the counts
-    Tensor sums = Tensor::from_vector<double>(
-        {loss_sum, static_cast<double>(r.correct), static_cast<double>(r.total)}, {3});
-    group->allreduce(sums)->wait(group->timeout());
-    loss_sum = sums.data<double>()[0];
-    r.correct = static_cast<int64_t>(sums.data<double>()[1]);
-    r.total = static_cast<int64_t>(sums.data<double>()[2]);
+    const std::vector<double> sums = dist::allreduce_values(
+        *group, {loss_sum, static_cast<double>(r.correct), static_cast<double>(r.total)}, dist::ReduceOp::Sum,
+        "the evaluation's sums");
+    loss_sum = sums[0];
+    r.correct = static_cast<int64_t>(sums[1]);
+    r.total = static_cast<int64_t>(sums[2]);
   }
   r.loss = r.total ? loss_sum / static_cast<double>(r.total) : 0.0;
   r.accuracy = r.total ? static_cast<double>(r.correct) / static_cast<double>(r.total) : 0.0;
@@ -174,13 +175,12 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader, Device device, 
 }
 
 
-// Under DDP every rank must stop at the same iteration: the largest signal
-// number any rank saw wins (one 1-element all-reduce per iteration).
-int agree_on_stop(const Distributed& d, Device device, int local) {
+// Under DDP every rank must stop at the same iteration: the largest signal number any rank saw
+// wins (one 1-element all-reduce per iteration, on the host group: no wait for the GPU).
+int agree_on_stop(const Distributed& d, int local) {
   if (!d.active()) return local;
-  Tensor flag = Tensor::from_vector<float>({static_cast<float>(local)}, {1}).to(device);
-  d.group->allreduce(flag, dist::ReduceOp::Max)->wait(d.group->timeout());
-  return static_cast<int>(flag.to(Device::cpu()).item<double>());
+  return static_cast<int>(
+      dist::allreduce_values(*d.host_group, {static_cast<double>(local)}, dist::ReduceOp::Max, "the stop agreement")[0]);
 }
 
 // Why --cuda-graph cannot run with these settings ("" when it can). `world` is the launcher's world size.
@@ -539,7 +539,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
         window_n = 0;
       }
       if (rank == 0 && o.debug_sigterm_at == global_iter) ::raise(SIGTERM);
-      stop = agree_on_stop(d, device, train::StopSignal::requested());
+      stop = agree_on_stop(d, train::StopSignal::requested());
       if (stop != 0 || (o.checkpoint_interval_iters > 0 && global_iter % o.checkpoint_interval_iters == 0))
         save_checkpoint(epoch, it);
       if (rank == 0 && o.debug_sigkill_at == global_iter) ::raise(SIGKILL);
@@ -582,7 +582,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   if (o.profile && rank == 0) {
     profiler::set_enabled(false);
     spdlog::info("profile (wall time per op, this rank):\n{}",
-                 profiler::report(profiler::measure_gemm_peak_gflops(num_threads())));
+                 profiler::report(kernels::measure_gemm_peak_gflops(num_threads())));
   }
   return 0;
 }

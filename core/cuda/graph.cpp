@@ -1,12 +1,17 @@
 // cuda::Graph (see core/cuda/graph.h), compiled only with the CUDA backend. Capture uses
 // cudaStreamCaptureModeThreadLocal so other threads (DataLoader workers, the NCCL/Gloo workers)
-// may keep calling CUDA while one thread captures; the caching allocator's cudaMalloc on a cache
-// miss would be illegal inside the capture and is reported as the capture's error.
+// may keep calling CUDA while one thread captures. The capturing thread allocates from a private
+// pool of the device's caching allocator (core/allocator.h), held until reset() or destruction,
+// after the stream has drained every replay; a miss inside the capture calls cudaMalloc in relaxed
+// capture mode (core/cuda/runtime.cpp). Kernels that may write the deferred error record
+// (core/cuda/context.h) mark it during capture; the graph remembers that and re-arms the check
+// after each replay, so the next device-to-host copy reports an error a replay found.
 #include "core/cuda/graph.h"
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/context.h"
+#include "core/allocator.h"
+#include "core/cuda/context.h"
 
 namespace tandem::cuda {
 
@@ -14,6 +19,9 @@ struct Graph::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   bool capturing = false;
+  CachingAllocator::PoolId pool = 0;  // the capture's private pool, 0 if none
+  uint64_t marks_at_begin = 0;        // kernel_error_marks when the capture began
+  bool may_report = false;            // the captured work may write the deferred error record
   void clear() {
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
@@ -23,35 +31,60 @@ struct Graph::Impl {
   ~Impl() { clear(); }
 };
 
-Graph::Graph(int device) : device_(device), impl_(std::make_unique<Impl>()) {
-  kernels::cuda::check_device_index(device);
-}
+Graph::Graph(int device) : device_(device), impl_(std::make_unique<Impl>()) { check_device_index(device); }
 
 Graph::~Graph() {
-  if (impl_ && impl_->capturing) {  // abandon a capture left open by an exception
-    cudaGraph_t g = nullptr;
-    kernels::cuda::DeviceGuard guard(device_);
-    (void)cudaStreamEndCapture(kernels::cuda::compute_stream(device_), &g);
-    if (g) cudaGraphDestroy(g);
-    (void)cudaGetLastError();
+  if (!impl_) return;
+  try {
+    DeviceGuard guard(device_);
+    if (impl_->capturing) {  // abandon a capture left open by an exception
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(compute_stream(device_), &g);
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      cuda_allocator(device_).end_private_pool();
+    }
+    release_memory();
+  } catch (...) {
+    // A destructor never throws; at worst the pool's blocks stay reserved.
   }
+}
+
+// Waits for queued replays, then hands the private pool's blocks back to the shared cache.
+void Graph::release_memory() {
+  impl_->clear();
+  if (impl_->pool == 0) return;
+  DeviceGuard guard(device_);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device_)));
+  cuda_allocator(device_).release_private_pool(impl_->pool);
+  impl_->pool = 0;
 }
 
 void Graph::begin_capture() {
   TANDEM_CHECK(!impl_->capturing, "cuda::Graph::begin_capture: a capture is already open on cuda:", device_);
-  impl_->clear();
-  kernels::cuda::DeviceGuard guard(device_);
-  TANDEM_CUDA_CHECK(
-      cudaStreamBeginCapture(kernels::cuda::compute_stream(device_), cudaStreamCaptureModeThreadLocal));
+  release_memory();
+  // Made before the capture: their first use allocates and synchronises, which a capture forbids.
+  prepare_kernel_error_record(device_);
+  DeviceGuard guard(device_);
+  CachingAllocator& alloc = cuda_allocator(device_);
+  impl_->pool = alloc.begin_private_pool();
+  impl_->marks_at_begin = kernel_error_marks(device_);
+  const cudaError_t err = cudaStreamBeginCapture(compute_stream(device_), cudaStreamCaptureModeThreadLocal);
+  if (err != cudaSuccess) {
+    alloc.end_private_pool();
+    TANDEM_CUDA_CHECK(err);
+  }
   impl_->capturing = true;
 }
 
 void Graph::end_capture() {
   TANDEM_CHECK(impl_->capturing, "cuda::Graph::end_capture: no capture open on cuda:", device_,
                " (call begin_capture first)");
-  kernels::cuda::DeviceGuard guard(device_);
+  DeviceGuard guard(device_);
   impl_->capturing = false;
-  const cudaError_t err = cudaStreamEndCapture(kernels::cuda::compute_stream(device_), &impl_->graph);
+  const cudaError_t err = cudaStreamEndCapture(compute_stream(device_), &impl_->graph);
+  cuda_allocator(device_).end_private_pool();
+  impl_->may_report = kernel_error_marks(device_) != impl_->marks_at_begin;
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     impl_->clear();
@@ -64,13 +97,14 @@ void Graph::end_capture() {
 
 void Graph::replay() {
   TANDEM_CHECK(impl_->exec != nullptr, "cuda::Graph::replay: nothing captured on cuda:", device_);
-  kernels::cuda::DeviceGuard guard(device_);
-  TANDEM_CUDA_CHECK(cudaGraphLaunch(impl_->exec, kernels::cuda::compute_stream(device_)));
+  DeviceGuard guard(device_);
+  TANDEM_CUDA_CHECK(cudaGraphLaunch(impl_->exec, compute_stream(device_)));
+  if (impl_->may_report) mark_kernel_error_check_pending(device_);
 }
 
 void Graph::reset() {
   TANDEM_CHECK(!impl_->capturing, "cuda::Graph::reset: a capture is open on cuda:", device_);
-  impl_->clear();
+  release_memory();
 }
 
 bool Graph::captured() const { return impl_->exec != nullptr; }

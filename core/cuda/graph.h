@@ -2,10 +2,16 @@
 // step queues on a device's compute stream once, then replay them with one launch per step.
 // Owns: one captured and instantiated graph (cudaStreamBeginCapture / cudaStreamEndCapture /
 //   cudaGraphInstantiate / cudaGraphLaunch on kernels::cuda::compute_stream(device)).
+// Memory: the capture allocates from a private pool of the device's caching allocator, so every
+//   block the graph touches stays reserved for its replays (even blocks the captured step freed)
+//   until reset() or destruction, which first wait for the queued replays; empty_cache() never
+//   frees them.
+// Deferred kernel errors (an out-of-range nll_loss target) found by a replay are reported by the
+//   next device-to-host copy, as for uncaptured work.
 // Assumes (the caller's contract, not checked here):
 //  - the captured region does no host synchronisation (no .item(), no device-to-host copy, no
-//    GradScaler::step, whose found_inf read syncs) and no allocation that misses the caching
-//    allocator's cache: run a few warm-up steps uncaptured first so every block is cached;
+//    GradScaler::step, whose found_inf read syncs): run a warm-up step uncaptured first, so that
+//    library handles and algorithm choices are made outside the capture;
 //  - every tensor the region reads or writes keeps its storage (same device address) for as long
 //    as the graph is replayed: copy each new batch into the captured input tensors; keep the
 //    outputs, parameters, gradients and optimizer state alive, and never set grads to none;
@@ -31,13 +37,14 @@ class Graph {
   void begin_capture();  // from here on, work queued on the compute stream is recorded, not run
   void end_capture();    // stops recording and instantiates; throws naming the CUDA error
   void replay();         // one cudaGraphLaunch on the compute stream
-  void reset();          // drops the graph (capture again after shapes change)
+  void reset();          // waits for queued replays, drops the graph and its pool (capture again after shapes change)
   bool captured() const;
   int device() const { return device_; }
 
   static bool supported();  // true in builds with the CUDA backend
 
  private:
+  void release_memory();
   struct Impl;
   int device_;
   std::unique_ptr<Impl> impl_;
@@ -54,6 +61,7 @@ inline void Graph::begin_capture() {}
 inline void Graph::end_capture() {}
 inline void Graph::replay() {}
 inline void Graph::reset() {}
+inline void Graph::release_memory() {}
 inline bool Graph::captured() const { return false; }
 inline bool Graph::supported() { return false; }
 #endif

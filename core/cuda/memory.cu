@@ -1,7 +1,7 @@
 // The CUDA side of Tensor::copy_, fill_ and add_ (declared in core/cuda/memory.h).
 //
 // Ordering: all device work is queued on the compute stream of the device involved
-// (kernels/cuda/context.h), so it is ordered after every kernel queued before it.
+// (core/cuda/context.h), so it is ordered after every kernel queued before it.
 //  - host -> device: cudaMemcpyAsync on the destination's stream. From pageable host memory the
 //    driver stages the data before the call returns, so the host buffer may be reused at once.
 //    From pinned (page-locked) host memory the copy is truly asynchronous, and nothing tells us
@@ -21,15 +21,17 @@
 
 #include "core/cuda/memory.h"
 #include "core/tensor.h"
-#include "kernels/cuda/context.h"
+#include "core/cuda/context.h"
+#include "core/cuda/launch.cuh"
 
 namespace tandem::cuda_detail {
 namespace {
 
-using kernels::cuda::check_kernel_errors;
-using kernels::cuda::compute_stream;
-using kernels::cuda::DeviceGuard;
-using kernels::cuda::grid_for;
+using cuda::check_kernel_errors;
+using cuda::compute_stream;
+using cuda::DeviceGuard;
+using cuda::grid_for;
+using cuda::StreamGuard;
 
 constexpr int kMaxDims = 8;
 
@@ -145,22 +147,18 @@ __global__ void axpy_kernel(T* dst, const T* src, T alpha, int64_t n) {
 
 // dst and src on the same device: one memcpy or one elementwise kernel.
 void copy_same_device(Tensor& dst, const Tensor& src) {
-  const int dev = dst.device().index;
-  const cudaStream_t stream = compute_stream(dev);
-  DeviceGuard guard(dev);
   const int64_t n = dst.numel();
   if (n == 0) return;
+  StreamGuard on(dst.device().index);
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     if (dst.raw_data() != src.raw_data())
       TANDEM_CUDA_CHECK(
-          cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, stream));
+          cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDeviceToDevice, on.stream()));
     return;
   }
   const CopyLayout l = make_layout(dst, &src);
   const int same_size = dst.dtype() == src.dtype() ? static_cast<int>(element_size(dst.dtype())) : 0;
-  copy_kernel<<<grid_for(n), 256, 0, stream>>>(src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(), l, n,
-                                               same_size);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  launch(on, copy_kernel, grid_for(n), 256, 0, src.raw_data(), src.dtype(), dst.raw_data(), dst.dtype(), l, n, same_size);
 }
 
 bool is_pinned_host(const void* p) {
@@ -185,11 +183,10 @@ void copy_host_to_device(Tensor& dst, const Tensor& src) {
   // Upload into dst directly when it is contiguous, else into a contiguous device temporary
   // that is then scattered into dst's layout on the device.
   Tensor target = dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
-  const cudaStream_t stream = compute_stream(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   TANDEM_CUDA_CHECK(
-      cudaMemcpyAsync(target.raw_data(), host.raw_data(), target.nbytes(), cudaMemcpyHostToDevice, stream));
-  if (is_pinned_host(host.raw_data())) TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+      cudaMemcpyAsync(target.raw_data(), host.raw_data(), target.nbytes(), cudaMemcpyHostToDevice, on.stream()));
+  if (is_pinned_host(host.raw_data())) TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
   if (!target.is_same(dst)) copy_same_device(dst, target);
 }
 
@@ -199,12 +196,11 @@ void copy_device_to_host(Tensor& dst, const Tensor& src) {
   Tensor packed = src.is_contiguous() ? src : src.contiguous();  // same dtype, on the device
   const bool direct = dst.dtype() == src.dtype() && dst.is_contiguous();
   Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype(), Device::cpu());
-  const cudaStream_t stream = compute_stream(dev);
   {
-    DeviceGuard guard(dev);
+    StreamGuard on(dev);
     TANDEM_CUDA_CHECK(
-        cudaMemcpyAsync(host.raw_data(), packed.raw_data(), host.nbytes(), cudaMemcpyDeviceToHost, stream));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+        cudaMemcpyAsync(host.raw_data(), packed.raw_data(), host.nbytes(), cudaMemcpyDeviceToHost, on.stream()));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
   }
   check_kernel_errors(dev);
   if (!direct) dst.copy_(host);  // host-to-host: the CPU path casts and handles dst's layout
@@ -252,8 +248,8 @@ void copy(Tensor& dst, const Tensor& src) {
   TANDEM_CHECK(dst.shape() == src.shape(), "copy_: shape ", shape_str(src.shape()), " into ", shape_str(dst.shape()));
   if (dst.numel() == 0) return;
   const Device dd = dst.device(), sd = src.device();
-  if (dd.is_cuda()) kernels::cuda::check_device_index(dd.index);
-  if (sd.is_cuda()) kernels::cuda::check_device_index(sd.index);
+  if (dd.is_cuda()) cuda::check_device_index(dd.index);
+  if (sd.is_cuda()) cuda::check_device_index(sd.index);
   if (dd.is_cuda() && sd.is_cuda()) {
     if (dd == sd) {
       copy_same_device(dst, src);
@@ -272,16 +268,13 @@ void fill(Tensor& t, double value) {
   TANDEM_CHECK(t.device().is_cuda(), "CUDA fill on a ", t.str());
   const int64_t n = t.numel();
   if (n == 0) return;
-  const int dev = t.device().index;
-  const cudaStream_t stream = compute_stream(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(t.device().index);
   if (value == 0.0 && !std::signbit(value) && t.is_contiguous()) {  // +0.0: all-zero bits in every dtype
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), stream));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), on.stream()));
     return;
   }
   const CopyLayout l = make_layout(t, nullptr);
-  fill_kernel<<<grid_for(n), 256, 0, stream>>>(t.raw_data(), t.dtype(), l, n, value);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  launch(on, fill_kernel, grid_for(n), 256, 0, t.raw_data(), t.dtype(), l, n, value);
 }
 
 void add_(Tensor& dst, const Tensor& src, double alpha) {
@@ -293,19 +286,13 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   Tensor s = src.contiguous();
-  const int dev = dst.device().index;
-  const cudaStream_t stream = compute_stream(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(dst.device().index);
   if (dst.dtype() == kFloat32) {
     // The CPU path computes float(alpha) * src in float; so does this.
-    axpy_kernel<float><<<grid_for(n), 256, 0, stream>>>(static_cast<float*>(dst.raw_data()),
-                                                        static_cast<const float*>(s.raw_data()),
-                                                        static_cast<float>(alpha), n);
+    launch(on, axpy_kernel<float>, grid_for(n), 256, 0, static_cast<float*>(dst.raw_data()), static_cast<const float*>(s.raw_data()), static_cast<float>(alpha), n);
   } else {
-    axpy_kernel<double><<<grid_for(n), 256, 0, stream>>>(static_cast<double*>(dst.raw_data()),
-                                                         static_cast<const double*>(s.raw_data()), alpha, n);
+    launch(on, axpy_kernel<double>, grid_for(n), 256, 0, static_cast<double*>(dst.raw_data()), static_cast<const double*>(s.raw_data()), alpha, n);
   }
-  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tandem::cuda_detail

@@ -15,7 +15,12 @@ namespace {
 
 bool cuda_compiled() { return false; }
 int cuda_device_count() { return 0; }
-Allocator& cuda_allocator(int) { no_cuda("cuda_allocator"); }
+std::string cuda_unavailable_reason() { return "Tandem was built without CUDA"; }
+void set_cuda_device(int) { no_cuda("set_cuda_device"); }
+void synchronize(Device device) {
+  if (device.is_cuda()) no_cuda("synchronize(cuda)");
+}
+CachingAllocator& cuda_allocator(int) { no_cuda("cuda_allocator"); }
 
 namespace cuda_detail {
 void copy(Tensor&, const Tensor&) { no_cuda("copy to or from a CUDA tensor"); }

@@ -8,27 +8,31 @@
 //    tandem::Error with the requested size and the device's usage.
 //  - Stream assumption: a freed block goes back to the free list at once, while kernels queued
 //    earlier may still be using it. That is safe because every user of device memory queues its
-//    work on the device's single compute stream (kernels/cuda/context.h): the next owner's work is
+//    work on the device's single compute stream (core/cuda/context.h): the next owner's work is
 //    queued after the previous owner's and so runs after it. Work on any other stream (NCCL's
 //    communication stream) must keep its tensors alive until that work has completed, or make
 //    the compute stream wait on an event recorded after it, before the tensors are dropped.
+//  - Graph captures allocate from a private pool (core/allocator.h), so empty_cache() never frees
+//    a block a captured graph's replays still write.
 //  - empty_cache() waits for the device (cudaDeviceSynchronize) before cudaFree, since cached
 //    blocks may still be in use by queued work; it is for out-of-memory recovery and tests, never
 //    part of a training step.
 //  - Allocators are created on first use and never destroyed (tensors in static storage may
 //    outlive everything else, and cudaFree after the runtime's teardown would fail).
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/error.h"
-#include "kernels/cuda/context.h"
+#include "core/cuda/context.h"
 
 namespace tandem {
 namespace {
 
-using kernels::cuda::DeviceGuard;
+using cuda::DeviceGuard;
 
 class CudaCachingAllocator final : public CachingAllocator {
  public:
@@ -38,7 +42,13 @@ class CudaCachingAllocator final : public CachingAllocator {
   void* backend_allocate(size_t bytes) override {
     DeviceGuard guard(device_);
     void* p = nullptr;
+    // Relaxed capture mode for this call, as PyTorch's allocator does: a miss inside a graph
+    // capture (served into the capture's private pool) may then call cudaMalloc, which the
+    // thread-local capture mode forbids. Outside a capture the mode change has no effect.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    TANDEM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     const cudaError_t err = cudaMalloc(&p, bytes);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (err == cudaSuccess) return p;
     (void)cudaGetLastError();
     if (err == cudaErrorMemoryAllocation) return nullptr;
@@ -69,21 +79,52 @@ class CudaCachingAllocator final : public CachingAllocator {
 
 bool cuda_compiled() { return true; }
 
-int cuda_device_count() {
+namespace {
+
+struct DeviceCount {
+  int count = 0;
+  std::string reason;  // why count is 0 (cuda_unavailable_reason)
+};
+
+const DeviceCount& device_count() {
   // The runtime reads CUDA_VISIBLE_DEVICES once, at initialisation, so the count cannot change.
-  static const int count = [] {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-      (void)cudaGetLastError();  // no driver, no device, CUDA_VISIBLE_DEVICES=-1: not an error here
-      return 0;
+  static const DeviceCount found = [] {
+    DeviceCount d;
+    const cudaError_t err = cudaGetDeviceCount(&d.count);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not an error here: callers see 0 devices and can ask why
+      d.count = 0;
+      d.reason = std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      if (err == cudaErrorNoDevice && visible != nullptr)
+        d.reason += std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")";
+    } else if (d.count == 0) {
+      d.reason = "the CUDA runtime reports 0 devices";
     }
-    return n;
+    return d;
   }();
-  return count;
+  return found;
 }
 
-Allocator& cuda_allocator(int device) {
-  kernels::cuda::check_device_index(device);
+}  // namespace
+
+int cuda_device_count() { return device_count().count; }
+
+std::string cuda_unavailable_reason() { return device_count().reason; }
+
+void set_cuda_device(int index) { cuda::set_device(index); }
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  {
+    cuda::StreamGuard on(device.index);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+  }
+  cuda::check_kernel_errors(device.index);
+}
+
+CachingAllocator& cuda_allocator(int device) {
+  cuda::check_device_index(device);
   static std::mutex mu;
   static auto* allocators = new std::vector<CudaCachingAllocator*>();  // leaked, see above
   std::lock_guard<std::mutex> lock(mu);

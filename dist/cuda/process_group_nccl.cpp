@@ -1,31 +1,64 @@
 // ProcessGroupNccl (contract in dist/process_group_nccl.h). Compiled only in CUDA builds.
 // Owns: the NCCL communicator of one device, created non-blocking so that its initialisation can
 // be abandoned (ncclCommAbort) after the group's timeout; the group's communication stream; the
-// list of unfinished collectives, whose tensors it keeps alive until their events complete.
+// in-flight list (each unfinished collective's `done` event, issue time and the tensors it uses,
+// kept alive until the event is reached); the watchdog thread; the group's error record.
 // Streams and ordering: a collective records `ready` on the device's compute stream
-// (kernels/cuda/context.h) and makes the communication stream wait on it, launches the NCCL call
-// on the communication stream and records `done` there. A Work's wait() polls `done` and the
-// communicator's asynchronous error on the host (never cudaDeviceSynchronize); once `done` has
-// completed it makes the compute stream wait on it, so later compute is ordered after the
-// collective even if that wait is elided by the driver.
-// Threads: the communicator is used under one mutex (launches, error queries, abort), so Works
-// may be waited from any thread. Every NCCL call goes through TANDEM_NCCL_CHECK (file:line, the
-// call, ncclGetErrorString and NCCL's last-error text); every CUDA call through TANDEM_CUDA_CHECK.
+// (core/cuda/context.h) and makes the communication stream wait on it, launches the NCCL call
+// on the communication stream and records `done` there. No host wait anywhere unless asked for:
+// Work::wait() makes the compute stream wait on `done` (cudaStreamWaitEvent) and returns, so
+// later compute is ordered after the collective while the host keeps queueing work;
+// Work::synchronize() (and barrier()'s wait()) then also polls `done` on the host. Never
+// cudaDeviceSynchronize.
+// Errors: whoever aborts the communicator (the watchdog, synchronize() at its timeout, a launch
+// whose NCCL call fails to settle) records one message in the group's error record (the first
+// wins) and prints it once to stderr; from then on every collective call, wait() and
+// synchronize() throws tandem::Error with that message. The abort makes the stuck NCCL kernels
+// return, so the streams drain and the tensors of the in-flight list can be released.
+// Threads:
+//  - caller threads (any number, any of them may wait on any Work): issue collectives (launch(),
+//    under `mu`; it also drops reached in-flight entries); wait() (one cudaStreamWaitEvent; never
+//    blocks on the collective); synchronize() (polls the event; takes `mu` to query the
+//    asynchronous error and, at its timeout, to abort); is_completed() (one event query).
+//  - the watchdog, one thread per group, started by the constructor once the communicator is up
+//    and stopped and joined by the destructor before the communicator is finalized. Every 100 ms
+//    (a condition variable ends the sleep at once on shutdown) it drops the in-flight entries
+//    whose events were reached (releasing their tensors), then under `mu` checks
+//    ncclCommGetAsyncError and the age of the oldest unreached collective, and aborts the
+//    communicator when NCCL reports an error or that collective is older than the group's timeout.
+//  - the destructor's thread: lets the in-flight collectives end (the watchdog aborts the stuck
+//    ones; a backstop aborts past the timeout), stops the watchdog, finalizes (or aborts) the
+//    communicator, waits a bounded time for the streams to drain, and keeps (leaks) the tensors
+//    of anything still unreached rather than free memory a stream may still use. Never throws.
+// Locks: `mu` guards the communicator: every NCCL call on it (launch and its settling, the async
+// error query, abort, finalize) runs under it. `inflight_mu` guards the in-flight list; it may be
+// taken while `mu` is held (launch appends under both, so the list is in stream order), never the
+// other way round. The error record is written once under `mu` and then published by an atomic
+// flag, so reading it needs no lock. Tensors are released outside both locks.
+// Every NCCL call goes through TANDEM_NCCL_CHECK (file:line, the call, ncclGetErrorString and
+// NCCL's last-error text) or has its result checked by hand; every CUDA call that can fail the
+// caller goes through TANDEM_CUDA_CHECK.
 #include "dist/process_group_nccl.h"
 
 #include <nccl.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/error.h"
-#include "kernels/cuda/context.h"
+#include "core/cuda/context.h"
 
 // ncclInProgress is not an error: a non-blocking communicator is still working on the call.
 #define TANDEM_NCCL_CHECK(expr)                                                               \
@@ -44,7 +77,13 @@ namespace tandem::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-namespace kc = tandem::kernels::cuda;
+namespace kc = tandem::cuda;
+
+constexpr Millis kWatchdogPeriod{100};
+// How long the destructor waits, after an abort, for the streams to drain before it keeps the
+// tensors of the unreached collectives for good.
+constexpr Millis kDrainAfterAbort{10000};
+constexpr const char* kAbortedTail = "; the communicator was aborted and the group cannot be used any more";
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
@@ -85,144 +124,276 @@ std::string next_unique_id_key(int rank) {
   return "nccl_unique_id/" + std::to_string(made[rank]++);
 }
 
-// The communicator and its stream, shared by the group and its Works (a Work may outlive the
-// group: it then only reads its own, already completed, event).
-struct NcclComm {
-  std::mutex mu;
-  ncclComm_t comm = nullptr;  // null once destroyed or aborted
-  cudaStream_t stream = nullptr;
-  int device = 0;
-  std::string who;           // "ProcessGroupNccl rank 0 of 2 on cuda:0"
-  std::string abort_reason;  // set when aborted
+std::string cuda_text(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
 
-  // Requires mu. Aborts the communicator (its kernels stop, so queued stream work drains).
-  void abort_locked(const std::string& reason) {
-    if (comm != nullptr) {
-      ncclCommAbort(comm);  // result ignored: nothing more can be done with this communicator
-      comm = nullptr;
-    }
-    if (abort_reason.empty()) abort_reason = reason;
+// One CUDA event without timing, destroyed with its last owner (a collective's Work and its
+// in-flight entry share `done`). Destroying an event that is not reached yet is fine: CUDA
+// releases it once reached.
+class Event {
+ public:
+  Event() { TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  ~Event() {
+    if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// One unfinished collective, as the group tracks it.
+struct Inflight {
+  std::shared_ptr<Event> done;
+  std::string description;   // "allreduce(float32[1024], sum) on cuda:0"
+  Clock::time_point issued;  // when the host queued it
+  std::vector<Tensor> keep;  // what the communication stream uses, alive until `done` is reached
+};
+
+// Everything the group, its Works and its watchdog share. A Work may outlive the group: it then
+// only reads its own event and the error record. Locks and threads: see the file comment.
+struct NcclState {
+  // Set by the constructor before any other thread exists; read-only afterwards.
+  int device = 0;
+  Millis timeout{0};
+  std::string who;  // "ProcessGroupNccl rank 0 of 2 on cuda:0"
+
+  std::mutex mu;              // the communicator
+  ncclComm_t comm = nullptr;  // null once finalized or aborted
+  cudaStream_t stream = nullptr;
+  bool up = false;  // the constructor finished: recorded errors are printed to stderr
+
+  std::atomic<bool> failed{false};
+  std::string error;  // written once, under mu, before `failed` is set; immutable afterwards
+
+  std::mutex inflight_mu;
+  std::deque<Inflight> inflight;  // in stream order, so in reaching order
+
+  std::mutex watchdog_mu;
+  std::condition_variable watchdog_cv;
+  bool stop = false;  // under watchdog_mu
+
+  bool has_failed() const { return failed.load(std::memory_order_acquire); }
+  // Requires has_failed().
+  [[noreturn]] void throw_error() const { TANDEM_FAIL(error); }
+  void throw_if_failed() const {
+    if (has_failed()) throw_error();
   }
 
-  // Requires mu. Polls the asynchronous state until it is not ncclInProgress; aborts and throws
-  // on an error or at `deadline`, naming `what`.
-  void settle_locked(const std::string& what, Clock::time_point deadline, Millis timeout) {
+  // Requires mu. Aborts the communicator (its kernels return, so the streams drain) and records
+  // `message` as the group's error unless one was recorded already; the first error of a group
+  // that is up is printed once to stderr, since the host may never call into the group again.
+  void abort_locked(const std::string& message) {
+    if (comm != nullptr) {
+      (void)ncclCommAbort(comm);  // result ignored: nothing more can be done with this communicator
+      comm = nullptr;
+    }
+    if (failed.load(std::memory_order_relaxed)) return;
+    error = message;
+    failed.store(true, std::memory_order_release);
+    if (up) {
+      std::fprintf(stderr, "[tandem] %s\n", error.c_str());
+      std::fflush(stderr);
+    }
+  }
+
+  std::string timeout_message(const std::string& what, Millis t) const {
+    return who + ": " + what + " did not complete within " + std::to_string(t.count()) +
+           " ms (a rank is missing, stuck or issued collectives in another order)" + kAbortedTail;
+  }
+
+  // Requires mu and a communicator. When NCCL reports an asynchronous error, aborts, records an
+  // error naming `what` and returns true.
+  bool async_error_locked(const std::string& what) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+    if (r != ncclSuccess) state = r;
+    if (state == ncclSuccess || state == ncclInProgress) return false;
+    abort_locked(who + ": " + what + " failed: NCCL reported " + nccl_text(state) + kAbortedTail);
+    return true;
+  }
+
+  // Requires mu and a communicator. Polls the asynchronous state until it is not ncclInProgress
+  // (a non-blocking communicator may still be working on the last call); on an error, or after
+  // `limit`, aborts, records an error naming `what` and throws it. `init`: the communicator's
+  // initialisation (the group never came up).
+  void settle_locked(const std::string& what, Millis limit, bool init) {
+    const auto deadline = Clock::now() + limit;
+    const std::string tail = init ? "; the communicator was aborted" : kAbortedTail;
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      TANDEM_NCCL_CHECK(ncclCommGetAsyncError(comm, &state));
+      const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      if (r != ncclSuccess) state = r;
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
-        const std::string text = nccl_text(state);
-        abort_locked(what + " failed: " + text);
-        TANDEM_FAIL(who, ": ", what, " failed: ", text, "; the communicator was aborted");
+        abort_locked(who + ": " + what + " failed: " + nccl_text(state) + tail);
+        throw_error();
       }
       if (Clock::now() >= deadline) {
-        abort_locked(what + " did not finish within " + std::to_string(timeout.count()) + " ms");
-        TANDEM_FAIL(who, ": ", what, " did not finish within ", timeout.count(),
-                    " ms (a rank is missing or stuck); the communicator was aborted");
+        abort_locked(who + ": " + what + (init ? " did not finish within " : " could not be queued within ") +
+                     std::to_string(limit.count()) + " ms (a rank is missing or stuck)" + tail);
+        throw_error();
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  // Moves the in-flight entries whose events were reached into `released`, for the caller to
+  // destroy outside the lock. Returns the first event-query error other than "not ready"
+  // (cudaSuccess if none); the entry it concerns stays first in the list.
+  cudaError_t prune(std::vector<Inflight>& released) {
+    std::lock_guard<std::mutex> lock(inflight_mu);
+    while (!inflight.empty()) {
+      const cudaError_t q = cudaEventQuery(inflight.front().done->get());
+      if (q != cudaSuccess) {
+        (void)cudaGetLastError();  // "not ready" or an error: neither may linger for a later check
+        return q == cudaErrorNotReady ? cudaSuccess : q;
+      }
+      released.push_back(std::move(inflight.front()));
+      inflight.pop_front();
+    }
+    return cudaSuccess;
+  }
+  // prune(), releasing the tensors at once.
+  cudaError_t release_reached() {
+    std::vector<Inflight> released;
+    return prune(released);  // `released` is destroyed after the lock is let go
+  }
+
+  bool inflight_empty() {
+    std::lock_guard<std::mutex> lock(inflight_mu);
+    return inflight.empty();
+  }
+
+  // The watchdog's round (see the file comment).
+  void watchdog_tick() {
+    const cudaError_t query_error = release_reached();
+    if (has_failed()) return;
+    std::shared_ptr<Event> oldest;
+    std::string what = "a collective";
+    Clock::time_point issued{};
+    {
+      std::lock_guard<std::mutex> lock(inflight_mu);
+      if (!inflight.empty()) {
+        oldest = inflight.front().done;
+        what = inflight.front().description;
+        issued = inflight.front().issued;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm == nullptr || failed.load(std::memory_order_relaxed)) return;  // finalized or aborted
+    if (query_error != cudaSuccess) {
+      abort_locked(who + ": " + what + " failed: CUDA error while waiting for it: " + cuda_text(query_error) +
+                   kAbortedTail);
+      return;
+    }
+    if (async_error_locked(what)) return;
+    if (oldest != nullptr && Clock::now() - issued > timeout) {
+      // Asked again under `mu`: it may have been reached since the list was read.
+      const cudaError_t q = cudaEventQuery(oldest->get());
+      (void)cudaGetLastError();
+      if (q == cudaErrorNotReady) abort_locked(timeout_message(what, timeout));
+    }
+  }
+
+  static void watchdog_main(std::shared_ptr<NcclState> s) {
+    std::optional<kc::DeviceGuard> guard;
+    try {
+      guard.emplace(s->device);  // for the thread's life; event queries work without it too
+    } catch (...) {
+    }
+    std::unique_lock<std::mutex> lock(s->watchdog_mu);
+    while (!s->stop) {
+      s->watchdog_cv.wait_for(lock, kWatchdogPeriod, [&] { return s->stop; });
+      if (s->stop) break;
+      lock.unlock();
+      try {
+        s->watchdog_tick();
+      } catch (...) {
+        // An exception here (out of memory for a message) must not end the process; next round.
+      }
+      lock.lock();
     }
   }
 };
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclComm> comm, cudaEvent_t done, std::string description,
-           std::vector<Tensor> keep)
-      : comm_(std::move(comm)), done_(done), description_(std::move(description)), keep_(std::move(keep)) {}
-
-  ~NcclWork() override {
-    // Any current device will do; never throws. The event is released once reached.
-    if (done_ != nullptr) cudaEventDestroy(done_);
-  }
+  // `host_wait`: wait() behaves as synchronize() (barrier).
+  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<Event> done, std::string description,
+           bool host_wait)
+      : state_(std::move(state)),
+        done_(std::move(done)),
+        description_(std::move(description)),
+        host_wait_(host_wait) {}
 
   bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_ || !error_.empty()) return true;
-    kc::DeviceGuard guard(comm_->device);
-    const cudaError_t q = cudaEventQuery(done_);
-    if (q == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      std::lock_guard<std::mutex> comm_lock(comm_->mu);
-      return !comm_->abort_reason.empty();  // aborted: it will never succeed
-    }
+    if (state_->has_failed()) return true;  // it never will: wait() throws the group's error
+    kc::DeviceGuard guard(state_->device);
+    const cudaError_t q = cudaEventQuery(done_->get());
+    if (q == cudaSuccess) return true;
     (void)cudaGetLastError();
-    return true;  // reached, or a CUDA error that wait() reports
+    return q != cudaErrorNotReady;  // a CUDA error counts as completed: synchronize() reports it
   }
 
   void wait(Millis timeout) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!error_.empty()) TANDEM_FAIL(error_);
-    if (finished_) return;
-    kc::DeviceGuard guard(comm_->device);
+    if (host_wait_) {
+      synchronize(timeout);
+      return;
+    }
+    order_compute_stream();
+  }
+
+  void synchronize(Millis timeout) override {
+    order_compute_stream();
+    NcclState& s = *state_;
+    kc::DeviceGuard guard(s.device);
     const auto deadline = Clock::now() + timeout;
     for (int spins = 0;; ++spins) {
-      const cudaError_t q = cudaEventQuery(done_);
+      const cudaError_t q = cudaEventQuery(done_->get());
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) {
-        (void)cudaGetLastError();
-        fail(std::string("CUDA error while waiting: ") + cudaGetErrorName(q) + ": " + cudaGetErrorString(q));
+      (void)cudaGetLastError();
+      if (q != cudaErrorNotReady)
+        TANDEM_FAIL(s.who, ": ", description_, " failed: CUDA error while waiting for it: ", cuda_text(q));
+      s.throw_if_failed();  // the watchdog aborted meanwhile
+      if (spins < 64) {
+        std::this_thread::yield();
+        continue;
       }
       {
-        std::lock_guard<std::mutex> comm_lock(comm_->mu);
-        if (!comm_->abort_reason.empty()) fail("the communicator was aborted (" + comm_->abort_reason + ")");
-        if (comm_->comm != nullptr) {
-          ncclResult_t state = ncclSuccess;
-          const ncclResult_t r = ncclCommGetAsyncError(comm_->comm, &state);
-          if (r != ncclSuccess) state = r;
-          if (state != ncclSuccess && state != ncclInProgress) {
-            const std::string text = nccl_text(state);
-            comm_->abort_locked(description_ + " failed: " + text);
-            fail("NCCL reported " + text + "; the communicator was aborted");
-          }
-        }
-        if (Clock::now() >= deadline) {
-          const std::string reason =
-              description_ + " did not complete within " + std::to_string(timeout.count()) + " ms";
-          comm_->abort_locked(reason);
-          fail("did not complete within " + std::to_string(timeout.count()) +
-               " ms (a rank is missing, stuck or issued collectives in another order); the communicator was "
-               "aborted and the group cannot be used any more");
+        std::lock_guard<std::mutex> lock(s.mu);
+        if (!s.failed.load(std::memory_order_relaxed) && s.comm != nullptr)
+          (void)s.async_error_locked(description_);
+        if (!s.failed.load(std::memory_order_relaxed) && Clock::now() >= deadline) {
+          const cudaError_t again = cudaEventQuery(done_->get());
+          (void)cudaGetLastError();
+          if (again == cudaErrorNotReady) s.abort_locked(s.timeout_message(description_, timeout));
         }
       }
-      if (spins < 64)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      s.throw_if_failed();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    // Reached: order the compute stream after it, then let the tensors go.
-    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(kc::compute_stream(comm_->device), done_, 0));
-    finished_ = true;
-    keep_.clear();
+    (void)s.release_reached();  // this collective's tensors, and its predecessors', go now
   }
 
   std::string description() const override { return description_; }
 
-  // True once the event was reached (the group's list of unfinished collectives drops it).
-  bool reached() {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (finished_) return true;
-    kc::DeviceGuard guard(comm_->device);
-    const cudaError_t q = cudaEventQuery(done_);
-    (void)cudaGetLastError();
-    return q == cudaSuccess;
-  }
-
  private:
-  // Requires mu_. Records and throws the error, naming the op.
-  [[noreturn]] void fail(const std::string& why) {
-    error_ = comm_->who + ": " + description_ + " " + why;
-    TANDEM_FAIL(error_);
+  // wait()'s whole work: throws the group's error, if any; else orders the compute stream after
+  // the collective.
+  void order_compute_stream() {
+    state_->throw_if_failed();
+    kc::DeviceGuard guard(state_->device);
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(kc::compute_stream(state_->device), done_->get(), 0));
   }
 
-  std::shared_ptr<NcclComm> comm_;
-  cudaEvent_t done_ = nullptr;
+  const std::shared_ptr<NcclState> state_;
+  const std::shared_ptr<Event> done_;
   const std::string description_;
-  std::vector<Tensor> keep_;  // tensors the communication stream uses, alive until reached
-  std::mutex mu_;
-  bool finished_ = false;
-  std::string error_;
+  const bool host_wait_;
 };
 
 void check_cuda_contiguous(const char* op, const char* what, const Tensor& t, int device) {
@@ -237,47 +408,55 @@ void check_cuda_contiguous(const char* op, const char* what, const Tensor& t, in
 }  // namespace
 
 struct ProcessGroupNccl::Impl {
-  std::shared_ptr<NcclComm> state = std::make_shared<NcclComm>();
-  Millis timeout{0};
-  std::mutex mu;  // guards inflight
-  std::vector<std::shared_ptr<NcclWork>> inflight;
+  std::shared_ptr<NcclState> state = std::make_shared<NcclState>();
+  std::thread watchdog;
   Tensor barrier_buffer;
 
-  // Queues one collective (see the file comment); `call` issues the NCCL call(s) on `stream`.
-  std::shared_ptr<Work> launch(const std::string& description, std::vector<Tensor> keep,
-                               const std::function<void(ncclComm_t, cudaStream_t)>& call) {
-    NcclComm& s = *state;
-    kc::DeviceGuard guard(s.device);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      std::erase_if(inflight, [](const std::shared_ptr<NcclWork>& w) { return w->reached(); });
-    }
-    cudaEvent_t ready = nullptr, done = nullptr;
-    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    const cudaError_t made = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-    if (made != cudaSuccess) cudaEventDestroy(ready);
-    TANDEM_CUDA_CHECK(made);
-    std::shared_ptr<NcclWork> work;
+  ~Impl() { stop_watchdog(); }
+
+  // Wakes the watchdog and joins it; never throws. Should the join fail the thread is detached:
+  // it holds its own reference to the state.
+  void stop_watchdog() noexcept {
+    if (!watchdog.joinable()) return;
     try {
+      {
+        std::lock_guard<std::mutex> lock(state->watchdog_mu);
+        state->stop = true;
+      }
+      state->watchdog_cv.notify_all();
+      watchdog.join();
+    } catch (...) {
+      try {
+        if (watchdog.joinable()) watchdog.detach();
+      } catch (...) {
+      }
+    }
+  }
+
+  // Queues one collective (see the file comment); `call` issues the NCCL call(s) on `stream`.
+  std::shared_ptr<Work> launch(const std::string& description, std::vector<Tensor> keep, bool host_wait,
+                               const std::function<void(ncclComm_t, cudaStream_t)>& call) {
+    NcclState& s = *state;
+    s.throw_if_failed();
+    kc::DeviceGuard guard(s.device);
+    (void)s.release_reached();  // a query error is the watchdog's to report
+    Event ready;
+    auto done = std::make_shared<Event>();
+    {
       std::lock_guard<std::mutex> lock(s.mu);
-      TANDEM_CHECK(s.comm != nullptr, s.who, ": ", description,
-                   " issued after the communicator was aborted (", s.abort_reason, ")");
-      TANDEM_CUDA_CHECK(cudaEventRecord(ready, kc::compute_stream(s.device)));
-      TANDEM_CUDA_CHECK(cudaStreamWaitEvent(s.stream, ready, 0));
+      s.throw_if_failed();
+      TANDEM_CHECK(s.comm != nullptr, s.who, ": ", description, " issued after the group was destroyed");
+      TANDEM_CUDA_CHECK(cudaEventRecord(ready.get(), kc::compute_stream(s.device)));
+      TANDEM_CUDA_CHECK(cudaStreamWaitEvent(s.stream, ready.get(), 0));
       call(s.comm, s.stream);
       // A non-blocking communicator may still be enqueuing: settle before the next call.
-      s.settle_locked(description, Clock::now() + timeout, timeout);
-      TANDEM_CUDA_CHECK(cudaEventRecord(done, s.stream));
-    } catch (...) {
-      cudaEventDestroy(ready);
-      cudaEventDestroy(done);
-      throw;
+      s.settle_locked(description, s.timeout, /*init=*/false);
+      TANDEM_CUDA_CHECK(cudaEventRecord(done->get(), s.stream));
+      std::lock_guard<std::mutex> list_lock(s.inflight_mu);
+      s.inflight.push_back(Inflight{done, description, Clock::now(), std::move(keep)});
     }
-    cudaEventDestroy(ready);  // released once reached; the stream wait already holds it
-    work = std::make_shared<NcclWork>(state, done, description, std::move(keep));
-    std::lock_guard<std::mutex> lock(mu);
-    inflight.push_back(work);
-    return work;
+    // `ready` goes now: the communication stream's wait already holds it.
+    return std::make_shared<NcclWork>(state, std::move(done), description, host_wait);
   }
 };
 
@@ -290,9 +469,9 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
   TANDEM_CHECK(timeout.count() > 0, "ProcessGroupNccl: timeout must be positive, got ", timeout.count(),
                " ms");
   kc::check_device_index(device);
-  impl_->timeout = timeout;
-  NcclComm& s = *impl_->state;
+  NcclState& s = *impl_->state;
   s.device = device;
+  s.timeout = timeout;
   s.who = "ProcessGroupNccl rank " + std::to_string(rank) + " of " + std::to_string(size) +
           " on cuda:" + std::to_string(device);
   kc::DeviceGuard guard(device);
@@ -314,75 +493,103 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
   }
 
   (void)kc::compute_stream(device);  // make sure it exists before any collective
+  // Made before the communicator, so that nothing after its creation but the watchdog can fail.
+  impl_->barrier_buffer = Tensor::zeros({1}, kFloat32, Device::cuda(device));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so that a missing rank ends in an abort after `timeout`, not a hang
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    try {
-      TANDEM_NCCL_CHECK(ncclCommInitRankConfig(&s.comm, size, id, rank, &config));
-      s.settle_locked(
-          "ncclCommInitRank (" + std::to_string(size) + " ranks, id from store key '" + key + "')",
-          Clock::now() + timeout, timeout);
-    } catch (...) {
-      if (s.comm != nullptr) s.abort_locked("initialisation failed");
-      cudaStreamDestroy(s.stream);
-      s.stream = nullptr;
-      throw;
-    }
+  std::lock_guard<std::mutex> lock(s.mu);
+  try {
+    TANDEM_NCCL_CHECK(ncclCommInitRankConfig(&s.comm, size, id, rank, &config));
+    s.settle_locked("ncclCommInitRank (" + std::to_string(size) + " ranks, id from store key '" + key + "')",
+                    timeout, /*init=*/true);
+    impl_->watchdog = std::thread(&NcclState::watchdog_main, impl_->state);
+    s.up = true;
+  } catch (...) {
+    if (s.comm != nullptr) s.abort_locked(s.who + ": initialisation failed");
+    if (cudaStreamDestroy(s.stream) != cudaSuccess) (void)cudaGetLastError();
+    s.stream = nullptr;
+    throw;
   }
-  impl_->barrier_buffer = Tensor::zeros({1}, kFloat32, Device::cuda(device));
 }
 
 ProcessGroupNccl::~ProcessGroupNccl() {
   if (!impl_) return;
-  NcclComm& s = *impl_->state;
+  NcclState& s = *impl_->state;
   try {
-    // Unfinished collectives first (each bounded by the timeout; after one aborts, the rest end).
-    std::vector<std::shared_ptr<NcclWork>> pending;
+    std::optional<kc::DeviceGuard> guard;
+    try {
+      guard.emplace(s.device);
+    } catch (...) {
+    }
+    // 1. Let the unfinished collectives end. The watchdog aborts one older than the timeout, so this
+    //    ends within about the timeout; the backstop covers a watchdog that could not act.
+    const auto backstop = Clock::now() + s.timeout + 2 * kWatchdogPeriod;
+    while (!s.has_failed()) {
+      (void)s.release_reached();
+      if (s.inflight_empty()) break;
+      if (Clock::now() >= backstop) {
+        std::lock_guard<std::mutex> lock(s.mu);
+        std::string what = "a collective";
+        {
+          std::lock_guard<std::mutex> list_lock(s.inflight_mu);
+          if (!s.inflight.empty()) what = s.inflight.front().description;
+        }
+        s.abort_locked(s.timeout_message(what, s.timeout));
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    // 2. The watchdog goes before the communicator.
+    impl_->stop_watchdog();
+    // 3. The communicator: finalize flushes its work; a clean finish allows ncclCommDestroy,
+    //    anything else (an error, or still busy at the deadline) ends in ncclCommAbort.
     {
-      std::lock_guard<std::mutex> lock(impl_->mu);
-      pending.swap(impl_->inflight);
-    }
-    for (auto& w : pending) {
-      try {
-        w->wait(impl_->timeout);
-      } catch (...) {
-      }
-    }
-    kc::DeviceGuard guard(s.device);
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (s.comm != nullptr) {
-      // Finalize flushes the communicator's work; a clean finish allows ncclCommDestroy, anything
-      // else (an error, or still busy at the deadline) ends in ncclCommAbort.
-      const ncclResult_t fin = ncclCommFinalize(s.comm);
-      bool clean = fin == ncclSuccess || fin == ncclInProgress;
-      const auto deadline = Clock::now() + impl_->timeout;
-      for (;;) {
-        if (!clean) break;
-        ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(s.comm, &state) != ncclSuccess)
-          clean = false;
-        else if (state == ncclSuccess)
-          break;
-        else if (state != ncclInProgress || Clock::now() >= deadline)
-          clean = false;
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (s.comm != nullptr) {
+        const ncclResult_t fin = ncclCommFinalize(s.comm);
+        bool clean = fin == ncclSuccess || fin == ncclInProgress;
+        const auto deadline = Clock::now() + s.timeout;
+        for (;;) {
+          if (!clean) break;
+          ncclResult_t state = ncclSuccess;
+          if (ncclCommGetAsyncError(s.comm, &state) != ncclSuccess)
+            clean = false;
+          else if (state == ncclSuccess)
+            break;
+          else if (state != ncclInProgress || Clock::now() >= deadline)
+            clean = false;
+          else
+            std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+        if (clean)
+          (void)ncclCommDestroy(s.comm);
         else
-          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          (void)ncclCommAbort(s.comm);
+        s.comm = nullptr;
       }
-      if (clean)
-        ncclCommDestroy(s.comm);
-      else
-        ncclCommAbort(s.comm);
-      s.comm = nullptr;
-      if (s.abort_reason.empty()) s.abort_reason = "the group was destroyed";
     }
-    if (s.stream != nullptr) cudaStreamDestroy(s.stream);
+    // 4. After an abort the aborted kernels return and the stream drains; give it a bounded time,
+    //    then keep the tensors of whatever is still unreached for good rather than free memory a
+    //    stream may still use.
+    const auto drained_by = Clock::now() + std::min<Millis>(s.timeout, kDrainAfterAbort);
+    for (;;) {
+      (void)s.release_reached();
+      if (s.inflight_empty() || Clock::now() >= drained_by) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.inflight_mu);
+      if (!s.inflight.empty()) (void)new std::deque<Inflight>(std::move(s.inflight));  // kept on purpose
+      s.inflight.clear();
+    }
+    if (s.stream != nullptr && cudaStreamDestroy(s.stream) != cudaSuccess) (void)cudaGetLastError();
     s.stream = nullptr;
   } catch (...) {
     // A destructor never throws; the process keeps whatever could not be released.
   }
+  impl_->stop_watchdog();  // in case step 2 was never reached
 }
 
 int ProcessGroupNccl::device() const { return impl_->state->device; }
@@ -397,7 +604,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor& tensor, ReduceOp op) {
   void* ptr = tensor.raw_data();
   const size_t count = static_cast<size_t>(tensor.numel());
   const ncclRedOp_t red = nccl_op(op);
-  return impl_->launch(desc, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+  return impl_->launch(desc, {tensor}, /*host_wait=*/false, [=](ncclComm_t comm, cudaStream_t stream) {
     if (count == 0) return;
     TANDEM_NCCL_CHECK(ncclAllReduce(ptr, ptr, count, dt, red, comm, stream));
   });
@@ -413,7 +620,7 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(Tensor& tensor, int root) {
                            ") on cuda:" + std::to_string(dev);
   void* ptr = tensor.raw_data();
   const size_t nbytes = tensor.nbytes();
-  return impl_->launch(desc, {tensor}, [=](ncclComm_t comm, cudaStream_t stream) {
+  return impl_->launch(desc, {tensor}, /*host_wait=*/false, [=](ncclComm_t comm, cudaStream_t stream) {
     if (nbytes == 0) return;
     TANDEM_NCCL_CHECK(ncclBroadcast(ptr, ptr, nbytes, ncclUint8, root, comm, stream));
   });
@@ -444,7 +651,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor>& outputs, 
   auto* gathered = static_cast<uint8_t*>(flat.raw_data());
   std::vector<void*> outs;
   for (auto& o : outputs) outs.push_back(o.raw_data());
-  return impl_->launch(desc, std::move(keep), [=](ncclComm_t comm, cudaStream_t stream) {
+  return impl_->launch(desc, std::move(keep), /*host_wait=*/false, [=](ncclComm_t comm, cudaStream_t stream) {
     if (nbytes == 0) return;
     TANDEM_NCCL_CHECK(ncclAllGather(in, gathered, nbytes, ncclUint8, comm, stream));
     for (int r = 0; r < world; ++r)
@@ -456,8 +663,9 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor>& outputs, 
 std::shared_ptr<Work> ProcessGroupNccl::barrier() {
   const int dev = impl_->state->device;
   void* ptr = impl_->barrier_buffer.raw_data();
+  // host_wait: a barrier is a host synchronisation point, so its wait() is synchronize().
   return impl_->launch("barrier() on cuda:" + std::to_string(dev), {impl_->barrier_buffer},
-                       [=](ncclComm_t comm, cudaStream_t stream) {
+                       /*host_wait=*/true, [=](ncclComm_t comm, cudaStream_t stream) {
                          TANDEM_NCCL_CHECK(ncclAllReduce(ptr, ptr, 1, ncclFloat32, ncclSum, comm, stream));
                        });
 }

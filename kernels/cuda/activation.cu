@@ -2,7 +2,8 @@
 // the CPU kernels. Backward works from the output y. Inputs may be strided (made contiguous
 // first); outputs are contiguous; work is queued on the compute stream.
 #include "kernels/activation.h"
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/functors.h"
 
@@ -25,9 +26,8 @@ Tensor relu_forward(const Tensor& x_in) {
   Tensor y = Tensor::empty(x.shape(), kFloat32, x.device());
   const int64_t n = x.numel();
   if (n == 0) return y;
-  DeviceGuard guard(dev);
-  relu_forward_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(x), f32_ptr(y), n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, relu_forward_kernel, grid_for(n), 256, 0, f32_ptr(x), f32_ptr(y), n);
   return y;
 }
 
@@ -39,9 +39,8 @@ Tensor relu_backward(const Tensor& grad_out_in, const Tensor& y_in) {
   Tensor dx = Tensor::empty(y.shape(), kFloat32, y.device());
   const int64_t n = y.numel();
   if (n == 0) return dx;
-  DeviceGuard guard(dev);
-  relu_backward_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(g), f32_ptr(y), f32_ptr(dx), n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, relu_backward_kernel, grid_for(n), 256, 0, f32_ptr(g), f32_ptr(y), f32_ptr(dx), n);
   return dx;
 }
 

@@ -7,7 +7,8 @@
 
 #include "kernels/amp.h"
 #include "kernels/cuda/amp.cuh"
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 
 namespace tandem::kernels::cuda {
@@ -100,46 +101,40 @@ cudaDataType cuda_dtype(DType t) {
   }
 }
 
-void add_channel_bias_any(void* y, const void* bias, DType t, int64_t N, int64_t C, int64_t S,
-                          cudaStream_t stream) {
+void add_channel_bias_any(const StreamGuard& on, void* y, const void* bias, DType t, int64_t N, int64_t C,
+                          int64_t S) {
   const int64_t n = N * C * S;
   if (n == 0) return;
   switch (t) {
     case DType::Float32:
-      add_channel_bias_t<<<grid_for(n), 256, 0, stream>>>(static_cast<float*>(y), static_cast<const float*>(bias),
-                                                         C, S, n);
+      launch(on, add_channel_bias_t<float>, grid_for(n), 256, 0, static_cast<float*>(y), static_cast<const float*>(bias), C, S, n);
       break;
     case DType::Float16:
-      add_channel_bias_t<<<grid_for(n), 256, 0, stream>>>(static_cast<__half*>(y),
-                                                         static_cast<const __half*>(bias), C, S, n);
+      launch(on, add_channel_bias_t<__half>, grid_for(n), 256, 0, static_cast<__half*>(y), static_cast<const __half*>(bias), C, S, n);
       break;
     case DType::BFloat16:
-      add_channel_bias_t<<<grid_for(n), 256, 0, stream>>>(static_cast<__nv_bfloat16*>(y),
-                                                         static_cast<const __nv_bfloat16*>(bias), C, S, n);
+      launch(on, add_channel_bias_t<__nv_bfloat16>, grid_for(n), 256, 0, static_cast<__nv_bfloat16*>(y), static_cast<const __nv_bfloat16*>(bias), C, S, n);
       break;
     default: TANDEM_FAIL("add_channel_bias_any: unsupported dtype ", dtype_name(t));
   }
-  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-void channel_sum_any(const void* dy, void* out, DType t, int64_t N, int64_t C, int64_t S, cudaStream_t stream) {
+void channel_sum_any(const StreamGuard& on, const void* dy, void* out, DType t, int64_t N, int64_t C, int64_t S) {
   if (C == 0) return;
   TANDEM_CHECK(C <= 0x7fffffff, "channel_sum_any: ", C, " channels exceed the grid limit");
   const unsigned grid = static_cast<unsigned>(C);
   switch (t) {
     case DType::Float32:
-      channel_sum_t<<<grid, 256, 0, stream>>>(static_cast<const float*>(dy), static_cast<float*>(out), N, C, S);
+      launch(on, channel_sum_t<float>, grid, 256, 0, static_cast<const float*>(dy), static_cast<float*>(out), N, C, S);
       break;
     case DType::Float16:
-      channel_sum_t<<<grid, 256, 0, stream>>>(static_cast<const __half*>(dy), static_cast<__half*>(out), N, C, S);
+      launch(on, channel_sum_t<__half>, grid, 256, 0, static_cast<const __half*>(dy), static_cast<__half*>(out), N, C, S);
       break;
     case DType::BFloat16:
-      channel_sum_t<<<grid, 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(dy),
-                                              static_cast<__nv_bfloat16*>(out), N, C, S);
+      launch(on, channel_sum_t<__nv_bfloat16>, grid, 256, 0, static_cast<const __nv_bfloat16*>(dy), static_cast<__nv_bfloat16*>(out), N, C, S);
       break;
     default: TANDEM_FAIL("channel_sum_any: unsupported dtype ", dtype_name(t));
   }
-  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale) {
@@ -150,10 +145,8 @@ void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_
                found_inf.str());
   const int64_t n = grad.numel();
   if (n == 0) return;
-  DeviceGuard guard(dev);
-  unscale_and_check_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(grad), f32_ptr(found_inf),
-                                                                         static_cast<float>(inv_scale), n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, unscale_and_check_kernel, grid_for(n), 256, 0, f32_ptr(grad), f32_ptr(found_inf), static_cast<float>(inv_scale), n);
 }
 
 }  // namespace tandem::kernels::cuda

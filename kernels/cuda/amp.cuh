@@ -1,6 +1,6 @@
 // Internal to kernels/cuda (not installed): the low-precision pieces shared by conv.cu and
 // linear.cu, defined in kernels/cuda/amp.cu. Storage types are __half (kFloat16) and
-// __nv_bfloat16 (kBFloat16); math is float. All launches go on the given stream.
+// __nv_bfloat16 (kBFloat16); math is float. All launches go on the given guard's device and compute stream.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "core/cuda/context.h"
 #include "core/tensor.h"
 
 namespace tandem::kernels::cuda {
@@ -22,9 +23,10 @@ cudnnDataType_t cudnn_dtype(DType t);  // f32, f16, bf16
 cudaDataType cuda_dtype(DType t);      // f32, f16, bf16
 
 // y viewed as [N, C, S] contiguous, of dtype t: y[n, c, s] += bias[c] (added in float, rounded once).
-void add_channel_bias_any(void* y, const void* bias, DType t, int64_t N, int64_t C, int64_t S,
-                          cudaStream_t stream);
+void add_channel_bias_any(const tandem::cuda::StreamGuard& on, void* y, const void* bias, DType t, int64_t N,
+                          int64_t C, int64_t S);
 // out[c] = sum over n, s of dy[n, c, s], accumulated in double, written as dtype t.
-void channel_sum_any(const void* dy, void* out, DType t, int64_t N, int64_t C, int64_t S, cudaStream_t stream);
+void channel_sum_any(const tandem::cuda::StreamGuard& on, const void* dy, void* out, DType t, int64_t N, int64_t C,
+                     int64_t S);
 
 }  // namespace tandem::kernels::cuda

@@ -10,7 +10,8 @@
 // per channel. Inputs may be strided (made contiguous first); outputs are contiguous. All work is
 // on the compute stream; nothing waits for the device.
 #include "kernels/batch_norm.h"
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 
 namespace tandem::kernels::cuda {
@@ -140,25 +141,17 @@ BatchNormForward batch_norm_forward(const Tensor& x_in, const Tensor& weight, co
   const int64_t m = d.N * d.S, n = x_in.numel();
   BatchNormForward out;
   out.output = Tensor::empty(x_in.shape(), kFloat32, device);
-  const cudaStream_t stream = compute_stream(dev);
   if (training) {
     TANDEM_CHECK(m > 1, op, ": expected more than 1 value per channel when training, got input ", x_in.str());
     const Tensor x = x_in.contiguous();
     out.save_mean = Tensor::empty({d.C}, kFloat32, device);
     out.save_invstd = Tensor::empty({d.C}, kFloat32, device);
-    DeviceGuard guard(dev);
+    StreamGuard on(dev);
     if (d.C > 0) {
-      stats_kernel<<<static_cast<unsigned>(d.C), kThreads, 0, stream>>>(
-          f32_ptr(x), d.N, d.C, d.S, eps, momentum, f32_ptr(out.save_mean), f32_ptr(out.save_invstd),
-          running_mean.defined() ? f32_ptr(running_mean) : nullptr,
-          running_var.defined() ? f32_ptr(running_var) : nullptr);
-      TANDEM_CUDA_CHECK_LAUNCH();
+      launch(on, stats_kernel, static_cast<unsigned>(d.C), kThreads, 0,  f32_ptr(x), d.N, d.C, d.S, eps, momentum, f32_ptr(out.save_mean), f32_ptr(out.save_invstd), running_mean.defined() ? f32_ptr(running_mean) : nullptr, running_var.defined() ? f32_ptr(running_var) : nullptr);
     }
     if (n > 0) {
-      normalize_kernel<<<grid_for(n), kThreads, 0, stream>>>(f32_ptr(x), f32_ptr(out.save_mean),
-                                                            f32_ptr(out.save_invstd), ptr_or_null(weight),
-                                                            ptr_or_null(bias), f32_ptr(out.output), d.C, d.S, n);
-      TANDEM_CUDA_CHECK_LAUNCH();
+      launch(on, normalize_kernel, grid_for(n), kThreads, 0, f32_ptr(x), f32_ptr(out.save_mean), f32_ptr(out.save_invstd), ptr_or_null(weight), ptr_or_null(bias), f32_ptr(out.output), d.C, d.S, n);
     }
     return out;
   }
@@ -167,16 +160,12 @@ BatchNormForward batch_norm_forward(const Tensor& x_in, const Tensor& weight, co
   const Tensor x = x_in.contiguous();
   out.save_mean = running_mean.clone();
   out.save_invstd = Tensor::empty({d.C}, kFloat32, device);
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   if (d.C > 0) {
-    invstd_kernel<<<grid_for(d.C), kThreads, 0, stream>>>(f32_ptr(running_var), eps, f32_ptr(out.save_invstd), d.C);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    launch(on, invstd_kernel, grid_for(d.C), kThreads, 0, f32_ptr(running_var), eps, f32_ptr(out.save_invstd), d.C);
   }
   if (n > 0) {
-    normalize_kernel<<<grid_for(n), kThreads, 0, stream>>>(f32_ptr(x), f32_ptr(out.save_mean),
-                                                          f32_ptr(out.save_invstd), ptr_or_null(weight),
-                                                          ptr_or_null(bias), f32_ptr(out.output), d.C, d.S, n);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    launch(on, normalize_kernel, grid_for(n), kThreads, 0, f32_ptr(x), f32_ptr(out.save_mean), f32_ptr(out.save_invstd), ptr_or_null(weight), ptr_or_null(bias), f32_ptr(out.output), d.C, d.S, n);
   }
   return out;
 }
@@ -196,37 +185,29 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out_in, const Tensor& x_in
   const Device device = x_in.device();
   const int64_t m = d.N * d.S, n = x_in.numel();
   const Tensor dy = grad_out_in.contiguous(), x = x_in.contiguous();
-  const cudaStream_t stream = compute_stream(dev);
   BatchNormGrads grads;
   // Per-channel sums, needed by the weight/bias gradients and by the training-mode input gradient.
   const bool need_sums = need_weight || need_bias || (need_input && training);
   Tensor sums;  // [2, C]: sum_dy, then sum_dy_xmu
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   if (need_sums) {
     sums = Tensor::empty({2, d.C}, kFloat32, device);
     if (m == 0) {
       sums.zero_();
     } else if (d.C > 0) {
-      grad_sums_kernel<<<static_cast<unsigned>(d.C), kThreads, 0, stream>>>(
-          f32_ptr(dy), f32_ptr(x), f32_ptr(save_mean), d.N, d.C, d.S, f32_ptr(sums), f32_ptr(sums) + d.C);
-      TANDEM_CUDA_CHECK_LAUNCH();
+      launch(on, grad_sums_kernel, static_cast<unsigned>(d.C), kThreads, 0,  f32_ptr(dy), f32_ptr(x), f32_ptr(save_mean), d.N, d.C, d.S, f32_ptr(sums), f32_ptr(sums) + d.C);
     }
   }
   if (need_input) {
     grads.input = Tensor::empty(x_in.shape(), kFloat32, device);
     if (n > 0) {
-      grad_input_kernel<<<grid_for(n), kThreads, 0, stream>>>(
-          f32_ptr(dy), f32_ptr(x), f32_ptr(save_mean), f32_ptr(save_invstd), ptr_or_null(weight),
-          need_sums ? f32_ptr(sums) : nullptr, need_sums ? f32_ptr(sums) + d.C : nullptr, training ? 1 : 0,
-          f32_ptr(grads.input), d.C, d.S, m, n);
-      TANDEM_CUDA_CHECK_LAUNCH();
+      launch(on, grad_input_kernel, grid_for(n), kThreads, 0,  f32_ptr(dy), f32_ptr(x), f32_ptr(save_mean), f32_ptr(save_invstd), ptr_or_null(weight), need_sums ? f32_ptr(sums) : nullptr, need_sums ? f32_ptr(sums) + d.C : nullptr, training ? 1 : 0, f32_ptr(grads.input), d.C, d.S, m, n);
     }
   }
   if (need_weight) {  // sum(dy * (x - mean)) * invstd
     grads.weight = sums.select(0, 1).clone();
     if (d.C > 0) {
-      scale_by_kernel<<<grid_for(d.C), kThreads, 0, stream>>>(f32_ptr(grads.weight), f32_ptr(save_invstd), d.C);
-      TANDEM_CUDA_CHECK_LAUNCH();
+      launch(on, scale_by_kernel, grid_for(d.C), kThreads, 0, f32_ptr(grads.weight), f32_ptr(save_invstd), d.C);
     }
   }
   if (need_bias) grads.bias = sums.select(0, 0).clone();

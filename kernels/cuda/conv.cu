@@ -1,6 +1,5 @@
 // conv2d on CUDA: cuDNN forward, backward data and backward filter (cross-correlation, groups 1,
-// dilation 1), with custom kernels for the bias add and the bias gradient; the two float32
-// per-channel launchers declared in context.h live here and are shared with linear.cu.
+// dilation 1), with the per-channel bias add and bias gradient of kernels/cuda/amp.cu.
 // dtypes: float32, and float16 / bfloat16 for mixed precision (all operands one dtype; tensors
 // CUDNN_DATA_HALF / CUDNN_DATA_BFLOAT16 with CUDNN_DATA_FLOAT compute, tensor-core algorithms
 // allowed; outputs and gradients in the operands' dtype; bias kernels in kernels/cuda/amp.cu).
@@ -21,30 +20,12 @@
 #include "core/allocator.h"
 #include "kernels/conv.h"
 #include "kernels/cuda/amp.cuh"
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 
 namespace tandem::kernels::cuda {
 namespace {
-
-// ---- per-channel kernels ----
-
-__global__ void add_channel_bias_kernel(float* y, const float* bias, int64_t C, int64_t S, int64_t n) {
-  TANDEM_GRID_STRIDE_LOOP(i, n) { y[i] += bias[(i / S) % C]; }
-}
-
-// One block per channel; double accumulation.
-__global__ void channel_sum_kernel(const float* dy, float* out, int64_t N, int64_t C, int64_t S) {
-  const int64_t c = blockIdx.x;
-  const int64_t m = N * S;
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < m; i += blockDim.x) {
-    const int64_t n = i / S, s = i - n * S;
-    acc += dy[(n * C + c) * S + s];
-  }
-  acc = block_sum(acc);
-  if (threadIdx.x == 0) out[c] = static_cast<float>(acc);
-}
 
 // ---- cuDNN descriptors (RAII) ----
 
@@ -273,20 +254,6 @@ const float kOne = 1.0f, kZero = 0.0f;
 
 // ---- shared launchers ----
 
-void add_channel_bias(float* y, const float* bias, int64_t N, int64_t C, int64_t S, cudaStream_t stream) {
-  const int64_t n = N * C * S;
-  if (n == 0) return;
-  add_channel_bias_kernel<<<grid_for(n), 256, 0, stream>>>(y, bias, C, S, n);
-  TANDEM_CUDA_CHECK_LAUNCH();
-}
-
-void channel_sum(const float* dy, float* out, int64_t N, int64_t C, int64_t S, cudaStream_t stream) {
-  if (C == 0) return;
-  TANDEM_CHECK(C <= 0x7fffffff, "channel_sum: ", C, " channels exceed the grid limit");
-  channel_sum_kernel<<<static_cast<unsigned>(C), 256, 0, stream>>>(dy, out, N, C, S);
-  TANDEM_CUDA_CHECK_LAUNCH();
-}
-
 // ---- conv2d ----
 
 Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Conv2dArgs& args) {
@@ -301,9 +268,8 @@ Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
   Tensor y = Tensor::empty({g.n, g.k, g.p, g.q}, dtype, x_in.device());
   if (y.numel() == 0) return y;
   const Tensor x = x_in.contiguous(), weight = weight_in.contiguous();
-  const cudaStream_t stream = compute_stream(dev);
   const cudnnHandle_t handle = cudnn_handle(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   Descriptors d(g);
   const AlgoChoice c = choose(ConvOp::Forward, dev, g, handle, d);
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
@@ -313,7 +279,7 @@ Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
                                              &kZero, d.y.d, y.raw_data()));
   if (bias_in.defined()) {
     const Tensor bias = bias_in.contiguous();
-    add_channel_bias_any(y.raw_data(), bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q, stream);
+    add_channel_bias_any(on, y.raw_data(), bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q);
   }
   return y;
 }
@@ -339,9 +305,8 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out_in, const Tensor& x_in, const
     return grads;
   }
   const Tensor dy = grad_out_in.contiguous();
-  const cudaStream_t stream = compute_stream(dev);
   const cudnnHandle_t handle = cudnn_handle(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   Descriptors d(g);
   if (need_input) {
     const Tensor weight = weight_in.contiguous();
@@ -362,7 +327,7 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out_in, const Tensor& x_in, const
                                                       ws.ptr, ws.nbytes, &kZero, d.w.d, grads.weight.raw_data()));
   }
   if (need_bias)
-    channel_sum_any(dy.raw_data(), grads.bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q, stream);
+    channel_sum_any(on, dy.raw_data(), grads.bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q);
   return grads;
 }
 

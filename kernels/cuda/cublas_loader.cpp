@@ -15,7 +15,9 @@ namespace {
 void* cublas_library() {
   static void* handle = [] {
     void* h = nullptr;
-    for (const char* name : {"libcublas.so." TANDEM_CUBLAS_SOVERSION, TANDEM_CUBLAS_PATH, "libcublas.so"}) {
+    // Only the major version the build compiled against: an unversioned libcublas.so could be
+    // another major (cuBLAS 12 beside cudart 13), whose ABI does not match the headers used here.
+    for (const char* name : {"libcublas.so." TANDEM_CUBLAS_SOVERSION, TANDEM_CUBLAS_PATH}) {
       h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
       if (h) break;
     }

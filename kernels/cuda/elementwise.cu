@@ -6,7 +6,8 @@
 // contiguous; all work is on the compute stream.
 #include <algorithm>
 
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/elementwise.h"
 
@@ -83,9 +84,8 @@ Tensor binary(const char* op_name, int op, const Tensor& a_in, const Tensor& b_i
   Tensor out = Tensor::empty(a.shape(), kFloat32, a.device());
   const int64_t n = a.numel();
   if (n == 0) return out;
-  DeviceGuard guard(dev);
-  binary_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(a), f32_ptr(b), f32_ptr(out), op, n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, binary_kernel, grid_for(n), 256, 0, f32_ptr(a), f32_ptr(b), f32_ptr(out), op, n);
   return out;
 }
 
@@ -101,9 +101,8 @@ Tensor scale(const Tensor& a_in, double s) {
   Tensor out = Tensor::empty(a.shape(), kFloat32, a.device());
   const int64_t n = a.numel();
   if (n == 0) return out;
-  DeviceGuard guard(dev);
-  scale_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(f32_ptr(a), static_cast<float>(s), f32_ptr(out), n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, scale_kernel, grid_for(n), 256, 0, f32_ptr(a), static_cast<float>(s), f32_ptr(out), n);
   return out;
 }
 
@@ -116,12 +115,9 @@ Tensor sum(const Tensor& a_in) {
   constexpr int kThreads = 256, kMaxBlocks = 1024;
   const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
   Tensor partial = Tensor::empty({blocks}, kFloat64, a.device());
-  DeviceGuard guard(dev);
-  const cudaStream_t stream = compute_stream(dev);
-  partial_sum_kernel<<<blocks, kThreads, 0, stream>>>(f32_ptr(a), n, static_cast<double*>(partial.raw_data()));
-  TANDEM_CUDA_CHECK_LAUNCH();
-  final_sum_kernel<<<1, kThreads, 0, stream>>>(static_cast<const double*>(partial.raw_data()), blocks, f32_ptr(out));
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, partial_sum_kernel, blocks, kThreads, 0, f32_ptr(a), n, static_cast<double*>(partial.raw_data()));
+  launch(on, final_sum_kernel, 1, kThreads, 0, static_cast<const double*>(partial.raw_data()), blocks, f32_ptr(out));
   return out;
 }
 
@@ -134,10 +130,8 @@ Tensor argmax(const Tensor& a_in) {
   const Tensor a = a_in.contiguous();
   Tensor out = Tensor::empty({N}, kInt64, a.device());
   if (N == 0) return out;
-  DeviceGuard guard(dev);
-  argmax_kernel<<<static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0,
-                  compute_stream(dev)>>>(f32_ptr(a), static_cast<int64_t*>(out.raw_data()), N, C);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, argmax_kernel, static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock), kWarpsPerBlock * 32, 0, f32_ptr(a), static_cast<int64_t*>(out.raw_data()), N, C);
   return out;
 }
 

@@ -8,12 +8,14 @@
 //   grad input  dx [N, in]  = dy [N, out] * W        -> gemm(N, N): m=in,  n=N,  k=out
 //   grad weight dW [out, in] = dy^T * x [N, in]      -> gemm(N, T): m=in,  n=out, k=N
 //   matmul      c [M, N]    = a [M, K] * b [K, N]    -> gemm(N, N): m=N,   n=M,  k=K
-// Bias add and bias gradient use the per-channel kernels of conv.cu with S = 1. Inputs may be
+// Bias add and bias gradient use the per-channel kernels of amp.cu with S = 1, each under a guard
+// for the operands' device (a StreamGuard made for the call). Inputs may be
 // strided (made contiguous first); outputs are contiguous. All work is on the compute stream.
 #include <algorithm>
 
 #include "kernels/cuda/amp.cuh"
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/linear.h"
 
 namespace tandem::kernels::cuda {
@@ -26,10 +28,9 @@ const float kOne = 1.0f, kZero = 0.0f;
 void sgemm(int dev, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda,
            const float* b, int ldb, float* c, int ldc) {
   if (m == 0 || n == 0) return;
-  const cudaStream_t stream = compute_stream(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   if (k == 0) {  // empty sum: C = 0
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(float) * size_t(m) * size_t(n), stream));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, sizeof(float) * size_t(m) * size_t(n), on.stream()));
     return;
   }
   TANDEM_CUBLAS_CHECK(cublasSgemm(cublas_handle(dev), ta, tb, m, n, k, &kOne, a, lda, b, ldb, &kZero, c, ldc));
@@ -44,10 +45,9 @@ void gemm_any(int dev, DType t, cublasOperation_t ta, cublasOperation_t tb, int 
     return;
   }
   if (m == 0 || n == 0) return;
-  const cudaStream_t stream = compute_stream(dev);
-  DeviceGuard guard(dev);
+  StreamGuard on(dev);
   if (k == 0) {
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, element_size(t) * size_t(m) * size_t(n), stream));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, element_size(t) * size_t(m) * size_t(n), on.stream()));
     return;
   }
   const cudaDataType dt = cuda_dtype(t);
@@ -75,7 +75,7 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
            std::max(in, 1), y.raw_data(), std::max(out, 1));
   if (bias_in.defined()) {
     const Tensor bias = bias_in.contiguous();
-    add_channel_bias_any(y.raw_data(), bias.raw_data(), dtype, N, out, 1, compute_stream(dev));
+    add_channel_bias_any(StreamGuard(dev), y.raw_data(), bias.raw_data(), dtype, N, out, 1);
   }
   return y;
 }
@@ -112,7 +112,7 @@ LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const
     if (N == 0) {
       grads.bias.zero_();
     } else {
-      channel_sum_any(dy.raw_data(), grads.bias.raw_data(), dtype, N, out, 1, compute_stream(dev));
+      channel_sum_any(StreamGuard(dev), dy.raw_data(), grads.bias.raw_data(), dtype, N, out, 1);
     }
   }
   return grads;

@@ -5,10 +5,11 @@
 // device, so nothing waits for the host.
 // Out-of-range targets: the host cannot see the targets without waiting for the device, so the
 // kernels skip such rows (never reading or writing out of bounds) and record the first one in the
-// device's kernel-error record (context.h). The error is thrown, naming the row and the value, at
+// device's kernel-error record (core/cuda/context.h). The error is thrown, naming the row and the value, at
 // the next read of any result from that device (e.g. loss.item()); the loss value itself is then
 // never seen by the caller.
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/loss.h"
 
@@ -117,10 +118,8 @@ Tensor log_softmax_forward(const Tensor& x_in) {
   Tensor y = Tensor::empty(x.shape(), kFloat32, x.device());
   const int64_t N = x.size(0), C = x.size(1);
   if (N == 0 || C == 0) return y;
-  DeviceGuard guard(dev);
-  log_softmax_forward_kernel<<<row_blocks(N), kWarpsPerBlock * 32, 0, compute_stream(dev)>>>(f32_ptr(x), f32_ptr(y),
-                                                                                             N, C);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, log_softmax_forward_kernel, row_blocks(N), kWarpsPerBlock * 32, 0, f32_ptr(x), f32_ptr(y), N, C);
   return y;
 }
 
@@ -134,10 +133,8 @@ Tensor log_softmax_backward(const Tensor& grad_out_in, const Tensor& y_in) {
   Tensor dx = Tensor::empty(y.shape(), kFloat32, y.device());
   const int64_t N = y.size(0), C = y.size(1);
   if (N == 0 || C == 0) return dx;
-  DeviceGuard guard(dev);
-  log_softmax_backward_kernel<<<row_blocks(N), kWarpsPerBlock * 32, 0, compute_stream(dev)>>>(
-      f32_ptr(g), f32_ptr(y), f32_ptr(dx), N, C);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, log_softmax_backward_kernel, row_blocks(N), kWarpsPerBlock * 32, 0,  f32_ptr(g), f32_ptr(y), f32_ptr(dx), N, C);
   return dx;
 }
 
@@ -148,10 +145,8 @@ Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& target_in) {
   const Tensor lp = log_probs_in.contiguous(), target = target_in.contiguous();
   Tensor loss = Tensor::empty({}, kFloat32, lp.device());
   KernelErrorRecord* rec = kernel_error_record(dev);
-  DeviceGuard guard(dev);
-  nll_forward_kernel<<<1, 256, 0, compute_stream(dev)>>>(f32_ptr(lp), static_cast<const int64_t*>(target.raw_data()),
-                                                         lp.size(0), lp.size(1), f32_ptr(loss), rec);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, nll_forward_kernel, 1, 256, 0, f32_ptr(lp), static_cast<const int64_t*>(target.raw_data()), lp.size(0), lp.size(1), f32_ptr(loss), rec);
   mark_kernel_error_check_pending(dev);
   return loss;
 }
@@ -166,10 +161,8 @@ Tensor nll_loss_backward(const Tensor& grad_out_in, const Tensor& log_probs_in, 
   const int64_t N = log_probs_in.size(0), C = log_probs_in.size(1);
   if (N == 0) return dx;
   KernelErrorRecord* rec = kernel_error_record(dev);
-  DeviceGuard guard(dev);
-  nll_backward_kernel<<<grid_for(N), 256, 0, compute_stream(dev)>>>(
-      f32_ptr(g), static_cast<const int64_t*>(target.raw_data()), f32_ptr(dx), N, C, rec);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, nll_backward_kernel, grid_for(N), 256, 0,  f32_ptr(g), static_cast<const int64_t*>(target.raw_data()), f32_ptr(dx), N, C, rec);
   mark_kernel_error_check_pending(dev);
   return dx;
 }

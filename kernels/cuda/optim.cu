@@ -2,7 +2,8 @@
 // kernels/functors.h (SgdStep, AdadeltaStep, AdamStep), the same code the CPU kernels run, so
 // the update math is written once. float32 tensors of one shape on one device; param and state
 // are updated in place and must be contiguous, the gradient may be strided. Compute stream only.
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/optim.h"
 
@@ -52,10 +53,8 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
   const int64_t n = param.numel();
   if (n == 0) return;
   const Tensor g = grad.contiguous();
-  DeviceGuard guard(dev);
-  sgd_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(g),
-                                                           has_buf ? f32_ptr(momentum_buf) : nullptr, n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, sgd_kernel, grid_for(n), 256, 0, step, f32_ptr(param), f32_ptr(g), has_buf ? f32_ptr(momentum_buf) : nullptr, n);
 }
 
 void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg, const Tensor& acc_delta,
@@ -64,10 +63,8 @@ void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& squa
   const int64_t n = param.numel();
   if (n == 0) return;
   const Tensor g = grad.contiguous();
-  DeviceGuard guard(dev);
-  adadelta_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(g),
-                                                                f32_ptr(square_avg), f32_ptr(acc_delta), n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, adadelta_kernel, grid_for(n), 256, 0, step, f32_ptr(param), f32_ptr(g), f32_ptr(square_avg), f32_ptr(acc_delta), n);
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
@@ -76,10 +73,8 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   const int64_t n = param.numel();
   if (n == 0) return;
   const Tensor g = grad.contiguous();
-  DeviceGuard guard(dev);
-  adam_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(step, f32_ptr(param), f32_ptr(g), f32_ptr(exp_avg),
-                                                            f32_ptr(exp_avg_sq), n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, adam_kernel, grid_for(n), 256, 0, step, f32_ptr(param), f32_ptr(g), f32_ptr(exp_avg), f32_ptr(exp_avg_sq), n);
 }
 
 }  // namespace tandem::kernels::cuda

@@ -5,7 +5,8 @@
 // gradient at its index with atomicAdd (windows overlap when stride < kernel), into a zeroed
 // grad_input; indices outside the plane are skipped rather than written out of bounds.
 // Inputs may be strided (made contiguous first); outputs are contiguous; compute stream only.
-#include "kernels/cuda/context.h"
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/pool.h"
 
@@ -82,10 +83,8 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x_in, const MaxPool2dArgs& a) 
   const int64_t n = out.output.numel();
   if (n == 0) return out;
   const Tensor x = x_in.contiguous();
-  DeviceGuard guard(dev);
-  max_pool_forward_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(
-      f32_ptr(x), f32_ptr(out.output), static_cast<int64_t*>(out.indices.raw_data()), g, n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, max_pool_forward_kernel, grid_for(n), 256, 0,  f32_ptr(x), f32_ptr(out.output), static_cast<int64_t*>(out.indices.raw_data()), g, n);
   return out;
 }
 
@@ -104,10 +103,8 @@ Tensor max_pool2d_backward(const Tensor& grad_out_in, const Tensor& indices_in, 
   if (n == 0) return dx;
   const Tensor dy = grad_out_in.contiguous(), indices = indices_in.contiguous();
   const int64_t PQ = grad_out_in.size(2) * grad_out_in.size(3), HW = input_shape[2] * input_shape[3];
-  DeviceGuard guard(dev);
-  max_pool_backward_kernel<<<grid_for(n), 256, 0, compute_stream(dev)>>>(
-      f32_ptr(dy), static_cast<const int64_t*>(indices.raw_data()), f32_ptr(dx), PQ, HW, n);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  StreamGuard on(dev);
+  launch(on, max_pool_backward_kernel, grid_for(n), 256, 0,  f32_ptr(dy), static_cast<const int64_t*>(indices.raw_data()), f32_ptr(dx), PQ, HW, n);
   return dx;
 }
 

@@ -123,7 +123,7 @@ TEST_F(ProfilerTest, DisabledRecordsNothing) {
 
 TEST_F(ProfilerTest, GemmPeakIsPositiveAndRestoresThreads) {
   const int before = num_threads();
-  const double peak = profiler::measure_gemm_peak_gflops(1);
+  const double peak = kernels::measure_gemm_peak_gflops(1);
   EXPECT_GT(peak, 0.1);
   EXPECT_EQ(num_threads(), before);
   EXPECT_TRUE(profiler::snapshot().empty());  // the measurement is not recorded

@@ -311,6 +311,35 @@ TEST(CudaDevice, LocalRankAmongVisibleDevices) {
   EXPECT_THROW(dist::cuda_device_for(-1, 2), Error);
 }
 
+TEST(CudaDevice, OneGpuNamedPerTaskServesAnyLocalRank) {
+  // srun --gpus-per-task=1: every task sees exactly its own GPU, whatever its local rank.
+  EXPECT_EQ(dist::cuda_device_for(1, 1, "3"), 0);
+  EXPECT_EQ(dist::cuda_device_for(5, 1, "GPU-8f2c"), 0);
+  // One device visible but not named alone for this process: a second rank would share it silently.
+  expect_error([] { dist::cuda_device_for(1, 1, ""); }, {"local rank 1", "1 device(s)", "<unset>"});
+  expect_error([] { dist::cuda_device_for(2, 2, "0,1"); }, {"local rank 2", "CUDA_VISIBLE_DEVICES=0,1"});
+}
+
+TEST(CudaDevice, DeviceFlagMapsCudaToTheLocalRank) {
+  const std::string none_why = "cudaErrorInsufficientDriver: CUDA driver version is insufficient";
+  // --device cuda under a launcher: each rank its own GPU, as auto picks it.
+  EXPECT_EQ(dist::resolve_device("cuda", 1, 2, "", ""), Device::cuda(1));
+  EXPECT_EQ(dist::resolve_device("cuda", 0, 2, "", ""), Device::cuda(0));
+  EXPECT_EQ(dist::resolve_device("auto", 1, 2, "", ""), Device::cuda(1));
+  EXPECT_EQ(dist::resolve_device("cuda", 3, 1, "2", ""), Device::cuda(0));
+  // An explicit index is kept (ranks sharing one GPU on purpose).
+  EXPECT_EQ(dist::resolve_device("cuda:0", 1, 1, "", ""), Device::cuda(0));
+  EXPECT_EQ(dist::resolve_device("cuda:1", 0, 2, "", ""), Device::cuda(1));
+  EXPECT_EQ(dist::resolve_device("cpu", 1, 2, "", ""), Device::cpu());
+  EXPECT_EQ(dist::resolve_device("auto", 1, 0, "", none_why), Device::cpu());
+  // Asking for CUDA where none is visible names the runtime's reason.
+  expect_error([&] { dist::resolve_device("cuda", 0, 0, "", none_why); },
+               {"--device cuda", "no CUDA device", "cudaErrorInsufficientDriver"});
+  expect_error([] { dist::resolve_device("cuda:2", 0, 2, "", ""); }, {"--device cuda:2", "only 2"});
+  expect_error([] { dist::resolve_device("cuda", 2, 2, "", ""); }, {"local rank 2"});
+  expect_error([] { dist::resolve_device("gpu", 0, 1, "", ""); }, {"gpu", "cpu, cuda or cuda:N"});
+}
+
 // Not a test on its own: the worker that real launches (mpirun here, tandem-run
 // in launcher_test.cpp) start. It parses its environment for the launcher named
 // in TANDEM_ENV_HELPER_LAUNCHER and writes what it found to

@@ -821,14 +821,7 @@ TEST(GlooGroup, RejectsNonContiguousUndefinedAndMismatchedInputs) {
   }));
 }
 
-TEST(GlooGroup, RejectsCudaTensors) {
-  expect_all_ok(run_job(1, [](ProcessGroupGloo& pg, Store&) {
-    if (cuda_device_count() == 0) throw std::runtime_error("SKIP: no CUDA device visible");
-    Tensor t = Tensor::zeros({4}, kFloat32, Device::cuda(0));
-    const std::string msg = error_of([&] { pg.allreduce(t); });
-    CHILD_CHECK(contains(msg, "CPU tensors") && contains(msg, "cuda"), msg);
-  }));
-}
+// CUDA tensors over Gloo (through host copies): tests/gpu/ddp_test.cpp, GpuGloo.*
 
 // ---- interface choice and the factory ----
 

@@ -16,7 +16,7 @@ namespace kc = tandem::kernels::cuda;
 namespace kp = tandem::kernels::cpu;
 
 TEST(CudaRelu, ForwardAndBackwardMatchCpuExactly) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(1);
   Tensor x = random_cpu({64, 32, 13, 13}, gen);
   Tensor xz = x.select(0, 0);  // some exact zeros: relu'(0) = 0 on both sides
@@ -29,7 +29,7 @@ TEST(CudaRelu, ForwardAndBackwardMatchCpuExactly) {
 }
 
 TEST(CudaRelu, StridedInputs) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(2);
   const Tensor stored = random_cpu({7, 5}, gen);
   const Tensor x = stored.transpose(0, 1);
@@ -43,7 +43,7 @@ TEST(CudaRelu, StridedInputs) {
 }
 
 TEST(CudaRelu, RejectsFloat64) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const Tensor x = Tensor::zeros({3}, kFloat64, gpu());
   EXPECT_TRUE(throws_with([&] { kc::relu_forward(x); }, {"relu_forward", "float32"}));
 }

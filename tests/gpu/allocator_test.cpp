@@ -15,7 +15,7 @@ using namespace tandem;
 using namespace tandem::gpu_test;
 
 TEST(CudaAllocator, ReusesAFreedBlockOfTheSameSizeClass) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   EXPECT_TRUE(cuda_compiled());
   Allocator& a = cuda_allocator(0);
   a.empty_cache();
@@ -40,7 +40,7 @@ TEST(CudaAllocator, ReusesAFreedBlockOfTheSameSizeClass) {
 }
 
 TEST(CudaAllocator, TensorsOfOneShapeReuseStorage) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const void* first = nullptr;
   {
     Tensor t = Tensor::empty({64, 32, 26, 26}, kFloat32, gpu());
@@ -54,7 +54,7 @@ TEST(CudaAllocator, TensorsOfOneShapeReuseStorage) {
 }
 
 TEST(CudaAllocator, ImpossibleRequestThrowsNamingTheSize) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Allocator& a = cuda_allocator(0);
   const size_t huge = size_t{1} << 50;  // 1 PiB
   EXPECT_TRUE(throws_with([&] { a.allocate(huge); }, {"cuda:0", std::to_string(huge)}));
@@ -66,7 +66,7 @@ TEST(CudaAllocator, ImpossibleRequestThrowsNamingTheSize) {
 }
 
 TEST(CudaAllocator, RefusesDevicesThatAreNotVisible) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const int count = cuda_device_count();
   EXPECT_TRUE(throws_with([&] { cuda_allocator(count); }, {"cuda:" + std::to_string(count), "visible"}));
   EXPECT_TRUE(throws_with([&] { cuda_allocator(-1); }, {"cuda:-1"}));

@@ -62,7 +62,7 @@ Tensor on_gpu(const Tensor& t) { return t.defined() ? t.to(gpu()) : Tensor(); }
 }  // namespace
 
 TEST(GpuAmp, LinearHalfTypesMatchCpuEmulation) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(21);
   for (DType d : {kBFloat16, kFloat16}) {
     for (bool bias : {true, false}) {
@@ -76,13 +76,15 @@ TEST(GpuAmp, LinearHalfTypesMatchCpuEmulation) {
       const auto got = kernels::lowp_linear_backward(on_gpu(dy), on_gpu(x), on_gpu(w), true, true, bias);
       EXPECT_TRUE(close_lowp(got.input, ref.input, d));
       EXPECT_TRUE(close_lowp(got.weight, ref.weight, d));
-      if (bias) EXPECT_TRUE(close_lowp(got.bias, ref.bias, d));
+      if (bias) {
+        EXPECT_TRUE(close_lowp(got.bias, ref.bias, d));
+      }
     }
   }
 }
 
 TEST(GpuAmp, Conv2dHalfTypesMatchCpuEmulation) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(22);
   for (DType d : {kBFloat16, kFloat16}) {
     for (const kernels::Conv2dArgs args : {kernels::Conv2dArgs{1, 1, 0, 0}, kernels::Conv2dArgs{2, 2, 1, 1}}) {
@@ -102,7 +104,7 @@ TEST(GpuAmp, Conv2dHalfTypesMatchCpuEmulation) {
 }
 
 TEST(GpuAmp, CastsMatchCpuBitForBit) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(23);
   const Tensor x = random_cpu({4096}, gen, -1e4, 1e4);
   for (DType d : {kBFloat16, kFloat16}) {
@@ -113,7 +115,7 @@ TEST(GpuAmp, CastsMatchCpuBitForBit) {
 }
 
 TEST(GpuAmp, UnscaleAndCheckMatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(24);
   const Tensor g = random_cpu({300000}, gen, -100, 100);
   Tensor gg = g.to(gpu());
@@ -133,7 +135,7 @@ TEST(GpuAmp, UnscaleAndCheckMatchesCpu) {
 }
 
 TEST(GpuAmp, GradScalerSkipsOnInfWithCudaGrads) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Tensor p = Tensor::from_vector<float>({1.0f, 2.0f}, {2}).to(gpu()).set_requires_grad(true);
   optim::SGD opt({p}, optim::SGDOptions{.lr = 1.0});
   optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 4.0});
@@ -148,7 +150,7 @@ TEST(GpuAmp, GradScalerSkipsOnInfWithCudaGrads) {
 }
 
 TEST(GpuAmp, MnistNetAutocastMatchesCpuAutocast) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   for (amp::Precision p : {amp::Precision::kBFloat16, amp::Precision::kFloat16}) {
     SCOPED_TRACE(amp::precision_name(p));
     manual_seed(5);
@@ -190,7 +192,7 @@ TEST(GpuAmp, MnistNetAutocastMatchesCpuAutocast) {
 
 // The --cuda-graph building block: capture one queued kernel, replay it three times.
 TEST(GpuGraph, CaptureAndReplayAKernel) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   EXPECT_TRUE(tandem::cuda::Graph::supported());
   Tensor g = Tensor::from_vector<float>({8.0f, -16.0f, 1.0f}, {3}).to(gpu());
   Tensor flag = Tensor::zeros({1}, kFloat32, gpu());

@@ -88,13 +88,13 @@ void check(const Shape& shape, bool affine, bool running, bool training, uint64_
 }  // namespace
 
 TEST(CudaBatchNorm, Training4d) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   check({4, 3, 5, 6}, true, true, true, 1);
   check({16, 32, 26, 26}, true, true, true, 2);  // the MNIST net's first BatchNorm2d
 }
 
 TEST(CudaBatchNorm, Training2dAffineOrNotWithOrWithoutRunningStats) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   check({8, 5}, true, true, true, 3);
   check({8, 5}, false, true, true, 4);
   check({8, 5}, true, false, true, 5);
@@ -102,18 +102,18 @@ TEST(CudaBatchNorm, Training2dAffineOrNotWithOrWithoutRunningStats) {
 }
 
 TEST(CudaBatchNorm, Eval) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   check({4, 3, 5, 6}, true, true, false, 7);
   check({8, 5}, false, true, false, 8);
 }
 
 TEST(CudaBatchNorm, StridedInput) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   check({4, 3, 5, 6}, true, true, true, 9, true);
 }
 
 TEST(CudaBatchNorm, RunningVarUsesTheUnbiasedVariance) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   // One channel holding 1, 2, 3, 4: mean 2.5, biased variance 1.25, unbiased 5/3.
   const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4}, {4, 1}).to(gpu());
   Tensor rm = Tensor::zeros({1}, kFloat32, gpu()), rv = Tensor::ones({1}, kFloat32, gpu());
@@ -124,7 +124,7 @@ TEST(CudaBatchNorm, RunningVarUsesTheUnbiasedVariance) {
 }
 
 TEST(CudaBatchNorm, TrainingNeedsMoreThanOneValuePerChannel) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const Tensor x = Tensor::zeros({1, 3}, kFloat32, gpu());
   EXPECT_TRUE(throws_with([&] { kc::batch_norm_forward(x, Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); },
                           {"more than 1 value per channel"}));

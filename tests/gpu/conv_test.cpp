@@ -54,7 +54,7 @@ void check_case(const Case& c, uint64_t seed) {
 }  // namespace
 
 TEST(CudaConv2d, MatchesCpuAcrossShapes) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const Case cases[] = {
       {2, 3, 9, 8, 4, 3, 3, {1, 1, 0, 0}, true},
       {2, 3, 9, 8, 4, 3, 3, {1, 1, 0, 0}, false},
@@ -67,13 +67,13 @@ TEST(CudaConv2d, MatchesCpuAcrossShapes) {
 }
 
 TEST(CudaConv2d, MatchesCpuOnTheMnistLayers) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   check_case({8, 1, 28, 28, 32, 3, 3, {1, 1, 0, 0}, true}, 200);   // conv1
   check_case({8, 32, 13, 13, 64, 3, 3, {1, 1, 0, 0}, true}, 201);  // conv2
 }
 
 TEST(CudaConv2d, OnlyTheRequestedGradients) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(300);
   const Tensor x = random_cpu({2, 3, 8, 8}, gen), w = random_cpu({4, 3, 3, 3}, gen), dy = random_cpu({2, 4, 6, 6}, gen);
   const kernels::Conv2dArgs args;
@@ -86,7 +86,7 @@ TEST(CudaConv2d, OnlyTheRequestedGradients) {
 }
 
 TEST(CudaConv2d, StridedInputs) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(301);
   // x stored as [N, C, W, H] and viewed as [N, C, H, W], on the host and on the device
   const Tensor stored = random_cpu({2, 3, 7, 9}, gen);
@@ -109,7 +109,7 @@ TEST(CudaConv2d, StridedInputs) {
 }
 
 TEST(CudaConv2d, RepeatedCallsGiveIdenticalResults) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(302);
   const Tensor x = random_cpu({4, 8, 12, 12}, gen).to(gpu());
   const Tensor w = random_cpu({16, 8, 3, 3}, gen).to(gpu());
@@ -125,7 +125,7 @@ TEST(CudaConv2d, RepeatedCallsGiveIdenticalResults) {
 }
 
 TEST(CudaConv2d, RejectsOtherDtypesAndBadShapes) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const Tensor x64 = Tensor::zeros({1, 1, 5, 5}, kFloat64, gpu());
   const Tensor w64 = Tensor::zeros({1, 1, 3, 3}, kFloat64, gpu());
   EXPECT_TRUE(throws_with([&] { kc::conv2d_forward(x64, w64, Tensor(), {}); }, {"conv2d_forward", "float32"}));

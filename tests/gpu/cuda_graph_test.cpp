@@ -21,6 +21,8 @@
 #include "e2e/process.h"
 #include "gpu_test_util.h"
 #include "kernels/elementwise.h"
+#include "kernels/loss.h"
+#include "core/allocator.h"
 
 namespace fs = std::filesystem;
 using tandem::Device;
@@ -30,17 +32,19 @@ using namespace tandem::test;
 namespace {
 
 
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    if (!tandem::cuda::Graph::supported() || tandem::cuda_device_count() == 0)             \
-      GTEST_SKIP() << "no CUDA device visible (or built without CUDA)";                      \
-  } while (0)
+#define SKIP_WITHOUT_GPU() TANDEM_NEED_GPUS(1)
 
 #define SKIP_WITHOUT_TRAINER()                                                                         \
   do {                                                                                                 \
     SKIP_WITHOUT_GPU();                                                                                \
-    if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh"; \
-    if (!fs::exists(kTrainer)) GTEST_SKIP() << "build the tandem-mnist target first";                 \
+    if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) {                                        \
+      if (tandem::test::gpu_required()) FAIL() << "TANDEM_REQUIRE_GPU=1 but " << kDigits << " is missing"; \
+      GTEST_SKIP() << "run scripts/setup.sh";                                                          \
+    }                                                                                                  \
+    if (!fs::exists(kTrainer)) {                                                                       \
+      if (tandem::test::gpu_required()) FAIL() << "TANDEM_REQUIRE_GPU=1 but " << kTrainer << " is missing"; \
+      GTEST_SKIP() << "build the tandem-mnist target first";                                           \
+    }                                                                                                  \
   } while (0)
 
 Tensor on_gpu(const std::vector<float>& v) {
@@ -100,6 +104,52 @@ TEST(CudaGraph, HostSyncInsideACaptureIsAnErrorAndTheStreamStaysUsable) {
   }
   EXPECT_EQ(tandem::kernels::sum(x).item<double>(), 6.0)
       << "the compute stream must work after the failed capture";
+}
+
+TEST(CudaGraph, ReplaysNeverWriteTensorsAllocatedAfterTheCapture) {
+  SKIP_WITHOUT_GPU();
+  Tensor x = on_gpu({1, 2, 3, 4});
+  Tensor out = on_gpu({0, 0, 0, 0});
+  auto body = [&] { out.copy_(tandem::kernels::add(tandem::kernels::scale(x, 2.0), x)); };
+  body();
+  tandem::cuda::Graph g(0);
+  g.begin_capture();
+  body();  // its two temporaries are freed inside the capture: the graph still writes their blocks
+  g.end_capture();
+  // Without a private pool these would reuse the temporaries' blocks, and every replay would
+  // overwrite them; empty_cache() would even free blocks the replay writes.
+  tandem::cuda_allocator(0).empty_cache();
+  Tensor a = on_gpu({42, 42, 42, 42}), b = on_gpu({43, 43, 43, 43});
+  x.copy_(Tensor::from_vector<float>({5, 6, 7, 8}, {4}));
+  g.replay();
+  g.replay();
+  EXPECT_EQ(host(out), (std::vector<float>{15, 18, 21, 24}));
+  EXPECT_EQ(host(a), (std::vector<float>{42, 42, 42, 42}));
+  EXPECT_EQ(host(b), (std::vector<float>{43, 43, 43, 43}));
+  g.reset();  // waits for the replays, then the pool's blocks join the shared cache
+  EXPECT_EQ(host(out), (std::vector<float>{15, 18, 21, 24}));
+}
+
+TEST(CudaGraph, ABadNllTargetFoundByAReplayIsReportedAtTheNextRead) {
+  SKIP_WITHOUT_GPU();
+  Tensor lp = tandem::kernels::log_softmax_forward(on_gpu({0.1f, 0.2f, 0.3f, 1.0f, 0.0f, -1.0f}).view({2, 3}));
+  Tensor target = Tensor::from_vector<int64_t>({0, 2}, {2}).to(tandem::gpu_test::gpu());
+  Tensor loss = on_gpu({0});
+  auto body = [&] { loss.copy_(tandem::kernels::nll_loss_forward(lp, target).view({1})); };
+  body();  // warm-up
+  const float good = host(loss)[0];
+  tandem::cuda::Graph g(0);
+  g.begin_capture();
+  body();
+  g.end_capture();
+  g.replay();
+  EXPECT_EQ(host(loss)[0], good);
+  target.copy_(Tensor::from_vector<int64_t>({0, 7}, {2}));  // class 7 of 3
+  g.replay();
+  EXPECT_TRUE(tandem::gpu_test::throws_with([&] { (void)host(loss); }, {"nll_loss: target 7", "row 1", "[0, 3)"}));
+  target.copy_(Tensor::from_vector<int64_t>({1, 1}, {2}));
+  g.replay();  // re-armed again: a good replay reads cleanly
+  EXPECT_TRUE(std::isfinite(host(loss)[0]));
 }
 
 namespace {

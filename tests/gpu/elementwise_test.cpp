@@ -19,7 +19,7 @@ namespace kc = tandem::kernels::cuda;
 namespace kp = tandem::kernels::cpu;
 
 TEST(CudaElementwise, BinaryOpsAndScaleMatchCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(1);
   const Tensor a = random_cpu({37, 41}, gen), bs = random_cpu({41, 37}, gen);
   const Tensor b = bs.transpose(0, 1);  // strided operand
@@ -32,7 +32,7 @@ TEST(CudaElementwise, BinaryOpsAndScaleMatchCpu) {
 }
 
 TEST(CudaElementwise, SumMatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(2);
   for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{4097}, int64_t{1} << 20}) {
     SCOPED_TRACE(n);
@@ -47,7 +47,7 @@ TEST(CudaElementwise, SumMatchesCpu) {
 }
 
 TEST(CudaElementwise, ArgmaxMatchesCpuWithTiesAndNan) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(3);
   for (auto [N, C] : {std::pair<int64_t, int64_t>{64, 10}, {5, 100}, {3, 1}}) {
     const Tensor a = random_cpu({N, C}, gen);

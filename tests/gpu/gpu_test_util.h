@@ -1,6 +1,7 @@
 // Helpers for the GPU parity tests: seeded random host tensors, a copy to cuda:0, and an
 // elementwise comparison of a CUDA result with the CPU kernel's result, |got - ref| <= atol +
-// rtol * |ref|, naming the first mismatching index. Every test skips when no device is visible.
+// rtol * |ref|, naming the first mismatching index. Every test skips when no device is visible (fails under
+// TANDEM_REQUIRE_GPU=1: tests/common/require_gpu.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include "core/device.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "common/require_gpu.h"
 
 namespace tandem::gpu_test {
 

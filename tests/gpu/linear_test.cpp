@@ -42,7 +42,7 @@ void check(int64_t N, int64_t in, int64_t out, bool bias, uint64_t seed) {
 }  // namespace
 
 TEST(CudaLinear, MatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   check(64, 1600, 128, true, 1);  // fc1
   check(64, 128, 10, true, 2);    // fc2
   check(5, 7, 3, false, 3);
@@ -50,7 +50,7 @@ TEST(CudaLinear, MatchesCpu) {
 }
 
 TEST(CudaLinear, StridedOperands) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(5);
   const Tensor xs = random_cpu({9, 6}, gen), ws = random_cpu({9, 4}, gen), b = random_cpu({4}, gen);
   const Tensor x = xs.transpose(0, 1), w = ws.transpose(0, 1);  // [6, 9] and [4, 9]
@@ -65,7 +65,7 @@ TEST(CudaLinear, StridedOperands) {
 }
 
 TEST(CudaLinear, EmptyBatch) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const Tensor x = Tensor::zeros({0, 5}, kFloat32, gpu());
   const Tensor w = Tensor::ones({3, 5}, kFloat32, gpu());
   const Tensor b = Tensor::ones({3}, kFloat32, gpu());
@@ -77,7 +77,7 @@ TEST(CudaLinear, EmptyBatch) {
 }
 
 TEST(CudaMatmul, MatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(6);
   for (auto [M, K, N] : {std::tuple<int64_t, int64_t, int64_t>{3, 4, 5}, {17, 33, 9}, {1, 64, 1}, {128, 1, 7}}) {
     SCOPED_TRACE(::testing::Message() << M << "x" << K << " * " << K << "x" << N);

@@ -29,7 +29,7 @@ Tensor random_targets(int64_t N, int64_t C, Generator& gen) {
 }  // namespace
 
 TEST(CudaLogSoftmax, MatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(1);
   for (auto [N, C, lo, hi] : {std::tuple<int64_t, int64_t, double, double>{64, 10, -5, 5},
                               {3, 1, -1, 1},
@@ -46,7 +46,7 @@ TEST(CudaLogSoftmax, MatchesCpu) {
 }
 
 TEST(CudaNllLoss, MatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(2);
   for (auto [N, C] : {std::pair<int64_t, int64_t>{64, 10}, {1, 3}, {300, 7}}) {
     SCOPED_TRACE(::testing::Message() << N << "x" << C);
@@ -63,7 +63,7 @@ TEST(CudaNllLoss, MatchesCpu) {
 }
 
 TEST(CudaNllLoss, OutOfRangeTargetIsReportedWhenTheLossIsRead) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(3);
   const Tensor lp = kp::log_softmax_forward(random_cpu({6, 10}, gen)).to(gpu());
   const Tensor bad = Tensor::from_vector<int64_t>({1, 2, 3, 12, 4, 5}, {6}).to(gpu());

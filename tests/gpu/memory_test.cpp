@@ -27,7 +27,7 @@ Tensor exact_values(const Shape& shape, DType dtype) {
 }  // namespace
 
 TEST(CudaMemory, RoundTripEveryDtype) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   for (DType dt : kAllDtypes) {
     SCOPED_TRACE(dtype_name(dt));
     const Tensor host = exact_values({3, 5, 7}, dt);
@@ -39,7 +39,7 @@ TEST(CudaMemory, RoundTripEveryDtype) {
 }
 
 TEST(CudaMemory, Int64StaysExact) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const int64_t big = (int64_t{1} << 53) + 1;  // not representable as a double
   const Tensor host = Tensor::from_vector<int64_t>({big, -big, 7, big + 2, 0, -1}, {2, 3});
   const Tensor dev = host.to(gpu());
@@ -50,7 +50,7 @@ TEST(CudaMemory, Int64StaysExact) {
 }
 
 TEST(CudaMemory, CastsOnDeviceMatchCpuCasts) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(11);
   const Tensor f32 = random_cpu({4, 33}, gen, -70000.0, 70000.0);  // beyond float16's range too
   const Tensor small = random_cpu({4, 33}, gen, -3.0, 3.0);
@@ -70,7 +70,7 @@ TEST(CudaMemory, CastsOnDeviceMatchCpuCasts) {
 }
 
 TEST(CudaMemory, CastsAcrossHostAndDevice) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(12);
   const Tensor src = random_cpu({6, 10}, gen, -5.0, 5.0);
   // host float32 -> device float16 / bfloat16 / float64
@@ -87,7 +87,7 @@ TEST(CudaMemory, CastsAcrossHostAndDevice) {
 }
 
 TEST(CudaMemory, StridedSourcesAndDestinations) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(13);
   const Tensor host = random_cpu({5, 6, 7}, gen);
   const Tensor dev = host.to(gpu());
@@ -117,7 +117,7 @@ TEST(CudaMemory, StridedSourcesAndDestinations) {
 }
 
 TEST(CudaMemory, FillEveryDtypeAndLayout) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   for (DType dt : kAllDtypes) {
     SCOPED_TRACE(dtype_name(dt));
     Tensor d = Tensor::full({4, 9}, 3.0, dt, gpu());
@@ -137,7 +137,7 @@ TEST(CudaMemory, FillEveryDtypeAndLayout) {
 }
 
 TEST(CudaMemory, AddInPlaceMatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(14);
   for (DType dt : {kFloat32, kFloat64}) {
     SCOPED_TRACE(dtype_name(dt));
@@ -154,8 +154,8 @@ TEST(CudaMemory, AddInPlaceMatchesCpu) {
 }
 
 TEST(CudaMemory, CopyBetweenTwoDevices) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
-  if (tandem::cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  TANDEM_NEED_GPUS(1);
+  TANDEM_NEED_GPUS(2);
   Generator gen(15);
   const Tensor host = random_cpu({9, 11}, gen);
   const Tensor d0 = host.to(Device::cuda(0));

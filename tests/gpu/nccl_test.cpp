@@ -19,6 +19,7 @@
 #include "dist/file_store.h"
 #include "dist/process_group_factory.h"
 #include "dist/process_group_nccl.h"
+#include "common/require_gpu.h"
 
 namespace tandem::dist {
 namespace {
@@ -46,15 +47,16 @@ bool contains(const std::string& text, const std::string& needle) {
   return text.find(needle) != std::string::npos;
 }
 
+#ifndef TANDEM_WITH_CUDA
 TEST(NcclGroup, BuildWithoutCudaFailsClearly) {
-  if (cuda_compiled()) GTEST_SKIP() << "this build has CUDA";
   auto store = std::make_shared<FileStore>(fresh_store_path("nocuda"), 1, 1s);
   const std::string msg = error_of([&] { ProcessGroupNccl pg(store, 0, 1, 1s, 0); });
   EXPECT_TRUE(contains(msg, "built without CUDA")) << msg;
 }
+#endif
 
 TEST(NcclGroup, OneGpuCollectives) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const Device gpu = Device::cuda(0);
   auto store = std::make_shared<FileStore>(fresh_store_path("one"), 1, 30s);
   ProcessGroupNccl pg(store, 0, 1, 30s, 0);
@@ -120,7 +122,7 @@ TEST(NcclGroup, OneGpuCollectives) {
 }
 
 TEST(NcclGroup, FactoryMakesAnNcclGroup) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   auto store = std::make_shared<FileStore>(fresh_store_path("factory"), 1, 30s);
   auto pg = make_process_group("nccl", store, 0, 1, 30s, 0);
   EXPECT_EQ(pg->backend(), "nccl");
@@ -130,7 +132,7 @@ TEST(NcclGroup, FactoryMakesAnNcclGroup) {
 }
 
 TEST(NcclGroup, MissingRankAbortsTheInitialisationAfterTheTimeout) {
-  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   const std::string path = fresh_store_path("missing");
   auto store = std::make_shared<FileStore>(path, -1, 30s);
   // Rank 0 of 2 publishes the id; rank 1 never comes.
@@ -141,8 +143,8 @@ TEST(NcclGroup, MissingRankAbortsTheInitialisationAfterTheTimeout) {
 }
 
 TEST(NcclGroup, OneRankPerGpuAsThreads) {
+  TANDEM_NEED_GPUS(2);
   const int gpus = cuda_device_count();
-  if (gpus < 2) GTEST_SKIP() << "needs two or more CUDA devices, " << gpus << " visible";
   const int n = std::min(gpus, 4);
   auto store = std::make_shared<FileStore>(fresh_store_path("multi"), 1, 60s);
   std::vector<std::string> errors(n);

@@ -26,7 +26,7 @@ const Shape kShape{37, 29};
 }  // namespace
 
 TEST(CudaOptim, SgdMatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   struct Cfg {
     float momentum, dampening, weight_decay;
     bool nesterov;
@@ -51,7 +51,7 @@ TEST(CudaOptim, SgdMatchesCpu) {
 }
 
 TEST(CudaOptim, AdadeltaMatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   for (float wd : {0.0f, 1e-2f}) {
     Generator gen(10);
     Tensor p = random_cpu(kShape, gen), sq = Tensor::zeros(kShape), acc = Tensor::zeros(kShape);
@@ -69,7 +69,7 @@ TEST(CudaOptim, AdadeltaMatchesCpu) {
 }
 
 TEST(CudaOptim, AdamAndAdamWMatchCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   for (bool decoupled : {false, true}) {
     Generator gen(20);
     Tensor p = random_cpu(kShape, gen), m = Tensor::zeros(kShape), v = Tensor::zeros(kShape);
@@ -89,7 +89,7 @@ TEST(CudaOptim, AdamAndAdamWMatchCpu) {
 }
 
 TEST(CudaOptim, StridedGradientAndErrors) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(30);
   Tensor p = random_cpu({6, 4}, gen);
   Tensor pd = p.to(gpu());

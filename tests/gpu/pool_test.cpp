@@ -37,7 +37,7 @@ void check(const Tensor& x_cpu, const Tensor& x_dev, const kernels::MaxPool2dArg
 }  // namespace
 
 TEST(CudaMaxPool2d, MatchesCpu) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(1);
   const kernels::MaxPool2dArgs cases[] = {
       {2, 2, 2, 2, 0, 0},  // the MNIST net's
@@ -54,7 +54,7 @@ TEST(CudaMaxPool2d, MatchesCpu) {
 }
 
 TEST(CudaMaxPool2d, TiesGoToTheFirstMaximumAndPaddingNeverWins) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(2);
   const Tensor ties = random_ties_cpu({2, 3, 8, 8}, gen, 3);
   check(ties, ties.to(gpu()), {3, 3, 2, 2, 1, 1}, gen);
@@ -64,7 +64,7 @@ TEST(CudaMaxPool2d, TiesGoToTheFirstMaximumAndPaddingNeverWins) {
 }
 
 TEST(CudaMaxPool2d, StridedInput) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(3);
   const Tensor stored = random_cpu({2, 3, 9, 10}, gen);
   check(stored.transpose(2, 3), stored.to(gpu()).transpose(2, 3), {2, 2, 2, 2, 0, 0}, gen);

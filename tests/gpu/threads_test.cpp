@@ -1,4 +1,4 @@
-// The per-thread cuDNN/cuBLAS handles of kernels/cuda/context: kernels called from several host
+// The per-thread cuDNN/cuBLAS handles of kernels/cuda/handles.cpp: kernels called from several host
 // threads at once (and from threads that have ended, whose handles are reused) give the same
 // results as on the main thread, all ordered on the one compute stream.
 #include <gtest/gtest.h>
@@ -22,7 +22,7 @@ using namespace tandem::gpu_test;
 namespace kc = tandem::kernels::cuda;
 
 TEST(CudaThreads, KernelsFromSeveralThreadsMatchTheMainThread) {
-  if (tandem::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+  TANDEM_NEED_GPUS(1);
   Generator gen(1);
   const Tensor x = random_cpu({8, 3, 12, 12}, gen).to(gpu());
   const Tensor w = random_cpu({4, 3, 3, 3}, gen).to(gpu());

@@ -1,0 +1,118 @@
+// Per-device CUDA state: compute streams, the device guards and the deferred kernel-error record.
+// See context.h for the contract. Streams and records live for the whole process on purpose:
+// destroying them from static destructors would race the CUDA runtime's own teardown.
+#include "core/cuda/context.h"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+#include "core/device.h"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct PerDevice {
+  std::once_flag once;
+  cudaStream_t stream = nullptr;
+  KernelErrorRecord* record = nullptr;  // made with the stream: never inside a graph capture
+  std::atomic<bool> error_check_pending{false};
+  std::atomic<uint64_t> error_marks{0};
+};
+
+std::array<PerDevice, kMaxDevices>& per_device() {
+  static auto* state = new std::array<PerDevice, kMaxDevices>();  // leaked, see the file comment
+  return *state;
+}
+
+// The stream and the error record of `device`, made once (under a guard, synchronously: the record
+// is zeroed before anything can be queued behind it).
+PerDevice& ready_device(int device) {
+  check_device_index(device);
+  PerDevice& pd = per_device()[device];
+  std::call_once(pd.once, [&] {
+    DeviceGuard guard(device);
+    cudaStream_t s = nullptr;
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void* p = nullptr;
+    TANDEM_CUDA_CHECK(cudaMalloc(&p, sizeof(KernelErrorRecord)));
+    TANDEM_CUDA_CHECK(cudaMemset(p, 0, sizeof(KernelErrorRecord)));
+    pd.record = static_cast<KernelErrorRecord*>(p);
+    pd.stream = s;
+  });
+  return pd;
+}
+
+}  // namespace
+
+void check_device_index(int device) {
+  const int count = tandem::cuda_device_count();
+  if (!(device >= 0 && device < count)) {
+    const std::string why = cuda_unavailable_reason();
+    TANDEM_FAIL("CUDA device cuda:", device, " requested but ", count, " device(s) are visible",
+                count == 0 ? " (" + (why.empty() ? std::string("no GPU") : why) + ")" : std::string());
+  }
+  TANDEM_CHECK(device < kMaxDevices, "CUDA device index ", device, " above the supported maximum ",
+               kMaxDevices - 1);
+}
+
+void set_device(int device) {
+  check_device_index(device);
+  TANDEM_CUDA_CHECK(cudaSetDevice(device));
+}
+
+DeviceGuard::DeviceGuard(int device) {
+  TANDEM_CUDA_CHECK(cudaGetDevice(&previous_));
+  if (previous_ != device) {
+    TANDEM_CUDA_CHECK(cudaSetDevice(device));
+  } else {
+    previous_ = -1;  // nothing to restore
+  }
+}
+
+DeviceGuard::~DeviceGuard() {
+  // A destructor must not throw; a failed restore must not linger in the runtime's error slot,
+  // where the next launch check would report it as its own.
+  if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
+}
+
+cudaStream_t compute_stream(int device) { return ready_device(device).stream; }
+
+KernelErrorRecord* kernel_error_record(int device) { return ready_device(device).record; }
+
+void prepare_kernel_error_record(int device) { (void)ready_device(device); }
+
+void mark_kernel_error_check_pending(int device) {
+  PerDevice& pd = per_device()[device];
+  pd.error_marks.fetch_add(1, std::memory_order_relaxed);
+  pd.error_check_pending.store(true, std::memory_order_release);
+}
+
+uint64_t kernel_error_marks(int device) {
+  if (device < 0 || device >= kMaxDevices) return 0;
+  return per_device()[device].error_marks.load(std::memory_order_relaxed);
+}
+
+void check_kernel_errors(int device) {
+  if (device < 0 || device >= kMaxDevices) return;
+  PerDevice& pd = per_device()[device];
+  if (!pd.error_check_pending.exchange(false, std::memory_order_acq_rel)) return;
+  StreamGuard on(device);
+  KernelErrorRecord host{};
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(&host, pd.record, sizeof(host), cudaMemcpyDeviceToHost, on.stream()));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+  if (host.code == kNoKernelError) return;
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(pd.record, 0, sizeof(KernelErrorRecord), on.stream()));
+  switch (host.code) {
+    case kNllTargetOutOfRange:
+      TANDEM_FAIL("nll_loss: target ", host.b, " at row ", host.a, " is out of range, expected a class in [0, ",
+                  host.c, ") (found by the CUDA kernel on cuda:", device,
+                  "; reported at the next read of a result from that device)");
+    default:
+      TANDEM_FAIL("a CUDA kernel on cuda:", device, " reported error code ", host.code);
+  }
+}
+
+}  // namespace tandem::cuda

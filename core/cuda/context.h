@@ -1,0 +1,115 @@
+// Internal to the CUDA backend (core/cuda, kernels/cuda, dist's NCCL code); never included by a
+// public header, and free of cuDNN/cuBLAS (their handles live in kernels/cuda/common.h). Owns the
+// per-device CUDA state every GPU kernel runs against, as PyTorch's c10/cuda does:
+//  - one compute stream per device, created lazily (non-blocking: it does not synchronise with
+//    the legacy default stream). ALL compute work of the backend is queued on it, so work is
+//    ordered by the stream alone; nothing here calls cudaDeviceSynchronize. Code that uses another
+//    stream (the NCCL communication stream) orders itself against this one with events;
+//  - the device guards. A process sets its device once (set_device, called where it picks one:
+//    the trainer, a test, an embedding program); every launch still runs under a guard for its
+//    tensors' device, because the only way to get a compute stream for a launch is a StreamGuard,
+//    which makes that device current for its scope (launch() in core/cuda/launch.cuh takes one);
+//  - the check macro: every CUDA runtime call goes through TANDEM_CUDA_CHECK, and a failure throws
+//    tandem::Error carrying file:line, the failing expression and the runtime's error name and text;
+//  - a small device-side error record for kernels that find bad input (an out-of-range nll_loss
+//    target) without a host synchronisation: it is read, and thrown as tandem::Error, the next
+//    time the host waits for the compute stream (any device-to-host copy, e.g. loss.item()).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+
+// Checks a cudaError_t-returning call. Clears the runtime's last-error slot before throwing so a
+// stale error is never reported again by a later launch check.
+#define TANDEM_CUDA_CHECK(expr)                                                                  \
+  do {                                                                                           \
+    const cudaError_t tandem_cuda_err_ = (expr);                                                 \
+    if (tandem_cuda_err_ != cudaSuccess) [[unlikely]] {                                          \
+      (void)cudaGetLastError();                                                                  \
+      TANDEM_FAIL(#expr, " failed: ", cudaGetErrorName(tandem_cuda_err_), ": ",                  \
+                  cudaGetErrorString(tandem_cuda_err_));                                         \
+    }                                                                                            \
+  } while (0)
+
+// Checks the launch of the kernel just queued (bad configuration, no kernel image for this GPU).
+#define TANDEM_CUDA_CHECK_LAUNCH() TANDEM_CUDA_CHECK(cudaGetLastError())
+
+namespace tandem::cuda {
+
+// Throws unless 0 <= device < cuda_device_count(), naming the device, the count and, when the
+// runtime could not be initialised, its error (e.g. cudaErrorInsufficientDriver).
+void check_device_index(int device);
+
+// Makes `device` the calling thread's current device for good (cudaSetDevice). Call it once when
+// a process picks its device, before creating streams or communicators, so that work the runtime
+// does on the "current" device (primary context creation, library handles) lands on that device.
+void set_device(int device);
+
+// Makes `device` current for the scope and restores the previous current device after. A failed
+// restore in the destructor clears the runtime's error slot so no later check reports it.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
+// The compute stream of a device (created on first use, lives for the process). Work queued on it
+// by hand must run under a guard for `device` (prefer StreamGuard, which holds both).
+cudaStream_t compute_stream(int device);
+
+// The device made current for the scope, and its compute stream: what every kernel launch needs.
+class StreamGuard {
+ public:
+  explicit StreamGuard(int device) : device_(device), guard_(device), stream_(compute_stream(device)) {}
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  int device_;
+  DeviceGuard guard_;
+  cudaStream_t stream_;
+};
+
+// Grid for a grid-stride loop over n elements (n > 0) with `block` threads per block.
+inline unsigned grid_for(int64_t n, int block = 256) {
+  const int64_t blocks = (n + block - 1) / block;
+  return static_cast<unsigned>(blocks < 65535 ? blocks : 65535);
+}
+
+// ---- deferred kernel errors ----
+
+enum KernelErrorCode : int { kNoKernelError = 0, kNllTargetOutOfRange = 1 };
+
+// Written by a kernel that detects bad input: the first writer claims `code` with atomicCAS and
+// fills a, b, c (for kNllTargetOutOfRange: row, target value, number of classes).
+struct KernelErrorRecord {
+  int code;
+  int pad_;
+  long long a, b, c;
+};
+
+// The device's record (device memory, zeroed on creation; create it outside any graph capture,
+// e.g. with prepare_kernel_error_record). Call mark_kernel_error_check_pending after queueing a
+// kernel that may write it.
+KernelErrorRecord* kernel_error_record(int device);
+void prepare_kernel_error_record(int device);
+void mark_kernel_error_check_pending(int device);
+// How many times mark_kernel_error_check_pending was called for `device`: cuda::Graph compares it
+// before and after a capture to learn whether the captured work may report, and if so re-arms the
+// check after every replay.
+uint64_t kernel_error_marks(int device);
+// If a kernel that may report was queued since the last check: reads the record after the
+// compute stream's queued work (this waits for the stream), clears it, and throws tandem::Error
+// describing the first error found. Called by every device-to-host copy after its own wait, and by
+// cuda::Graph::replay's callers through the same copies (a replay re-arms the check).
+void check_kernel_errors(int device);
+
+}  // namespace tandem::cuda

@@ -1,0 +1,74 @@
+// Rules of the CUDA backend's sources that the compiler cannot enforce, checked on the source tree
+// (they hold whether or not this machine has a GPU or this build has CUDA):
+//  - every kernel launch goes through tandem::cuda::launch (core/cuda/launch.cuh), which takes a
+//    StreamGuard, so no launch runs without a guard for its device: no `<<<` anywhere else;
+//  - core/ (the device layer, as PyTorch's c10/cuda) includes nothing from the layers above it;
+//  - the cuBLAS loader opens only the major version the build compiled against.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kRoot = TANDEM_SOURCE_DIR;
+
+std::string read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<fs::path> sources_under(const std::string& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
+    const std::string ext = e.path().extension().string();
+    if (e.is_regular_file() && (ext == ".cu" || ext == ".cuh" || ext == ".cpp" || ext == ".h")) out.push_back(e.path());
+  }
+  return out;
+}
+
+TEST(CudaSourceRules, EveryKernelLaunchGoesThroughTheGuardedLauncher) {
+  int files = 0;
+  for (const std::string dir : {"core", "kernels", "dist", "nn", "optim", "train", "apps"}) {
+    for (const fs::path& p : sources_under(dir)) {
+      ++files;
+      if (p == kRoot / "core/cuda/launch.cuh") continue;
+      const std::string text = read(p);
+      EXPECT_EQ(text.find("<<<"), std::string::npos)
+          << fs::relative(p, kRoot).string()
+          << " launches a kernel with <<<...>>>; use launch(StreamGuard, kernel, ...) from core/cuda/launch.cuh";
+    }
+  }
+  EXPECT_GT(files, 50) << "the source tree was not found at " << kRoot;
+  EXPECT_NE(read(kRoot / "core/cuda/launch.cuh").find("<<<"), std::string::npos);
+}
+
+TEST(CudaSourceRules, CoreIncludesNothingAboveIt) {
+  const std::regex upward(R"re(#include\s+"(kernels|nn|optim|data|dist|train|apps)/)re");
+  int files = 0;
+  for (const fs::path& p : sources_under("core")) {
+    ++files;
+    const std::string text = read(p);
+    std::smatch m;
+    EXPECT_FALSE(std::regex_search(text, m, upward))
+        << fs::relative(p, kRoot).string() << " includes " << m.str() << "...: core/ must not depend on the layers above it";
+  }
+  EXPECT_GT(files, 10);
+}
+
+TEST(CudaSourceRules, TheCublasLoaderOpensOnlyTheCompiledMajorVersion) {
+  const std::string text = read(kRoot / "kernels/cuda/cublas_loader.cpp");
+  ASSERT_FALSE(text.empty());
+  EXPECT_NE(text.find("\"libcublas.so.\" TANDEM_CUBLAS_SOVERSION"), std::string::npos);
+  EXPECT_EQ(text.find("\"libcublas.so\""), std::string::npos)
+      << "an unversioned libcublas.so may be another major version than the headers compiled against";
+}
+
+}  // namespace

@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include "core/autograd.h"
@@ -46,6 +47,7 @@ Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, R
     TANDEM_CHECK(p.is_contiguous(), "DistributedDataParallel: parameter '", name, "' is not contiguous");
   }
   if (options_.bucket_cap_mb <= 0) measure_auto_bucket_cap();
+  if (group_->comm_device().is_cuda()) comm_timer_ = std::make_unique<DeviceTimer>(group_->comm_device());
   ready_.assign(params_.size(), false);
   std::vector<size_t> order(params_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
@@ -297,19 +299,33 @@ void Reducer::finalize() {
                 "otherwise make sure every output DDP's forward returned takes part in the loss");
   }
   // Bucket by bucket, in launch order: wait for it, then write its gradients back, so the copies of
-  // the early buckets run while the later ones are still being reduced. exposed_comm_ms adds up the
-  // waits only; finalize_ms includes the copies.
+  // the early buckets run while the later ones are still being reduced. On the host (Gloo)
+  // exposed_comm_ms adds up the waits only; finalize_ms includes the copies. On a device group the
+  // waits are stream dependencies the host passes at once: the exposure is the compute stream's
+  // time from here until the last bucket arrived (the earlier buckets' copies included), read one
+  // synchronised backward later, when the device has run it.
+  if (comm_timer_) {
+    const double previous = comm_timer_->elapsed_ms();
+    if (!std::isnan(previous)) stats_.exposed_comm_ms = previous;
+    stats_.exposed_comm_iteration = std::isnan(previous) ? stats_.exposed_comm_iteration : iteration_ - 1;
+    comm_timer_->start();
+  }
   const auto start = Clock::now();
   double waited_ms = 0.0;
   int64_t bytes = 0;
-  for (auto& b : buckets_) {
+  for (size_t k = 0; k < buckets_.size(); ++k) {
+    Bucket& b = buckets_[k];
     const auto wait_start = Clock::now();
     b.work->wait(group_->timeout());
     waited_ms += std::chrono::duration<double, std::milli>(Clock::now() - wait_start).count();
+    if (comm_timer_ && k + 1 == buckets_.size()) comm_timer_->stop();
     bytes += static_cast<int64_t>(b.buffer.nbytes());
     for (size_t i : b.params) write_back(i);
   }
-  stats_.exposed_comm_ms = waited_ms;
+  if (!comm_timer_) {
+    stats_.exposed_comm_ms = waited_ms;
+    stats_.exposed_comm_iteration = iteration_;
+  }
   stats_.finalize_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   stats_.buckets = static_cast<int64_t>(buckets_.size());
   stats_.bytes = bytes;

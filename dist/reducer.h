@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/device_timer.h"
 #include "dist/comm_hook.h"
 #include "dist/process_group.h"
 #include "nn/module.h"
@@ -49,7 +50,12 @@ struct ReducerOptions {
 struct ReducerStats {
   int64_t buckets = 0;
   int64_t bytes = 0;             // bytes handed to the comm hook
-  double exposed_comm_ms = 0.0;  // finalize's waits: communication not hidden behind backward
+  // Communication not hidden behind backward, for the synchronised backward exposed_comm_iteration:
+  // on a host group (Gloo) finalize's waits, this backward; on a device group (NCCL) the compute
+  // stream's wait for the buckets, measured on the device and read without waiting, so it is the
+  // previous synchronised backward's (-1: none measured yet).
+  double exposed_comm_ms = 0.0;
+  int64_t exposed_comm_iteration = -1;
   double finalize_ms = 0.0;      // all of finalize: the waits and writing the gradients back
   int64_t iteration = 0;
 };
@@ -135,6 +141,7 @@ class Reducer {
   AutoBucketCap auto_cap_;
   std::function<void(size_t)> on_launch_;
   std::shared_ptr<bool> alive_;  // hooks hold a weak copy: a destroyed reducer ignores them
+  std::unique_ptr<DeviceTimer> comm_timer_;  // device groups: the compute stream's wait for the buckets
 };
 
 }  // namespace tandem::dist

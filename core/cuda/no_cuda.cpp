@@ -2,6 +2,7 @@
 // every CUDA entry point of core throws a clear error, and no device exists.
 #include "core/allocator.h"
 #include "core/cuda/memory.h"
+#include "core/cuda/timer.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -26,6 +27,15 @@ namespace cuda_detail {
 void copy(Tensor&, const Tensor&) { no_cuda("copy to or from a CUDA tensor"); }
 void fill(Tensor&, double) { no_cuda("fill_ on a CUDA tensor"); }
 void add_(Tensor&, const Tensor&, double) { no_cuda("add_ on a CUDA tensor"); }
+}  // namespace cuda_detail
+
+struct DeviceTimer::Events {};
+void DeviceTimer::EventsDeleter::operator()(Events* e) const { delete e; }
+
+namespace cuda_detail {
+DeviceTimer::EventsPtr make_timer_events(int) { no_cuda("DeviceTimer on a CUDA device"); }
+void record_timer_event(DeviceTimer::Events&, bool) { no_cuda("DeviceTimer on a CUDA device"); }
+double timer_elapsed_ms(const DeviceTimer::Events&) { no_cuda("DeviceTimer on a CUDA device"); }
 }  // namespace cuda_detail
 
 }  // namespace tandem

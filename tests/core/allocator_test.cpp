@@ -72,6 +72,8 @@ TEST(PrivatePool, BlocksStillHeldWhenThePoolIsReleasedGoToTheSharedCacheWhenFree
   EXPECT_EQ(a.cached_bytes(), CachingAllocator::size_class(4096));
   EXPECT_EQ(a.allocate(4096), output);
   a.deallocate(output, 4096);
+  a.empty_cache();
+  EXPECT_EQ(a.released, std::vector<void*>{output});
 }
 
 TEST(PrivatePool, OnlyTheThreadThatBeganThePoolFillsIt) {
@@ -88,25 +90,27 @@ TEST(PrivatePool, OnlyTheThreadThatBeganThePoolFillsIt) {
   a.deallocate(mine, 512);
   a.end_private_pool();
   EXPECT_EQ(a.private_pool_bytes(pool), CachingAllocator::size_class(512));
-  EXPECT_THROW(
-      {
-        a.begin_private_pool();
-        a.begin_private_pool();
-      },
-      Error);
+  const auto second = a.begin_private_pool();
+  EXPECT_THROW(a.begin_private_pool(), Error);  // one pool at a time
+  a.end_private_pool();
+  a.release_private_pool(second);
+  a.release_private_pool(pool);
+  a.empty_cache();
+  EXPECT_EQ(a.released.size(), 2u);  // `shared` and `mine`: every block went back to the backend
 }
 
 TEST(PrivatePool, AMissInsideThePoolNeverEmptiesTheCache) {
   CountingAllocator a;
   void* cached = a.allocate(1 << 20);
   a.deallocate(cached, 1 << 20);
-  a.begin_private_pool();
+  const auto pool = a.begin_private_pool();
   a.refuse = true;
   // Outside a pool, out of memory empties the cache and retries; inside one (a capture) emptying
   // would synchronise the device, so the request fails at once, and the cache is untouched.
   EXPECT_THROW(a.allocate(2 << 20), Error);
   EXPECT_TRUE(a.released.empty());
   a.end_private_pool();
+  a.release_private_pool(pool);
   EXPECT_THROW(a.allocate(2 << 20), Error);
   EXPECT_EQ(a.released, std::vector<void*>{cached});
 }

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_timer.h"
+#include "core/random.h"
 #include "core/tensor.h"
+#include "kernels/linear.h"
 #include "gpu_test_util.h"
 
 using namespace tandem;
@@ -154,7 +157,6 @@ TEST(CudaMemory, AddInPlaceMatchesCpu) {
 }
 
 TEST(CudaMemory, CopyBetweenTwoDevices) {
-  TANDEM_NEED_GPUS(1);
   TANDEM_NEED_GPUS(2);
   Generator gen(15);
   const Tensor host = random_cpu({9, 11}, gen);
@@ -165,4 +167,34 @@ TEST(CudaMemory, CopyBetweenTwoDevices) {
   Tensor d1_half = Tensor::empty({11, 9}, kFloat16, Device::cuda(1));
   d1_half.copy_(d0.transpose(0, 1));  // strided source, cast, other device
   EXPECT_TRUE(same(d1_half, host.transpose(0, 1).to(kFloat16)));
+}
+
+TEST(CudaDeviceTimer, TimesTheStreamWithoutWaiting) {
+  TANDEM_NEED_GPUS(1);
+  DeviceTimer t(gpu());
+  Tensor x = Tensor::zeros({1 << 22}, kFloat32, gpu());
+  t.start();
+  for (int i = 0; i < 20; ++i) x.add_(x, 1.0);
+  t.stop();
+  synchronize(gpu());  // the stream has passed stop()
+  EXPECT_GT(t.elapsed_ms(), 0.0);
+  EXPECT_TRUE(std::isfinite(t.elapsed_ms()));
+}
+
+// Kernels on cuda:1 while the thread's current device is cuda:0: every launch must run under a
+// guard for its tensors' device (a launch on the wrong device fails or reads foreign memory).
+TEST(CudaDeviceGuard, KernelsOnTheSecondDeviceMatchTheCpu) {
+  TANDEM_NEED_GPUS(2);
+  set_cuda_device(0);
+  Generator gen(9);
+  const Tensor x = random_cpu({16, 32}, gen), w = random_cpu({8, 32}, gen), b = random_cpu({8}, gen);
+  const Device d1 = Device::cuda(1);
+  const Tensor y = kernels::linear_forward(x.to(d1), w.to(d1), b.to(d1));  // GEMM, then the bias add
+  EXPECT_TRUE(y.device() == d1);
+  EXPECT_TRUE(close(y, kernels::linear_forward(x, w, b), 1e-5, 1e-5));
+  const Tensor dy = random_cpu({16, 8}, gen);
+  const auto got = kernels::linear_backward(dy.to(d1), x.to(d1), w.to(d1), true, true, true);
+  const auto ref = kernels::linear_backward(dy, x, w, true, true, true);
+  EXPECT_TRUE(close(got.bias, ref.bias, 1e-5, 1e-5));  // the bias gradient ran after the GEMM's guard
+  EXPECT_TRUE(close(got.weight, ref.weight, 1e-5, 1e-5));
 }

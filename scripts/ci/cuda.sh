@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# CI stage for machines WITHOUT a GPU: the CUDA backend compiles cleanly and links against what is
+# installed. Nothing here runs CUDA code (that is scripts/gpu/check.sh, on a GPU machine).
+#   1. Every engine .cu file (core/cuda, kernels/cuda) compiled for sm_$CUDA_CHECK_ARCH (default 90)
+#      with nvcc's warnings as errors (-Werror all-warnings) and the host compiler's -Wall -Wextra
+#      -Werror; the CUDA side's C++ files (core/cuda, kernels/cuda, dist/cuda) with -Werror too
+#      (scripts/ci/cuda_werror.cmake). Only those objects are built first, all of them even when one
+#      fails (ninja -k 0), so one run reports every file that does not compile.
+#   2. The shared engine library (target tandem_shared, libtandem.so; linked with --no-undefined)
+#      built from the same objects, then scripts/ci/cuda_symbols.py: every CUDA runtime, cuDNN and
+#      NCCL symbol it imports is defined in the library it actually loads, and every cuBLAS entry point
+#      kernels/cuda/cublas_loader.cpp forwards (dlopen, not linked) is defined in the installed
+#      libcublas.so.<TANDEM_CUBLAS_SOVERSION>. Prints a table; fails naming each missing symbol.
+# Own build dir (build-cuda-check; reused), Release, no tests or benchmarks. Skipped (exit 0) only when
+# nvcc is not installed; with nvcc but without cuDNN, cuBLAS or NCCL the configure step fails (ON).
+# Budget: ~10 min on 2 cores from an empty build dir (measured: see docs/gpu.md).
+# Environment: JOBS (default nproc), CUDA_CHECK_BUILD_DIR (default <repo>/build-cuda-check),
+#              CUDA_CHECK_ARCH (default 90), CUDA_HOME (default /usr/local/cuda).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+JOBS=${JOBS:-$(nproc)}
+BUILD=${CUDA_CHECK_BUILD_DIR:-$ROOT/build-cuda-check}
+ARCH=${CUDA_CHECK_ARCH:-90}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+T0=$SECONDS
+phase() { echo; echo "=== cuda.sh: $* (at $((SECONDS - T0)) s)"; }
+fail() { echo "cuda.sh: FAILED: $*" >&2; exit 1; }
+
+NVCC=""
+if [[ -x "$CUDA_HOME/bin/nvcc" ]]; then NVCC=$CUDA_HOME/bin/nvcc
+elif command -v nvcc >/dev/null; then NVCC=$(command -v nvcc); fi
+if [[ -z "$NVCC" ]]; then
+  echo "cuda.sh: nvcc not found ($CUDA_HOME/bin/nvcc, PATH): the CUDA backend cannot be compiled here, skipped"
+  exit 0
+fi
+echo "cuda.sh: $("$NVCC" --version | grep -o 'release [0-9.]*, V[0-9.]*' || echo "$NVCC"), sm_$ARCH, $JOBS jobs"
+
+source "$ROOT/scripts/ci/ccache.sh"
+if [[ ${#launcher[@]} -gt 0 ]]; then launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache); fi
+
+phase "configure $BUILD"
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_COMPILER="$NVCC" -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
+  -DTANDEM_BUILD_TESTS=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_SHARED=OFF -DTANDEM_INSTALL=ON \
+  -DCMAKE_CUDA_FLAGS="-Werror all-warnings -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter,-Werror" \
+  -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/ci/cuda_werror.cmake" \
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" >/dev/null || fail "configure (see above)"
+
+# The objects of the CUDA side, from ninja's own list; each source file must have one.
+mapfile -t objects < <(ninja -C "$BUILD" -t targets all |
+  grep -oE '^CMakeFiles/tandem_objects\.dir/((core|kernels)/cuda/[^:]+\.cu|(core|kernels|dist)/cuda/[^:]+\.cpp)\.o' |
+  sort -u)
+missing_obj=()
+for src in core/cuda/*.cu kernels/cuda/*.cu core/cuda/*.cpp kernels/cuda/*.cpp dist/cuda/*.cpp; do
+  [[ -e "$src" && "$src" != */no_cuda.cpp ]] || continue
+  printf '%s\n' "${objects[@]}" | grep -qxF "CMakeFiles/tandem_objects.dir/$src.o" || missing_obj+=("$src")
+done
+[[ ${#missing_obj[@]} -eq 0 ]] || fail "no object target for: ${missing_obj[*]} (reconfigure? glob?)"
+ncu=$(printf '%s\n' "${objects[@]}" | grep -c '\.cu\.o$' || true)
+phase "compile ${#objects[@]} objects ($ncu .cu for sm_$ARCH with -Werror all-warnings, $(( ${#objects[@]} - ncu )) .cpp with -Werror)"
+log=$BUILD/cuda-check-compile.log
+if ! ninja -C "$BUILD" -j "$JOBS" -k 0 "${objects[@]}" 2>&1 | tee "$log"; then
+  echo >&2
+  echo "cuda.sh: these CUDA-side files do not compile cleanly:" >&2
+  grep -oE '^FAILED: [^ ]+' "$log" | sed -E 's|^FAILED: CMakeFiles/tandem_objects\.dir/|  |; s|\.o$||' >&2 || true
+  echo "cuda.sh: warnings and errors with file:line:" >&2
+  grep -E '(\([0-9]+\): (error|warning)|:[0-9]+:[0-9]+: (error|warning))' "$log" | sort -u | head -50 >&2 || true
+  fail "compile (log: $log)"
+fi
+echo "cuda.sh: all ${#objects[@]} CUDA-side objects compiled without warnings"
+
+phase "link the shared engine library (tandem_shared)"
+ninja -C "$BUILD" -j "$JOBS" tandem_shared || fail "building tandem_shared"
+lib=$(find "$BUILD" -maxdepth 1 -name 'libtandem.so.*' -type f | sort | tail -1)
+[[ -n "$lib" ]] || fail "tandem_shared built no $BUILD/libtandem.so.*"
+
+phase "CUDA-library symbols of $(basename "$lib")"
+python3 "$ROOT/scripts/ci/cuda_symbols.py" --lib "$lib" --compile-commands "$BUILD/compile_commands.json" \
+  --loader "$ROOT/kernels/cuda/cublas_loader.cpp" --cuda-root "$CUDA_HOME" || fail "symbol check (see above)"
+
+echo
+echo "cuda.sh: OK in $((SECONDS - T0)) s"

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Helpers of scripts/gpu/check.sh (standard library only): reading the results of its commands and
+writing its report.
+
+Subcommands (each prints JSON on stdout unless said otherwise):
+  record STEPS_JSONL --name N --status pass|fail|skipped --seconds S --command C [--note T] [--numbers JSON]
+                      append one step to the steps file (prints nothing)
+  (the readers below print {"error": ...} and exit 0 when their input is missing or unreadable)
+  metrics FILE.jsonl [--skip-first-epoch]
+                      key numbers of a tandem-mnist metrics file: epochs, samples_per_s (mean over the epoch
+                      lines, the first dropped when asked and there are several), test_accuracy and test_loss
+                      of the last eval line, last_train_loss, iterations
+  junit FILE.xml      ctest's JUnit report: tests, failures, errors, skipped, names of the failed/skipped
+  gtest-summary LOG   a gtest run's log: tests_run, passed, failed, skipped (from the [==========] lines)
+  sanitizer LOG       compute-sanitizer's "ERROR SUMMARY: N errors" (errors: N, or null when absent)
+  multi-gpu-tests DIR N
+                      TEST(Suite, Name) of DIR/*.cpp whose body asks TANDEM_NEED_GPUS(k) with k > N, one
+                      "Suite.Name" a line (plain text)
+  allreduce FILE.json Google Benchmark JSON of allreduce_bench: per variant and size, median_us and busbw
+  compare A_JSON B_JSON --key K --max-diff D
+                      |A[K] - B[K]| against D: {"a":..,"b":..,"diff":..,"ok":..}; exit 1 when not ok
+  report STEPS_JSONL --out DIR --meta META_JSON
+                      DIR/results.json and DIR/results.md; prints the table; exit 1 when a step failed
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+
+def cmd_record(a):
+    rec = {"name": a.name, "status": a.status, "seconds": round(float(a.seconds), 1), "command": a.command}
+    if a.note:
+        rec["note"] = a.note
+    if a.numbers:
+        try:
+            rec["numbers"] = json.loads(a.numbers)
+        except json.JSONDecodeError:
+            rec["numbers"] = {"unparsed": a.numbers}
+    with open(a.steps, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    return 0
+
+
+def cmd_metrics(a):
+    epochs, evals, trains = [], [], []
+    try:
+        with open(a.file) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                {"epoch": epochs, "eval": evals, "train": trains}.get(rec.get("type"), []).append(rec)
+    except OSError as e:
+        print(json.dumps({"error": str(e)}))
+        return 0
+    out = {"epochs": len(epochs), "iterations": len(trains)}
+    timed = epochs[1:] if a.skip_first_epoch and len(epochs) > 1 else epochs
+    if timed:
+        out["samples_per_s"] = round(sum(e["samples_per_s"] for e in timed) / len(timed), 1)
+        out["epoch_samples_per_s"] = [round(e["samples_per_s"], 1) for e in epochs]
+    if evals:
+        out["test_accuracy"] = evals[-1].get("test_accuracy")
+        out["test_loss"] = evals[-1].get("test_loss")
+    if trains:
+        out["last_train_loss"] = trains[-1].get("loss")
+        for k in ("buckets", "exposed_comm_ms"):
+            if k in trains[-1]:
+                out[k] = trains[-1][k]
+    print(json.dumps(out))
+    return 0
+
+
+def cmd_junit(a):
+    try:
+        root = ET.parse(a.file).getroot()
+    except (OSError, ET.ParseError) as e:
+        print(json.dumps({"error": f"{a.file}: {e}"}))
+        return 0
+    cases = root.iter("testcase")
+    failed, skipped, n = [], [], 0
+    for c in cases:
+        n += 1
+        name = c.get("name")
+        status = c.get("status", "")
+        if c.find("failure") is not None or c.find("error") is not None or status == "fail":
+            failed.append(name)
+        elif c.find("skipped") is not None or status in ("notrun", "disabled"):
+            skipped.append(name)
+    print(json.dumps({"tests": n, "passed": n - len(failed) - len(skipped), "failed": len(failed),
+                      "skipped": len(skipped), "failed_tests": failed[:30], "skipped_tests": skipped[:30]}))
+    return 0
+
+
+def read_text(path):
+    try:
+        return open(path, errors="replace").read()
+    except OSError:
+        return ""
+
+
+def cmd_gtest_summary(a):
+    text = read_text(a.file)
+    out = {}
+    m = re.findall(r"\[==========\] (\d+) tests? from \d+ test (?:suites?|cases?) ran", text)
+    out["tests_run"] = int(m[-1]) if m else None
+    m = re.findall(r"\[  PASSED  \] (\d+) tests?", text)
+    out["passed"] = int(m[-1]) if m else 0
+    m = re.findall(r"\[  SKIPPED \] (\d+) tests?, listed below", text)
+    out["skipped"] = int(m[-1]) if m else 0
+    m = re.findall(r"\[  FAILED  \] (\d+) tests?, listed below", text)
+    out["failed"] = int(m[-1]) if m else 0
+    out["failed_tests"] = sorted(set(re.findall(r"\[  FAILED  \] (\S+\.\S+)", text)))[:30]
+    print(json.dumps(out))
+    return 0
+
+
+def cmd_sanitizer(a):
+    text = read_text(a.file)
+    m = re.findall(r"ERROR SUMMARY: (\d+) errors?", text)
+    kinds = {}
+    for k in re.findall(r"========= (Invalid __\w+__ \w+|Race reported|\w[\w ]*? hazard detected|"
+                        r"Program hit [\w ]+|Leaked \d+ bytes|Uninitialized __\w+__ memory read)", text):
+        kinds[k] = kinds.get(k, 0) + 1
+    print(json.dumps({"errors": int(m[-1]) if m else None, "kinds": dict(list(kinds.items())[:10])}))
+    return 0
+
+
+def cmd_multi_gpu_tests(a):
+    names = []
+    for path in sorted(glob.glob(os.path.join(a.dir, "*.cpp"))):
+        src = open(path, errors="replace").read()
+        starts = [(m.start(), f"{m.group(1)}.{m.group(2)}")
+                  for m in re.finditer(r"^\s*TEST(?:_F)?\(\s*(\w+)\s*,\s*(\w+)\s*\)", src, re.M)]
+        for i, (pos, name) in enumerate(starts):
+            end = starts[i + 1][0] if i + 1 < len(starts) else len(src)
+            needs = [int(k) for k in re.findall(r"TANDEM_NEED_GPUS\(\s*(\d+)\s*\)", src[pos:end])]
+            if needs and max(needs) > a.n:
+                names.append(name)
+    if names:
+        print("\n".join(names))
+    return 0
+
+
+def cmd_allreduce(a):
+    try:
+        data = json.load(open(a.file))
+    except (OSError, json.JSONDecodeError) as e:
+        print(json.dumps({"error": f"{a.file}: {e}"}))
+        return 0
+    rows = {}
+    for b in data.get("benchmarks", []):
+        name = b.get("name", "")
+        m = re.match(r"(\w+)/(\d+)", name)
+        if not m:
+            continue
+        size = int(m.group(2))
+        label = f"{m.group(1)}/{size // 1024} KiB" if size < 1 << 20 else f"{m.group(1)}/{size >> 20} MiB"
+        rows[label] = {"median_us": round(b.get("median_us", float("nan")), 1),
+                       "busbw_median_GBps": round(b.get("busbw_median_GBps", float("nan")), 2)}
+    print(json.dumps({"world_size": data.get("context", {}).get("world_size"), "sizes": rows}))
+    return 0
+
+
+def loads_or_empty(text):
+    try:
+        d = json.loads(text)
+        return d if isinstance(d, dict) else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def cmd_compare(a):
+    va = loads_or_empty(a.a).get(a.key)
+    vb = loads_or_empty(a.b).get(a.key)
+    if not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):
+        print(json.dumps({"a": va, "b": vb, "diff": None, "ok": False, "max_diff": a.max_diff}))
+        return 1
+    d = abs(va - vb)
+    ok = d <= a.max_diff and not math.isnan(d)
+    print(json.dumps({"a": va, "b": vb, "diff": round(d, 5), "max_diff": a.max_diff, "ok": ok}))
+    return 0 if ok else 1
+
+
+def fmt_numbers(nums, limit=6):
+    if not nums:
+        return ""
+    parts = []
+    for k, v in nums.items():
+        if isinstance(v, (list, dict)):
+            continue
+        if isinstance(v, float):
+            v = f"{v:.4g}"
+        parts.append(f"{k}={v}")
+        if len(parts) >= limit:
+            break
+    return ", ".join(parts)
+
+
+def cmd_report(a):
+    steps = []
+    if os.path.exists(a.steps):
+        with open(a.steps) as f:
+            steps = [json.loads(l) for l in f if l.strip()]
+    meta = json.loads(a.meta) if a.meta else {}
+    counts = {s: sum(1 for x in steps if x["status"] == s) for s in ("pass", "fail", "skipped")}
+    result = dict(meta, steps=steps, summary=dict(counts, ok=counts["fail"] == 0 and bool(steps)))
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    lines = [f"# GPU check {meta.get('started', '')}", ""]
+    for k in ("host", "gpus", "cuda_arch", "driver", "nvcc", "commit", "dirty_files", "build_dir", "budget_s",
+              "total_seconds"):
+        if k in meta:
+            lines.append(f"- {k}: {meta[k]}")
+    lines += ["", f"**{counts['pass']} passed, {counts['fail']} failed, {counts['skipped']} skipped**", "",
+              "| step | status | seconds | key numbers | note |", "|---|---|---:|---|---|"]
+    for s in steps:
+        note = (s.get("note") or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | "
+                     f"{fmt_numbers(s.get('numbers')).replace('|', '/')} | {note} |")
+    lines += ["", "## Commands", ""]
+    for s in steps:
+        lines.append(f"- `{s['name']}`: `{s['command']}`" if s.get("command") else f"- `{s['name']}`: -")
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0 if result["summary"]["ok"] else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("steps")
+    r.add_argument("--name", required=True)
+    r.add_argument("--status", required=True, choices=["pass", "fail", "skipped"])
+    r.add_argument("--seconds", default="0")
+    r.add_argument("--command", default="")
+    r.add_argument("--note", default="")
+    r.add_argument("--numbers", default="")
+    m = sub.add_parser("metrics")
+    m.add_argument("file")
+    m.add_argument("--skip-first-epoch", action="store_true")
+    j = sub.add_parser("junit")
+    j.add_argument("file")
+    g = sub.add_parser("gtest-summary")
+    g.add_argument("file")
+    s = sub.add_parser("sanitizer")
+    s.add_argument("file")
+    mg = sub.add_parser("multi-gpu-tests")
+    mg.add_argument("dir")
+    mg.add_argument("n", type=int)
+    ar = sub.add_parser("allreduce")
+    ar.add_argument("file")
+    c = sub.add_parser("compare")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--key", required=True)
+    c.add_argument("--max-diff", type=float, required=True)
+    rp = sub.add_parser("report")
+    rp.add_argument("steps")
+    rp.add_argument("--out", required=True)
+    rp.add_argument("--meta", default="")
+    a = p.parse_args()
+    return {"record": cmd_record, "metrics": cmd_metrics, "junit": cmd_junit, "gtest-summary": cmd_gtest_summary,
+            "sanitizer": cmd_sanitizer, "multi-gpu-tests": cmd_multi_gpu_tests, "allreduce": cmd_allreduce,
+            "compare": cmd_compare, "report": cmd_report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,9 @@
-# The engine library targets. Owns: the usage requirements shared by the object library and the
-# libraries linked from it (tandem_engine_usage), and tandem_engine_library(name STATIC|SHARED).
-# Assumes: the caller defined `tandem_objects` (an OBJECT library of every engine source), found
-# Eigen3, Threads, ZLIB, spdlog, nlohmann_json and Gloo, and included TandemCuda.
+# The engine library targets. Owns: the dependencies shared by the layers' object libraries and the
+# libraries linked from them (tandem_engine_dependencies), the include root and dependencies users
+# of a library get (tandem_engine_usage), and tandem_engine_library(name STATIC|SHARED), which links
+# the objects of every layer in TANDEM_LAYERS (cmake/TandemLayers.cmake).
+# Assumes: the caller found Eigen3, Threads, ZLIB, spdlog, nlohmann_json and Gloo, and included
+# TandemCuda.
 # Guarantees: Eigen3 and Threads are the only public link dependencies; Gloo, spdlog,
 # nlohmann_json, zlib and the CUDA libraries stay private. A SHARED library exports only the
 # tandem:: API (cmake/tandem.map): template instantiations and inline code of Gloo, spdlog, fmt,
@@ -9,10 +11,9 @@
 
 set(TANDEM_VERSION_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/tandem.map)
 
-function(tandem_engine_usage target)
-  target_include_directories(${target} PUBLIC
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-    $<INSTALL_INTERFACE:include/tandem>)
+# What compiling and linking engine code needs, except the include root (each layer gets its own
+# view of the tree instead).
+function(tandem_engine_dependencies target)
   target_compile_features(${target} PUBLIC cxx_std_20)
   target_link_libraries(${target}
     PUBLIC Eigen3::Eigen Threads::Threads
@@ -26,8 +27,19 @@ function(tandem_engine_usage target)
   endif()
 endfunction()
 
+function(tandem_engine_usage target)
+  target_include_directories(${target} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+    $<INSTALL_INTERFACE:include/tandem>)
+  tandem_engine_dependencies(${target})
+endfunction()
+
 function(tandem_engine_library name type)
-  add_library(${name} ${type} $<TARGET_OBJECTS:tandem_objects>)
+  set(objects "")
+  foreach(layer IN LISTS TANDEM_LAYERS)
+    list(APPEND objects $<TARGET_OBJECTS:${layer}>)
+  endforeach()
+  add_library(${name} ${type} ${objects})
   tandem_engine_usage(${name})
   # Only objects as sources: name the linker (the CUDA objects need no device link step).
   set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX OUTPUT_NAME tandem EXPORT_NAME tandem)

@@ -67,8 +67,6 @@ void queue_callback(std::function<void()> fn) {
   current_callbacks->push_back(std::move(fn));
 }
 
-bool in_backward() { return current_callbacks != nullptr; }
-
 namespace {
 void run_graph(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
 }  // namespace

@@ -95,7 +95,6 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 // From inside a running backward (a hook or a node on this thread): runs fn
 // once the whole graph has been processed. Throws outside a backward.
 void queue_callback(std::function<void()> fn);
-bool in_backward();
 
 }  // namespace autograd
 }  // namespace tandem

@@ -412,11 +412,4 @@ void Tensor::set_data(const Tensor& other) {
   impl().dtype = other.dtype();
 }
 
-void Tensor::set_name(const std::string& name) { autograd_meta().name = name; }
-
-const std::string& Tensor::name() const {
-  static const std::string empty_name;
-  return impl().autograd ? impl().autograd->name : empty_name;
-}
-
 }  // namespace tandem

@@ -40,7 +40,6 @@ struct AutogradMeta {
   uint32_t output_nr = 0;                  // which output of grad_fn
   std::shared_ptr<Node> grad_accumulator;  // leaves: created on first use
   std::vector<PostAccumulateGradHook> post_accumulate_hooks;
-  std::string name;                        // optional, for error messages
 };
 
 struct TensorImpl {
@@ -127,8 +126,6 @@ class Tensor {
   // Replaces this handle's data/shape with other's (used by Module::to and
   // load_state_dict); keeps the autograd record.
   void set_data(const Tensor& other);
-  void set_name(const std::string& name);
-  const std::string& name() const;
 
   // identity: same TensorImpl
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }

@@ -28,7 +28,6 @@ class PrefixStore : public Store {
   std::string address() const override;
 
   const std::string& prefix() const { return prefix_; }
-  const std::shared_ptr<Store>& underlying() const { return store_; }
 
  private:
   std::string full(const std::string& key) const { return prefix_ + "/" + key; }

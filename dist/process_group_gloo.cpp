@@ -1,5 +1,6 @@
 // ProcessGroupGloo (see process_group_gloo.h for the contract). Owns: the Gloo TCP device and
-// context, the FIFO queue of issued collectives and the one worker thread that runs them.
+// context, and the queue of issued collectives (dist/gloo_work.h: the one worker thread that runs
+// them); the reading of Gloo's errors is dist/gloo_diagnosis.h's.
 // Threads: collectives are validated on the caller's thread and run on the worker thread;
 // Work::wait runs on any thread. Gloo's TCP pairs write to sockets from the worker thread and
 // from Gloo's event-loop thread: both are started with SIGPIPE blocked, so a peer that vanished
@@ -24,20 +25,18 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <atomic>
-#include <cctype>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "core/error.h"
 #include "core/storage.h"
+#include "dist/gloo_diagnosis.h"
 #include "dist/gloo_store_adapter.h"
+#include "dist/gloo_work.h"
 #include "dist/shm_allreduce.h"
 
 namespace tandem::dist {
@@ -186,127 +185,6 @@ std::string next_group_prefix(int rank) {
   return "gloo/" + std::to_string(made[rank]++) + "/";
 }
 
-// ---- Work ----
-
-class GlooWork final : public Work {
- public:
-  // `grace`: how long past the group's timeout wait(t >= group timeout) keeps waiting for a
-  // collective that has started, so that Gloo's own error (and the diagnosis naming the stuck
-  // peer) is what the caller sees rather than a bare "did not complete".
-  GlooWork(std::string description, std::string who, std::function<void(uint32_t tag)> body, Millis timeout,
-           Millis grace)
-      : description_(std::move(description)),
-        who_(std::move(who)),
-        body_(std::move(body)),
-        timeout_(timeout),
-        grace_(grace) {}
-
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-
-  void wait(Millis timeout) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto finished = [&] { return done_; };
-    // A caller willing to wait the group's whole timeout gets Gloo's own verdict (which comes
-    // at about the same moment, plus the diagnosis); a shorter wait ends when it says.
-    if (!cv_.wait_for(lock, timeout, finished) && started_ && timeout >= timeout_)
-      cv_.wait_until(lock, started_at_ + timeout_ + grace_, finished);
-    if (!done_)
-      TANDEM_FAIL(who_, ": ", description_, " did not complete within ", timeout.count(),
-                  " ms (a peer is slower, stuck or gone; Gloo ends it after the group's timeout)");
-    if (!error_.empty()) TANDEM_FAIL(who_, ": ", description_, " failed: ", error_);
-  }
-
-  std::string description() const override { return description_; }
-
-  // Worker thread only: runs the body unless the group is already broken; returns the error
-  // text ("" on success). The Work stays pending until finish().
-  std::string execute(uint32_t tag, const std::string& broken) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      started_ = true;
-      started_at_ = std::chrono::steady_clock::now();
-    }
-    std::string error;
-    if (!broken.empty()) {
-      error = "not run because an earlier collective of this group failed: " + broken;
-    } else {
-      try {
-        body_(tag);
-      } catch (const std::exception& e) {
-        error = e.what();
-        if (error.empty()) error = "unknown Gloo error";
-      } catch (...) {
-        error = "unknown non-standard exception";
-      }
-    }
-    body_ = nullptr;  // releases the tensors the body captured
-    return error;
-  }
-
-  // Worker thread only: completes the Work with `error` ("" = success).
-  void finish(const std::string& error) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      error_ = error;
-      done_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  const std::string description_;
-  const std::string who_;  // "ProcessGroupGloo rank 0 of 2"
-  std::function<void(uint32_t)> body_;
-  const Millis timeout_, grace_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool started_ = false;
-  std::chrono::steady_clock::time_point started_at_{};
-  bool done_ = false;
-  std::string error_;
-};
-
-// Gloo names a peer by its pair address, e.g. "[127.0.0.1]:41235": true when `text` contains
-// `address` not followed by another digit (so ":4123" does not match ":41235").
-bool mentions_address(const std::string& text, const std::string& address) {
-  if (address.empty()) return false;
-  for (size_t pos = text.find(address); pos != std::string::npos; pos = text.find(address, pos + 1)) {
-    const size_t end = pos + address.size();
-    if (end >= text.size() || !std::isdigit(static_cast<unsigned char>(text[end]))) return true;
-  }
-  return false;
-}
-
-// The "[host]:port" addresses in a Gloo error text, as (whole, "[host]:") pairs. Gloo names the
-// peer of a pair by the address it advertised, or by the connected socket's peer name (the
-// peer's ephemeral port), depending on which side opened the connection.
-std::vector<std::pair<std::string, std::string>> addresses_in(const std::string& text) {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (size_t open = text.find('['); open != std::string::npos; open = text.find('[', open + 1)) {
-    const size_t close = text.find(']', open);
-    if (close == std::string::npos || close + 2 >= text.size() || text[close + 1] != ':' ||
-        !std::isdigit(static_cast<unsigned char>(text[close + 2])))
-      continue;
-    size_t end = close + 2;
-    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
-    out.emplace_back(text.substr(open, end - open), text.substr(open, close + 2 - open));
-  }
-  return out;
-}
-
-bool is_timeout_text(const std::string& text) {
-  return text.find("imeout") != std::string::npos || text.find("imed out") != std::string::npos;
-}
-
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
-
 template <typename T>
 void run_allreduce(const std::shared_ptr<gloo::Context>& context, void* data, size_t n,
                    const gloo::AllreduceOptions::Func& fn, uint32_t tag, Millis timeout) {
@@ -389,105 +267,19 @@ struct ProcessGroupGloo::Impl {
   std::string shm_why_not;                // why not, otherwise
   std::atomic<int64_t> tcp_allreduces{0};
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::shared_ptr<GlooWork>> queue;
-  bool stop = false;
-  std::thread worker;
+  std::unique_ptr<GlooQueue> queue;  // made (and its thread started) last in the constructor
 
-  // Worker thread only.
-  uint32_t next_tag = 0;
-  std::string broken;  // "<op>: <error>" of the first failed collective
-
-  void loop() {
-    for (;;) {
-      std::shared_ptr<GlooWork> work;
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (queue.empty()) return;  // stop requested and drained
-        work = std::move(queue.front());
-        queue.pop_front();
-      }
-      const uint32_t tag = next_tag++;
-      std::string error = work->execute(tag, broken);
-      if (!error.empty() && broken.empty()) {
-        error = explain(error, tag);
-        broken = work->description() + ": " + error;
-      }
-      work->finish(error);
-    }
-  }
-
-  // Worker thread only. Gloo's error text with the peers it names mapped to ranks, and, for a
-  // timeout, which ranks never reported reaching the same collective: every rank whose
-  // collective `tag` fails says so under "<prefix>failed/<tag>/<rank>" and waits up to
-  // `diagnosis` for the others; the ranks still silent are the stopped, stuck or gone ones.
+  // The message of a collective's first failure (the queue's worker thread): Gloo's text with the
+  // peers it names mapped to ranks, and, for a timeout, the ranks that never reported reaching the
+  // same collective (dist/gloo_diagnosis.h).
   std::string explain(const std::string& error, uint32_t tag) {
-    std::string out = error;
-    std::vector<int> named;
-    for (int r = 0; r < size; ++r)
-      if (r != rank && mentions_address(error, peer_address[static_cast<size_t>(r)])) named.push_back(r);
-    if (!named.empty()) {
-      out += " (" + peer_address[static_cast<size_t>(named[0])] + " is rank " + std::to_string(named[0]) +
-             (named.size() > 1 ? "; also ranks " + rank_list({named.begin() + 1, named.end()}) : "") + ")";
-    } else {
-      // An address that is no advertised one: the peer's end of a connection it opened. Its host
-      // still narrows the peer down (to one rank when one peer lives on that host).
-      for (const auto& [whole, host] : addresses_in(error)) {
-        std::vector<int> on_host;
-        for (int r = 0; r < size; ++r)
-          if (r != rank && peer_address[static_cast<size_t>(r)].rfind(host, 0) == 0) on_host.push_back(r);
-        if (on_host.size() == 1) {
-          out += " (" + whole + " is the connection to rank " + std::to_string(on_host[0]) + ")";
-          break;
-        }
-        if (on_host.size() > 1) {
-          out += " (" + whole + " is a connection to one of ranks " + rank_list(on_host) + ")";
-          break;
-        }
-      }
-    }
-    if (!is_timeout_text(error) || size < 2 || !store) return out;
-    auto key = [&](int r) { return prefix + "failed/" + std::to_string(tag) + "/" + std::to_string(r); };
-    std::vector<int> silent;
-    try {
-      store->set_string(key(rank), error.substr(0, 200));
-      std::vector<std::string> others;
-      for (int r = 0; r < size; ++r)
-        if (r != rank) others.push_back(key(r));
-      try {
-        store->wait(others, diagnosis);
-      } catch (const Error&) {
-        for (int r = 0; r < size; ++r)
-          if (r != rank && !store->check({key(r)})) silent.push_back(r);
-      }
-    } catch (const Error& e) {
-      std::string why = e.what();
-      if (why.size() > 300) why = why.substr(0, 300) + "...";
-      return out + "; the stuck peer is unknown: the store at " + store->address() +
-             " did not answer either (a TCP store is served by rank 0): " + why;
-    }
-    if (silent.empty())
-      return out + "; every other rank reached this collective and timed out too (a network problem "
-                   "between the ranks?)";
-    return out + "; peer rank" + (silent.size() > 1 ? "s " : " ") + rank_list(silent) +
-           " never reached this collective or did not report failing in it (stopped, stuck in other "
-           "work, or gone)";
+    std::string out = error + gloo_diagnosis::name_peers(error, rank, peer_address);
+    if (!gloo_diagnosis::is_timeout(error) || size < 2 || !store) return out;
+    return out + gloo_diagnosis::silent_peers(*store, prefix, tag, rank, size, error, diagnosis);
   }
 
   std::shared_ptr<Work> enqueue(std::string description, std::function<void(uint32_t)> body) {
-    // Past the group's timeout, a started collective may still take the diagnosis and one store
-    // round trip (the store's own timeout plus its reply allowance) before it reports.
-    const Millis grace = diagnosis + (store ? store->timeout() : Millis(0)) + Millis(3000);
-    auto work = std::make_shared<GlooWork>(std::move(description), who, std::move(body), timeout, grace);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      TANDEM_CHECK(!stop, who, ": collective issued while the group is being destroyed");
-      queue.push_back(work);
-    }
-    cv.notify_one();
-    return work;
+    return queue->enqueue(std::move(description), std::move(body));
   }
 
   // After the full mesh exists: every rank publishes how its pairs are addressed, and learns
@@ -555,19 +347,19 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     TANDEM_FAIL(im.who, ": setting up the shared-memory all-reduce through ", store->address(), " (keys ",
                 prefix, "shm/*) failed: ", e.what());
   }
-  im.worker = std::thread([&im] { im.loop(); });
+  // Past the group's timeout, a started collective may still take the diagnosis and one store
+  // round trip (the store's own timeout plus its reply allowance) before it reports.
+  const Millis grace = im.diagnosis + store->timeout() + Millis(3000);
+  im.queue = std::make_unique<GlooQueue>(im.who, timeout, grace,
+                                         [&im](const std::string& error, uint32_t tag) { return im.explain(error, tag); });
+  im.queue->start();
 }
 
 ProcessGroupGloo::~ProcessGroupGloo() {
   if (!impl_) return;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->stop = true;
-  }
-  impl_->cv.notify_all();
   // Queued collectives still run (each ends within Gloo's timeout; after a failure the rest end
   // at once), so peers that issued them are not left waiting.
-  if (impl_->worker.joinable()) impl_->worker.join();
+  impl_->queue.reset();
   impl_->context.reset();
   impl_->device.reset();
 }

@@ -85,7 +85,6 @@ class ShmAllreduce {
   int64_t slot_calls() const { return slot_calls_.load(); }
 
   size_t slot_bytes() const { return slot_bytes_; }
-  size_t segment_bytes() const { return segment_bytes_; }
 
  private:
   ShmAllreduce() = default;

@@ -122,7 +122,7 @@ struct TCPStoreOptions {
   std::function<void(const std::string&)> on_refused;
 };
 
-class TCPStoreServer;  // the background server (tcp_store.cpp)
+class TCPStoreServer;  // the background server (dist/tcp_store_server.h)
 
 class TCPStore : public Store {
  public:

@@ -38,7 +38,6 @@ class Module {
   void to(Device device);
   void zero_grad();  // sets gradients to none
 
-  const NamedTensors& own_parameters() const { return params_; }
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
 
  protected:

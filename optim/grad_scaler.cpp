@@ -5,10 +5,22 @@
 
 #include <cmath>
 
+#include "core/autograd.h"
 #include "kernels/amp.h"
-#include "nn/functional.h"
+#include "kernels/elementwise.h"
 
 namespace tandem::optim {
+namespace {
+
+// The loss times the scale, differentiable: backward multiplies the incoming gradient by the same
+// scale (optim sits beside nn, not above it, so it records its own node).
+struct LossScaleBackward final : Node {
+  double scale = 1.0;
+  std::string name() const override { return "LossScaleBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::scale(g[0], scale)}; }
+};
+
+}  // namespace
 
 GradScaler::GradScaler(GradScalerOptions o) : options_(o), scale_(o.init_scale) {
   TANDEM_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "GradScaler: init_scale must be positive and "
@@ -21,7 +33,13 @@ GradScaler::GradScaler(GradScalerOptions o) : options_(o), scale_(o.init_scale) 
 
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
-  return nn::functional::scale(loss, scale_);
+  Tensor scaled = kernels::scale(loss, scale_);
+  if (autograd::any_requires_grad({loss})) {
+    auto node = std::make_shared<LossScaleBackward>();
+    node->scale = scale_;
+    autograd::record(node, {loss}, {&scaled});
+  }
+  return scaled;
 }
 
 bool GradScaler::step(Optimizer& opt) {
@@ -31,13 +49,13 @@ bool GradScaler::step(Optimizer& opt) {
   }
   const double inv_scale = 1.0 / scale_;
   std::vector<Tensor> flags;  // one per device met, in order of first use
-  for (auto& group : opt.param_groups())
-    for (auto& p : group.params) {
-      Tensor g = p.grad();
+  for (size_t gi = 0; gi < opt.param_groups().size(); ++gi)
+    for (size_t pi = 0; pi < opt.param_groups()[gi].params.size(); ++pi) {
+      Tensor g = opt.param_groups()[gi].params[pi].grad();
       if (!g.defined()) continue;
       TANDEM_CHECK(g.dtype() == kFloat32, "GradScaler::step: gradients must be float32 (keep master weights in "
-                   "float32 and run the forward under AutocastGuard), got ", g.str(),
-                   p.name().empty() ? "" : " for ", p.name());
+                   "float32 and run the forward under AutocastGuard), got ", g.str(), " for parameter ", pi,
+                   " of param group ", gi);
       Tensor* flag = nullptr;
       for (Tensor& f : flags)
         if (f.device() == g.device()) flag = &f;

@@ -4,5 +4,5 @@
 # Extra arguments go to ctest (e.g. -L unit, -R GradCheck).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --for test
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j"$(nproc)" "$@"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up (packages, data, build), then train the MNIST net.
+# The main job: set up what training needs (packages, data, the engine and its apps), then train
+# the MNIST net.
 # With no arguments: one epoch on Debian's Fashion-MNIST (Adadelta lr 1.0 annealed
 # to 0 by a cosine schedule over the epoch: configs/mnist_adadelta_cosine_1ep.json;
 # logs, metrics and checkpoints in work_dirs/mnist_adadelta_cosine_1ep/). Any
@@ -7,6 +8,6 @@
 # docs/training.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --for train
 [ $# -eq 0 ] && set -- --config configs/mnist_adadelta_cosine_1ep.json
 exec "${BUILD_DIR:-build}/apps/tandem-mnist" "$@"

@@ -95,6 +95,7 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_flag("--profile", o.profile, "time every op and print a table at the end");
   app.add_option("--debug-sigterm-at", o.debug_sigterm_at, "")->group("");  // test hook
   app.add_option("--debug-sigkill-at", o.debug_sigkill_at, "")->group("");  // test hook
+  app.add_option("--debug-hold-at", o.debug_hold_at, "")->group("");        // test hook
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -48,7 +48,7 @@ struct TrainOptions {
   std::string amp = "off";  // off | fp16 | bf16
   bool cuda_graph = false;  // capture the steady-state step once and replay it (CUDA only)
   // Train loop, work dir, checkpoints.
-  int64_t eval_interval = 1;               // epochs between evaluations (0: never)
+  int64_t eval_interval = 1;               // epochs between evaluations (0: only after the last epoch)
   int64_t checkpoint_interval_iters = 0;   // 0: off
   int64_t checkpoint_interval_epochs = 1;  // 0: off
   int64_t max_keep_ckpts = 3;              // 0: keep all
@@ -64,6 +64,9 @@ struct TrainOptions {
   bool print_config = false;  // print the resolved config as JSON and exit
   int64_t debug_sigterm_at = 0;  // test hook: rank 0 raises SIGTERM after this global iteration
   int64_t debug_sigkill_at = 0;  // test hook: rank 0 raises SIGKILL after this global iteration
+  // Test hook: every rank holds after this global iteration until SIGTERM/SIGINT arrives (at most
+  // 120 s), so a test's external signal lands mid-run however loaded the machine is.
+  int64_t debug_hold_at = 0;
 };
 
 // Parses argv. Returns the exit code to use when the program should stop now

@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "core/autograd.h"
 #include "core/cuda/graph.h"
@@ -539,6 +540,11 @@ int run_training(const TrainOptions& o, const train::Json& config) {
         window_n = 0;
       }
       if (rank == 0 && o.debug_sigterm_at == global_iter) ::raise(SIGTERM);
+      if (o.debug_hold_at == global_iter) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while (train::StopSignal::requested() == 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       stop = agree_on_stop(d, train::StopSignal::requested());
       if (stop != 0 || (o.checkpoint_interval_iters > 0 && global_iter % o.checkpoint_interval_iters == 0))
         save_checkpoint(epoch, it);

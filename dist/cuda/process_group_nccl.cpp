@@ -43,10 +43,7 @@
 #include <nccl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -59,31 +56,15 @@
 
 #include "core/error.h"
 #include "core/cuda/context.h"
-
-// ncclInProgress is not an error: a non-blocking communicator is still working on the call.
-#define TANDEM_NCCL_CHECK(expr)                                                               \
-  do {                                                                                        \
-    const ncclResult_t tandem_nccl_res_ = (expr);                                             \
-    if (tandem_nccl_res_ != ncclSuccess && tandem_nccl_res_ != ncclInProgress) [[unlikely]] { \
-      const char* tandem_nccl_last_ = ncclGetLastError(nullptr);                              \
-      TANDEM_FAIL(#expr, " failed: ", ncclGetErrorString(tandem_nccl_res_),                   \
-                  (tandem_nccl_last_ && *tandem_nccl_last_) ? " (" : "",                      \
-                  tandem_nccl_last_ ? tandem_nccl_last_ : "",                                 \
-                  (tandem_nccl_last_ && *tandem_nccl_last_) ? ")" : "");                      \
-    }                                                                                         \
-  } while (0)
+#include "dist/cuda/nccl_state.h"
 
 namespace tandem::dist {
+
+using namespace nccl_detail;
+
 namespace {
 
-using Clock = std::chrono::steady_clock;
 namespace kc = tandem::cuda;
-
-constexpr Millis kWatchdogPeriod{100};
-// How long the destructor waits, after an abort, for the streams to drain before it keeps the
-// tensors of the unreached collectives for good.
-constexpr Millis kDrainAfterAbort{10000};
-constexpr const char* kAbortedTail = "; the communicator was aborted and the group cannot be used any more";
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
@@ -107,13 +88,6 @@ ncclDataType_t nccl_dtype(DType dtype) {
   TANDEM_FAIL("ProcessGroupNccl: unsupported dtype ", dtype_name(dtype));
 }
 
-std::string nccl_text(ncclResult_t r) {
-  std::string text = ncclGetErrorString(r);
-  const char* last = ncclGetLastError(nullptr);
-  if (last != nullptr && *last != '\0') text += std::string(" (") + last + ")";
-  return text;
-}
-
 // Store key of the NCCL unique id of the k-th group that `rank` makes in this process (every
 // rank makes its groups in one order; counted per rank so ranks that are threads of one
 // process, as in the multi-GPU test, agree too).
@@ -123,278 +97,6 @@ std::string next_unique_id_key(int rank) {
   std::lock_guard<std::mutex> lock(mu);
   return "nccl_unique_id/" + std::to_string(made[rank]++);
 }
-
-std::string cuda_text(cudaError_t e) {
-  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
-}
-
-// One CUDA event without timing, destroyed with its last owner (a collective's Work and its
-// in-flight entry share `done`). Destroying an event that is not reached yet is fine: CUDA
-// releases it once reached.
-class Event {
- public:
-  Event() { TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
-  ~Event() {
-    if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
-  }
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
-  cudaEvent_t get() const { return event_; }
-
- private:
-  cudaEvent_t event_ = nullptr;
-};
-
-// One unfinished collective, as the group tracks it.
-struct Inflight {
-  std::shared_ptr<Event> done;
-  std::string description;   // "allreduce(float32[1024], sum) on cuda:0"
-  Clock::time_point issued;  // when the host queued it
-  std::vector<Tensor> keep;  // what the communication stream uses, alive until `done` is reached
-};
-
-// Everything the group, its Works and its watchdog share. A Work may outlive the group: it then
-// only reads its own event and the error record. Locks and threads: see the file comment.
-struct NcclState {
-  // Set by the constructor before any other thread exists; read-only afterwards.
-  int device = 0;
-  Millis timeout{0};
-  std::string who;  // "ProcessGroupNccl rank 0 of 2 on cuda:0"
-
-  std::mutex mu;              // the communicator
-  ncclComm_t comm = nullptr;  // null once finalized or aborted
-  cudaStream_t stream = nullptr;
-  bool up = false;  // the constructor finished: recorded errors are printed to stderr
-
-  std::atomic<bool> failed{false};
-  std::string error;  // written once, under mu, before `failed` is set; immutable afterwards
-
-  std::mutex inflight_mu;
-  std::deque<Inflight> inflight;  // in stream order, so in reaching order
-
-  std::mutex watchdog_mu;
-  std::condition_variable watchdog_cv;
-  bool stop = false;  // under watchdog_mu
-
-  bool has_failed() const { return failed.load(std::memory_order_acquire); }
-  // Requires has_failed().
-  [[noreturn]] void throw_error() const { TANDEM_FAIL(error); }
-  void throw_if_failed() const {
-    if (has_failed()) throw_error();
-  }
-
-  // Requires mu. Aborts the communicator (its kernels return, so the streams drain) and records
-  // `message` as the group's error unless one was recorded already; the first error of a group
-  // that is up is printed once to stderr, since the host may never call into the group again.
-  void abort_locked(const std::string& message) {
-    if (comm != nullptr) {
-      (void)ncclCommAbort(comm);  // result ignored: nothing more can be done with this communicator
-      comm = nullptr;
-    }
-    if (failed.load(std::memory_order_relaxed)) return;
-    error = message;
-    failed.store(true, std::memory_order_release);
-    if (up) {
-      std::fprintf(stderr, "[tandem] %s\n", error.c_str());
-      std::fflush(stderr);
-    }
-  }
-
-  std::string timeout_message(const std::string& what, Millis t) const {
-    return who + ": " + what + " did not complete within " + std::to_string(t.count()) +
-           " ms (a rank is missing, stuck or issued collectives in another order)" + kAbortedTail;
-  }
-
-  // Requires mu and a communicator. When NCCL reports an asynchronous error, aborts, records an
-  // error naming `what` and returns true.
-  bool async_error_locked(const std::string& what) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) state = r;
-    if (state == ncclSuccess || state == ncclInProgress) return false;
-    abort_locked(who + ": " + what + " failed: NCCL reported " + nccl_text(state) + kAbortedTail);
-    return true;
-  }
-
-  // Requires mu and a communicator. Polls the asynchronous state until it is not ncclInProgress
-  // (a non-blocking communicator may still be working on the last call); on an error, or after
-  // `limit`, aborts, records an error naming `what` and throws it. `init`: the communicator's
-  // initialisation (the group never came up).
-  void settle_locked(const std::string& what, Millis limit, bool init) {
-    const auto deadline = Clock::now() + limit;
-    const std::string tail = init ? "; the communicator was aborted" : kAbortedTail;
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-      if (r != ncclSuccess) state = r;
-      if (state == ncclSuccess) return;
-      if (state != ncclInProgress) {
-        abort_locked(who + ": " + what + " failed: " + nccl_text(state) + tail);
-        throw_error();
-      }
-      if (Clock::now() >= deadline) {
-        abort_locked(who + ": " + what + (init ? " did not finish within " : " could not be queued within ") +
-                     std::to_string(limit.count()) + " ms (a rank is missing or stuck)" + tail);
-        throw_error();
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
-
-  // Moves the in-flight entries whose events were reached into `released`, for the caller to
-  // destroy outside the lock. Returns the first event-query error other than "not ready"
-  // (cudaSuccess if none); the entry it concerns stays first in the list.
-  cudaError_t prune(std::vector<Inflight>& released) {
-    std::lock_guard<std::mutex> lock(inflight_mu);
-    while (!inflight.empty()) {
-      const cudaError_t q = cudaEventQuery(inflight.front().done->get());
-      if (q != cudaSuccess) {
-        (void)cudaGetLastError();  // "not ready" or an error: neither may linger for a later check
-        return q == cudaErrorNotReady ? cudaSuccess : q;
-      }
-      released.push_back(std::move(inflight.front()));
-      inflight.pop_front();
-    }
-    return cudaSuccess;
-  }
-  // prune(), releasing the tensors at once.
-  cudaError_t release_reached() {
-    std::vector<Inflight> released;
-    return prune(released);  // `released` is destroyed after the lock is let go
-  }
-
-  bool inflight_empty() {
-    std::lock_guard<std::mutex> lock(inflight_mu);
-    return inflight.empty();
-  }
-
-  // The watchdog's round (see the file comment).
-  void watchdog_tick() {
-    const cudaError_t query_error = release_reached();
-    if (has_failed()) return;
-    std::shared_ptr<Event> oldest;
-    std::string what = "a collective";
-    Clock::time_point issued{};
-    {
-      std::lock_guard<std::mutex> lock(inflight_mu);
-      if (!inflight.empty()) {
-        oldest = inflight.front().done;
-        what = inflight.front().description;
-        issued = inflight.front().issued;
-      }
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    if (comm == nullptr || failed.load(std::memory_order_relaxed)) return;  // finalized or aborted
-    if (query_error != cudaSuccess) {
-      abort_locked(who + ": " + what + " failed: CUDA error while waiting for it: " + cuda_text(query_error) +
-                   kAbortedTail);
-      return;
-    }
-    if (async_error_locked(what)) return;
-    if (oldest != nullptr && Clock::now() - issued > timeout) {
-      // Asked again under `mu`: it may have been reached since the list was read.
-      const cudaError_t q = cudaEventQuery(oldest->get());
-      (void)cudaGetLastError();
-      if (q == cudaErrorNotReady) abort_locked(timeout_message(what, timeout));
-    }
-  }
-
-  static void watchdog_main(std::shared_ptr<NcclState> s) {
-    std::optional<kc::DeviceGuard> guard;
-    try {
-      guard.emplace(s->device);  // for the thread's life; event queries work without it too
-    } catch (...) {
-    }
-    std::unique_lock<std::mutex> lock(s->watchdog_mu);
-    while (!s->stop) {
-      s->watchdog_cv.wait_for(lock, kWatchdogPeriod, [&] { return s->stop; });
-      if (s->stop) break;
-      lock.unlock();
-      try {
-        s->watchdog_tick();
-      } catch (...) {
-        // An exception here (out of memory for a message) must not end the process; next round.
-      }
-      lock.lock();
-    }
-  }
-};
-
-class NcclWork final : public Work {
- public:
-  // `host_wait`: wait() behaves as synchronize() (barrier).
-  NcclWork(std::shared_ptr<NcclState> state, std::shared_ptr<Event> done, std::string description,
-           bool host_wait)
-      : state_(std::move(state)),
-        done_(std::move(done)),
-        description_(std::move(description)),
-        host_wait_(host_wait) {}
-
-  bool is_completed() override {
-    if (state_->has_failed()) return true;  // it never will: wait() throws the group's error
-    kc::DeviceGuard guard(state_->device);
-    const cudaError_t q = cudaEventQuery(done_->get());
-    if (q == cudaSuccess) return true;
-    (void)cudaGetLastError();
-    return q != cudaErrorNotReady;  // a CUDA error counts as completed: synchronize() reports it
-  }
-
-  void wait(Millis timeout) override {
-    if (host_wait_) {
-      synchronize(timeout);
-      return;
-    }
-    order_compute_stream();
-  }
-
-  void synchronize(Millis timeout) override {
-    order_compute_stream();
-    NcclState& s = *state_;
-    kc::DeviceGuard guard(s.device);
-    const auto deadline = Clock::now() + timeout;
-    for (int spins = 0;; ++spins) {
-      const cudaError_t q = cudaEventQuery(done_->get());
-      if (q == cudaSuccess) break;
-      (void)cudaGetLastError();
-      if (q != cudaErrorNotReady)
-        TANDEM_FAIL(s.who, ": ", description_, " failed: CUDA error while waiting for it: ", cuda_text(q));
-      s.throw_if_failed();  // the watchdog aborted meanwhile
-      if (spins < 64) {
-        std::this_thread::yield();
-        continue;
-      }
-      {
-        std::lock_guard<std::mutex> lock(s.mu);
-        if (!s.failed.load(std::memory_order_relaxed) && s.comm != nullptr)
-          (void)s.async_error_locked(description_);
-        if (!s.failed.load(std::memory_order_relaxed) && Clock::now() >= deadline) {
-          const cudaError_t again = cudaEventQuery(done_->get());
-          (void)cudaGetLastError();
-          if (again == cudaErrorNotReady) s.abort_locked(s.timeout_message(description_, timeout));
-        }
-      }
-      s.throw_if_failed();
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    (void)s.release_reached();  // this collective's tensors, and its predecessors', go now
-  }
-
-  std::string description() const override { return description_; }
-
- private:
-  // wait()'s whole work: throws the group's error, if any; else orders the compute stream after
-  // the collective.
-  void order_compute_stream() {
-    state_->throw_if_failed();
-    kc::DeviceGuard guard(state_->device);
-    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(kc::compute_stream(state_->device), done_->get(), 0));
-  }
-
-  const std::shared_ptr<NcclState> state_;
-  const std::shared_ptr<Event> done_;
-  const std::string description_;
-  const bool host_wait_;
-};
 
 void check_cuda_contiguous(const char* op, const char* what, const Tensor& t, int device) {
   TANDEM_CHECK(t.defined(), "ProcessGroupNccl::", op, ": ", what, " is an undefined tensor");
@@ -456,7 +158,7 @@ struct ProcessGroupNccl::Impl {
       s.inflight.push_back(Inflight{done, description, Clock::now(), std::move(keep)});
     }
     // `ready` goes now: the communication stream's wait already holds it.
-    return std::make_shared<NcclWork>(state, std::move(done), description, host_wait);
+    return make_nccl_work(state, std::move(done), description, host_wait);
   }
 };
 

@@ -14,7 +14,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>  // AVX-512 paths in conv.cpp and pool.cpp
+#include <immintrin.h>  // the AVX-512 and AVX2 paths of the CPU kernels
 #endif
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop

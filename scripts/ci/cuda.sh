@@ -12,7 +12,8 @@
 #      kernels/cuda/cublas_loader.cpp forwards (dlopen, not linked) is defined in the installed
 #      libcublas.so.<TANDEM_CUBLAS_SOVERSION>. Prints a table; fails naming each missing symbol.
 # Own build dir (build-cuda-check; reused), Release, no tests or benchmarks. Skipped (exit 0) only when
-# nvcc is not installed; with nvcc but without cuDNN, cuBLAS or NCCL the configure step fails (ON).
+# nvcc is not installed, and then a failure under CUDA_CHECK_REQUIRE_NVCC=1 (CI sets it); with nvcc
+# but without cuDNN, cuBLAS or NCCL the configure step fails (ON).
 # Budget: ~10 min on 2 cores from an empty build dir (measured: see docs/gpu.md).
 # Environment: JOBS (default nproc), CUDA_CHECK_BUILD_DIR (default <repo>/build-cuda-check),
 #              CUDA_CHECK_ARCH (default 90), CUDA_HOME (default /usr/local/cuda).
@@ -31,6 +32,9 @@ NVCC=""
 if [[ -x "$CUDA_HOME/bin/nvcc" ]]; then NVCC=$CUDA_HOME/bin/nvcc
 elif command -v nvcc >/dev/null; then NVCC=$(command -v nvcc); fi
 if [[ -z "$NVCC" ]]; then
+  if [[ "${CUDA_CHECK_REQUIRE_NVCC:-0}" == 1 ]]; then
+    fail "nvcc not found ($CUDA_HOME/bin/nvcc, PATH) and CUDA_CHECK_REQUIRE_NVCC=1: install the CUDA toolkit"
+  fi
   echo "cuda.sh: nvcc not found ($CUDA_HOME/bin/nvcc, PATH): the CUDA backend cannot be compiled here, skipped"
   exit 0
 fi
@@ -49,12 +53,12 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 
 # The objects of the CUDA side, from ninja's own list; each source file must have one.
 mapfile -t objects < <(ninja -C "$BUILD" -t targets all |
-  grep -oE '^CMakeFiles/tandem_objects\.dir/((core|kernels)/cuda/[^:]+\.cu|(core|kernels|dist)/cuda/[^:]+\.cpp)\.o' |
+  grep -oE '^CMakeFiles/tandem_(core|kernels|dist)\.dir/((core|kernels)/cuda/[^:]+\.cu|(core|kernels|dist)/cuda/[^:]+\.cpp)\.o' |
   sort -u)
 missing_obj=()
 for src in core/cuda/*.cu kernels/cuda/*.cu core/cuda/*.cpp kernels/cuda/*.cpp dist/cuda/*.cpp; do
   [[ -e "$src" && "$src" != */no_cuda.cpp ]] || continue
-  printf '%s\n' "${objects[@]}" | grep -qxF "CMakeFiles/tandem_objects.dir/$src.o" || missing_obj+=("$src")
+  printf '%s\n' "${objects[@]}" | grep -qxF "CMakeFiles/tandem_${src%%/*}.dir/$src.o" || missing_obj+=("$src")
 done
 [[ ${#missing_obj[@]} -eq 0 ]] || fail "no object target for: ${missing_obj[*]} (reconfigure? glob?)"
 ncu=$(printf '%s\n' "${objects[@]}" | grep -c '\.cu\.o$' || true)
@@ -63,7 +67,7 @@ log=$BUILD/cuda-check-compile.log
 if ! ninja -C "$BUILD" -j "$JOBS" -k 0 "${objects[@]}" 2>&1 | tee "$log"; then
   echo >&2
   echo "cuda.sh: these CUDA-side files do not compile cleanly:" >&2
-  grep -oE '^FAILED: [^ ]+' "$log" | sed -E 's|^FAILED: CMakeFiles/tandem_objects\.dir/|  |; s|\.o$||' >&2 || true
+  grep -oE '^FAILED: [^ ]+' "$log" | sed -E 's|^FAILED: CMakeFiles/tandem_[a-z]+\.dir/|  |; s|\.o$||' >&2 || true
   echo "cuda.sh: warnings and errors with file:line:" >&2
   grep -E '(\([0-9]+\): (error|warning)|:[0-9]+:[0-9]+: (error|warning))' "$log" | sort -u | head -50 >&2 || true
   fail "compile (log: $log)"

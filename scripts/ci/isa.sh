@@ -17,6 +17,6 @@ source "$ROOT/scripts/ci/ccache.sh"
 cmake -S "$ROOT" -B "$ROOT/build-avx2" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_NATIVE=OFF \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "${launcher[@]}" >/dev/null
 targets=$(cmake --build build-avx2 --target help |
-  grep -oE 'tandem_(core|kernels|nn|optim|data|apps|train)_tests' | sort -u)
+  grep -oE 'tandem_(core|kernels|nn|optim|data|train)_tests' | sort -u)
 cmake --build build-avx2 -j"$JOBS" --target $targets
 ctest --test-dir build-avx2 -L unit --output-on-failure -j"$JOBS"

@@ -33,7 +33,7 @@ for stage in $STAGES; do
     asan)
       configure build-asan address,undefined OFF
       # The executables behind the unit and dist labels (only the folders that have tests).
-      targets=$(cmake --build build-asan --target help | grep -oE 'tandem_(core|kernels|nn|optim|data|apps|train|dist)_tests' | sort -u)
+      targets=$(cmake --build build-asan --target help | grep -oE 'tandem_(core|kernels|nn|optim|data|train|dist)_tests' | sort -u)
       cmake --build build-asan -j"$JOBS" --target $targets tandem-run tandem-mnist
       # Leak checking on; the child processes of the dist tests inherit these.
       ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1" \

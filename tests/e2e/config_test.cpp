@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "process.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -20,8 +21,6 @@ using namespace tandem::test;
 namespace {
 
 const std::string kConfigs = TANDEM_SOURCE_DIR "/configs";
-
-bool have_digits() { return fs::exists(kDigits + "/train-images-idx3-ubyte.gz"); }
 
 // Runs argv in directory `cwd` with stdout+stderr to `log`; returns the exit status.
 int run_in(const fs::path& cwd, const std::vector<std::string>& argv, const fs::path& log) {
@@ -126,7 +125,7 @@ TEST(ConfigErrors, UnknownKeyWrongTypeBadValueBadFile) {
 }
 
 TEST(WorkDir, DefaultsToWorkDirsConfigNameAndHoldsLogsMetricsConfigAndCheckpoints) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("config");
   std::ofstream(tmp / "tiny.json") << R"({"data": {"limit": 640, "test_limit": 256}, "train": {"epochs": 1,
       "log_interval": 5, "checkpoint_interval_iters": 2, "max_keep_ckpts": 2}, "env": {"threads": 1}})";
@@ -167,7 +166,7 @@ TEST(WorkDir, DefaultsToWorkDirsConfigNameAndHoldsLogsMetricsConfigAndCheckpoint
 }
 
 TEST(WorkDir, WithoutConfigTheNameIsMnistAndWorkDirFlagMovesIt) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("config");
   const std::vector<std::string> args = {kTrainer,      "--data-dir", kDigits,     "--epochs", "1",
                                          "--limit",     "64",         "--test-limit", "64",      "--threads", "1"};

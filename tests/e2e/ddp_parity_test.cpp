@@ -28,6 +28,7 @@
 #include "core/safetensors.h"
 #include "metrics.h"
 #include "process.h"
+#include "common/require_data.h"
 
 using namespace tandem::test;
 
@@ -41,11 +42,6 @@ const std::string kFixtures = TANDEM_SOURCE_DIR "/tests/fixtures";
 std::string fashion_dir() {
   const char* env = std::getenv("TANDEM_FASHION_MNIST_DIR");
   return env && *env ? env : "/usr/share/datasets/fashion-mnist";
-}
-
-bool has_idx(const std::string& dir) {
-  return fs::exists(fs::path(dir) / "train-images-idx3-ubyte.gz") ||
-         fs::exists(fs::path(dir) / "train-images-idx3-ubyte");
 }
 
 // A loopback port that was free a moment ago: bind port 0 and ask which one the kernel gave.
@@ -141,9 +137,7 @@ void compare_weights(const fs::path& tandem_file, const fs::path& torch_file, co
 
 void check_recipe(const std::string& name) {
   const std::string dir = fashion_dir();
-  if (!has_idx(dir))
-    GTEST_SKIP() << "Fashion-MNIST not found in " << dir
-                 << " (run scripts/setup.sh, or set TANDEM_FASHION_MNIST_DIR)";
+  TANDEM_NEED_DATA(dir);  // (or set TANDEM_FASHION_MNIST_DIR)
   ASSERT_TRUE(fs::exists(kRun)) << kRun << " is missing: build the tandem-run target";
   ASSERT_TRUE(fs::exists(kTrainer)) << kTrainer << " is missing: build the tandem-mnist target";
 
@@ -238,7 +232,7 @@ TEST(DdpParity, AdadeltaLossesMatchPytorchDdp) { check_recipe("adadelta"); }
 // (the default step schedule) across seeds 1-4, after three (cosine) by at most 0.0015
 // (tests/fixtures/README.md).
 TEST(DdpAccuracy, TwoRanksMatchOneProcessWithinHalfAPoint) {
-  if (!has_idx(kDigits)) GTEST_SKIP() << "MNIST digits not found in " << kDigits << " (run scripts/setup.sh)";
+  TANDEM_NEED_DATA(kDigits);
   ASSERT_TRUE(fs::exists(kRun)) << kRun << " is missing: build the tandem-run target";
   TempDir tmp("ddp-accuracy");
   const std::vector<std::string> common = {"--data-dir", kDigits, "--epochs",  "3", "--lr-schedule", "cosine",

@@ -26,6 +26,7 @@
 #include "metrics.h"
 #include "nn/nn.h"
 #include "process.h"
+#include "common/require_data.h"
 
 namespace {
 
@@ -113,9 +114,7 @@ class Interop : public ::testing::Test {
     if (test::run_process({kPython, "-c", "import torch"}, tmp_ / "torch_check.log") != 0)
       GTEST_SKIP() << kPython << " cannot import torch (" << tail(tmp_ / "torch_check.log", 300)
                    << "): PyTorch interop not checked";
-    if (!fs::exists(fs::path(data_dir()) / "t10k-images-idx3-ubyte.gz") &&
-        !fs::exists(fs::path(data_dir()) / "t10k-images-idx3-ubyte"))
-      GTEST_SKIP() << "MNIST files not found in " << data_dir() << " (set TANDEM_INTEROP_MNIST_DIR)";
+    TANDEM_NEED_DATA_FILE(data_dir(), "t10k-images-idx3-ubyte");  // (or set TANDEM_INTEROP_MNIST_DIR)
   }
 
   // Runs argv with its output in tmp_/<log>; a fatal failure (with the output) when it fails.

@@ -21,6 +21,7 @@
 
 #include "metrics.h"
 #include "process.h"
+#include "common/require_data.h"
 
 namespace {
 
@@ -48,11 +49,7 @@ using tandem::test::rel;
 
 void check_recipe(const std::string& name) {
   const std::string dir = data_dir();
-  if (!fs::exists(fs::path(dir) / "train-images-idx3-ubyte.gz") &&
-      !fs::exists(fs::path(dir) / "train-images-idx3-ubyte")) {
-    GTEST_SKIP() << "Fashion-MNIST not found in " << dir
-                 << " (run scripts/setup.sh, or set TANDEM_FASHION_MNIST_DIR)";
-  }
+  TANDEM_NEED_DATA(dir);  // (or set TANDEM_FASHION_MNIST_DIR)
   const std::string binary = TANDEM_BINARY_DIR "/apps/tandem-mnist";
   ASSERT_TRUE(fs::exists(binary)) << binary << " is missing: build the tandem-mnist target";
 

@@ -23,14 +23,13 @@
 
 #include "core/safetensors.h"
 #include "process.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
 
 namespace {
 
-
-bool have_digits() { return fs::exists(kDigits + "/train-images-idx3-ubyte.gz"); }
 
 // (epoch, iter) -> loss, a later line for the same iteration replacing an
 // earlier one (a run killed after its last checkpoint repeats iterations).
@@ -159,45 +158,46 @@ bool wait_for_lines(const fs::path& file, size_t n, pid_t pid) {
 }  // namespace
 
 TEST(Resume, OneProcessSigkillMidEpochResumesBitwise) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   // Killed after global iteration 14 (epoch 2, iteration 4: checkpoint iter_12
   // is the latest), so the resumed run skips 2 batches of epoch 2 and repeats 2 iterations.
   check_resume(false, "--debug-sigkill-at", 14, 137);
 }
 
 TEST(Resume, OneProcessSigtermSavesAtTheNextIterationAndExits143) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   check_resume(false, "--debug-sigterm-at", 17, 143);
 }
 
 TEST(Resume, TwoRanksSigkillMidEpochResumesBitwise) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   // 2 ranks x 64: 5 iterations an epoch; killed at global iteration 7 (epoch 2, iteration 2).
   check_resume(true, "--debug-sigkill-at", 7, 137);
 }
 
 TEST(Resume, TwoRanksAgreeOnTheStopIterationAfterSigtermOnOneRank) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   // Only rank 0 receives SIGTERM; both stop after the same iteration (8), rank 0 saves, both exit 143.
   check_resume(true, "--debug-sigterm-at", 8, 143);
 }
 
 TEST(Resume, OneProcessFp16WithLossScalerResumesBitwise) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   // The GradScaler's scale and growth tracker travel in the checkpoint.
   check_resume(false, "--debug-sigterm-at", 13, 143, {"--amp", "fp16", "--lr-schedule", "cosine"});
 }
 
 TEST(Resume, TwoRanksSyncBnBucketViewsCosineResumeBitwise) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   check_resume(true, "--debug-sigkill-at", 11, 137,
                {"--sync-bn", "--gradient-as-bucket-view", "--lr-schedule", "cosine"});
 }
 
 TEST(Resume, ExternalSigtermToTandemRunStopsBothRanksResumably) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
-  const pid_t pid = spawn(two(flags(tmp, "cut", {}, 6, 0)), tmp / "cut1.log");
+  // Every rank holds after iteration 2 until the signal comes: it lands mid-run on any machine.
+  const pid_t pid = spawn(two(flags(tmp, "cut", {"--debug-hold-at", "2"}, 6, 0)), tmp / "cut1.log");
   ASSERT_GT(pid, 0);
   if (!wait_for_lines(tmp / "cut.jsonl", 2, pid)) {
     ::kill(pid, SIGKILL);
@@ -206,7 +206,6 @@ TEST(Resume, ExternalSigtermToTandemRunStopsBothRanksResumably) {
   }
   ::kill(pid, SIGTERM);
   const int rc = wait_for(pid);
-  if (rc == 0) GTEST_SKIP() << "the run finished before the signal arrived (a very loaded machine)";
   ASSERT_NE(read_file(tmp / "cut1.log").find("stopped by signal 15 (SIGTERM)"), std::string::npos)
       << "rc " << rc << "\n" << read_file(tmp / "cut1.log");
   ASSERT_TRUE(fs::exists(tmp / "cut" / "last_checkpoint")) << read_file(tmp / "cut1.log");
@@ -221,9 +220,9 @@ TEST(Resume, ExternalSigtermToTandemRunStopsBothRanksResumably) {
 }
 
 TEST(Resume, ExternalSigintToOneProcessExits130) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
-  const pid_t pid = spawn(one(flags(tmp, "cut", {}, 20, 0)), tmp / "cut1.log");
+  const pid_t pid = spawn(one(flags(tmp, "cut", {"--debug-hold-at", "2"}, 20, 0)), tmp / "cut1.log");
   ASSERT_GT(pid, 0);
   if (!wait_for_lines(tmp / "cut.jsonl", 2, pid)) {
     ::kill(pid, SIGKILL);
@@ -232,7 +231,6 @@ TEST(Resume, ExternalSigintToOneProcessExits130) {
   }
   ::kill(pid, SIGINT);
   const int rc = wait_for(pid);
-  if (rc == 0) GTEST_SKIP() << "the run finished before the signal arrived (a very loaded machine)";
   EXPECT_EQ(rc, 130) << read_file(tmp / "cut1.log");
   const std::string log = read_file(tmp / "cut1.log");
   EXPECT_NE(log.find("stopped by signal 2 (SIGINT)"), std::string::npos) << log;
@@ -264,7 +262,7 @@ void expect_one_line_error(const std::string& out, const std::string& needle) {
 }  // namespace
 
 TEST(ResumeErrors, ConfigMismatchNamesTheKey) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
   const std::string ckpt = make_checkpoint(tmp);
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt, "--batch-size", "32"})), tmp / "log"), 1);
@@ -274,7 +272,7 @@ TEST(ResumeErrors, ConfigMismatchNamesTheKey) {
 }
 
 TEST(ResumeErrors, MissingOrMisshapenTensorNamesIt) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
   const std::string ckpt = make_checkpoint(tmp);
   auto weights = tandem::load_safetensors(ckpt);
@@ -306,7 +304,7 @@ TEST(ResumeErrors, NothingToResumeSaysWhere) {
 }
 
 TEST(TrainerStops, NonFiniteLossNamesEpochAndIteration) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
   EXPECT_EQ(run_process(one(flags(tmp, "nan", {"--optimizer", "sgd", "--lr", "1e300"})), tmp / "log"), 1);
   expect_one_line_error(read_file(tmp / "log"), "the loss is nan at epoch 1, iteration 2/10");

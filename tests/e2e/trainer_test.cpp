@@ -7,6 +7,7 @@
 
 #include "metrics.h"
 #include "process.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
@@ -33,7 +34,7 @@ void expect_one_line_error(const std::string& out, const std::string& needle) {
 }  // namespace
 
 TEST(Trainer, ThreeEpochsOnRealDigitsReach97Percent) {
-  if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("e2e");
   const int rc = run_process({kTrainer, "--data-dir", kDigits, "--epochs", "3", "--metrics-out",
                               (tmp / "m.jsonl").string(), "--log-interval", "50"},
@@ -45,7 +46,7 @@ TEST(Trainer, ThreeEpochsOnRealDigitsReach97Percent) {
 
 // The README's train command: one epoch, Adadelta lr 1.0 with a cosine schedule.
 TEST(Trainer, OneEpochOnFashionMnistReaches88Percent) {
-  if (!fs::exists(kFashion + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the data";
+  TANDEM_NEED_DATA(kFashion);
   TempDir tmp("e2e");
   const int rc = run_process({kTrainer, "--epochs", "1", "--lr-schedule", "cosine", "--metrics-out",
                               (tmp / "m.jsonl").string(),
@@ -61,7 +62,7 @@ TEST(Trainer, OneEpochOnFashionMnistReaches88Percent) {
 }
 
 TEST(Trainer, SavedWeightsLoadAndTrainingContinuesFromThem) {
-  if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("e2e");
   ASSERT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--epochs", "1", "--limit", "640", "--save-weights",
                          (tmp / "w.safetensors").string(), "--metrics-out", (tmp / "a.jsonl").string()},
@@ -81,7 +82,7 @@ TEST(Trainer, SavedWeightsLoadAndTrainingContinuesFromThem) {
 }
 
 TEST(Trainer, ProfileFlagPrintsAnOpTable) {
-  if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("e2e");
   ASSERT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--epochs", "1", "--limit", "128", "--test-limit", "64",
                          "--threads", "1", "--work-dir", tmp.file("w"), "--profile"},
@@ -115,7 +116,7 @@ TEST(TrainerErrors, MissingDataSaysHowToGetIt) {
 }
 
 TEST(TrainerErrors, TruncatedIdxNamesFileAndExpectedSize) {
-  if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("e2e");
   for (const char* f : {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
     fs::copy_file(kDigits + "/" + f, tmp / f);
@@ -132,7 +133,7 @@ TEST(TrainerErrors, TruncatedIdxNamesFileAndExpectedSize) {
 }
 
 TEST(TrainerErrors, WeightsWithWrongShapeNameTheTensor) {
-  if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) GTEST_SKIP() << "run scripts/setup.sh to get the digits";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("e2e");
   // A valid safetensors file whose fc2.weight has the wrong shape.
   const std::string header =

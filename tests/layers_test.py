@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""The engine's layering rule, checked against the build's own compile commands.
+
+The rule (docs/architecture.md): core <- kernels <- {nn, optim} <- dist <- train, and data uses only
+core. Each folder is the object library tandem_<folder> (cmake/TandemLayers.cmake), which sees only
+the folders it may use. This test states the rule independently of the CMake code and proves it:
+
+1. every engine source is compiled by its own folder's library, and by nothing else;
+2. for every pair of folders (L, F): a file compiled exactly as L's sources are (the same compiler,
+   flags and include directories, from compile_commands.json) that includes a header of F compiles
+   when L may use F, and fails naming that header when it may not. So adding
+   `#include "nn/module.h"` to a file in core/ fails tandem_core's build.
+
+3. (--max-lines N) no source file of the engine or its apps is longer than N lines.
+
+Usage: layers_test.py --build BUILD_DIR --source SOURCE_DIR
+       layers_test.py --source SOURCE_DIR --max-lines 600
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+# What each folder may include besides itself: the specification, kept here on purpose so that a
+# loosened CMake declaration fails this test.
+MAY_USE = {
+    "core": set(),
+    "kernels": {"core"},
+    "nn": {"core", "kernels"},
+    "optim": {"core", "kernels"},
+    "data": {"core"},
+    "dist": {"core", "kernels", "nn", "optim"},
+    "train": {"core", "kernels", "nn", "optim", "data", "dist"},
+}
+# One header per folder to include (any would do; these are small).
+PROBE = {
+    "core": "core/error.h",
+    "kernels": "kernels/elementwise.h",
+    "nn": "nn/module.h",
+    "optim": "optim/optimizer.h",
+    "data": "data/sampler.h",
+    "dist": "dist/store.h",
+    "train": "train/work_dir.h",
+}
+
+
+def arguments(entry):
+    args = entry["arguments"] if "arguments" in entry else shlex.split(entry["command"])
+    if os.path.basename(args[0]) == "ccache":
+        args = args[1:]
+    return args
+
+
+def syntax_only(args, source, probe):
+    """The compile command of `source` turned into a syntax check of `probe`."""
+    out, skip = [], 0
+    for i, a in enumerate(args):
+        if skip:
+            skip -= 1
+            continue
+        if a in ("-o", "-MF", "-MT", "-MQ"):
+            skip = 1
+            continue
+        if a in ("-c", "-MD", "-MMD") or a == source:
+            continue
+        out.append(a)
+    return out + ["-fsyntax-only", probe]
+
+
+def check_lengths(src, limit):
+    """Every engine and app source within `limit` lines: a file past it is split by concern."""
+    long_files, n = [], 0
+    for top in list(MAY_USE) + ["apps"]:
+        for root, _, files in os.walk(os.path.join(src, top)):
+            for f in files:
+                if f.endswith((".h", ".cpp", ".cu", ".cuh")):
+                    n += 1
+                    path = os.path.join(root, f)
+                    count = sum(1 for _ in open(path, errors="replace"))
+                    if count > limit:
+                        long_files.append(f"{os.path.relpath(path, src)}: {count} lines")
+    if n == 0:
+        print(f"FAIL: no source file found under {src}")
+        return 1
+    if long_files:
+        print(f"FAIL: over {limit} lines (split by concern):\n  " + "\n  ".join(long_files))
+        return 1
+    print(f"ok: {n} files, none over {limit} lines")
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build")
+    p.add_argument("--source", required=True)
+    p.add_argument("--max-lines", type=int)
+    a = p.parse_args()
+    src = os.path.realpath(a.source)
+    if a.max_lines is not None:
+        return check_lengths(src, a.max_lines)
+    if not a.build:
+        p.error("--build is required to check the layers")
+    db_path = os.path.join(a.build, "compile_commands.json")
+    if not os.path.exists(db_path):
+        print(f"FAIL: {db_path} is missing (the build exports it: CMAKE_EXPORT_COMPILE_COMMANDS)")
+        return 1
+    db = json.load(open(db_path))
+    failures = []
+
+    # 1. Each engine source belongs to its folder's library only.
+    commands = {}
+    for e in db:
+        f = os.path.realpath(os.path.join(e["directory"], e["file"]))
+        rel = os.path.relpath(f, src)
+        folder = rel.split(os.sep)[0]
+        if folder not in MAY_USE:
+            continue
+        target = f"tandem_{folder}.dir"
+        output = e.get("output", "")
+        if not output:
+            args = arguments(e)
+            output = args[args.index("-o") + 1] if "-o" in args else ""
+        if f"/{target}/" not in "/" + output.replace(os.sep, "/"):
+            failures.append(f"{rel} is compiled by {output}, not by tandem_{folder}")
+        elif rel.endswith(".cpp"):
+            commands.setdefault(folder, (e, f))
+    for folder in MAY_USE:
+        if folder not in commands:
+            failures.append(f"no C++ source of {folder}/ in compile_commands.json (is tandem_{folder} built?)")
+        if not os.path.exists(os.path.join(src, PROBE[folder])):
+            failures.append(f"probe header {PROBE[folder]} does not exist: update PROBE")
+    if failures:
+        print("\n".join("FAIL: " + f for f in failures))
+        return 1
+
+    # 2. Every pair of folders.
+    tmp = tempfile.mkdtemp(prefix="tandem-layers-")
+    jobs = []
+    for layer, (entry, source) in commands.items():
+        for folder, header in PROBE.items():
+            probe = os.path.join(tmp, f"{layer}_includes_{folder}.cpp")
+            with open(probe, "w") as f:
+                f.write(f'#include "{header}"\n')
+            args = syntax_only(arguments(entry), entry["file"], probe)
+            allowed = folder == layer or folder in MAY_USE[layer]
+            jobs.append((layer, folder, header, allowed, args, entry["directory"]))
+
+    def run(job):
+        layer, folder, header, allowed, args, cwd = job
+        r = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300)
+        return job, r
+
+    checked = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        for (layer, folder, header, allowed, args, _), r in pool.map(run, jobs):
+            checked += 1
+            said = (r.stdout + r.stderr).strip()
+            if allowed and r.returncode != 0:
+                failures.append(f"{layer} may include {header} but it does not compile there:\n{said[:2000]}")
+            elif not allowed and r.returncode == 0:
+                failures.append(f"{layer} must not include {header}, yet it compiles with tandem_{layer}'s flags")
+            elif not allowed and f"{header}: No such file or directory" not in said:
+                failures.append(f"{layer} including {header} fails, but not by not finding it:\n{said[:2000]}")
+    for f in os.listdir(tmp):
+        os.remove(os.path.join(tmp, f))
+    os.rmdir(tmp)
+    allowed_pairs = sum(1 for j in jobs if j[3])
+    if failures:
+        print("\n\n".join("FAIL: " + f for f in failures))
+        return 1
+    print(f"ok: {checked} pairs checked ({allowed_pairs} allowed and compiling, "
+          f"{checked - allowed_pairs} refused for a missing include)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,7 +12,7 @@
 #include "core/autograd.h"
 #include "core/random.h"
 #include "dist/ddp.h"
-#include "multiprocess.h"
+#include "common/ranks.h"
 #include "nn/models/mlp.h"
 #include "nn/nn.h"
 

@@ -2,7 +2,7 @@
 // the same update as 1 process x batch N*B, for several bucket layouts; plus
 // find_unused_parameters, no_sync, bucket rebuilding, overlap, comm hooks,
 // model verification, and identical MNIST-net parameters on every rank.
-// Each test runs as real processes over Gloo on loopback (multiprocess.h).
+// Each test runs as real processes over Gloo on loopback (common/ranks.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +10,7 @@
 #include "core/autograd.h"
 #include "core/random.h"
 #include "dist/ddp.h"
-#include "multiprocess.h"
+#include "common/ranks.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"
 

@@ -8,7 +8,7 @@
 // ranks is an error on every rank. Also: eval mode does not communicate, convert_sync_batchnorm
 // keeps MnistNet's typed pointers, and full MnistNet training steps under DDP
 // with SyncBN equal single-process steps on the concatenated batch.
-// Each test runs as real processes over Gloo on loopback (multiprocess.h).
+// Each test runs as real processes over Gloo on loopback (common/ranks.h).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,7 +18,7 @@
 #include "dist/ddp.h"
 #include "dist/sync_batch_norm.h"
 #include "common/test_util.h"
-#include "multiprocess.h"
+#include "common/ranks.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"
 

@@ -1,7 +1,7 @@
 // DDP on GPUs, as far as one GPU can show it: DistributedDataParallel, its reducer, the comm hooks
 // and the host-value collectives over a one-rank NCCL group (every collective handed to NCCL must
 // live on the group's GPU, which NCCL enforces), and two ranks sharing the GPU over Gloo with CUDA
-// tensors (real processes, multiprocess.h), where DDP must equal one process on all rows.
+// tensors (real processes, common/ranks.h), where DDP must equal one process on all rows.
 // Multi-rank NCCL needs one GPU per rank: NcclGroup.OneRankPerGpuAsThreads (nccl_test.cpp).
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include "dist/ddp.h"
 #include "dist/file_store.h"
 #include "dist/host_values.h"
-#include "dist/multiprocess.h"
+#include "common/ranks.h"
 #include "dist/process_group_factory.h"
 #include "dist/sync_batch_norm.h"
 #include "gpu_test_util.h"

@@ -17,10 +17,9 @@ namespace {
 
 // Runs a command through /bin/sh; returns its exit code, its output in *out.
 int sh(const std::string& cmd, const fs::path& log, std::string* out = nullptr) {
-  Child c({"/bin/sh", "-c", cmd}, log);
-  const auto rc = c.wait_for(seconds(30));
-  if (out) *out = c.output();
-  return rc ? *rc : -1;
+  const int rc = run_shell(cmd, log);
+  if (out) *out = read_file(log);
+  return rc;
 }
 
 // Two namespaces "<tag>a"/"<tag>b" joined by veth "<tag>x"/"<tag>y"; removed on destruction.
@@ -112,12 +111,12 @@ TEST(TwoHostsOverVeth, JobCompletesThenACutLinkFailsBothSidesWithinTheTimeout) {
     // 1. A 2-node job over the veth link runs to completion.
     {
       const int port = 29600 + ::getpid() % 300;
-      Child n0(hosts.in(hosts.a(), node(0, port, tmp / "w0",
-                                        {"--epochs", "1", "--limit", "2000", "--dist-timeout", "30"})),
-               tmp / "ok0.log", {"OMP_NUM_THREADS=1"});
-      Child n1(hosts.in(hosts.b(), node(1, port, tmp / "w1",
-                                        {"--epochs", "1", "--limit", "2000", "--dist-timeout", "30"})),
-               tmp / "ok1.log", {"OMP_NUM_THREADS=1"});
+      Process n0(hosts.in(hosts.a(), node(0, port, tmp / "w0",
+                                          {"--epochs", "1", "--limit", "2000", "--dist-timeout", "30"})),
+                 tmp / "ok0.log", {"OMP_NUM_THREADS=1"});
+      Process n1(hosts.in(hosts.b(), node(1, port, tmp / "w1",
+                                          {"--epochs", "1", "--limit", "2000", "--dist-timeout", "30"})),
+                 tmp / "ok1.log", {"OMP_NUM_THREADS=1"});
       const auto rc0 = n0.wait_for(seconds(120)), rc1 = n1.wait_for(seconds(30));
       ASSERT_TRUE(rc0 && rc1) << n0.output() << "\n---\n" << n1.output();
       EXPECT_EQ(*rc0, 0) << n0.output();
@@ -131,10 +130,10 @@ TEST(TwoHostsOverVeth, JobCompletesThenACutLinkFailsBothSidesWithinTheTimeout) {
     {
       const int port = 29600 + ::getpid() % 300 + 1;
       const std::vector<std::string> train = {"--epochs", "50", "--dist-timeout", "3"};
-      Child n0(hosts.in(hosts.a(), node(0, port, tmp / "c0", train)), tmp / "cut0.log",
-               {"OMP_NUM_THREADS=1"});
-      Child n1(hosts.in(hosts.b(), node(1, port, tmp / "c1", train)), tmp / "cut1.log",
-               {"OMP_NUM_THREADS=1"});
+      Process n0(hosts.in(hosts.a(), node(0, port, tmp / "c0", train)), tmp / "cut0.log",
+                 {"OMP_NUM_THREADS=1"});
+      Process n1(hosts.in(hosts.b(), node(1, port, tmp / "c1", train)), tmp / "cut1.log",
+                 {"OMP_NUM_THREADS=1"});
       ASSERT_TRUE(n0.wait_for_text("Epoch(train) [1][10/", seconds(120))) << n0.output() << n1.output();
       ASSERT_TRUE(hosts.cut_link());
       // Bound: 3 s collective timeout + diagnosis + a store call that cannot be answered

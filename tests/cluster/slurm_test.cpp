@@ -45,7 +45,7 @@ std::vector<pid_t> daemon_pids(const fs::path& dir) {
 class SlurmCluster {
  public:
   explicit SlurmCluster(const fs::path& dir) : dir_(dir) {
-    Child start({"/bin/bash", kSlurmDir + "/start.sh", dir.string()}, dir.parent_path() / "start.log");
+    Process start({"/bin/bash", kSlurmDir + "/start.sh", dir.string()}, dir.parent_path() / "start.log");
     const auto rc = start.wait_for(seconds(90));
     rc_ = rc ? *rc : -1;
     output_ = start.output();
@@ -54,7 +54,7 @@ class SlurmCluster {
   void stop() {
     if (stopped_) return;
     stopped_ = true;
-    Child stop({"/bin/bash", kSlurmDir + "/stop.sh", dir_.string()}, dir_.parent_path() / "stop.log");
+    Process stop({"/bin/bash", kSlurmDir + "/stop.sh", dir_.string()}, dir_.parent_path() / "stop.log");
     stop.wait_for(seconds(30));
   }
   int rc() const { return rc_; }
@@ -83,40 +83,40 @@ TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
     ASSERT_EQ(cluster.rc(), 0) << cluster.output();
     ASSERT_EQ(daemons.size(), 3u) << cluster.output();
 
-    Child sinfo({"/usr/bin/sinfo", "-h", "-N", "-o", "%N %T %c"}, tmp / "sinfo.log",
-                {"SLURM_CONF=" + cluster.conf()});
+    Process sinfo({"/usr/bin/sinfo", "-h", "-N", "-o", "%N %T %c"}, tmp / "sinfo.log",
+                  {"SLURM_CONF=" + cluster.conf()});
     ASSERT_EQ(sinfo.wait_for(seconds(30)), 0) << sinfo.output();
     EXPECT_HAS(sinfo.output(), "idle");
 
     // --time bounds the job inside Slurm too (minutes); the wait below bounds it here.
-    Child job({"/usr/bin/srun",
-               "-n",
-               "2",
-               "--cpus-per-task",
-               "1",
-               "--time",
-               "3",
-               "--kill-on-bad-exit=1",
-               kTrainer,
-               "--launcher",
-               "slurm",
-               "--data-dir",
-               kDigits,
-               "--epochs",
-               "1",
-               "--test-limit",
-               "1000",
-               "--dist-timeout",
-               "60",
-               "--log-interval",
-               "20",
-               "--work-dir",
-               (tmp / "work").string(),
-               "--metrics-out",
-               (tmp / "m.jsonl").string()},
-              tmp / "job.log",
-              {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
-               "OMP_NUM_THREADS=1"});
+    Process job({"/usr/bin/srun",
+                 "-n",
+                 "2",
+                 "--cpus-per-task",
+                 "1",
+                 "--time",
+                 "3",
+                 "--kill-on-bad-exit=1",
+                 kTrainer,
+                 "--launcher",
+                 "slurm",
+                 "--data-dir",
+                 kDigits,
+                 "--epochs",
+                 "1",
+                 "--test-limit",
+                 "1000",
+                 "--dist-timeout",
+                 "60",
+                 "--log-interval",
+                 "20",
+                 "--work-dir",
+                 (tmp / "work").string(),
+                 "--metrics-out",
+                 (tmp / "m.jsonl").string()},
+                tmp / "job.log",
+                {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
+                 "OMP_NUM_THREADS=1"});
     ASSERT_TRUE(job.started());
     const auto rc = job.wait_for(seconds(150));
     ASSERT_TRUE(rc.has_value()) << "srun still running after 150 s:\n" << job.output();
@@ -129,32 +129,32 @@ TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
     // A task SIGKILLed mid-run: with --kill-on-bad-exit Slurm ends the other task and srun fails,
     // saying which task died.
     const std::string marker = "TANDEM_SLURM_MARK=" + std::to_string(::getpid());
-    Child doomed({"/usr/bin/srun",
-                  "-n",
-                  "2",
-                  "--cpus-per-task",
-                  "1",
-                  "--time",
-                  "3",
-                  "--kill-on-bad-exit=1",
-                  kTrainer,
-                  "--launcher",
-                  "slurm",
-                  "--data-dir",
-                  kDigits,
-                  "--epochs",
-                  "20",
-                  "--test-limit",
-                  "100",
-                  "--dist-timeout",
-                  "60",
-                  "--log-interval",
-                  "5",
-                  "--work-dir",
-                  (tmp / "work2").string()},
-                 tmp / "doomed.log",
-                 {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
-                  "OMP_NUM_THREADS=1", marker});
+    Process doomed({"/usr/bin/srun",
+                    "-n",
+                    "2",
+                    "--cpus-per-task",
+                    "1",
+                    "--time",
+                    "3",
+                    "--kill-on-bad-exit=1",
+                    kTrainer,
+                    "--launcher",
+                    "slurm",
+                    "--data-dir",
+                    kDigits,
+                    "--epochs",
+                    "20",
+                    "--test-limit",
+                    "100",
+                    "--dist-timeout",
+                    "60",
+                    "--log-interval",
+                    "5",
+                    "--work-dir",
+                    (tmp / "work2").string()},
+                   tmp / "doomed.log",
+                   {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
+                    "OMP_NUM_THREADS=1", marker});
     ASSERT_TRUE(doomed.wait_for_text("Epoch(train) [1][10/", seconds(120))) << doomed.output();
     pid_t task1 = -1;
     for (pid_t pid : all_pids()) {

@@ -1,9 +1,13 @@
 // Helpers shared by the test suites: the paths of the built binaries and the test data, a
-// temporary directory removed on destruction, reading a whole file, and checking a
-// tandem::Error's message.
+// temporary directory removed on destruction, reading a whole file, counting its lines, a free
+// TCP port, and checking a tandem::Error's message. Starting and waiting for processes is
+// common/process.h's; skipping for missing data, common/require_data.h's.
 #pragma once
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -50,6 +54,28 @@ class TempDir {
 inline std::string read_file(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Line count ('\n's), for "one clear line" checks.
+inline size_t lines_in(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+// A TCP port that was free on 127.0.0.1 a moment ago.
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
 }
 
 // The message of the tandem::Error that f throws (a test failure if none).

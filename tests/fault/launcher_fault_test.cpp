@@ -37,7 +37,7 @@ constexpr const char* kTraining = "Epoch(train) [1][10/";
 TEST(LauncherFault, RankKilledMidEpochEndsTheOthersWithin10sNamingTheRank) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
-  Child run(job({}, 30, tmp / "work"), tmp / "log");
+  Process run(job({}, 30, tmp / "work"), tmp / "log");
   ASSERT_TRUE(run.started());
   ASSERT_TRUE(run.wait_for_text(kTraining, seconds(120))) << run.output();
   const pid_t r0 = worker_pid(run.pid(), 0), r1 = worker_pid(run.pid(), 1);
@@ -57,7 +57,7 @@ TEST(LauncherFault, RankKilledMidEpochEndsTheOthersWithin10sNamingTheRank) {
 TEST(LauncherFault, RankStoppedMakesTheCollectiveTimeoutNameTheOperationAndThePeer) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
-  Child run(job({"--grace-period", "1"}, 2, tmp / "work"), tmp / "log");
+  Process run(job({"--grace-period", "1"}, 2, tmp / "work"), tmp / "log");
   ASSERT_TRUE(run.started());
   ASSERT_TRUE(run.wait_for_text(kTraining, seconds(120))) << run.output();
   const pid_t r1 = worker_pid(run.pid(), 1);
@@ -85,7 +85,7 @@ TEST(LauncherFault, RankStoppedMakesTheCollectiveTimeoutNameTheOperationAndThePe
 TEST(LauncherFault, SigtermToTandemRunIsForwardedToTheRanks) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
-  Child run(job({"--grace-period", "20"}, 30, tmp / "work"), tmp / "log");
+  Process run(job({"--grace-period", "20"}, 30, tmp / "work"), tmp / "log");
   ASSERT_TRUE(run.started());
   ASSERT_TRUE(run.wait_for_text(kTraining, seconds(120))) << run.output();
   const pid_t r0 = worker_pid(run.pid(), 0), r1 = worker_pid(run.pid(), 1);
@@ -136,8 +136,8 @@ std::string kill_store_host_mid_run(bool shm) {
                                    "3",
                                    "--work-dir",
                                    (tmp / "work").string()};
-  Child r0(argv, tmp / "r0.log", env(0));
-  Child r1(argv, tmp / "r1.log", env(1));
+  Process r0(argv, tmp / "r0.log", env(0));
+  Process r1(argv, tmp / "r1.log", env(1));
   if (!r0.wait_for_text(kTraining, seconds(120))) return "rank 0 never trained: " + r0.output() + r1.output();
   if (::kill(r0.pid(), SIGKILL) != 0) return "kill failed";
   const auto rc = r1.wait_for(seconds(20));
@@ -171,11 +171,11 @@ TEST(StoreFault, NoStoreServerTheRankFailsWithinItsTimeoutNamingTheAddress) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fault");
   const int port = free_port();
-  Child r1({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout", "2",
-            "--work-dir", (tmp / "work").string()},
-           tmp / "log",
-           {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", "GROUP_RANK=1",
-            "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+  Process r1({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout", "2",
+              "--work-dir", (tmp / "work").string()},
+             tmp / "log",
+             {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", "GROUP_RANK=1",
+              "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
   const auto rc = r1.wait_for(seconds(20));
   ASSERT_TRUE(rc.has_value()) << r1.output();
   EXPECT_EQ(*rc, 1);

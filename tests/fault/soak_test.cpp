@@ -10,6 +10,7 @@
 //    segment whose creator has exited (tests running beside this one may hold live segments).
 //  - The store serving 64 concurrent clients (threads of this process) exactly.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -115,33 +116,33 @@ TEST(Soak, HundredTandemRunJobsLeaveNoProcessesPortsOrShm) {
   for (int job = 0, port_taken = 0; job < 100; ++job) {
     const int port = free_port();
     ports.push_back(port);
-    Child run({kRun,
-               "--nnodes",
-               "1",
-               "--node-rank",
-               "0",
-               "--master-addr",
-               "127.0.0.1",
-               "--master-port",
-               std::to_string(port),
-               "--nproc-per-node",
-               "2",
-               kTrainer,
-               "--launcher",
-               "pytorch",
-               "--data-dir",
-               kDigits,
-               "--epochs",
-               "1",
-               "--limit",
-               "128",
-               "--test-limit",
-               "64",
-               "--dist-timeout",
-               "20",
-               "--work-dir",
-               (tmp / ("w" + std::to_string(job))).string()},
-              tmp / "log", {marker, "OMP_NUM_THREADS=1"});
+    Process run({kRun,
+                 "--nnodes",
+                 "1",
+                 "--node-rank",
+                 "0",
+                 "--master-addr",
+                 "127.0.0.1",
+                 "--master-port",
+                 std::to_string(port),
+                 "--nproc-per-node",
+                 "2",
+                 kTrainer,
+                 "--launcher",
+                 "pytorch",
+                 "--data-dir",
+                 kDigits,
+                 "--epochs",
+                 "1",
+                 "--limit",
+                 "128",
+                 "--test-limit",
+                 "64",
+                 "--dist-timeout",
+                 "20",
+                 "--work-dir",
+                 (tmp / ("w" + std::to_string(job))).string()},
+                tmp / "log", {marker, "OMP_NUM_THREADS=1"});
     const auto rc = run.wait_for(seconds(60));
     ASSERT_TRUE(rc.has_value()) << "job " << job << " still running after 60 s:\n" << run.output();
     // The port was free when chosen; a test beside this one may bind it before the job does. That
@@ -189,14 +190,14 @@ TEST(Soak, LeakedSegmentCheckSeesALeftSegment) {
 TEST(Soak, ListenerCheckFindsAMarkedListener) {
   TempDir tmp("soak-listen");
   const std::string marker = "TANDEM_SOAK_MARK=listen-" + std::to_string(::getpid());
-  Child listener({"/usr/bin/python3", "-c",
-                  "import socket, time\n"
-                  "s = socket.socket()\n"
-                  "s.bind(('127.0.0.1', 0))\n"
-                  "s.listen()\n"
-                  "print('port', s.getsockname()[1], 'end', flush=True)\n"
-                  "time.sleep(60)\n"},
-                 tmp / "log", {marker});
+  Process listener({"/usr/bin/python3", "-c",
+                    "import socket, time\n"
+                    "s = socket.socket()\n"
+                    "s.bind(('127.0.0.1', 0))\n"
+                    "s.listen()\n"
+                    "print('port', s.getsockname()[1], 'end', flush=True)\n"
+                    "time.sleep(60)\n"},
+                   tmp / "log", {marker});
   ASSERT_TRUE(listener.started());
   ASSERT_TRUE(listener.wait_for_text(" end", seconds(20))) << listener.output();
   const int port = std::stoi(listener.output().substr(5));
@@ -244,9 +245,7 @@ TEST(Soak, StoreServes64ConcurrentClientThreadsExactly) {
   EXPECT_EQ(server.add("soak/counter", 0), kClients * kAdds);
   // The 64 clients closed their connections; the server dropped them (bounded wait: it notices
   // a closed connection on its next poll).
-  const auto deadline = std::chrono::steady_clock::now() + seconds(10);
-  while ((open_fds() != fds0 || threads() != threads0) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(milliseconds(20));
+  eventually([&] { return open_fds() == fds0 && threads() == threads0; }, seconds(10));
   EXPECT_EQ(open_fds(), fds0);
   EXPECT_EQ(threads(), threads0);
 }

@@ -32,10 +32,7 @@ std::string error_within(const std::function<void()>& f, milliseconds limit) {
     }
     result->first = true;
   });
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!result->first && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(milliseconds(10));
-  if (!result->first) {
+  if (!eventually([&] { return result->first.load(); }, limit)) {
     t.detach();
     return "HUNG";
   }
@@ -50,11 +47,11 @@ TEST(StoreServerGone, ClientsFailWithinTheirTimeoutNamingTheStoreAddress) {
   TempDir tmp("fault");
   const int port = free_port();
   const std::string addr = "127.0.0.1:" + std::to_string(port);
-  Child server({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout",
-                "120", "--work-dir", (tmp / "work").string()},
-               tmp / "server.log",
-               {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
-                "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
+  Process server({kTrainer, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--dist-timeout",
+                  "120", "--work-dir", (tmp / "work").string()},
+                 tmp / "server.log",
+                 {"RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
+                  "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)});
   ASSERT_TRUE(server.started());
   TCPStoreOptions opts;
   // Connecting retries until the server listens (it starts within the 2 s, usually at once).

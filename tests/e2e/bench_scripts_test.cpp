@@ -15,7 +15,8 @@
 #include <vector>
 
 #include "common/require_data.h"
-#include "process.h"
+#include "common/process.h"
+#include "common/test_util.h"
 
 namespace {
 

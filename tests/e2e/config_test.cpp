@@ -4,15 +4,14 @@
 // one line with exit code 2, and the work dir's contents (config.json, text
 // log with the console's lines, metrics, checkpoints kept to max_keep_ckpts).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "process.h"
+#include "common/process.h"
 #include "common/require_data.h"
+#include "common/test_util.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -24,23 +23,7 @@ const std::string kConfigs = TANDEM_SOURCE_DIR "/configs";
 
 // Runs argv in directory `cwd` with stdout+stderr to `log`; returns the exit status.
 int run_in(const fs::path& cwd, const std::vector<std::string>& argv, const fs::path& log) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const std::string dir = cwd.string(), log_path = log.string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ::chdir(dir.c_str()) != 0) ::_exit(127);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return run_process(Spawn{.argv = argv, .out = log, .cwd = cwd, .own_group = true});
 }
 
 json print_config(const TempDir& tmp, std::vector<std::string> args) {
@@ -49,13 +32,6 @@ json print_config(const TempDir& tmp, std::vector<std::string> args) {
   const int rc = run_process(args, tmp / "print.log");
   EXPECT_EQ(rc, 0) << read_file(tmp / "print.log");
   return json::parse(read_file(tmp / "print.log"), nullptr, false);
-}
-
-void expect_one_line_error(const std::string& out, const std::string& needle) {
-  EXPECT_NE(out.find(needle), std::string::npos) << "output: " << out;
-  size_t lines = 0;
-  for (char c : out) lines += c == '\n';
-  EXPECT_EQ(lines, 1u) << "output: " << out;
 }
 
 }  // namespace

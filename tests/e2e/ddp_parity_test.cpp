@@ -23,7 +23,8 @@
 
 #include "core/safetensors.h"
 #include "metrics.h"
-#include "process.h"
+#include "common/process.h"
+#include "common/test_util.h"
 #include "common/require_data.h"
 
 using namespace tandem::test;

@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "e2e/metrics.h"
-#include "e2e/process.h"
+#include "common/process.h"
+#include "common/require_data.h"
+#include "common/test_util.h"
 
 namespace tandem::test {
 namespace {
@@ -88,7 +90,7 @@ TEST(GpuCheck, WithoutADriverItStopsAtOnceSayingWhatNvidiaSmiSaid) {
 
 TEST(GpuCheck, ReadsTheTrainersMetricsAsTheTrainerWroteThem) {
   ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
-  ASSERT_TRUE(fs::exists(fs::path(kDigits) / "train-images-idx3-ubyte.gz")) << kDigits << ": run scripts/setup.sh";
+  ASSERT_EQ(missing_data(kDigits), "");
   TempDir dir("gpu-check-metrics");
   const fs::path metrics = dir / "metrics.jsonl";
   std::string out;

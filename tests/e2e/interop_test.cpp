@@ -25,7 +25,8 @@
 #include "kernels/elementwise.h"
 #include "metrics.h"
 #include "nn/nn.h"
-#include "process.h"
+#include "common/process.h"
+#include "common/test_util.h"
 #include "common/require_data.h"
 
 namespace {

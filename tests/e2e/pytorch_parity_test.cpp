@@ -20,7 +20,8 @@
 #include <vector>
 
 #include "metrics.h"
-#include "process.h"
+#include "common/process.h"
+#include "common/test_util.h"
 #include "common/require_data.h"
 
 namespace {

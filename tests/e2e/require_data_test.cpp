@@ -5,7 +5,8 @@
 
 #include <string>
 
-#include "e2e/process.h"
+#include "common/process.h"
+#include "common/test_util.h"
 
 namespace tandem::test {
 namespace {

@@ -11,25 +11,21 @@
 // skip if the run finished first.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <thread>
 
-#include "core/safetensors.h"
-#include "process.h"
+#include "common/process.h"
 #include "common/require_data.h"
+#include "common/test_util.h"
+#include "core/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
 
 namespace {
-
 
 // (epoch, iter) -> loss, a later line for the same iteration replacing an
 // earlier one (a run killed after its last checkpoint repeats iterations).
@@ -79,40 +75,6 @@ std::vector<std::string> two(std::vector<std::string> f) {
   return argv;
 }
 
-// Starts argv with output to `log`; the caller waits.
-pid_t spawn(const std::vector<std::string>& argv, const fs::path& log) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  const std::string log_path = log.string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) ::_exit(127);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    ::execv(args[0], args.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-int wait_for(pid_t pid) {
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    if (errno != EINTR) return -1;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
-}
-
-size_t lines_in(const fs::path& file) {
-  std::ifstream in(file);
-  size_t n = 0;
-  std::string line;
-  while (std::getline(in, line)) n += !line.empty();
-  return n;
-}
-
 // Runs to completion, then stops part-way and resumes; compares the losses.
 void check_resume(bool two_ranks, const std::string& stop_flag, int stop_at, int expected_stop_rc,
                   const std::vector<std::string>& extra = {}) {
@@ -139,19 +101,13 @@ void check_resume(bool two_ranks, const std::string& stop_flag, int stop_at, int
 }
 
 // Waits until `file` has `n` lines or the process ended; true if it has them.
-bool wait_for_lines(const fs::path& file, size_t n, pid_t pid) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(180);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (lines_in(file) >= n) return true;
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      // Ended already: put the status back for wait_for by re-raising nothing; report it.
-      ADD_FAILURE() << "the process ended (status " << status << ") before writing " << n << " lines to " << file;
-      return false;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ADD_FAILURE() << "no " << n << " lines in " << file << " after 180 s";
+bool wait_for_lines(const fs::path& file, size_t n, Process& p) {
+  auto has_them = [&] { return lines_in(read_file(file)) >= n; };
+  if (eventually([&] { return has_them() || !p.running(); }, seconds(180)) && has_them()) return true;
+  if (p.running())
+    ADD_FAILURE() << "no " << n << " lines in " << file << " after 180 s";
+  else
+    ADD_FAILURE() << "the process ended (status " << *p.status() << ") before writing " << n << " lines to " << file;
   return false;
 }
 
@@ -197,15 +153,11 @@ TEST(Resume, ExternalSigtermToTandemRunStopsBothRanksResumably) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
   // Every rank holds after iteration 2 until the signal comes: it lands mid-run on any machine.
-  const pid_t pid = spawn(two(flags(tmp, "cut", {"--debug-hold-at", "2"}, 6, 0)), tmp / "cut1.log");
-  ASSERT_GT(pid, 0);
-  if (!wait_for_lines(tmp / "cut.jsonl", 2, pid)) {
-    ::kill(pid, SIGKILL);
-    wait_for(pid);
-    FAIL() << read_file(tmp / "cut1.log");
-  }
-  ::kill(pid, SIGTERM);
-  const int rc = wait_for(pid);
+  Process run(two(flags(tmp, "cut", {"--debug-hold-at", "2"}, 6, 0)), tmp / "cut1.log");
+  ASSERT_TRUE(run.started());
+  if (!wait_for_lines(tmp / "cut.jsonl", 2, run)) FAIL() << read_file(tmp / "cut1.log");
+  ::kill(run.pid(), SIGTERM);
+  const int rc = run.finish(kRunLimit).value_or(-1);
   ASSERT_NE(read_file(tmp / "cut1.log").find("stopped by signal 15 (SIGTERM)"), std::string::npos)
       << "rc " << rc << "\n" << read_file(tmp / "cut1.log");
   ASSERT_TRUE(fs::exists(tmp / "cut" / "last_checkpoint")) << read_file(tmp / "cut1.log");
@@ -222,15 +174,11 @@ TEST(Resume, ExternalSigtermToTandemRunStopsBothRanksResumably) {
 TEST(Resume, ExternalSigintToOneProcessExits130) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
-  const pid_t pid = spawn(one(flags(tmp, "cut", {"--debug-hold-at", "2"}, 20, 0)), tmp / "cut1.log");
-  ASSERT_GT(pid, 0);
-  if (!wait_for_lines(tmp / "cut.jsonl", 2, pid)) {
-    ::kill(pid, SIGKILL);
-    wait_for(pid);
-    FAIL() << read_file(tmp / "cut1.log");
-  }
-  ::kill(pid, SIGINT);
-  const int rc = wait_for(pid);
+  Process run(one(flags(tmp, "cut", {"--debug-hold-at", "2"}, 20, 0)), tmp / "cut1.log");
+  ASSERT_TRUE(run.started());
+  if (!wait_for_lines(tmp / "cut.jsonl", 2, run)) FAIL() << read_file(tmp / "cut1.log");
+  ::kill(run.pid(), SIGINT);
+  const int rc = run.finish(kRunLimit).value_or(-1);
   EXPECT_EQ(rc, 130) << read_file(tmp / "cut1.log");
   const std::string log = read_file(tmp / "cut1.log");
   EXPECT_NE(log.find("stopped by signal 2 (SIGINT)"), std::string::npos) << log;
@@ -254,7 +202,8 @@ std::string make_checkpoint(const TempDir& tmp) {
   return p;
 }
 
-void expect_one_line_error(const std::string& out, const std::string& needle) {
+// The trainer's error line among its other output names `needle`.
+void expect_trainer_error(const std::string& out, const std::string& needle) {
   EXPECT_NE(out.find(needle), std::string::npos) << "output: " << out;
   EXPECT_NE(out.find("tandem-mnist: error: "), std::string::npos) << out;
 }
@@ -266,9 +215,9 @@ TEST(ResumeErrors, ConfigMismatchNamesTheKey) {
   TempDir tmp("resume");
   const std::string ckpt = make_checkpoint(tmp);
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt, "--batch-size", "32"})), tmp / "log"), 1);
-  expect_one_line_error(read_file(tmp / "log"), "data.batch_size = 64 but this run has 32");
+  expect_trainer_error(read_file(tmp / "log"), "data.batch_size = 64 but this run has 32");
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt, "--optimizer", "sgd"})), tmp / "log"), 1);
-  expect_one_line_error(read_file(tmp / "log"), "optimizer.type = \"adadelta\" but this run has \"sgd\"");
+  expect_trainer_error(read_file(tmp / "log"), "optimizer.type = \"adadelta\" but this run has \"sgd\"");
 }
 
 TEST(ResumeErrors, MissingOrMisshapenTensorNamesIt) {
@@ -280,13 +229,13 @@ TEST(ResumeErrors, MissingOrMisshapenTensorNamesIt) {
   tandem::save_safetensors(ckpt, weights);
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt})), tmp / "log"), 1);
   std::string log = read_file(tmp / "log");
-  expect_one_line_error(log, ckpt);
+  expect_trainer_error(log, ckpt);
   EXPECT_NE(log.find("fc2.bias"), std::string::npos) << log;
   weights["fc2.bias"] = tandem::Tensor::zeros({3});
   tandem::save_safetensors(ckpt, weights);
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt})), tmp / "log"), 1);
   log = read_file(tmp / "log");
-  expect_one_line_error(log, "fc2.bias");
+  expect_trainer_error(log, "fc2.bias");
   EXPECT_NE(log.find("[3]"), std::string::npos) << log;
 }
 
@@ -295,17 +244,17 @@ TEST(ResumeErrors, NothingToResumeSaysWhere) {
   EXPECT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--work-dir", tmp.file("empty"), "--resume"},
                         tmp / "log"),
             1);
-  expect_one_line_error(read_file(tmp / "log"), "no checkpoint to resume from");
+  expect_trainer_error(read_file(tmp / "log"), "no checkpoint to resume from");
   EXPECT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--work-dir", tmp.file("empty"), "--resume",
                          tmp.file("nope.safetensors")},
                         tmp / "log"),
             1);
-  expect_one_line_error(read_file(tmp / "log"), "nope.safetensors' does not exist");
+  expect_trainer_error(read_file(tmp / "log"), "nope.safetensors' does not exist");
 }
 
 TEST(TrainerStops, NonFiniteLossNamesEpochAndIteration) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("resume");
   EXPECT_EQ(run_process(one(flags(tmp, "nan", {"--optimizer", "sgd", "--lr", "1e300"})), tmp / "log"), 1);
-  expect_one_line_error(read_file(tmp / "log"), "the loss is nan at epoch 1, iteration 2/10");
+  expect_trainer_error(read_file(tmp / "log"), "the loss is nan at epoch 1, iteration 2/10");
 }

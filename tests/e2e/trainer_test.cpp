@@ -6,8 +6,9 @@
 #include <nlohmann/json.hpp>
 
 #include "metrics.h"
-#include "process.h"
+#include "common/process.h"
 #include "common/require_data.h"
+#include "common/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
@@ -21,14 +22,6 @@ nlohmann::json last_eval(const fs::path& metrics) {
   tandem::test::Metrics m;
   tandem::test::read_metrics(metrics, m);
   return m.eval;
-}
-
-// Error output: exactly one line, naming what was wrong.
-void expect_one_line_error(const std::string& out, const std::string& needle) {
-  EXPECT_NE(out.find(needle), std::string::npos) << "output: " << out;
-  size_t lines = 0;
-  for (char c : out) lines += c == '\n';
-  EXPECT_EQ(lines, 1u) << "output: " << out;
 }
 
 }  // namespace

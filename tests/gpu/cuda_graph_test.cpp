@@ -18,7 +18,9 @@
 #include "core/device.h"
 #include "core/tensor.h"
 #include "e2e/metrics.h"
-#include "e2e/process.h"
+#include "common/process.h"
+#include "common/require_data.h"
+#include "common/test_util.h"
 #include "gpu_test_util.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
@@ -37,10 +39,9 @@ namespace {
 #define SKIP_WITHOUT_TRAINER()                                                                         \
   do {                                                                                                 \
     SKIP_WITHOUT_GPU();                                                                                \
-    if (!fs::exists(kDigits + "/train-images-idx3-ubyte.gz")) {                                        \
-      if (tandem::test::gpu_required()) FAIL() << "TANDEM_REQUIRE_GPU=1 but " << kDigits << " is missing"; \
-      GTEST_SKIP() << "run scripts/setup.sh";                                                          \
-    }                                                                                                  \
+    if (tandem::test::gpu_required() && !tandem::test::missing_data(kDigits).empty())                  \
+      FAIL() << "TANDEM_REQUIRE_GPU=1 but " << tandem::test::missing_data(kDigits);                   \
+    TANDEM_NEED_DATA(kDigits);                                                                         \
     if (!fs::exists(kTrainer)) {                                                                       \
       if (tandem::test::gpu_required()) FAIL() << "TANDEM_REQUIRE_GPU=1 but " << kTrainer << " is missing"; \
       GTEST_SKIP() << "build the tandem-mnist target first";                                           \

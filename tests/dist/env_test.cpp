@@ -2,11 +2,11 @@
 // process environment is never touched), Slurm's node-list and tasks-per-node
 // forms, and the errors, which must name the launcher and the variable. One
 // real 2-rank launch under Debian's Open MPI mpirun (skipped where mpirun is
-// missing) runs this executable's DistEnvHelper.Worker as the ranks.
+// missing, started by common/process.h) runs this executable's DistEnvHelper.Worker
+// as the ranks.
 #include "dist/env.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -14,15 +14,18 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
+#include <optional>
 #include <string>
-#include <thread>
 
+#include "common/process.h"
+#include "common/test_util.h"
 #include "core/error.h"
 
-extern char** environ;
-
 using namespace tandem;
+using tandem::test::Process;
+using tandem::test::read_file;
+using tandem::test::Spawn;
+using tandem::test::TempDir;
 using dist::DistEnv;
 using dist::env_from_launcher;
 using dist::expand_nodelist;
@@ -359,57 +362,25 @@ TEST(DistEnvHelper, Worker) {
 TEST(DistEnv, MpirunLaunch) {
   const std::string mpirun = "/usr/bin/mpirun";
   if (::access(mpirun.c_str(), X_OK) != 0) GTEST_SKIP() << "Open MPI's mpirun is not installed";
-  namespace fs = std::filesystem;
-  std::string tmpl = (fs::temp_directory_path() / "tandem_mpi_XXXXXX").string();
-  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-  const fs::path dir = tmpl;
-  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  TempDir dir("mpi");
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
 
   // Environment: ours without MASTER_*, plus the helper's switches and Open MPI's consent to run as root.
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("MASTER_ADDR=", 0) != 0 && kv.rfind("MASTER_PORT=", 0) != 0) env.push_back(kv);
-  }
-  env.insert(env.end(), {"TANDEM_ENV_HELPER_LAUNCHER=mpi", "TANDEM_ENV_HELPER_OUT=" + dir.string(),
-                         "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
-                         "OMPI_MCA_rmaps_base_oversubscribe=1"});
-  std::vector<std::string> args = {mpirun, "-np", "2", self, "--gtest_filter=DistEnvHelper.Worker"};
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  for (auto& kv : env) envp.push_back(kv.data());
-  envp.push_back(nullptr);
-  const std::string log = (dir / "mpirun.log").string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    FILE* f = std::freopen(log.c_str(), "w", stdout);
-    if (f) ::dup2(STDOUT_FILENO, STDERR_FILENO);
-    ::execve(mpirun.c_str(), argv.data(), envp.data());
-    ::_exit(127);
-  }
+  const std::vector<std::string> env = {"MASTER_ADDR",
+                                        "MASTER_PORT",
+                                        "TANDEM_ENV_HELPER_LAUNCHER=mpi",
+                                        "TANDEM_ENV_HELPER_OUT=" + dir.path().string(),
+                                        "OMPI_ALLOW_RUN_AS_ROOT=1",
+                                        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
+                                        "OMPI_MCA_rmaps_base_oversubscribe=1"};
+  const std::filesystem::path log = dir / "mpirun.log";
   // Bounded wait: after 60 s mpirun is killed and the test fails.
-  int status = 0;
-  bool ended = false;
-  for (int i = 0; i < 3000 && !ended; ++i) {
-    ended = ::waitpid(pid, &status, WNOHANG) == pid;
-    if (!ended) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  if (!ended) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-  }
-  auto slurp = [](const fs::path& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
-  const std::string output = slurp(log);
-  EXPECT_TRUE(ended) << "mpirun still running after 60 s\n" << output;
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
-  EXPECT_EQ(slurp(dir / "mpi_0"), "0 2 0 2 0 127.0.0.1 29500\n") << output;
-  EXPECT_EQ(slurp(dir / "mpi_1"), "1 2 1 2 0 127.0.0.1 29500\n") << output;
-  std::error_code ec;
-  fs::remove_all(dir, ec);
+  const std::optional<int> rc =
+      Process(Spawn{.argv = {mpirun, "-np", "2", self, "--gtest_filter=DistEnvHelper.Worker"}, .env = env, .out = log})
+          .finish(std::chrono::seconds(60));
+  const std::string output = read_file(log);
+  EXPECT_TRUE(rc.has_value()) << "mpirun still running after 60 s\n" << output;
+  EXPECT_TRUE(rc == 0) << output;
+  EXPECT_EQ(read_file(dir / "mpi_0"), "0 2 0 2 0 127.0.0.1 29500\n") << output;
+  EXPECT_EQ(read_file(dir / "mpi_1"), "1 2 1 2 0 127.0.0.1 29500\n") << output;
 }

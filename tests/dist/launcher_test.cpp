@@ -1,40 +1,30 @@
-// tandem-run, driven as a user would: real launches of small /bin/sh workers.
-// Every launch is bounded (a launch still running after its limit is killed and
-// the test fails); nothing here measures time. Each test works in its own
+// tandem-run, driven as a user would: real launches (common/process.h) of small
+// /bin/sh workers. Every launch is bounded (a launch still running after its limit
+// is killed and the test fails); nothing here measures time. Each test works in its own
 // temporary directory and on ports the kernel just handed out.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
-extern char** environ;
+#include "common/process.h"
+#include "common/test_util.h"
 
 namespace fs = std::filesystem;
+using namespace tandem::test;
 
 namespace {
 
 const std::string kLauncher = TANDEM_BINARY_DIR "/apps/tandem-run";
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -45,33 +35,10 @@ std::vector<std::string> lines(const std::string& s) {
   return out;
 }
 
-// A port on 127.0.0.1 that was free a moment ago.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
-  ::close(fd);
-  return ntohs(sa.sin_port);
-}
-
-// Polls until `pred` holds, at most `limit` (bounding a wait, not timing anything).
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::seconds limit = std::chrono::seconds(20)) {
-  const auto end = std::chrono::steady_clock::now() + limit;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
 struct Launch {
-  pid_t pid = -1;
+  std::unique_ptr<Process> process;
   fs::path out, err;
+  pid_t pid() const { return process->pid(); }
 };
 
 struct Result {
@@ -82,14 +49,7 @@ struct Result {
 class LauncherTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "tandem_launcher_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
     ASSERT_TRUE(fs::exists(kLauncher)) << kLauncher << " is missing; build the tandem-run target";
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
   }
 
   // Starts tandem-run ARGS with the test's environment changed by `set` ("K=V")
@@ -100,48 +60,18 @@ class LauncherTest : public ::testing::Test {
     Launch l;
     l.out = dir_ / (tag + ".out");
     l.err = dir_ / (tag + ".err");
-    std::vector<std::string> env;
-    for (char** e = environ; *e; ++e) {
-      const std::string kv = *e, key = kv.substr(0, kv.find('='));
-      bool drop = false;
-      for (const std::string& u : unset) drop = drop || u == key;
-      for (const std::string& s : set) drop = drop || s.substr(0, s.find('=')) == key;
-      if (!drop) env.push_back(kv);
-    }
+    std::vector<std::string> argv = {kLauncher};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<std::string> env = unset;  // a bare name removes the variable
     env.insert(env.end(), set.begin(), set.end());
-    std::vector<std::string> argv_s = {kLauncher};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv, envp;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    const int out_fd = ::open(l.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    const int err_fd = ::open(l.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    l.pid = ::fork();
-    if (l.pid == 0) {
-      ::dup2(out_fd, 1);
-      ::dup2(err_fd, 2);
-      ::execve(kLauncher.c_str(), argv.data(), envp.data());
-      ::_exit(126);
-    }
-    ::close(out_fd);
-    ::close(err_fd);
+    l.process = std::make_unique<Process>(Spawn{.argv = argv, .env = env, .out = l.out, .err = l.err});
     return l;
   }
 
   // Waits for a launch to end, killing it after `limit`.
   Result finish(const Launch& l, std::chrono::seconds limit = std::chrono::seconds(45)) {
     Result r;
-    int status = 0;
-    const bool ended = eventually([&] { return ::waitpid(l.pid, &status, WNOHANG) == l.pid; }, limit);
-    if (!ended) {
-      ::kill(l.pid, SIGKILL);
-      ::waitpid(l.pid, &status, 0);
-      r.code = -1;
-    } else {
-      r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
+    r.code = l.process->finish(limit).value_or(-1);
     r.out = read_file(l.out);
     r.err = read_file(l.err);
     return r;
@@ -160,9 +90,9 @@ class LauncherTest : public ::testing::Test {
     return options;
   }
 
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return dir_.file(name); }
 
-  fs::path dir_;
+  TempDir dir_{"launcher"};
 };
 
 TEST_F(LauncherTest, WorkersSeeTorchrunsVariables) {
@@ -206,7 +136,7 @@ TEST_F(LauncherTest, WorkersParseTheirEnvWithTheLibrary) {
   const Result r = run(
       {"--nproc-per-node", "2", "--master-port", std::to_string(port), self,
        "--gtest_filter=DistEnvHelper.Worker"},
-      {"OMP_NUM_THREADS=1", "TANDEM_ENV_HELPER_LAUNCHER=pytorch", "TANDEM_ENV_HELPER_OUT=" + dir_.string()});
+      {"OMP_NUM_THREADS=1", "TANDEM_ENV_HELPER_LAUNCHER=pytorch", "TANDEM_ENV_HELPER_OUT=" + dir_.path().string()});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(read_file(path("pytorch_0")), "0 2 0 2 0 127.0.0.1 " + std::to_string(port) + "\n");
   EXPECT_EQ(read_file(path("pytorch_1")), "1 2 1 2 0 127.0.0.1 " + std::to_string(port) + "\n");
@@ -365,7 +295,7 @@ TEST_F(LauncherTest, ForwardsSigtermToTheWorkers) {
       start(with_script({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, script));
   ASSERT_TRUE(eventually([&] { return fs::exists(path("ready_0")) && fs::exists(path("ready_1")); }))
       << read_file(l.err);
-  ::kill(l.pid, SIGTERM);
+  ::kill(l.pid(), SIGTERM);
   const Result r = finish(l);
   EXPECT_EQ(r.code, 128 + SIGTERM) << r.err;
   EXPECT_TRUE(contains(r.err, "SIGTERM")) << r.err;

@@ -1,24 +1,21 @@
-// ProcessGroupGloo across real processes: each test forks one child per rank; the children meet
-// through a FileStore in a fresh temporary directory and talk over Gloo's TCP transport on
-// loopback (MASTER_ADDR=127.0.0.1). A child reports through a pipe (the failure text, or nothing)
-// and its exit status; the parent kills every child still running after the test's deadline, so
-// no test can hang. The parent never creates a process group itself (no threads before fork).
+// ProcessGroupGloo across real processes: each test forks one child per rank (common/process.h's
+// fork_children); the children meet through a FileStore in a fresh temporary directory and talk
+// over Gloo's TCP transport on loopback (MASTER_ADDR=127.0.0.1). A child reports through a file
+// (the failure text, or nothing) and its exit status; the parent kills every child still running
+// after the test's deadline, so no test can hang. The parent never creates a process group
+// itself (no threads before fork).
 // Values are chosen so every reduction is exact in its dtype, whatever the summation order.
 #include "dist/process_group.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/process.h"
+#include "common/test_util.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -48,110 +47,41 @@ struct RankResult {
   std::string message;
 };
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tandem-pg-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 struct JobOptions {
   Millis timeout = 30s;                  // group and store timeout
   std::chrono::seconds deadline = 120s;  // children still running then are killed
   std::map<std::string, std::string> env = {{"MASTER_ADDR", "127.0.0.1"}};
 };
 
-// Runs body(rank, store_path) in `size` forked children and returns their outcomes.
+// Runs body(rank, store_path) in `size` forked children (common/process.h) and returns their
+// outcomes; a child's report is the message of the exception that ended its body, in a file.
 std::vector<RankResult> run_children(int size, const std::function<void(int, const std::string&)>& body,
                                      const JobOptions& opt) {
-  ScratchDir dir;
-  const std::string store_path = dir.path() + "/store";
-  std::vector<pid_t> pids(size, -1);
-  std::vector<int> fds(size, -1);
+  test::TempDir dir("pg");
+  const std::string store_path = dir.file("store");
+  auto report = [&](int r) { return dir / ("rank" + std::to_string(r) + ".report"); };
+  std::vector<test::Process> children = test::fork_children(size, [&](int r) {
+    for (const auto& [k, v] : opt.env) setenv(k.c_str(), v.c_str(), 1);
+    std::string message;
+    int code = 0;
+    try {
+      body(r, store_path);
+    } catch (const std::exception& e) {
+      message = e.what();
+      code = message.rfind("SKIP:", 0) == 0 ? kSkipCode : 1;
+    } catch (...) {
+      message = "unknown exception";
+      code = 1;
+    }
+    std::ofstream(report(r), std::ios::binary) << message;
+    return code;
+  });
+  test::wait_all(children, opt.deadline);
   std::vector<RankResult> results(size);
   for (int r = 0; r < size; ++r) {
-    int p[2];
-    if (pipe(p) != 0) throw std::runtime_error("pipe failed");
-    const pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      close(p[0]);
-      for (int other = 0; other < r; ++other) close(fds[other]);
-      for (const auto& [k, v] : opt.env) setenv(k.c_str(), v.c_str(), 1);
-      std::string message;
-      int code = 0;
-      try {
-        body(r, store_path);
-      } catch (const std::exception& e) {
-        message = e.what();
-        code = message.rfind("SKIP:", 0) == 0 ? kSkipCode : 1;
-      } catch (...) {
-        message = "unknown exception";
-        code = 1;
-      }
-      size_t off = 0;
-      while (off < message.size()) {
-        const ssize_t n = write(p[1], message.data() + off, message.size() - off);
-        if (n <= 0) break;
-        off += static_cast<size_t>(n);
-      }
-      _exit(code);  // never return into the test runner
-    }
-    close(p[1]);
-    pids[r] = pid;
-    fds[r] = p[0];
-  }
-  // Read every child's report until all pipes close or the deadline passes.
-  const auto deadline = std::chrono::steady_clock::now() + opt.deadline;
-  int open_fds = size;
-  bool timed_out = false;
-  while (open_fds > 0) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      timed_out = true;
-      break;
-    }
-    std::vector<pollfd> pfds;
-    std::vector<int> ranks;
-    for (int r = 0; r < size; ++r)
-      if (fds[r] >= 0) {
-        pfds.push_back({fds[r], POLLIN, 0});
-        ranks.push_back(r);
-      }
-    const int n = poll(pfds.data(), pfds.size(), static_cast<int>(std::min<int64_t>(left.count(), 1000)));
-    if (n < 0 && errno != EINTR) break;
-    for (size_t i = 0; i < pfds.size(); ++i) {
-      if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[4096];
-      const ssize_t got = read(pfds[i].fd, buf, sizeof(buf));
-      if (got > 0) {
-        results[ranks[i]].message.append(buf, static_cast<size_t>(got));
-      } else if (got == 0 || errno != EINTR) {
-        close(pfds[i].fd);
-        fds[ranks[i]] = -1;
-        --open_fds;
-      }
-    }
-  }
-  for (int r = 0; r < size; ++r) {
-    if (fds[r] >= 0) close(fds[r]);
-    if (timed_out) kill(pids[r], SIGKILL);  // harmless for a child that already exited
-    int status = 0;
-    while (waitpid(pids[r], &status, 0) < 0 && errno == EINTR) {
-    }
-    results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (timed_out && results[r].message.empty())
+    results[r].exit_code = children[r].status().value_or(-1);
+    results[r].message = test::read_file(report(r));
+    if (children[r].timed_out() && results[r].message.empty())
       results[r].message =
           "still running after the test's deadline of " + std::to_string(opt.deadline.count()) + " s";
   }

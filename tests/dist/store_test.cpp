@@ -3,16 +3,12 @@
 // survives garbage, oversized lengths, wrong magic/version and vanished
 // clients, exact totals from 64 concurrent clients, PrefixStore isolation, and
 // clear errors for a port in use or a server that never comes up.
-// Children report through their exit status (and stderr); every wait is
-// bounded, and the parent kills children that outlive kChildLimit.
+// Children (common/process.h) report through their exit status (and stderr);
+// every wait is bounded, and the parent kills children that outlive kChildLimit.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
-#include <stdlib.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -25,6 +21,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/process.h"
+#include "common/test_util.h"
 #include "core/error.h"
 #include "dist/raw_socket.h"
 #include "dist/file_store.h"
@@ -47,70 +45,18 @@ void require(bool cond, const std::string& what) {
   if (!cond) throw Error("requirement failed: " + what);
 }
 
-// Forks n children running body(i); returns their exit statuses (-signal when killed).
-// Children start together once all are forked (a gate pipe closes), so no fork
-// happens while a store server thread in this process is busy serving them.
+// Forks n children running body(i) (common/process.h) and returns their exit statuses. They start
+// together once all are forked, so no fork happens while a store server thread in this process
+// is busy serving them; those still running after kChildLimit are killed.
 std::vector<int> run_children(int n, const std::function<void(int)>& body) {
-  std::vector<pid_t> pids;
-  int gate[2];
-  if (::pipe(gate) != 0) {
-    ADD_FAILURE() << "pipe failed: " << std::strerror(errno);
-    return {};
-  }
-  for (int i = 0; i < n; ++i) {
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      for (pid_t p : pids) ::kill(p, SIGKILL);
-      ADD_FAILURE() << "fork failed: " << std::strerror(errno);
-      ::close(gate[0]);
-      ::close(gate[1]);
-      return {};
-    }
-    if (pid == 0) {
-      ::close(gate[1]);
-      char c;
-      while (::read(gate[0], &c, 1) < 0 && errno == EINTR) {
-      }
-      int code = 0;
-      try {
-        body(i);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "child %d: %s\n", i, e.what());
-        code = 3;
-      }
-      std::fflush(stderr);
-      ::_exit(code);  // no destructors: the parent's objects are not ours to tear down
-    }
-    pids.push_back(pid);
-  }
-  ::close(gate[0]);
-  ::close(gate[1]);  // opens the gate: every child reads end-of-file
-  std::vector<int> codes(n, -1000);
-  const auto deadline = std::chrono::steady_clock::now() + kChildLimit;
-  int left = n;
-  while (left > 0) {
-    for (int i = 0; i < n; ++i) {
-      if (codes[i] != -1000) continue;
-      int st = 0;
-      pid_t r = ::waitpid(pids[i], &st, WNOHANG);
-      if (r == pids[i]) {
-        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (int i = 0; i < n; ++i)
-        if (codes[i] == -1000) {
-          ::kill(pids[i], SIGKILL);
-          ::waitpid(pids[i], nullptr, 0);
-          codes[i] = -SIGKILL;
-        }
-      ADD_FAILURE() << "children still running after " << kChildLimit.count() << " s; killed";
-      break;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
+  std::vector<test::Process> children = test::fork_children(n, [&](int i) {
+    body(i);
+    return 0;
+  });
+  if (!test::wait_all(children, kChildLimit))
+    ADD_FAILURE() << "children still running after " << kChildLimit.count() << " s; killed";
+  std::vector<int> codes;
+  for (const test::Process& c : children) codes.push_back(c.status().value_or(-1));
   return codes;
 }
 
@@ -128,13 +74,6 @@ void expect_error(F&& f, const std::vector<std::string>& parts) {
     std::string msg = e.what();
     for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
-}
-
-std::string temp_dir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "tandem_store_XXXXXX").string();
-  char* d = ::mkdtemp(tmpl.data());
-  if (!d) throw Error("mkdtemp failed");
-  return tmpl;
 }
 
 // A port no one listens on, held bound (without listen) so that nobody takes it
@@ -211,19 +150,15 @@ class StoreKinds : public ::testing::TestWithParam<std::string> {
       main_ = server;
       peer_ = [port](Millis t) { return std::make_shared<TCPStore>("127.0.0.1", port, false, opts(t)); };
     } else {
-      dir_ = temp_dir();
-      std::string path = dir_ + "/store";
+      std::string path = dir_.file("store");
       main_ = std::make_shared<FileStore>(path, -1, kLong);
       peer_ = [path](Millis t) { return std::make_shared<FileStore>(path, -1, t); };
     }
   }
-  void TearDown() override {
-    main_.reset();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { main_.reset(); }
+  test::TempDir dir_{"store"};
   std::shared_ptr<Store> main_;
   std::function<std::shared_ptr<Store>(Millis)> peer_;
-  std::string dir_;
 };
 
 }  // namespace
@@ -409,25 +344,16 @@ TEST(TCPStore, ClientRetriesUntilServerStarts) {
   const int port = reserved.port;
   reserved.release();
   // The child starts first and retries; the parent's server comes up a moment later.
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    int code = 0;
-    try {
-      TCPStore c("127.0.0.1", port, false, opts(kLong));
-      c.set_string("child", "connected");
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child: %s\n", e.what());
-      code = 3;
-    }
-    ::_exit(code);
-  }
+  test::Process child = test::Process::fork([&] {
+    TCPStore c("127.0.0.1", port, false, opts(kLong));
+    c.set_string("child", "connected");
+    return 0;
+  });
+  ASSERT_TRUE(child.started());
   std::this_thread::sleep_for(50ms);
   TCPStore server("127.0.0.1", port, true, opts(kLong));
   EXPECT_EQ(server.get_string("child"), "connected");
-  int st = 0;
-  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  EXPECT_EQ(child.finish(kChildLimit), 0);
 }
 
 TEST(TCPStore, MalformedAndVanishedClientsDoNotStopServer) {
@@ -584,58 +510,37 @@ TEST(TCPStore, WaitForWorkers) {
     TCPStore c("127.0.0.1", port, false, w);
     c.set_string("joined", "1");
   };
-  std::vector<pid_t> pids;
-  for (int i = 0; i < 2; ++i) {
-    pid_t pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        worker(i);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "worker: %s\n", e.what());
-        code = 3;
-      }
-      ::_exit(code);
-    }
-    pids.push_back(pid);
-  }
+  std::vector<test::Process> workers = test::fork_children(2, [&](int i) {
+    worker(i);
+    return 0;
+  });
   TCPStoreOptions so = opts(kLong);
   so.num_workers = 3;
   TCPStore server("127.0.0.1", port, true, so);  // returns once all 3 joined
   EXPECT_EQ(server.add("__tandem_store/workers", 0), 3);
-  for (pid_t pid : pids) {
-    int st = 0;
-    ASSERT_EQ(::waitpid(pid, &st, 0), pid);
-    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  }
+  ASSERT_TRUE(test::wait_all(workers, kChildLimit));
+  for (const test::Process& w : workers) EXPECT_EQ(w.status(), 0);
 }
 
 TEST(TCPStore, VanishedServerFailsPromptlyNamingAddress) {
   int pipefd[2];
   ASSERT_EQ(::pipe(pipefd), 0);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {  // rank 0: serve until told to quit, then die without cleanup
-    int code = 0;
-    try {
-      TCPStore s("127.0.0.1", 0, true, opts(kLong));
-      int port = s.port();
-      if (::write(pipefd[1], &port, sizeof(port)) != sizeof(port)) ::_exit(4);
-      s.wait({"quit"});
-    } catch (...) {
-      code = 3;
-    }
-    ::_exit(code);
-  }
+  // Rank 0: serves until told to quit, then exits.
+  test::Process rank0 = test::Process::fork([&] {
+    TCPStore s("127.0.0.1", 0, true, opts(kLong));
+    int port = s.port();
+    if (::write(pipefd[1], &port, sizeof(port)) != sizeof(port)) return 4;
+    s.wait({"quit"});
+    return 0;
+  });
+  ASSERT_TRUE(rank0.started());
   ::close(pipefd[1]);
   int port = 0;
   ASSERT_EQ(::read(pipefd[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
   ::close(pipefd[0]);
   TCPStore client("127.0.0.1", port, false, opts(kLong));
   client.set_string("quit", "1");
-  int st = 0;
-  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(rank0.finish(kChildLimit).has_value());
   // The server is gone: a blocking get fails with the address instead of waiting 20 s.
   client.set_timeout(500ms);
   expect_error([&] { client.get("anything"); }, {"tcp://127.0.0.1:" + std::to_string(port)});
@@ -644,8 +549,8 @@ TEST(TCPStore, VanishedServerFailsPromptlyNamingAddress) {
 // ---------------- FileStore ----------------
 
 TEST(FileStore, LastOfWorldSizeRemovesFile) {
-  std::string dir = temp_dir();
-  std::string path = dir + "/store";
+  test::TempDir dir("store");
+  std::string path = dir.file("store");
   {
     auto a = std::make_unique<FileStore>(path, 2, kLong);
     FileStore b(path, 2, kLong);
@@ -656,7 +561,6 @@ TEST(FileStore, LastOfWorldSizeRemovesFile) {
     EXPECT_TRUE(std::filesystem::exists(path));
   }
   EXPECT_FALSE(std::filesystem::exists(path));
-  std::filesystem::remove_all(dir);
 }
 
 TEST(FileStore, UnopenablePathNamesIt) {

@@ -41,6 +41,15 @@ std::vector<pid_t> daemon_pids(const fs::path& dir) {
   return out;
 }
 
+// srun of 2 tandem-mnist tasks (--launcher slurm) with `flags`; --time bounds the job inside Slurm
+// too (minutes), and --kill-on-bad-exit ends the other task when one fails.
+std::vector<std::string> srun_trainer(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {"/usr/bin/srun", "-n", "2", "--cpus-per-task", "1", "--time", "3",
+                                   "--kill-on-bad-exit=1", kTrainer, "--launcher", "slurm", "--data-dir", kDigits};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return argv;
+}
+
 // Starts the cluster in `dir`; stops it on destruction.
 class SlurmCluster {
  public:
@@ -83,40 +92,23 @@ TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
     ASSERT_EQ(cluster.rc(), 0) << cluster.output();
     ASSERT_EQ(daemons.size(), 3u) << cluster.output();
 
+    // A job's environment: the cluster's config, MASTER_ADDR left unset, a free MASTER_PORT.
+    auto env = [&](const std::vector<std::string>& extra) {
+      std::vector<std::string> e = {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR",
+                                    "MASTER_PORT=" + std::to_string(free_port()), "OMP_NUM_THREADS=1"};
+      e.insert(e.end(), extra.begin(), extra.end());
+      return e;
+    };
     Process sinfo({"/usr/bin/sinfo", "-h", "-N", "-o", "%N %T %c"}, tmp / "sinfo.log",
                   {"SLURM_CONF=" + cluster.conf()});
     ASSERT_EQ(sinfo.wait_for(seconds(30)), 0) << sinfo.output();
     EXPECT_HAS(sinfo.output(), "idle");
 
-    // --time bounds the job inside Slurm too (minutes); the wait below bounds it here.
-    Process job({"/usr/bin/srun",
-                 "-n",
-                 "2",
-                 "--cpus-per-task",
-                 "1",
-                 "--time",
-                 "3",
-                 "--kill-on-bad-exit=1",
-                 kTrainer,
-                 "--launcher",
-                 "slurm",
-                 "--data-dir",
-                 kDigits,
-                 "--epochs",
-                 "1",
-                 "--test-limit",
-                 "1000",
-                 "--dist-timeout",
-                 "60",
-                 "--log-interval",
-                 "20",
-                 "--work-dir",
-                 (tmp / "work").string(),
-                 "--metrics-out",
-                 (tmp / "m.jsonl").string()},
-                tmp / "job.log",
-                {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
-                 "OMP_NUM_THREADS=1"});
+    // The wait below bounds the job here.
+    Process job(srun_trainer({"--epochs", "1", "--test-limit", "1000", "--dist-timeout", "60", "--log-interval",
+                              "20", "--work-dir", (tmp / "work").string(), "--metrics-out",
+                              (tmp / "m.jsonl").string()}),
+                tmp / "job.log", env({}));
     ASSERT_TRUE(job.started());
     const auto rc = job.wait_for(seconds(150));
     ASSERT_TRUE(rc.has_value()) << "srun still running after 150 s:\n" << job.output();
@@ -129,32 +121,9 @@ TEST(SlurmCluster, SrunTwoTasksTrainsMnistToNinetyPercent) {
     // A task SIGKILLed mid-run: with --kill-on-bad-exit Slurm ends the other task and srun fails,
     // saying which task died.
     const std::string marker = "TANDEM_SLURM_MARK=" + std::to_string(::getpid());
-    Process doomed({"/usr/bin/srun",
-                    "-n",
-                    "2",
-                    "--cpus-per-task",
-                    "1",
-                    "--time",
-                    "3",
-                    "--kill-on-bad-exit=1",
-                    kTrainer,
-                    "--launcher",
-                    "slurm",
-                    "--data-dir",
-                    kDigits,
-                    "--epochs",
-                    "20",
-                    "--test-limit",
-                    "100",
-                    "--dist-timeout",
-                    "60",
-                    "--log-interval",
-                    "5",
-                    "--work-dir",
-                    (tmp / "work2").string()},
-                   tmp / "doomed.log",
-                   {"SLURM_CONF=" + cluster.conf(), "MASTER_ADDR", "MASTER_PORT=" + std::to_string(free_port()),
-                    "OMP_NUM_THREADS=1", marker});
+    Process doomed(srun_trainer({"--epochs", "20", "--test-limit", "100", "--dist-timeout", "60", "--log-interval",
+                                 "5", "--work-dir", (tmp / "work2").string()}),
+                   tmp / "doomed.log", env({marker}));
     ASSERT_TRUE(doomed.wait_for_text("Epoch(train) [1][10/", seconds(120))) << doomed.output();
     pid_t task1 = -1;
     for (pid_t pid : all_pids()) {

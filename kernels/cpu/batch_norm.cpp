@@ -49,8 +49,9 @@ using simd::lane_mask;
 void bn_relu_row_vec(const float* x, float* y, int64_t n, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kFloatLanes) {
-    const __m512 v = _mm512_fmadd_ps(simd::load_first(x + i, n - i), va, vb);
-    simd::store_first(y + i, _mm512_max_ps(z, v), n - i);  // max(z, NaN) = NaN
+    const __mmask16 m = lane_mask(n - i);
+    const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), va, vb);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(z, v));  // max(z, NaN) = NaN
   }
 }
 
@@ -92,7 +93,7 @@ void bn_relu_grad_row_vec(const float* dy, const float* x, float* gx, int64_t n,
     const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
     const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(d, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-    simd::store_first(gx + i, _mm512_mul_ps(t, vs), n - i);
+    _mm512_mask_storeu_ps(gx + i, m, _mm512_mul_ps(t, vs));
   }
 }
 #endif

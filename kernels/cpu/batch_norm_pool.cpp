@@ -17,10 +17,10 @@
 //   per-element formula as batch_norm_relu_backward; only the sums' order differs.
 // - the planes of a channel lie a channel stride apart: each pass prefetches the next plane.
 // - float rows use AVX-512 where compiled in, else AVX2+FMA where compiled in, one block each, on
-//   kernels/cpu/simd.h's masked loads and stores (nothing outside a row is read or written); double
-//   and other builds use scalar rows with the same rules. The AVX2 relu is the scalar one (x > 0 or
-//   NaN keeps x, else +0), so the AVX2 build's pooled output is bitwise its unfused ops'. Each call
-//   is counted in simd_path_count with the level of the rows it ran.
+//   kernels/cpu/simd.h's lane masks (masked loads and stores: nothing outside a row is read or
+//   written); double and other builds use scalar rows with the same rules. The AVX2 relu is the
+//   scalar one (x > 0 or NaN keeps x, else +0), so the AVX2 build's pooled output is bitwise its
+//   unfused ops'. Each call is counted in simd_path_count with the level of the rows it ran.
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
 #include "kernels/batch_norm_pool.h"
@@ -101,8 +101,11 @@ void forward_plane_vec(const float* x, const Geom& g, float a, float b, float* y
     for (int64_t q0 = 0; q0 < Q; q0 += kFloatLanes) {
       // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
       const int64_t n = std::min<int64_t>(kFloatLanes, Q - q0), n2 = 2 * n;
-      const __m512 xa0 = simd::load_first(r0 + 2 * q0, n2), xa1 = simd::load_first(r0 + 2 * q0 + 16, n2 - 16);
-      const __m512 xb0 = simd::load_first(r1 + 2 * q0, n2), xb1 = simd::load_first(r1 + 2 * q0 + 16, n2 - 16);
+      const __mmask16 m = lane_mask(n), m_lo = lane_mask(n2), m_hi = lane_mask(n2 - 16);
+      const __m512 xa0 = _mm512_maskz_loadu_ps(m_lo, r0 + 2 * q0),
+                   xa1 = _mm512_maskz_loadu_ps(m_hi, r0 + 2 * q0 + 16);
+      const __m512 xb0 = _mm512_maskz_loadu_ps(m_lo, r1 + 2 * q0),
+                   xb1 = _mm512_maskz_loadu_ps(m_hi, r1 + 2 * q0 + 16);
       const __m512 a0 = act(xa0), a1 = act(xa1), b0 = act(xb0), b1 = act(xb1);
       __m512 best = _mm512_permutex2var_ps(a0, even, a1), xbest = _mm512_permutex2var_ps(xa0, even, xa1);
       __m512i k = _mm512_setzero_si512();
@@ -115,9 +118,9 @@ void forward_plane_vec(const float* x, const Geom& g, float a, float b, float* y
       take(_mm512_permutex2var_ps(a0, odd, a1), _mm512_permutex2var_ps(xa0, odd, xa1), 1);
       take(_mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(xb0, even, xb1), 2);
       take(_mm512_permutex2var_ps(b0, odd, b1), _mm512_permutex2var_ps(xb0, odd, xb1), 3);
-      simd::store_first(y + q0, best, n);
-      simd::store_first(xw + q0, xbest, n);
-      _mm512_mask_cvtepi32_storeu_epi8(code + q0, lane_mask(n), k);
+      _mm512_mask_storeu_ps(y + q0, m, best);
+      _mm512_mask_storeu_ps(xw + q0, m, xbest);
+      _mm512_mask_cvtepi32_storeu_epi8(code + q0, m, k);
     }
   }
 }
@@ -134,7 +137,7 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
     // The relu mask as batch_norm_relu_backward computes it at that position.
     const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
     const __m512 dv = _mm512_maskz_loadu_ps(pos, dy + i);
-    simd::store_first(d + i, dv, n - i);
+    _mm512_mask_storeu_ps(d + i, m, dv);
     s1 = _mm512_add_ps(s1, dv);
     s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
   }
@@ -152,15 +155,16 @@ void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, c
   // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
   const __m512i here_even = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
   const __m512i here_odd = _mm512_add_epi32(here_even, _mm512_set1_epi32(2));
-  auto row = [&](const float* xr, float* gr, __m512 dv, int64_t j0) {
-    const __m512 xv = simd::load_first(xr + j0, W - j0);
+  auto row = [&](const float* xr, float* gr, __m512 dv, int64_t j0, __mmask16 m) {
+    const __m512 xv = _mm512_maskz_loadu_ps(m, xr + j0);
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-    simd::store_first(gr + j0, _mm512_mul_ps(t, vs), W - j0);
+    _mm512_mask_storeu_ps(gr + j0, m, _mm512_mul_ps(t, vs));
   };
   for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
     const float* x0 = x + 2 * p * W;
     float* g0 = gx + 2 * p * W;
     for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
+      const __mmask16 m = lane_mask(W - j0);
       // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
       // past them read d = 0 (masked load), so their code does not matter.
       const int64_t np = std::min<int64_t>(8, std::max<int64_t>(0, Q - j0 / 2));
@@ -168,12 +172,12 @@ void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, c
       const __m512 dp = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, d + j0 / 2)));
       const __m512i kp =
           _mm512_permutexvar_epi32(dup, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mp, code + j0 / 2)));
-      row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0);
-      row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0);
+      row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0, m);
+      row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0, m);
     }
   }
   for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
-    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) row(x + h * W, gx + h * W, z, j0);
+    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) row(x + h * W, gx + h * W, z, j0, lane_mask(W - j0));
   }
 }
 

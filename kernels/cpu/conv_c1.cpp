@@ -54,7 +54,7 @@ void conv_c1_forward(const float* x, const float* w, const float* b, float* y, i
           __m512 acc = b ? _mm512_set1_ps(b[k]) : _mm512_setzero_ps();
 #pragma GCC unroll 9
           for (int i = 0; i < 9; ++i) acc = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[k * 9 + i]), acc);
-          simd::store_first(out + k * PQ, acc, Q - q0);
+          _mm512_mask_storeu_ps(out + k * PQ, m, acc);
         }
       }
     }

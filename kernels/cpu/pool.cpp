@@ -92,11 +92,11 @@ inline void pool_row_2x2(const float* r0, int64_t W, int64_t base, int64_t Q, fl
                 off_11 = _mm512_set1_epi32(int32_t(W + 1));
   for (int64_t q0 = 0; q0 < Q; q0 += simd::kFloatLanes) {
     const int64_t n = std::min<int64_t>(simd::kFloatLanes, Q - q0), n2 = 2 * n;
-    const __mmask16 m = simd::lane_mask(n);
+    const __mmask16 m = simd::lane_mask(n), m_lo = simd::lane_mask(n2), m_hi = simd::lane_mask(n2 - 16);
     const float* a = r0 + 2 * q0;
     const float* b = r1 + 2 * q0;
-    const __m512 a0 = simd::load_first(a, n2), a1 = simd::load_first(a + 16, n2 - 16);
-    const __m512 b0 = simd::load_first(b, n2), b1 = simd::load_first(b + 16, n2 - 16);
+    const __m512 a0 = _mm512_maskz_loadu_ps(m_lo, a), a1 = _mm512_maskz_loadu_ps(m_hi, a + 16);
+    const __m512 b0 = _mm512_maskz_loadu_ps(m_lo, b), b1 = _mm512_maskz_loadu_ps(m_hi, b + 16);
     __m512 best = _mm512_permutex2var_ps(a0, even, a1);
     __m512i off = _mm512_setzero_si512();  // 0, 1, W or W + 1 within the window
     auto take = [&](__m512 v, __m512i o) {
@@ -107,7 +107,7 @@ inline void pool_row_2x2(const float* r0, int64_t W, int64_t base, int64_t Q, fl
     take(_mm512_permutex2var_ps(a0, odd, a1), off_01);
     take(_mm512_permutex2var_ps(b0, even, b1), off_10);
     take(_mm512_permutex2var_ps(b0, odd, b1), off_11);
-    simd::store_first(y + q0, best, n);
+    _mm512_mask_storeu_ps(y + q0, m, best);
     const __m512i rel = _mm512_add_epi32(even, off);  // 2*lane + window offset
     const __m512i start = _mm512_set1_epi64(base + 2 * q0);
     const __m512i lo = _mm512_add_epi64(start, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(rel)));

@@ -5,10 +5,12 @@
 // (lane counts, masks of a row's ragged end, masked loads and stores, horizontal sums, float lanes
 // summed into doubles, even/odd lane splits, max_pool2d's comparison) and the record of which path
 // each kernel call took (simd_path_count, counted in kernels/cpu/simd.cpp).
-// Guarantees: load_first/store_first touch nothing at or past p + n; full vectors load and store
-// plainly, only the ragged end is masked (AVX2: a masked load, and a store through the stack, as
-// AMD's masked store is microcoded); the helpers compute what the intrinsics they replace did, so
-// the rows' bits do not depend on the layer. A kernel's vector rows are float32; double and builds
+// Guarantees: load_first/store_first touch nothing at or past p + n. AVX-512: a masked load; a
+// plain store of a full vector, a masked one of the ragged end (rows that are mostly a ragged end,
+// such as MnistNet's pooled rows of 13 and 5, store with _mm512_mask_storeu_ps and one lane_mask
+// instead). AVX2: full vectors plainly; the ragged end a masked load, and a store through the stack
+// (AMD's masked store is microcoded). The helpers compute what the code they replace did, so the
+// rows' bits do not depend on the layer. A kernel's vector rows are float32; double and builds
 // without AVX2+FMA run its portable rows (scalar or Eigen code that compiles for any target).
 #pragma once
 
@@ -102,7 +104,7 @@ inline __mmask16 lane_mask(int64_t n) {
 }
 // The first n (clamped to 0..16) floats at p, 0 in the other lanes.
 inline __m512 load_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(lane_mask(n), p); }
-// The first n (clamped to 0..16) lanes of v to p.
+// The first n (clamped to 0..16) lanes of v to p: a plain store when n >= 16, else a masked one.
 inline void store_first(float* p, __m512 v, int64_t n) {
   if (n >= 16) {
     _mm512_storeu_ps(p, v);

@@ -1,15 +1,16 @@
 // Internal helpers shared by the CPU kernels (kernels/cpu/*.cpp); not part of
 // the public API. Owns: float/double dispatch with a clear error for other
 // dtypes, row-major Eigen map aliases, and fixed chunking of a range over the
-// shared thread pool (the SIMD pieces are kernels/cpu/simd.h's). Assumes host tensors. Guarantees: a chunking depends only
-// on (n, grain, num_threads()), so per-chunk partial results reduced in chunk
-// order are deterministic for a given thread count.
+// shared thread pool (the SIMD pieces are kernels/cpu/simd.h's). Assumes host
+// tensors. Guarantees: a chunking depends only on (n, grain, num_threads()),
+// so per-chunk partial results reduced in chunk order are deterministic for a
+// given thread count.
 #pragma once
 
 // The SIMD layer first: its <immintrin.h>, wrapped in a GCC diagnostic pragma, must come before
 // Eigen's.
 #include "kernels/cpu/simd.h"
-// Then the rest.
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>

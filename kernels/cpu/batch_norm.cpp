@@ -14,7 +14,9 @@
 // passes; their output is max(0, fma(x, a, b)) with a = invstd * weight and
 // b = bias - mean * a per channel, and their backward recomputes that value
 // with the same instructions to mask dy (no saved output, no separate relu
-// passes over the activations): bitwise the same mask as the forward.
+// passes over the activations): bitwise the same mask as the forward. Their float rows are
+// AVX-512 where compiled in (kernels/cpu/simd.h), else scalar; each call is counted in
+// simd_path_count with the level of the rows it ran.
 // The statistics, the affine map and the layout are kernels/cpu/batch_norm_stats.h's, shared with
 // the fused batch_norm+relu+max_pool kernels (kernels/cpu/batch_norm_pool.cpp).
 #include "kernels/batch_norm.h"
@@ -25,6 +27,7 @@
 
 #include "kernels/cpu/batch_norm_stats.h"
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -34,21 +37,72 @@ using detail::bn_affine_value;
 using detail::bn_relu_value;
 using detail::BnLayout;
 
-// ---- rows of the fused batch_norm + relu (float: AVX-512 with a masked tail; double: scalar) ----
+// ---- rows of the fused batch_norm + relu: float with AVX-512 (masked ragged end), else scalar ----
+// The vector rows are written for AVX-512 only; other levels run the scalar rows.
+constexpr bool kVectorRows = kSimdLevel == SimdLevel::avx512;
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+using simd::kFloatLanes;
+using simd::lane_mask;
+
+// y = relu(fma(x, a, b)) over n values; NaN propagates as in relu.
+void bn_relu_row_vec(const float* x, float* y, int64_t n, float a, float b) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kFloatLanes) {
+    const __mmask16 m = lane_mask(n - i);
+    const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), va, vb);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(z, v));  // max(z, NaN) = NaN
+  }
+}
+
+// The relu mask of the lanes m: fma(x, a, b) > 0.
+inline __mmask16 relu_mask(__mmask16 m, __m512 xv, __m512 va, __m512 vb) {
+  return _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), _mm512_setzero_ps(), _CMP_GT_OQ);
+}
+
+void bn_relu_sums_row_vec(const float* dy, const float* x, int64_t n, float a, float b, float mean,
+                          double& s_dy, double& s_dy_xmu) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
+  const __m512 z = _mm512_setzero_ps();
+  // Two chains each (named registers, no indexed array: GCC would keep one in memory), since
+  // one chain of adds is latency-bound.
+  __m512 s1a = z, s1b = z, s2a = z, s2b = z;
+  auto step = [&](int64_t i, __mmask16 m, __m512& s1, __m512& s2) {
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
+    s1 = _mm512_add_ps(s1, d);
+    s2 = _mm512_fmadd_ps(d, _mm512_sub_ps(xv, vm), s2);
+  };
+  int64_t i = 0;
+  for (; i + 2 * kFloatLanes <= n; i += 2 * kFloatLanes) {
+    step(i, 0xFFFF, s1a, s2a);
+    step(i + kFloatLanes, 0xFFFF, s1b, s2b);
+  }
+  for (; i < n; i += kFloatLanes) step(i, lane_mask(n - i), s1a, s2a);
+  s_dy += simd::hsum(_mm512_add_ps(s1a, s1b));
+  s_dy_xmu += simd::hsum(_mm512_add_ps(s2a, s2b));
+}
+
+void bn_relu_grad_row_vec(const float* dy, const float* x, float* gx, int64_t n, float a, float b, float mean,
+                          float grad_mean, float k, float scale) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
+  const __m512 vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k), vs = _mm512_set1_ps(scale);
+  const __m512 z = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kFloatLanes) {
+    const __mmask16 m = lane_mask(n - i);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
+    const __m512 t = _mm512_sub_ps(_mm512_sub_ps(d, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
+    _mm512_mask_storeu_ps(gx + i, m, _mm512_mul_ps(t, vs));
+  }
+}
+#endif
 
 // y = relu(fma(x, a, b)) over n values; NaN propagates as in relu.
 template <typename T>
 void bn_relu_row(const T* x, T* y, int64_t n, T a, T b) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-      const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), va, vb);
-      _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(z, v));  // max(z, NaN) = NaN
-    }
-    return;
-  }
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+  if constexpr (std::is_same_v<T, float>) return bn_relu_row_vec(x, y, n, a, b);
 #endif
   for (int64_t i = 0; i < n; ++i) {
     y[i] = bn_relu_value(bn_affine_value(x[i], a, b));
@@ -58,32 +112,8 @@ void bn_relu_row(const T* x, T* y, int64_t n, T a, T b) {
 // With d = (fma(x, a, b) > 0 ? dy : 0): s_dy += sum d, s_dy_xmu += sum d * (x - mean).
 template <typename T>
 void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, double& s_dy, double& s_dy_xmu) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
-    const __m512 z = _mm512_setzero_ps();
-    // Two chains each (named registers, no indexed array: GCC would keep one in memory), since
-    // one chain of adds is latency-bound.
-    __m512 s1a = z, s1b = z, s2a = z, s2b = z;
-    auto step = [&](int64_t i, __mmask16 m, __m512& s1, __m512& s2) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-      const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
-      const __m512 d = _mm512_mask_blend_ps(pos, z, _mm512_maskz_loadu_ps(m, dy + i));
-      s1 = _mm512_add_ps(s1, d);
-      s2 = _mm512_fmadd_ps(d, _mm512_sub_ps(xv, vm), s2);
-    };
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-      step(i, 0xFFFF, s1a, s2a);
-      step(i + 16, 0xFFFF, s1b, s2b);
-    }
-    for (; i < n; i += 16) {
-      step(i, n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1), s1a, s2a);
-    }
-    s_dy += _mm512_reduce_add_ps(_mm512_add_ps(s1a, s1b));
-    s_dy_xmu += _mm512_reduce_add_ps(_mm512_add_ps(s2a, s2b));
-    return;
-  }
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+  if constexpr (std::is_same_v<T, float>) return bn_relu_sums_row_vec(dy, x, n, a, b, mean, s_dy, s_dy_xmu);
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -99,21 +129,8 @@ void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, doub
 // where grad_mean = k = 0 gives the same formula).
 template <typename T>
 void bn_relu_grad_row(const T* dy, const T* x, T* gx, int64_t n, T a, T b, T mean, T grad_mean, T k, T scale) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
-    const __m512 vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k), vs = _mm512_set1_ps(scale);
-    const __m512 z = _mm512_setzero_ps();
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-      const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-      const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
-      const __m512 d = _mm512_mask_blend_ps(pos, z, _mm512_maskz_loadu_ps(m, dy + i));
-      const __m512 t = _mm512_sub_ps(_mm512_sub_ps(d, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-      _mm512_mask_storeu_ps(gx + i, m, _mm512_mul_ps(t, vs));
-    }
-    return;
-  }
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+  if constexpr (std::is_same_v<T, float>) return bn_relu_grad_row_vec(dy, x, gx, n, a, b, mean, grad_mean, k, scale);
 #endif
   for (int64_t i = 0; i < n; ++i) {
     const T d = bn_affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
@@ -136,6 +153,7 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
   r.save_mean = a.save_mean;
   r.save_invstd = a.save_invstd;
   T* yp = r.output.data<T>();
+  if (relu) detail::count_simd_path(SimdKernel::bn_relu_forward, detail::simd_path<T>(kVectorRows));
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -160,6 +178,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
                              bool need_input, bool need_weight, bool need_bias, bool relu = false,
                              const Tensor& bias_in = Tensor()) {
   BatchNormGrads g;
+  if (relu) detail::count_simd_path(SimdKernel::bn_relu_backward, detail::simd_path<T>(kVectorRows));
   if (!need_input && !need_weight && !need_bias) return g;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous();
   const Tensor weight = detail::contiguous_if_defined(weight_in);

@@ -16,20 +16,23 @@
 //   code) and 0 elsewhere (also on the last row/column an odd H/W leaves out of pooling). Same
 //   per-element formula as batch_norm_relu_backward; only the sums' order differs.
 // - the planes of a channel lie a channel stride apart: each pass prefetches the next plane.
-// - float rows use AVX-512 where compiled in (masked loads/stores: nothing outside a row is read
-//   or written), else AVX2+FMA where compiled in (8 lanes, the row's ragged end in scalar code);
-//   double and other builds use scalar rows with the same rules. The AVX2 relu is the scalar one
-//   (x > 0 or NaN keeps x, else +0), so the AVX2 build's pooled output is bitwise its unfused ops'.
+// - float rows use AVX-512 where compiled in, else AVX2+FMA where compiled in, one block each, on
+//   kernels/cpu/simd.h's lane masks (masked loads and stores: nothing outside a row is read or
+//   written); double and other builds use scalar rows with the same rules. The AVX2 relu is the
+//   scalar one (x > 0 or NaN keeps x, else +0), so the AVX2 build's pooled output is bitwise its
+//   unfused ops'. Each call is counted in simd_path_count with the level of the rows it ran.
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
 #include "kernels/batch_norm_pool.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "kernels/cpu/batch_norm_stats.h"
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -55,41 +58,134 @@ inline void take_max(T v, uint8_t k, T& best, uint8_t& bk) {
   }
 }
 
-#if defined(__AVX512F__)
-inline __mmask16 lanes(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-// Lanes 0, 2, ..., 30 and 1, 3, ..., 31 of a 32-float pair of vectors.
-inline __m512i even_lanes() {
-  return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-}
-inline __m512i odd_lanes() { return _mm512_add_epi32(even_lanes(), _mm512_set1_epi32(1)); }
-#elif defined(__AVX2__) && defined(__FMA__)
-#define TANDEM_BN_POOL_AVX2 1
-// Elements 0, 2, ..., 14 (kOdd: 1, 3, ..., 15) of the 16 floats in a, b.
-template <bool kOdd>
-inline __m256 deinterleave(__m256 a, __m256 b) {
-  const __m256 s = _mm256_shuffle_ps(a, b, kOdd ? _MM_SHUFFLE(3, 1, 3, 1) : _MM_SHUFFLE(2, 0, 2, 0));
-  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
-}
-// A lane mask (all ones) of the first n lanes, n clamped to 0..8.
-inline __m256i lanes8(int64_t n) {
-  const int32_t c = int32_t(std::clamp<int64_t>(n, 0, 8));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-// The first n (clamped to 0..8) floats at p, 0 in the other lanes (a row's ragged end: a masked
-// load), and the store of the first n lanes (the ragged end goes through the stack: AMD's masked
-// store is microcoded).
-inline __m256 load8(const float* p, int64_t n) {
-  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lanes8(n));
-}
-inline void store8(float* p, __m256 v, int64_t n) {
-  if (n >= 8) {
-    _mm256_storeu_ps(p, v);
-  } else {
-    alignas(32) float tmp[8];
-    _mm256_store_ps(tmp, v);
-    for (int64_t i = 0; i < n; ++i) p[i] = tmp[i];
+// The vector rows (float): AVX-512 and AVX2, one block each below; other levels run the scalar rows.
+constexpr bool kVectorRows = kSimdLevel != SimdLevel::portable;
+
+// A channel's backward sums, sum d and sum d * (x_win - mean), in double: scalar rows add one
+// partial sum per plane; the float vector rows add each plane's per-lane float sums into per-lane
+// doubles (simd::WideSum), reduced once per channel.
+template <typename T>
+struct GradSums {
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+  simd::WideSum dy_lanes, xmu_lanes;
+#endif
+  double dy = 0, xmu = 0;
+  double sum_dy() const {
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+    if constexpr (std::is_same_v<T, float>) return dy_lanes.total();
+#endif
+    return dy;
+  }
+  double sum_dy_xmu() const {
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+    if constexpr (std::is_same_v<T, float>) return xmu_lanes.total();
+#endif
+    return xmu;
+  }
+};
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+using simd::kFloatLanes;
+using simd::lane_mask;
+
+// forward_plane's float rows, 16 pooled outputs per step.
+void forward_plane_vec(const float* x, const Geom& g, float a, float b, float* y, uint8_t* code, float* xw) {
+  const int64_t Q = g.Q;
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
+  const __m512i even = simd::even_lanes(), odd = simd::odd_lanes();
+  // relu(fma(x, a, b)) exactly as batch_norm_relu_forward's row: max(z, NaN) = NaN.
+  auto act = [&](__m512 xv) { return _mm512_max_ps(z, _mm512_fmadd_ps(xv, va, vb)); };
+  for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
+    const float* r0 = x + 2 * p * g.W;
+    const float* r1 = r0 + g.W;
+    for (int64_t q0 = 0; q0 < Q; q0 += kFloatLanes) {
+      // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
+      const int64_t n = std::min<int64_t>(kFloatLanes, Q - q0), n2 = 2 * n;
+      const __mmask16 m = lane_mask(n), m_lo = lane_mask(n2), m_hi = lane_mask(n2 - 16);
+      const __m512 xa0 = _mm512_maskz_loadu_ps(m_lo, r0 + 2 * q0),
+                   xa1 = _mm512_maskz_loadu_ps(m_hi, r0 + 2 * q0 + 16);
+      const __m512 xb0 = _mm512_maskz_loadu_ps(m_lo, r1 + 2 * q0),
+                   xb1 = _mm512_maskz_loadu_ps(m_hi, r1 + 2 * q0 + 16);
+      const __m512 a0 = act(xa0), a1 = act(xa1), b0 = act(xb0), b1 = act(xb1);
+      __m512 best = _mm512_permutex2var_ps(a0, even, a1), xbest = _mm512_permutex2var_ps(xa0, even, xa1);
+      __m512i k = _mm512_setzero_si512();
+      auto take = [&](__m512 v, __m512 xv, int32_t pos) {
+        const __mmask16 t = simd::greater_or_nan(v, best);
+        best = _mm512_mask_mov_ps(best, t, v);
+        xbest = _mm512_mask_mov_ps(xbest, t, xv);
+        k = _mm512_mask_mov_epi32(k, t, _mm512_set1_epi32(pos));
+      };
+      take(_mm512_permutex2var_ps(a0, odd, a1), _mm512_permutex2var_ps(xa0, odd, xa1), 1);
+      take(_mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(xb0, even, xb1), 2);
+      take(_mm512_permutex2var_ps(b0, odd, b1), _mm512_permutex2var_ps(xb0, odd, xb1), 3);
+      _mm512_mask_storeu_ps(y + q0, m, best);
+      _mm512_mask_storeu_ps(xw + q0, m, xbest);
+      _mm512_mask_cvtepi32_storeu_epi8(code + q0, m, k);
+    }
   }
 }
+
+// masked_grad_plane's float rows.
+void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean, float* d,
+                           GradSums<float>& s) {
+  const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
+  const __m512 z = _mm512_setzero_ps();
+  __m512 s1 = z, s2 = z;
+  for (int64_t i = 0; i < n; i += kFloatLanes) {
+    const __mmask16 m = lane_mask(n - i);
+    const __m512 xv = _mm512_maskz_loadu_ps(m, xw + i);
+    // The relu mask as batch_norm_relu_backward computes it at that position.
+    const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+    const __m512 dv = _mm512_maskz_loadu_ps(pos, dy + i);
+    _mm512_mask_storeu_ps(d + i, m, dv);
+    s1 = _mm512_add_ps(s1, dv);
+    s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
+  }
+  s.dy_lanes.add(s1);
+  s.xmu_lanes.add(s2);
+}
+
+// input_grad_plane's float rows, 16 columns (8 pooled elements) per step.
+void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, const Geom& g, float mean,
+                          float grad_mean, float k, float scale, float* gx) {
+  const int64_t W = g.W, Q = g.Q;
+  const __m512 vm = _mm512_set1_ps(mean), vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k);
+  const __m512 vs = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
+  const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
+  const __m512i here_even = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
+  const __m512i here_odd = _mm512_add_epi32(here_even, _mm512_set1_epi32(2));
+  auto row = [&](const float* xr, float* gr, __m512 dv, int64_t j0, __mmask16 m) {
+    const __m512 xv = _mm512_maskz_loadu_ps(m, xr + j0);
+    const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
+    _mm512_mask_storeu_ps(gr + j0, m, _mm512_mul_ps(t, vs));
+  };
+  for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
+    const float* x0 = x + 2 * p * W;
+    float* g0 = gx + 2 * p * W;
+    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
+      const __mmask16 m = lane_mask(W - j0);
+      // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
+      // past them read d = 0 (masked load), so their code does not matter.
+      const int64_t np = std::min<int64_t>(8, std::max<int64_t>(0, Q - j0 / 2));
+      const __mmask8 mp = __mmask8((1u << np) - 1);
+      const __m512 dp = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, d + j0 / 2)));
+      const __m512i kp =
+          _mm512_permutexvar_epi32(dup, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mp, code + j0 / 2)));
+      row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0, m);
+      row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0, m);
+    }
+  }
+  for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
+    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) row(x + h * W, gx + h * W, z, j0, lane_mask(W - j0));
+  }
+}
+
+#elif TANDEM_SIMD == TANDEM_SIMD_AVX2
+using simd::kFloatLanes;
+using simd::load_first;
+using simd::store_first;
+
 // bn_relu_value(v) on 8 lanes: v where v > 0 or NaN, else +0.
 inline __m256 relu8(__m256 v) { return _mm256_and_ps(v, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_NLE_UQ)); }
 // The low bytes of the first n of 8 int32 lanes (values 0..3) stored to out[0..n-1].
@@ -115,84 +211,101 @@ inline __m256i load_codes_dup(const uint8_t* in, int64_t n) {
   return _mm256_permutevar8x32_epi32(_mm256_cvtepu8_epi32(_mm_cvtsi32_si128(k4)),
                                      _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
 }
-inline double hsum(__m256d v) {
-  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+
+// forward_plane's float rows, 8 pooled outputs per step; the relu is the scalar rows' (relu8).
+void forward_plane_vec(const float* x, const Geom& g, float a, float b, float* y, uint8_t* code, float* xw) {
+  const int64_t Q = g.Q;
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+  auto act = [&](__m256 xv) { return relu8(_mm256_fmadd_ps(xv, va, vb)); };
+  for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
+    const float* r0 = x + 2 * p * g.W;
+    const float* r1 = r0 + g.W;
+    for (int64_t q0 = 0; q0 < Q; q0 += kFloatLanes) {
+      // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
+      const int64_t n = std::min<int64_t>(kFloatLanes, Q - q0);
+      const __m256 xa0 = load_first(r0 + 2 * q0, 2 * n), xa1 = load_first(r0 + 2 * q0 + 8, 2 * n - 8);
+      const __m256 xb0 = load_first(r1 + 2 * q0, 2 * n), xb1 = load_first(r1 + 2 * q0 + 8, 2 * n - 8);
+      __m256 xbest = simd::deinterleave<false>(xa0, xa1), best = act(xbest);
+      __m256i k = _mm256_setzero_si256();
+      auto take = [&](__m256 xv, int32_t pos) {
+        const __m256 v = act(xv);
+        const __m256 t = simd::greater_or_nan(v, best);
+        best = _mm256_blendv_ps(best, v, t);
+        xbest = _mm256_blendv_ps(xbest, xv, t);
+        k = _mm256_blendv_epi8(k, _mm256_set1_epi32(pos), _mm256_castps_si256(t));
+      };
+      take(simd::deinterleave<true>(xa0, xa1), 1);
+      take(simd::deinterleave<false>(xb0, xb1), 2);
+      take(simd::deinterleave<true>(xb0, xb1), 3);
+      store_first(y + q0, best, n);
+      store_first(xw + q0, xbest, n);
+      store_codes8(code + q0, k, n);
+    }
+  }
+}
+
+// masked_grad_plane's float rows.
+void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean, float* d,
+                           GradSums<float>& s) {
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vm = _mm256_set1_ps(mean);
+  const __m256 z = _mm256_setzero_ps();
+  __m256 s1 = z, s2 = z;
+  for (int64_t i = 0; i < n; i += kFloatLanes) {
+    const __m256 xv = load_first(xw + i, n - i);
+    // The relu mask as the scalar rows compute it: fma(x, a, b) > 0; dy is 0 past the end.
+    const __m256 pos = _mm256_cmp_ps(_mm256_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+    const __m256 dv = _mm256_and_ps(load_first(dy + i, n - i), pos);
+    store_first(d + i, dv, n - i);
+    s1 = _mm256_add_ps(s1, dv);
+    s2 = _mm256_fmadd_ps(dv, _mm256_sub_ps(xv, vm), s2);
+  }
+  s.dy_lanes.add(s1);
+  s.xmu_lanes.add(s2);
+}
+
+// input_grad_plane's float rows, 8 columns (4 pooled elements) per step.
+void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, const Geom& g, float mean,
+                          float grad_mean, float k, float scale, float* gx) {
+  const int64_t W = g.W, Q = g.Q;
+  const __m256 vm = _mm256_set1_ps(mean), vg = _mm256_set1_ps(grad_mean), vk = _mm256_set1_ps(k);
+  const __m256 vs = _mm256_set1_ps(scale);
+  const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+  // The window position of each lane in an even and an odd row: 2 * (h & 1) + (lane & 1).
+  const __m256i here_even = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
+  const __m256i here_odd = _mm256_add_epi32(here_even, _mm256_set1_epi32(2));
+  auto row = [&](const float* xr, float* gr, __m256 dv, int64_t j0) {
+    const __m256 xv = load_first(xr + j0, W - j0);
+    const __m256 t = _mm256_sub_ps(_mm256_sub_ps(dv, vg), _mm256_mul_ps(_mm256_sub_ps(xv, vm), vk));
+    store_first(gr + j0, _mm256_mul_ps(t, vs), W - j0);
+  };
+  for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
+    const float* x0 = x + 2 * p * W;
+    float* g0 = gx + 2 * p * W;
+    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
+      // Pooled elements under these lanes: columns j0 .. min(j0 + 8, 2Q) - 1 (j0 is even); lanes
+      // past them get d = 0 (masked load) and code 0, which never matters with d = 0.
+      const int64_t np = std::clamp<int64_t>(Q - j0 / 2, 0, 4);
+      const __m128 d4 = np == 4 ? _mm_loadu_ps(d + j0 / 2)
+                                : _mm_maskload_ps(d + j0 / 2, _mm256_castsi256_si128(simd::lane_mask(np)));
+      const __m256 dp = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dup);
+      const __m256i kp = load_codes_dup(code + j0 / 2, np);
+      row(x0, g0, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_even))), j0);
+      row(x0 + W, g0 + W, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_odd))), j0);
+    }
+  }
+  for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
+    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) row(x + h * W, gx + h * W, _mm256_setzero_ps(), j0);
+  }
 }
 #endif
 
 // ---- forward: one plane x [H, W] -> y, code, xw (x at the winning position) [P, Q] ----
 template <typename T>
 void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* xw) {
-  const int64_t Q = g.Q;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
-    const __m512i even = even_lanes(), odd = odd_lanes();
-    // relu(fma(x, a, b)) exactly as batch_norm_relu_forward's row: max(z, NaN) = NaN.
-    auto act = [&](__m512 xv) { return _mm512_max_ps(z, _mm512_fmadd_ps(xv, va, vb)); };
-    for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
-      const float* r0 = x + 2 * p * g.W;
-      const float* r1 = r0 + g.W;
-      for (int64_t q0 = 0; q0 < Q; q0 += 16) {
-        const int64_t n = std::min<int64_t>(16, Q - q0), n2 = 2 * n;
-        const __mmask16 m = lanes(n), m_lo = lanes(n2), m_hi = n2 > 16 ? lanes(n2 - 16) : __mmask16(0);
-        const __m512 xa0 = _mm512_maskz_loadu_ps(m_lo, r0 + 2 * q0),
-                     xa1 = _mm512_maskz_loadu_ps(m_hi, r0 + 2 * q0 + 16);
-        const __m512 xb0 = _mm512_maskz_loadu_ps(m_lo, r1 + 2 * q0),
-                     xb1 = _mm512_maskz_loadu_ps(m_hi, r1 + 2 * q0 + 16);
-        const __m512 a0 = act(xa0), a1 = act(xa1), b0 = act(xb0), b1 = act(xb1);
-        __m512 best = _mm512_permutex2var_ps(a0, even, a1), xbest = _mm512_permutex2var_ps(xa0, even, xa1);
-        __m512i k = _mm512_setzero_si512();
-        auto take = [&](__m512 v, __m512 xv, int32_t pos) {
-          const __mmask16 t =
-              _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-          best = _mm512_mask_mov_ps(best, t, v);
-          xbest = _mm512_mask_mov_ps(xbest, t, xv);
-          k = _mm512_mask_mov_epi32(k, t, _mm512_set1_epi32(pos));
-        };
-        take(_mm512_permutex2var_ps(a0, odd, a1), _mm512_permutex2var_ps(xa0, odd, xa1), 1);
-        take(_mm512_permutex2var_ps(b0, even, b1), _mm512_permutex2var_ps(xb0, even, xb1), 2);
-        take(_mm512_permutex2var_ps(b0, odd, b1), _mm512_permutex2var_ps(xb0, odd, xb1), 3);
-        _mm512_mask_storeu_ps(y + q0, m, best);
-        _mm512_mask_storeu_ps(xw + q0, m, xbest);
-        _mm512_mask_cvtepi32_storeu_epi8(code + q0, m, k);
-      }
-    }
-    return;
-  }
-#elif defined(TANDEM_BN_POOL_AVX2)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
-    auto act = [&](__m256 xv) { return relu8(_mm256_fmadd_ps(xv, va, vb)); };
-    for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
-      const float* r0 = x + 2 * p * g.W;
-      const float* r1 = r0 + g.W;
-      for (int64_t q0 = 0; q0 < Q; q0 += 8) {
-        // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
-        const int64_t n = std::min<int64_t>(8, Q - q0);
-        const __m256 xa0 = load8(r0 + 2 * q0, 2 * n), xa1 = load8(r0 + 2 * q0 + 8, 2 * n - 8);
-        const __m256 xb0 = load8(r1 + 2 * q0, 2 * n), xb1 = load8(r1 + 2 * q0 + 8, 2 * n - 8);
-        __m256 xbest = deinterleave<false>(xa0, xa1), best = act(xbest);
-        __m256i k = _mm256_setzero_si256();
-        auto take = [&](__m256 xv, int32_t pos) {
-          const __m256 v = act(xv);
-          const __m256 t = _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-          best = _mm256_blendv_ps(best, v, t);
-          xbest = _mm256_blendv_ps(xbest, xv, t);
-          k = _mm256_blendv_epi8(k, _mm256_set1_epi32(pos), _mm256_castps_si256(t));
-        };
-        take(deinterleave<true>(xa0, xa1), 1);
-        take(deinterleave<false>(xb0, xb1), 2);
-        take(deinterleave<true>(xb0, xb1), 3);
-        store8(y + q0, best, n);
-        store8(xw + q0, xbest, n);
-        store_codes8(code + q0, k, n);
-      }
-    }
-    return;
-  }
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+  if constexpr (std::is_same_v<T, float>) return forward_plane_vec(x, g, a, b, y, code, xw);
 #endif
+  const int64_t Q = g.Q;
   for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
     const T* r0 = x + 2 * p * g.W;
     const T* r1 = r0 + g.W;
@@ -208,88 +321,12 @@ void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* 
   }
 }
 
-// A channel's backward sums, sum d and sum d * (x_win - mean), in double: scalar rows add one
-// partial sum per plane; the float vector rows add each plane's per-lane float sums into per-lane
-// doubles (the low and high halves of a vector), reduced once per channel.
-template <typename T>
-struct GradSums {
-#if defined(__AVX512F__)
-  __m512d dy_lo = _mm512_setzero_pd(), dy_hi = dy_lo, xmu_lo = dy_lo, xmu_hi = dy_lo;
-  // A plane's per-lane float sums of d and d * (x_win - mean).
-  void add(__m512 d, __m512 dxmu) {
-    auto high = [](__m512 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); };
-    dy_lo = _mm512_add_pd(dy_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(d)));
-    dy_hi = _mm512_add_pd(dy_hi, _mm512_cvtps_pd(high(d)));
-    xmu_lo = _mm512_add_pd(xmu_lo, _mm512_cvtps_pd(_mm512_castps512_ps256(dxmu)));
-    xmu_hi = _mm512_add_pd(xmu_hi, _mm512_cvtps_pd(high(dxmu)));
-  }
-#elif defined(TANDEM_BN_POOL_AVX2)
-  __m256d dy_lo = _mm256_setzero_pd(), dy_hi = dy_lo, xmu_lo = dy_lo, xmu_hi = dy_lo;
-  void add(__m256 d, __m256 dxmu) {
-    dy_lo = _mm256_add_pd(dy_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(d)));
-    dy_hi = _mm256_add_pd(dy_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(d, 1)));
-    xmu_lo = _mm256_add_pd(xmu_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(dxmu)));
-    xmu_hi = _mm256_add_pd(xmu_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(dxmu, 1)));
-  }
-#endif
-  double dy = 0, xmu = 0;
-  double sum_dy() const {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, float>) return _mm512_reduce_add_pd(_mm512_add_pd(dy_lo, dy_hi));
-#elif defined(TANDEM_BN_POOL_AVX2)
-    if constexpr (std::is_same_v<T, float>) return hsum(_mm256_add_pd(dy_lo, dy_hi));
-#endif
-    return dy;
-  }
-  double sum_dy_xmu() const {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, float>) return _mm512_reduce_add_pd(_mm512_add_pd(xmu_lo, xmu_hi));
-#elif defined(TANDEM_BN_POOL_AVX2)
-    if constexpr (std::is_same_v<T, float>) return hsum(_mm256_add_pd(xmu_lo, xmu_hi));
-#endif
-    return xmu;
-  }
-};
-
 // ---- backward pass 1: one pooled plane of n values. d = dy where fma(xw, a, b) > 0 (xw: x at the
 // winning position), else 0, into d; adds the plane's sums into s. ----
 template <typename T>
 void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* d, GradSums<T>& s) {
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
-    const __m512 z = _mm512_setzero_ps();
-    __m512 s1 = z, s2 = z;
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = lanes(n - i);
-      const __m512 xv = _mm512_maskz_loadu_ps(m, xw + i);
-      // The relu mask as batch_norm_relu_backward computes it at that position.
-      const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
-      const __m512 dv = _mm512_maskz_loadu_ps(pos, dy + i);
-      _mm512_mask_storeu_ps(d + i, m, dv);
-      s1 = _mm512_add_ps(s1, dv);
-      s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
-    }
-    s.add(s1, s2);
-    return;
-  }
-#elif defined(TANDEM_BN_POOL_AVX2)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vm = _mm256_set1_ps(mean);
-    const __m256 z = _mm256_setzero_ps();
-    __m256 s1 = z, s2 = z;
-    for (int64_t i = 0; i < n; i += 8) {
-      const __m256 xv = load8(xw + i, n - i);
-      // The relu mask as the scalar rows compute it: fma(x, a, b) > 0; dy is 0 past the end.
-      const __m256 pos = _mm256_cmp_ps(_mm256_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
-      const __m256 dv = _mm256_and_ps(load8(dy + i, n - i), pos);
-      store8(d + i, dv, n - i);
-      s1 = _mm256_add_ps(s1, dv);
-      s2 = _mm256_fmadd_ps(dv, _mm256_sub_ps(xv, vm), s2);
-    }
-    s.add(s1, s2);
-    return;
-  }
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+  if constexpr (std::is_same_v<T, float>) return masked_grad_plane_vec(xw, dy, n, a, b, mean, d, s);
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -307,77 +344,10 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
 template <typename T>
 void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g, T mean, T grad_mean, T k,
                       T scale, T* gx) {
-  const int64_t W = g.W, Q = g.Q;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m512 vm = _mm512_set1_ps(mean), vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k);
-    const __m512 vs = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
-    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
-    const __m512i col_bit = _mm512_and_si512(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(1));
-    const __m512i here_even = col_bit, here_odd = _mm512_add_epi32(col_bit, _mm512_set1_epi32(2));
-    auto row = [&](const float* xr, float* gr, __m512 dv, int64_t j0, __mmask16 m) {
-      const __m512 xv = _mm512_maskz_loadu_ps(m, xr + j0);
-      const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-      _mm512_mask_storeu_ps(gr + j0, m, _mm512_mul_ps(t, vs));
-    };
-    for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
-      const float* x0 = x + 2 * p * W;
-      float* g0 = gx + 2 * p * W;
-      for (int64_t j0 = 0; j0 < W; j0 += 16) {
-        const __mmask16 m = lanes(W - j0);
-        // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
-        // past them read d = 0 (masked load), so their code does not matter.
-        const int64_t np = std::min<int64_t>(8, std::max<int64_t>(0, Q - j0 / 2));
-        const __mmask8 mp = __mmask8((1u << np) - 1);
-        const __m512 dp =
-            _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, d + j0 / 2)));
-        const __m512i kp =
-            _mm512_permutexvar_epi32(dup, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mp, code + j0 / 2)));
-        row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0, m);
-        row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0, m);
-      }
-    }
-    for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
-      for (int64_t j0 = 0; j0 < W; j0 += 16) row(x + h * W, gx + h * W, z, j0, lanes(W - j0));
-    }
-    return;
-  }
-#elif defined(TANDEM_BN_POOL_AVX2)
-  if constexpr (std::is_same_v<T, float>) {
-    const __m256 vm = _mm256_set1_ps(mean), vg = _mm256_set1_ps(grad_mean), vk = _mm256_set1_ps(k);
-    const __m256 vs = _mm256_set1_ps(scale);
-    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    // The window position of each lane in an even and an odd row: 2 * (h & 1) + (lane & 1).
-    const __m256i here_even = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
-    const __m256i here_odd = _mm256_add_epi32(here_even, _mm256_set1_epi32(2));
-    auto row = [&](const float* xr, float* gr, __m256 dv, int64_t j0) {
-      const __m256 xv = load8(xr + j0, W - j0);
-      const __m256 t = _mm256_sub_ps(_mm256_sub_ps(dv, vg), _mm256_mul_ps(_mm256_sub_ps(xv, vm), vk));
-      store8(gr + j0, _mm256_mul_ps(t, vs), W - j0);
-    };
-    for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
-      const float* x0 = x + 2 * p * W;
-      float* g0 = gx + 2 * p * W;
-      for (int64_t j0 = 0; j0 < W; j0 += 8) {
-        // Pooled elements under these lanes: columns j0 .. min(j0 + 8, 2Q) - 1 (j0 is even); lanes
-        // past them get d = 0 (masked load) and code 0, which never matters with d = 0.
-        const int64_t np = std::clamp<int64_t>(Q - j0 / 2, 0, 4);
-        const __m128 d4 =
-            np == 4 ? _mm_loadu_ps(d + j0 / 2) : _mm_maskload_ps(d + j0 / 2, _mm256_castsi256_si128(lanes8(np)));
-        const __m256 dp = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dup);
-        const __m256i kp = load_codes_dup(code + j0 / 2, np);
-        row(x0, g0, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_even))), j0);
-        row(x0 + W, g0 + W, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_odd))), j0);
-      }
-    }
-    for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
-      for (int64_t j0 = 0; j0 < W; j0 += 8) row(x + h * W, gx + h * W, _mm256_setzero_ps(), j0);
-    }
-    return;
-  }
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+  if constexpr (std::is_same_v<T, float>) return input_grad_plane_vec(x, d, code, g, mean, grad_mean, k, scale, gx);
 #endif
+  const int64_t W = g.W, Q = g.Q;
   for (int64_t h = 0; h < g.H; ++h) {
     const bool pooled = h < 2 * g.P;
     for (int64_t w = 0; w < W; ++w) {
@@ -408,6 +378,7 @@ BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_i
   uint8_t* kp = r.code.data<uint8_t>();
   T* xwp = r.winner.data<T>();
   const int64_t PQ = g.P * g.Q;
+  detail::count_simd_path(SimdKernel::bn_relu_pool_forward, detail::simd_path<T>(kVectorRows));
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -429,6 +400,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
                              const Tensor& save_mean_in, const Tensor& save_invstd_in, bool training,
                              bool need_input, bool need_weight, bool need_bias) {
   BatchNormGrads r;
+  detail::count_simd_path(SimdKernel::bn_relu_pool_backward, detail::simd_path<T>(kVectorRows));
   if (!need_input && !need_weight && !need_bias) return r;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), code = code_in.contiguous();
   const Tensor winner = winner_in.contiguous();

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu::detail {
 
@@ -50,11 +51,11 @@ BnAffine<T> bn_affine_of(T invstd, const T* wp, const T* bp, int64_t c, T mean) 
 // would be a slow library call); the same function in forward and backward either way.
 template <typename T>
 inline T bn_affine_value(T x, T a, T b) {
-#if defined(__FMA__)
-  return std::fma(x, a, b);
-#else
-  return x * a + b;
-#endif
+  if constexpr (simd::kFma) {
+    return std::fma(x, a, b);
+  } else {
+    return x * a + b;
+  }
 }
 
 // relu as the scalar rows apply it: NaN propagates.

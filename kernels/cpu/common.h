@@ -1,24 +1,16 @@
 // Internal helpers shared by the CPU kernels (kernels/cpu/*.cpp); not part of
 // the public API. Owns: float/double dispatch with a clear error for other
 // dtypes, row-major Eigen map aliases, and fixed chunking of a range over the
-// shared thread pool. Assumes host tensors. Guarantees: a chunking depends only
-// on (n, grain, num_threads()), so per-chunk partial results reduced in chunk
-// order are deterministic for a given thread count.
+// shared thread pool (the SIMD pieces are kernels/cpu/simd.h's). Assumes host
+// tensors. Guarantees: a chunking depends only on (n, grain, num_threads()),
+// so per-chunk partial results reduced in chunk order are deterministic for a
+// given thread count.
 #pragma once
 
-// GCC 12 reports a false "may be used uninitialized" inside its own AVX-512
-// intrinsic headers when Eigen's reductions are inlined; silence it for the
-// intrinsics only (the state is attached to the headers' locations).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>  // the AVX-512 and AVX2 paths of the CPU kernels
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+// The SIMD layer first: its <immintrin.h>, wrapped in a GCC diagnostic pragma, must come before
+// Eigen's.
+#include "kernels/cpu/simd.h"
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdint>

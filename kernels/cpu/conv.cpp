@@ -1,9 +1,11 @@
 // CPU conv2d (NCHW), as im2col + Eigen GEMM. Owns the forward and backward
 // kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
-// fast paths (AVX-512): one-channel 3x3 convs use the direct kernels of
-// conv_c1.h; stride-1 geometries build the column matrix with permutes
-// (Im2colPermute) and scatter it back with a gather (Col2imGather, the same
-// additions in the same order as col2im). bench/PERF_NOTES.md has the numbers.
+// fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
+// direct kernels of conv_c1.h; stride-1 geometries build the column matrix
+// with permutes (Im2colPermute) and scatter it back with a gather
+// (Col2imGather, the same additions in the same order as col2im), else copy
+// and add rows with masked loads. bench/PERF_NOTES.md has the numbers. Each
+// call is counted in simd_path_count with the level of the rows it ran.
 // Assumes: arguments were validated by kernels/conv.cpp (shapes, devices,
 // dtypes); inputs may be non-contiguous (made contiguous here).
 // Guarantees: outputs are fresh contiguous tensors; the batch is cut into at
@@ -20,6 +22,7 @@
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/conv_c1.h"
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -35,7 +38,14 @@ struct Geometry {
   bool identity_col() const { return R == 1 && S == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
   // One input channel, 3x3, stride 1, no padding: the direct kernels of conv_c1.h (float32).
   bool direct_c1() const { return detail::conv_c1_supported(C, R, S, sh, sw, ph, pw); }
+  // A float32 column matrix is built and scattered with vector rows (copy_spill, add_spill,
+  // Im2colPermute, Col2imGather) where they are compiled in: rows of stride 1. The direct kernels'
+  // geometry is one of these.
+  bool vector_rows() const { return !identity_col() && sw == 1; }
 };
+
+// The vector rows are written for AVX-512 only; other levels run im2col/col2im and Eigen.
+constexpr bool kVectorRows = kSimdLevel == SimdLevel::avx512;
 
 Geometry make_geometry(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
   Geometry g{};
@@ -47,28 +57,20 @@ Geometry make_geometry(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
   return g;
 }
 
-// Row copy and add for the short rows of im2col/col2im, with AVX-512: masked
-// loads (never reading past the source row) and full-width stores, which may
-// spill up to kSpill elements past dst + n. Callers own that slack and
+// Row copy and add for the short rows of im2col/col2im, for float with AVX-512:
+// masked loads (never reading past the source row) and full-width stores, which
+// may spill up to kSpill elements past dst + n. Callers own that slack and
 // write it properly afterwards (or pad their buffers). Masked stores are
 // avoided on purpose: they are slow on some cores and defeat store forwarding.
+// Double and other levels copy and add plainly (the compiler vectorises them).
 template <typename T>
 constexpr int64_t kSpill = 64 / sizeof(T);
 
 template <typename T>
 inline void copy_spill(T* __restrict dst, const T* __restrict src, int64_t n) {
-#if defined(__AVX512F__)
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
   if constexpr (std::is_same_v<T, float>) {
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-      _mm512_storeu_ps(dst + i, _mm512_maskz_loadu_ps(m, src + i));
-    }
-    return;
-  } else {
-    for (int64_t i = 0; i < n; i += 8) {
-      const __mmask8 m = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
-      _mm512_storeu_pd(dst + i, _mm512_maskz_loadu_pd(m, src + i));
-    }
+    for (int64_t i = 0; i < n; i += simd::kFloatLanes) _mm512_storeu_ps(dst + i, simd::load_first(src + i, n - i));
     return;
   }
 #endif
@@ -78,17 +80,10 @@ inline void copy_spill(T* __restrict dst, const T* __restrict src, int64_t n) {
 // dst[0, n) += src[0, n); dst[n, n + kSpill) is read and written back unchanged.
 template <typename T>
 inline void add_spill(T* __restrict dst, const T* __restrict src, int64_t n) {
-#if defined(__AVX512F__)
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
   if constexpr (std::is_same_v<T, float>) {
-    for (int64_t i = 0; i < n; i += 16) {
-      const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-      _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_maskz_loadu_ps(m, src + i)));
-    }
-    return;
-  } else {
-    for (int64_t i = 0; i < n; i += 8) {
-      const __mmask8 m = n - i >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - i)) - 1);
-      _mm512_storeu_pd(dst + i, _mm512_add_pd(_mm512_loadu_pd(dst + i), _mm512_maskz_loadu_pd(m, src + i)));
+    for (int64_t i = 0; i < n; i += simd::kFloatLanes) {
+      _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i), simd::load_first(src + i, n - i)));
     }
     return;
   }
@@ -138,7 +133,7 @@ void im2col(const T* x, const Geometry g, T* col) {  // g by value: stays in reg
   }
 }
 
-#if defined(__AVX512F__)
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
 // im2col for float, stride 1, no padding, when each output vector of 16
 // column-matrix elements comes from a source span of at most 32 floats (true
 // for the MNIST conv2: Q = 11, W = 13). A row (c, r, s) of the column matrix
@@ -170,8 +165,8 @@ class Im2colPermute {
         span = std::max(span, rel + 1);
       }
       idx_[j] = _mm512_load_si512(idx);
-      ma_[j] = span >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << span) - 1);
-      mb_[j] = span <= 16 ? __mmask16(0) : __mmask16((1u << (span - 16)) - 1);
+      ma_[j] = simd::lane_mask(span);
+      mb_[j] = simd::lane_mask(span - 16);
     }
     return true;
   }
@@ -244,8 +239,8 @@ class Col2imGather {
           t.lo = lo;
           t.idx = _mm512_load_si512(idx);
           t.lanes = __mmask16(lanes);
-          t.ma = span >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << span) - 1);
-          t.mb = span <= 16 ? __mmask16(0) : __mmask16((1u << (span - 16)) - 1);
+          t.ma = simd::lane_mask(span);
+          t.mb = simd::lane_mask(span - 16);
         }
       }
     }
@@ -267,12 +262,7 @@ class Col2imGather {
           const __m512 a = _mm512_maskz_loadu_ps(t.ma, p), b = _mm512_maskz_loadu_ps(t.mb, p + 16);
           acc = _mm512_add_ps(acc, _mm512_maskz_permutex2var_ps(t.lanes, a, t.idx, b));
         }
-        const int64_t left = HW - 16 * j;
-        if (left >= 16) {
-          _mm512_storeu_ps(out + 16 * j, acc);
-        } else {
-          _mm512_mask_storeu_ps(out + 16 * j, __mmask16((1u << left) - 1), acc);
-        }
+        simd::store_first(out + 16 * j, acc, HW - 16 * j);
       }
     }
   }
@@ -286,34 +276,39 @@ class Col2imGather {
   int64_t nvec_ = 0;
   std::vector<Tap> taps_;
 };
-#endif
 
+#else  // no AVX-512: the plans never apply, im2col and col2im run instead
+
+struct Im2colPermute {
+  bool plan(const Geometry&) { return false; }
+  void run(const float*, const Geometry&, float*) const {}
+};
+struct Col2imGather {
+  bool plan(const Geometry&) { return false; }
+  void run(const float*, const Geometry&, float*) const {}
+};
+
+#endif
 
 // im2col through Im2colPermute when it applies, else the general loop.
 template <typename T>
 struct Im2col {
   explicit Im2col(const Geometry& g) {
-#if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) fast_ = perm_.plan(g);
-#endif
   }
   void operator()(const T* x, const Geometry& g, T* col) const {
-#if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float>) {
       if (fast_) {
         perm_.run(x, g, col);
         return;
       }
     }
-#endif
     im2col(x, g, col);
   }
 
  private:
   bool fast_ = false;
-#if defined(__AVX512F__)
   Im2colPermute perm_;
-#endif
 };
 
 // The adjoint of im2col: dx[c][ih][iw] += col[...]. dx must start zeroed and
@@ -361,6 +356,7 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
   const Geometry g = make_geometry(x, w, args);
   Tensor y = Tensor::empty({g.N, g.K, g.P, g.Q}, x.dtype());
+  detail::count_simd_path(SimdKernel::conv2d_forward, detail::simd_path<T>(kVectorRows && g.vector_rows()));
   if (y.numel() == 0) return y;
 
   const int64_t CRS = g.crs(), PQ = g.pq();
@@ -416,6 +412,8 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const bool direct = g.identity_col();
   // Weight and bias gradients of a one-channel 3x3 conv: direct kernels, no column matrix.
   const bool c1 = std::is_same_v<T, float> && !need_input && g.direct_c1();
+  const bool rows = c1 || ((need_input || need_weight) && g.vector_rows());
+  detail::count_simd_path(SimdKernel::conv2d_backward, detail::simd_path<T>(kVectorRows && rows));
 
   if (need_input) out.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) out.weight = Tensor::empty(w.shape(), w.dtype());
@@ -450,10 +448,8 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   T* gbp = need_bias ? out.bias.data<T>() : nullptr;
 
   const Im2col<T> to_columns(g);
-#if defined(__AVX512F__)
   Col2imGather gather;
   const bool gather_ok = std::is_same_v<T, float> && need_input && !direct && gather.plan(g);
-#endif
   detail::for_each_chunk(g.N, chunks, [&](int64_t chunk, int64_t n0, int64_t n1) {
     T* base = ws + chunk * per_chunk;
     T* col = base;
@@ -489,14 +485,12 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
         } else {
           MatMap<T>(dcol, CRS, PQ).noalias() = wm.transpose() * gyn;
           bool gathered = false;
-#if defined(__AVX512F__)
           if constexpr (std::is_same_v<T, float>) {
             if (gather_ok) {
               gather.run(dcol, g, gxn);
               gathered = true;
             }
           }
-#endif
           if (!gathered) {
             std::fill(img, img + img_sz, T(0));
             col2im(dcol, g, img);

@@ -3,38 +3,26 @@
 // vectors are loaded once and reused by every output channel, 8 channels at a
 // time (8 independent FMA chains hide the FMA latency). Weight gradient: per
 // output channel, 9 + 1 vector accumulators run over all images and rows of
-// the range, then are reduced once. Row tails use masked loads and stores, so
-// nothing outside the given images is read or written.
+// the range, then are reduced once. Row tails use masked loads and stores
+// (kernels/cpu/simd.h), so nothing outside the given images is read or written.
+// AVX-512 only; other levels have stubs (conv_c1_supported() is false).
 #include "kernels/cpu/conv_c1.h"
-
-// GCC 12 reports a false "may be used uninitialized" inside its AVX-512
-// headers (see kernels/cpu/common.h); silenced for the intrinsics only.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/simd.h"
+
 namespace tandem::kernels::cpu::detail {
 
-#if defined(__AVX512F__)
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
 bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                        int64_t pad_w) {
   return C == 1 && R == 3 && S == 3 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
 }
 
-namespace {
-inline __mmask16 lane_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1); }
-}  // namespace
+using simd::lane_mask;
 
 void conv_c1_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1, int64_t H,
                      int64_t W, int64_t K) {
@@ -45,7 +33,6 @@ void conv_c1_forward(const float* x, const float* w, const float* b, float* y, i
     for (int64_t p = 0; p < P; ++p) {
       for (int64_t q0 = 0; q0 < Q; q0 += 16) {
         const __mmask16 m = lane_mask(Q - q0);
-        const bool full = m == __mmask16(0xFFFF);
         __m512 t[9];
 #pragma GCC unroll 9
         for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
@@ -61,13 +48,7 @@ void conv_c1_forward(const float* x, const float* w, const float* b, float* y, i
             for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[(k + j) * 9 + i]), acc[j]);
           }
 #pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) {
-            if (full) {
-              _mm512_storeu_ps(out + (k + j) * PQ, acc[j]);
-            } else {
-              _mm512_mask_storeu_ps(out + (k + j) * PQ, m, acc[j]);
-            }
-          }
+          for (int j = 0; j < 8; ++j) simd::store_first(out + (k + j) * PQ, acc[j], Q - q0);
         }
         for (; k < K; ++k) {
           __m512 acc = b ? _mm512_set1_ps(b[k]) : _mm512_setzero_ps();
@@ -131,9 +112,9 @@ void conv_c1_weight_grad(const float* gy, const float* x, float* dw, float* db, 
   for (int64_t k = 0; k < K; ++k) {
     const float* a = part.data() + k * 10 * 16;
     if (dw) {
-      for (int i = 0; i < 9; ++i) dw[k * 9 + i] += _mm512_reduce_add_ps(_mm512_loadu_ps(a + i * 16));
+      for (int i = 0; i < 9; ++i) dw[k * 9 + i] += simd::hsum(_mm512_loadu_ps(a + i * 16));
     }
-    if (db) db[k] += _mm512_reduce_add_ps(_mm512_loadu_ps(a + 9 * 16));
+    if (db) db[k] += simd::hsum(_mm512_loadu_ps(a + 9 * 16));
   }
 }
 

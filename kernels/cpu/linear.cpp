@@ -7,7 +7,8 @@
 // exactly one thread in an order fixed by the shapes and the thread count.
 // Linear in float32 with a narrow batch (<= 256) on an AVX-512 build runs on
 // kernels/cpu/small_gemm (weight read in place, never packed; its bits do not
-// depend on the thread count either). Otherwise Eigen GEMMs, one per block of
+// depend on the thread count either); each linear_forward/backward call is
+// counted in simd_path_count (kernels/cpu/simd.h): avx512 when it used it. Otherwise Eigen GEMMs, one per block of
 // the output: Linear splits along the weight's dimension (output features for
 // forward and the weight gradient, input features for the input gradient) in
 // blocks of at most kMaxBlock, so every thread packs only its share of the
@@ -15,6 +16,7 @@
 #include "kernels/linear.h"
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/simd.h"
 #include "kernels/cpu/small_gemm.h"
 
 #include <type_traits>
@@ -128,8 +130,10 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) 
   const Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
+  const bool small = std::is_same_v<T, float> && I > 0 && use_small(N, I, O);
+  detail::count_simd_path(SimdKernel::linear_forward, detail::simd_path<T>(small));
   if constexpr (std::is_same_v<T, float>) {
-    if (I > 0 && use_small(N, I, O)) return small_forward(x, w, b);
+    if (small) return small_forward(x, w, b);
   }
   Tensor y = Tensor::empty({N, O}, x.dtype());
   const CMatMap<T> X(x.data<T>(), N, I), Wm(w.data<T>(), O, I);
@@ -167,11 +171,14 @@ LinearGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
   const CMatMap<T> GY(gy.data<T>(), N, O), X(x.data<T>(), N, I), Wm(w.data<T>(), O, I);
+  // A short reduction (O < 256) keeps Eigen ahead for the input gradient (MNIST fc1: O = 128).
+  const bool small_input = std::is_same_v<T, float> && need_input && O >= 256 && use_small(N, I, O);
+  const bool small_weight = std::is_same_v<T, float> && need_weight && N > 0 && use_small(N, I, O);
+  detail::count_simd_path(SimdKernel::linear_backward, detail::simd_path<T>(small_input || small_weight));
   if (need_input) {
     bool done = false;
     if constexpr (std::is_same_v<T, float>) {
-      // A short reduction (O < 256) keeps Eigen ahead (MNIST fc1: O = 128).
-      if (O >= 256 && use_small(N, I, O)) {
+      if (small_input) {
         g.input = small_input_grad(gy, w);
         done = true;
       }
@@ -199,7 +206,7 @@ LinearGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
     }
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (need_weight && N > 0 && use_small(N, I, O)) {
+    if (small_weight) {
       g.weight = small_weight_grad(gy, x);
       need_weight = false;
     }

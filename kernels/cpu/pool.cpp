@@ -7,12 +7,16 @@
 // padding never wins. Planes (n, c) are split across the thread pool; the
 // backward scatters each plane's gradients into its own input plane, so no
 // two threads write the same memory and the result is deterministic.
+// The float 2x2/stride-2 forward has AVX-512 rows where compiled in
+// (kernels/cpu/simd.h); each forward call is counted in simd_path_count with
+// the level of the rows it ran.
 #include "kernels/pool.h"
 
 #include <algorithm>
 #include <limits>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -73,22 +77,22 @@ void pool_row_2x2(const T* r0, int64_t W, int64_t base, int64_t Q, T* y, int64_t
   }
 }
 
-#if defined(__AVX512F__)
+// The vector rows: the float 2x2 row, AVX-512 only; other levels run the template above.
+constexpr bool kVectorRows = kSimdLevel == SimdLevel::avx512;
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
 // The float row with AVX-512: 16 outputs per step from 32 + 32 input values
 // (masked loads at the row's end, nothing past it is read), even/odd lanes
 // split by permutes, the same take_max rule on lane masks, and masked stores
 // of the values and the int64 indices. Needs W + 32 < 2^31 (int32 offsets).
 inline void pool_row_2x2(const float* r0, int64_t W, int64_t base, int64_t Q, float* y, int64_t* idx) {
   const float* r1 = r0 + W;
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i even = simd::even_lanes(), odd = simd::odd_lanes();
   const __m512i off_01 = _mm512_set1_epi32(1), off_10 = _mm512_set1_epi32(int32_t(W)),
                 off_11 = _mm512_set1_epi32(int32_t(W + 1));
-  for (int64_t q0 = 0; q0 < Q; q0 += 16) {
-    const int64_t n = std::min<int64_t>(16, Q - q0), n2 = 2 * n;
-    const __mmask16 m = n == 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-    const __mmask16 m_lo = n2 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n2) - 1);
-    const __mmask16 m_hi = n2 >= 32 ? __mmask16(0xFFFF) : n2 > 16 ? __mmask16((1u << (n2 - 16)) - 1) : 0;
+  for (int64_t q0 = 0; q0 < Q; q0 += simd::kFloatLanes) {
+    const int64_t n = std::min<int64_t>(simd::kFloatLanes, Q - q0), n2 = 2 * n;
+    const __mmask16 m = simd::lane_mask(n), m_lo = simd::lane_mask(n2), m_hi = simd::lane_mask(n2 - 16);
     const float* a = r0 + 2 * q0;
     const float* b = r1 + 2 * q0;
     const __m512 a0 = _mm512_maskz_loadu_ps(m_lo, a), a1 = _mm512_maskz_loadu_ps(m_hi, a + 16);
@@ -96,7 +100,7 @@ inline void pool_row_2x2(const float* r0, int64_t W, int64_t base, int64_t Q, fl
     __m512 best = _mm512_permutex2var_ps(a0, even, a1);
     __m512i off = _mm512_setzero_si512();  // 0, 1, W or W + 1 within the window
     auto take = [&](__m512 v, __m512i o) {
-      const __mmask16 t = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+      const __mmask16 t = simd::greater_or_nan(v, best);
       best = _mm512_mask_mov_ps(best, t, v);
       off = _mm512_mask_mov_epi32(off, t, o);
     };
@@ -132,6 +136,7 @@ MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, P * Q * a.kernel_h * a.kernel_w));
   const bool fast_2x2 = a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 &&
                         a.pad_h == 0 && a.pad_w == 0 && W < (int64_t{1} << 30);
+  detail::count_simd_path(SimdKernel::max_pool2d_forward, detail::simd_path<T>(kVectorRows && fast_2x2));
 
   detail::parallel_range(planes, grain, [&](int64_t pl0, int64_t pl1) {
     for (int64_t pl = pl0; pl < pl1; ++pl) {

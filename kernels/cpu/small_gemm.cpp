@@ -1,4 +1,5 @@
-// AVX-512 single-precision GEMM for narrow Linear products (kernels/cpu/small_gemm.h).
+// AVX-512 single-precision GEMM for narrow Linear products (kernels/cpu/small_gemm.h); other
+// levels (kernels/cpu/simd.h) have a stub that small_gemm_available() keeps unused.
 // Assumes: the caller checked small_gemm_available(); B was packed by pack_b_*.
 // Guarantees: each C element is one FMA chain over k = 0..K-1 in order (K is cut into blocks of
 // kKc, carried through C between blocks, which does not change the chain), so results are the
@@ -10,10 +11,7 @@
 #include <cstring>
 
 #include "core/error.h"
-
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu::detail {
 
@@ -44,7 +42,7 @@ void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float
   }
 }
 
-#if defined(__AVX512F__)
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
 bool small_gemm_available() { return true; }
 
@@ -123,7 +121,7 @@ void small_gemm(int64_t m0, int64_t m1, int64_t J, int64_t K, const float* a, in
       const int64_t jw = std::min(kPanel, J - j0);
       const int nv = static_cast<int>((jw + 15) / 16);
       const int64_t last = jw - (nv - 1) * 16;
-      const __mmask16 tail = last == 16 ? __mmask16(0xFFFF) : __mmask16((1u << last) - 1);
+      const __mmask16 tail = simd::lane_mask(last);
       const float* panel = b_packed + j0 * K + k0 * kPanel;
       const Micro full = micro_for(kRows, nv);
       for (int64_t m = m0; m < m1; m += kRows) {

@@ -2,8 +2,10 @@
 # CI stage: the unit tests (kernels, nn, core, optim, ...) built for x86-64-v3 (AVX2 + FMA, no
 # AVX-512), the instruction set of most x86 machines without AVX-512. The kernels have hand-written
 # AVX2 paths (the fused batch_norm+relu+max_pool) that neither the native build of an AVX-512
-# machine nor the portable sanitizer build compiles; this runs them. Own build dir (build-avx2),
-# optimised as the main build, CPU only, no benchmarks. Skipped on a CPU without AVX2 and FMA.
+# machine nor the portable sanitizer build compiles; this runs them. TANDEM_EXPECT_SIMD=avx2 makes
+# tests/kernels/simd_test.cpp fail unless the kernels were compiled at the AVX2 level
+# (kernels/cpu/simd.h). Own build dir (build-avx2), optimised as the main build, CPU only, no
+# benchmarks. Skipped on a CPU without AVX2 and FMA.
 # Environment: JOBS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,4 +21,4 @@ cmake -S "$ROOT" -B "$ROOT/build-avx2" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD
 targets=$(cmake --build build-avx2 --target help |
   grep -oE 'tandem_(core|kernels|nn|optim|data|train)_tests' | sort -u)
 cmake --build build-avx2 -j"$JOBS" --target $targets
-ctest --test-dir build-avx2 -L unit --output-on-failure -j"$JOBS"
+TANDEM_EXPECT_SIMD=avx2 ctest --test-dir build-avx2 -L unit --output-on-failure -j"$JOBS"

@@ -1,0 +1,192 @@
+// The one SIMD layer of the CPU kernels (kernels/cpu/*.cpp); internal, not part of the public API.
+// Owns: the instruction-set level the kernels are compiled at, decided once here from the
+// compiler's macros (TANDEM_SIMD for the preprocessor, kSimdLevel for C++; no kernel tests
+// __AVX512F__ or __AVX2__ itself), the <immintrin.h> include, the pieces the vector rows share
+// (lane counts, masks of a row's ragged end, masked loads and stores, horizontal sums, float lanes
+// summed into doubles, even/odd lane splits, max_pool2d's comparison) and the record of which path
+// each kernel call took (simd_path_count, counted in kernels/cpu/simd.cpp).
+// Guarantees: load_first/store_first touch nothing at or past p + n. AVX-512: a masked load; a
+// plain store of a full vector, a masked one of the ragged end (rows that are mostly a ragged end,
+// such as MnistNet's pooled rows of 13 and 5, store with _mm512_mask_storeu_ps and one lane_mask
+// instead). AVX2: full vectors plainly; the ragged end a masked load, and a store through the stack
+// (AMD's masked store is microcoded). The helpers compute what the code they replace did, so the
+// rows' bits do not depend on the layer. A kernel's vector rows are float32; double and builds
+// without AVX2+FMA run its portable rows (scalar or Eigen code that compiles for any target).
+#pragma once
+
+// GCC 12 reports a false "may be used uninitialized" inside its own AVX-512 intrinsic headers when
+// Eigen's reductions are inlined; silenced for the intrinsics only (the state is attached to the
+// headers' locations, so this must be their first inclusion: kernels/cpu/common.h includes this
+// header before Eigen).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+#include <cstdint>
+#include <type_traits>
+
+#define TANDEM_SIMD_PORTABLE 0
+#define TANDEM_SIMD_AVX2 1
+#define TANDEM_SIMD_AVX512 2
+#if defined(__AVX512F__)
+#define TANDEM_SIMD TANDEM_SIMD_AVX512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define TANDEM_SIMD TANDEM_SIMD_AVX2
+#else
+#define TANDEM_SIMD TANDEM_SIMD_PORTABLE
+#endif
+
+namespace tandem::kernels::cpu {
+
+enum class SimdLevel : int { portable = TANDEM_SIMD_PORTABLE, avx2 = TANDEM_SIMD_AVX2, avx512 = TANDEM_SIMD_AVX512 };
+inline constexpr int kSimdLevels = 3;
+
+// The level of the translation unit that includes this header.
+inline constexpr SimdLevel kSimdLevel = static_cast<SimdLevel>(TANDEM_SIMD);
+
+// The level the library's kernels were compiled at (kSimdLevel of kernels/cpu/simd.cpp).
+SimdLevel compiled_simd_level();
+
+// "portable", "avx2", "avx512".
+const char* simd_level_name(SimdLevel level);
+
+// The kernels with vector rows, each counted once per call with the level of the path it took.
+enum class SimdKernel : int {
+  bn_relu_forward,       // batch_norm_relu_forward (AVX-512 rows)
+  bn_relu_backward,      // batch_norm_relu_backward (AVX-512 rows)
+  bn_relu_pool_forward,  // batch_norm_relu_max_pool2d_forward (AVX-512 and AVX2 rows)
+  bn_relu_pool_backward, // batch_norm_relu_max_pool2d_backward (AVX-512 and AVX2 rows)
+  conv2d_forward,        // conv2d_forward, stride-1 width or the one-channel 3x3 (AVX-512 rows)
+  conv2d_backward,       // conv2d_backward, likewise (AVX-512 rows)
+  max_pool2d_forward,    // max_pool2d_forward, 2x2 windows of stride 2 (AVX-512 rows)
+  linear_forward,        // linear_forward on the small GEMM (AVX-512)
+  linear_backward,       // linear_backward on the small GEMM (AVX-512)
+};
+inline constexpr int kSimdKernels = 9;
+
+// How many calls of `kernel` took the path of `level` in this process so far.
+uint64_t simd_path_count(SimdKernel kernel, SimdLevel level);
+
+namespace detail {
+// Records one call of `kernel` on the path of `level` (one relaxed atomic increment).
+void count_simd_path(SimdKernel kernel, SimdLevel level);
+
+// The path of a call with element type T: kSimdLevel when T is float and the kernel has vector rows
+// at this level that the call's arguments qualify for (vector_rows), else portable.
+template <typename T>
+constexpr SimdLevel simd_path(bool vector_rows) {
+  return std::is_same_v<T, float> && vector_rows ? kSimdLevel : SimdLevel::portable;
+}
+}  // namespace detail
+
+namespace simd {
+
+// Whether the target has FMA, so that std::fma is one instruction (else a slow library call).
+#if defined(__FMA__)
+inline constexpr bool kFma = true;
+#else
+inline constexpr bool kFma = false;
+#endif
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+
+inline constexpr int64_t kFloatLanes = 16;
+
+// The first n lanes, n clamped to 0..16.
+inline __mmask16 lane_mask(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+// The first n (clamped to 0..16) floats at p, 0 in the other lanes.
+inline __m512 load_first(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(lane_mask(n), p); }
+// The first n (clamped to 0..16) lanes of v to p: a plain store when n >= 16, else a masked one.
+inline void store_first(float* p, __m512 v, int64_t n) {
+  if (n >= 16) {
+    _mm512_storeu_ps(p, v);
+  } else {
+    _mm512_mask_storeu_ps(p, lane_mask(n), v);
+  }
+}
+
+inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
+inline double hsum(__m512d v) { return _mm512_reduce_add_pd(v); }
+
+// Float lanes summed into per-lane doubles (lanes 0-7 and 8-15), reduced once at the end.
+struct WideSum {
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+  void add(__m512 v) {
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+  }
+  double total() const { return hsum(_mm512_add_pd(lo, hi)); }
+};
+
+// Lane indices 0, 2, ..., 30 and 1, 3, ..., 31 of a pair of vectors (_mm512_permutex2var_ps).
+inline __m512i even_lanes() { return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); }
+inline __m512i odd_lanes() { return _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31); }
+
+// The lanes where v replaces best under max_pool2d's rule: v greater, or v NaN.
+inline __mmask16 greater_or_nan(__m512 v, __m512 best) {
+  return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+#elif TANDEM_SIMD == TANDEM_SIMD_AVX2
+
+inline constexpr int64_t kFloatLanes = 8;
+
+// A lane mask (all ones) of the first n lanes, n clamped to 0..8.
+inline __m256i lane_mask(int64_t n) {
+  const int32_t c = int32_t(n < 0 ? 0 : n > 8 ? 8 : n);
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(c), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+// The first n (clamped to 0..8) floats at p, 0 in the other lanes: the ragged end a masked load.
+inline __m256 load_first(const float* p, int64_t n) {
+  return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(n));
+}
+// The first n (clamped to 0..8) lanes of v to p: the ragged end through the stack.
+inline void store_first(float* p, __m256 v, int64_t n) {
+  if (n >= 8) {
+    _mm256_storeu_ps(p, v);
+  } else {
+    alignas(32) float tmp[8];
+    _mm256_store_ps(tmp, v);
+    for (int64_t i = 0; i < n; ++i) p[i] = tmp[i];
+  }
+}
+
+inline double hsum(__m256d v) {
+  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+// Float lanes summed into per-lane doubles (lanes 0-3 and 4-7), reduced once at the end.
+struct WideSum {
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  void add(__m256 v) {
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  }
+  double total() const { return hsum(_mm256_add_pd(lo, hi)); }
+};
+
+// Elements 0, 2, ..., 14 (kOdd: 1, 3, ..., 15) of the 16 floats in a, b.
+template <bool kOdd>
+inline __m256 deinterleave(__m256 a, __m256 b) {
+  const __m256 s = _mm256_shuffle_ps(a, b, kOdd ? _MM_SHUFFLE(3, 1, 3, 1) : _MM_SHUFFLE(2, 0, 2, 0));
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+// The lanes (all ones) where v replaces best under max_pool2d's rule: v greater, or v NaN.
+inline __m256 greater_or_nan(__m256 v, __m256 best) {
+  return _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+#endif
+
+}  // namespace simd
+}  // namespace tandem::kernels::cpu

@@ -121,7 +121,7 @@ void im2col(const T* x, const Geometry g, T* col) {  // g by value: stays in reg
           }
           const T* src = x + (c * g.H + ih) * g.W;
           if (lo > 0) std::fill(d, d + lo, T(0));
-          if (g.sw == 1) {
+          if (g.vector_rows()) {
             copy_spill(d + lo, src + (lo - g.pw + s), hi - lo);
           } else {
             for (int64_t q = lo; q < hi; ++q) d[q] = src[q * g.sw - g.pw + s];
@@ -331,7 +331,7 @@ void col2im(const T* col, const Geometry g, T* dx) {  // g by value: stays in re
             if (ih < 0 || ih >= g.H) continue;
             const T* sp = src + p * g.Q;
             T* drow = dx + (c * g.H + ih) * g.W;  // column q lands at q*sw - pw + s
-            if (g.sw == 1) {
+            if (g.vector_rows()) {
               add_spill(drow + lo - g.pw + s, sp + lo, hi - lo);
             } else {
               for (int64_t q = lo; q < hi; ++q) drow[q * g.sw - g.pw + s] += sp[q];

@@ -32,7 +32,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor>&& grads) {
   } else {
     g.add_(grads[0]);
   }
-  for (auto& hook : impl->autograd->post_accumulate_hooks) hook(leaf);
+  // A copy: a hook may remove hooks (a reducer destroyed from inside one).
+  const auto hooks = impl->autograd->post_accumulate_hooks;
+  for (const auto& [handle, hook] : hooks) hook(leaf);
   return {};
 }
 

@@ -1,6 +1,8 @@
 #include "core/tensor.h"
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <sstream>
@@ -394,10 +396,22 @@ void Tensor::set_grad_fn(std::shared_ptr<Node> fn, uint32_t nr) {
   m.requires_grad = m.grad_fn != nullptr;
 }
 
-void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {
+uint64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) {
   TANDEM_CHECK(is_leaf() && requires_grad(),
                "post-accumulate-grad hooks go on leaf tensors that require grad");
-  autograd_meta().post_accumulate_hooks.push_back(std::move(hook));
+  static std::atomic<uint64_t> next_handle{1};
+  const uint64_t handle = next_handle.fetch_add(1, std::memory_order_relaxed);
+  autograd_meta().post_accumulate_hooks.emplace_back(handle, std::move(hook));
+  return handle;
+}
+
+bool Tensor::remove_post_accumulate_grad_hook(uint64_t handle) {
+  if (!defined() || !impl().autograd) return false;
+  auto& hooks = impl().autograd->post_accumulate_hooks;
+  const auto it = std::find_if(hooks.begin(), hooks.end(), [&](const auto& h) { return h.first == handle; });
+  if (it == hooks.end()) return false;
+  hooks.erase(it);
+  return true;
 }
 
 Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), offset()); }

@@ -39,7 +39,8 @@ struct AutogradMeta {
   std::shared_ptr<Node> grad_fn;           // producer (non-leaves)
   uint32_t output_nr = 0;                  // which output of grad_fn
   std::shared_ptr<Node> grad_accumulator;  // leaves: created on first use
-  std::vector<PostAccumulateGradHook> post_accumulate_hooks;
+  // Registration order; each with the handle register_post_accumulate_grad_hook returned.
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;
 };
 
 struct TensorImpl {
@@ -119,7 +120,10 @@ class Tensor {
   std::shared_ptr<Node> grad_fn() const;
   uint32_t output_nr() const;
   void set_grad_fn(std::shared_ptr<Node> fn, uint32_t output_nr);
-  void register_post_accumulate_grad_hook(PostAccumulateGradHook hook);
+  // Returns a handle (never 0) for remove_post_accumulate_grad_hook.
+  uint64_t register_post_accumulate_grad_hook(PostAccumulateGradHook hook);
+  // Removes the hook `handle` names; false if this tensor has no such hook.
+  bool remove_post_accumulate_grad_hook(uint64_t handle);
   Tensor detach() const;  // shares data, no history, requires_grad false
   // Runs the autograd engine from this tensor; grad defaults to ones for a scalar.
   void backward(const Tensor& grad = Tensor()) const;

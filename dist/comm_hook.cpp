@@ -1,5 +1,7 @@
 #include "dist/comm_hook.h"
 
+#include "dist/powersgd.h"
+
 namespace tandem::dist {
 namespace {
 
@@ -29,29 +31,42 @@ class DecompressWork final : public Work {
   bool done_ = false;
 };
 
-std::shared_ptr<Work> compress_hook(ProcessGroup& group, Tensor& bucket, DType wire) {
-  Tensor compressed = bucket.to(wire);
+std::shared_ptr<Work> compress_hook(ProcessGroup& group, GradBucket& bucket, DType wire) {
+  Tensor compressed = bucket.buffer.to(wire);
+  bucket.bytes_sent = static_cast<int64_t>(compressed.nbytes());
   auto work = group.allreduce(compressed);
-  return std::make_shared<DecompressWork>(std::move(work), compressed, bucket);
+  return std::make_shared<DecompressWork>(std::move(work), compressed, bucket.buffer);
 }
 
 }  // namespace
 
-std::shared_ptr<Work> allreduce_hook(ProcessGroup& group, Tensor& bucket) { return group.allreduce(bucket); }
+std::shared_ptr<Work> allreduce_hook(ProcessGroup& group, GradBucket& bucket) {
+  return group.allreduce(bucket.buffer);
+}
 
-std::shared_ptr<Work> fp16_compress_hook(ProcessGroup& group, Tensor& bucket) {
+std::shared_ptr<Work> fp16_compress_hook(ProcessGroup& group, GradBucket& bucket) {
   return compress_hook(group, bucket, kFloat16);
 }
 
-std::shared_ptr<Work> bf16_compress_hook(ProcessGroup& group, Tensor& bucket) {
+std::shared_ptr<Work> bf16_compress_hook(ProcessGroup& group, GradBucket& bucket) {
   return compress_hook(group, bucket, kBFloat16);
 }
 
-CommHook comm_hook_by_name(const std::string& name) {
+CommHook comm_hook_by_name(const std::string& name, const CommHookOptions& o) {
   if (name == "allreduce") return allreduce_hook;
   if (name == "fp16") return fp16_compress_hook;
   if (name == "bf16") return bf16_compress_hook;
-  TANDEM_FAIL("unknown comm hook '", name, "', expected allreduce, fp16 or bf16");
+  if (name == "powersgd") {
+    PowerSGDOptions p;
+    p.rank = o.powersgd_rank;
+    p.start_iter = o.powersgd_start_iter;
+    p.min_compression_rate = o.powersgd_min_compression_rate;
+    p.error_feedback = o.powersgd_error_feedback;
+    p.warm_start = o.powersgd_warm_start;
+    p.seed = o.powersgd_seed;
+    return powersgd_hook(p);
+  }
+  TANDEM_FAIL("unknown comm hook '", name, "', expected ", comm_hook_names());
 }
 
 }  // namespace tandem::dist

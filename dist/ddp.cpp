@@ -81,6 +81,7 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
+  if (GradMode::enabled()) reducer_->prepare_for_forward();
   if (options_.broadcast_buffers && is_training()) broadcast_state(/*parameters=*/false, /*buffers=*/true);
   Tensor out = module_->forward(x);
   if (GradMode::enabled() && is_training()) reducer_->prepare_for_backward({out});

@@ -53,15 +53,16 @@ Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, R
   for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
   build_buckets(order);
 
-  std::weak_ptr<bool> alive = alive_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].second.register_post_accumulate_grad_hook([this, alive, i](const Tensor&) {
-      if (alive.lock()) mark_ready(i);
-    });
-  }
+  local_used_.assign(params_.size(), 0.0f);
+  for (size_t i = 0; i < params_.size(); ++i)
+    hook_handles_.push_back(
+        params_[i].second.register_post_accumulate_grad_hook([this, i](const Tensor&) { on_hook(i); }));
 }
 
-Reducer::~Reducer() { alive_.reset(); }
+// The hooks go with the reducer: a parameter that outlives it (the user's model) no longer calls it.
+Reducer::~Reducer() {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].second.remove_post_accumulate_grad_hook(hook_handles_[i]);
+}
 
 double Reducer::auto_bucket_cap_mb(double latency_us, double bandwidth_gbps, int64_t total_bytes) {
   constexpr double kMiB = 1024.0 * 1024.0;
@@ -113,6 +114,7 @@ void Reducer::measure_auto_bucket_cap() {
   auto_cap_ = AutoBucketCap{true, v[1], v[2], probe_bytes / (1024.0 * 1024.0), v[0]};
 }
 
+
 void Reducer::build_buckets(const std::vector<size_t>& order) {
   buckets_.clear();
   bucket_of_.assign(params_.size(), 0);
@@ -131,7 +133,14 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   Bucket current;
   int64_t bytes = 0, elements = 0;
   auto close = [&] {
-    current.buffer = flat.slice(0, flat_offset, flat_offset + elements);
+    GradBucket& g = current.grad;
+    g.index = buckets_.size();
+    g.buffer = flat.slice(0, flat_offset, flat_offset + elements);
+    for (size_t k = 0; k < current.params.size(); ++k) {
+      const Tensor& p = params_[current.params[k]].second;
+      g.parameters.push_back(p);
+      g.gradients.push_back(g.buffer.slice(0, g.offsets[k], g.offsets[k] + p.numel()).view(p.shape()));
+    }
     flat_offset += elements;
     current.pending = current.params.size();
     buckets_.push_back(std::move(current));
@@ -143,34 +152,41 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket_of_[idx] = buckets_.size();
     slot_in_bucket_[idx] = current.params.size();
     current.params.push_back(idx);
-    current.offsets.push_back(elements);
+    current.grad.offsets.push_back(elements);
     elements += p.numel();
     bytes += static_cast<int64_t>(p.nbytes());
     if (bytes >= cap_bytes(buckets_.size())) close();
   }
   if (!current.params.empty()) close();
+  buckets_.back().grad.is_last = true;
 
   if (options_.gradient_as_bucket_view) {
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor& p = params_[i].second;
+      if (!p.grad().defined()) continue;  // stays undefined until a reduction gives it a value
       Tensor view = bucket_view(i);
-      if (p.grad().defined()) view.copy_(p.grad());
+      view.copy_(p.grad());
       p.set_grad(view);
     }
   }
   next_launch_ = 0;
 }
 
-Tensor Reducer::bucket_view(size_t index) {
-  const Bucket& b = buckets_[bucket_of_[index]];
-  const int64_t off = b.offsets[slot_in_bucket_[index]];
-  const Tensor& p = params_[index].second;
-  return b.buffer.slice(0, off, off + p.numel()).view(p.shape());
+const Tensor& Reducer::bucket_view(size_t index) const {
+  return buckets_[bucket_of_[index]].grad.gradients[slot_in_bucket_[index]];
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
   std::vector<std::vector<size_t>> out;
   for (auto& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+std::vector<size_t> Reducer::unused_parameters() const {
+  std::vector<size_t> out;
+  const std::vector<bool>& set = options_.static_graph ? static_unused_ : unused_;
+  for (size_t i = 0; i < set.size(); ++i)
+    if (set[i]) out.push_back(i);
   return out;
 }
 
@@ -180,8 +196,13 @@ void Reducer::reset_iteration() {
     b.work.reset();
   }
   std::fill(ready_.begin(), ready_.end(), false);
+  unused_.assign(params_.size(), false);
+  if (static_after_first()) hooks_left_ = hooks_seen_;
+  if (static_first()) hooks_seen_.assign(params_.size(), 0);
   next_launch_ = 0;
-  finalize_queued_ = false;
+  hook_fired_ = false;
+  local_used_work_.reset();
+  local_used_reduced_ = false;
 }
 
 std::vector<bool> Reducer::reachable_params(const std::vector<Tensor>& outputs) const {
@@ -204,100 +225,158 @@ std::vector<bool> Reducer::reachable_params(const std::vector<Tensor>& outputs) 
   return reachable;
 }
 
+void Reducer::prepare_for_forward() {
+  if (should_rebuild() && !arrival_order_.empty()) rebuild_buckets();
+}
+
 void Reducer::prepare_for_backward(const std::vector<Tensor>& outputs) {
   if (!require_sync_) {
     expecting_backward_ = false;
     return;
   }
-  reset_iteration();
+  // A second DDP forward before backward: its outputs join the first's.
+  const bool merge = expecting_backward_ && !hook_fired_;
+  if (!merge) reset_iteration();
   expecting_backward_ = true;
-  if (!options_.find_unused_parameters) return;
+  if (dynamic_find_unused()) {
+    const std::vector<bool> reachable = reachable_params(outputs);
+    ++stats_.graph_walks;
+    for (size_t i = 0; i < params_.size(); ++i) unused_[i] = (merge ? unused_[i] : true) && !reachable[i];
+  } else if (static_after_first()) {
+    unused_ = static_unused_;
+  }
+}
 
-  std::vector<bool> unused(params_.size(), false);
-  if (options_.static_graph && iteration_ > 0) {
-    unused = unused_static_;
-  } else {
-    std::vector<bool> reachable = reachable_params(outputs);
-    for (size_t i = 0; i < params_.size(); ++i) unused[i] = !reachable[i];
-    if (options_.static_graph) unused_static_ = unused;
+void Reducer::on_hook(size_t index) {
+  Tensor& p = params_[index].second;
+  // Used on this rank: counted under no_sync too, so a gradient accumulated there is reduced.
+  if ((dynamic_find_unused() || static_first()) && p.grad().defined()) local_used_[index] = 1.0f;
+  if (!expecting_backward_ || !require_sync_) return;  // nothing prepared (or no_sync): ignored
+  if (!callback_queued_) {
+    std::weak_ptr<bool> alive = alive_;
+    autograd::queue_callback([this, alive] {
+      if (alive.lock()) end_of_backward();
+    });
+    callback_queued_ = true;
   }
-  // Unused parameters contribute zero and are ready now.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!unused[i]) continue;
-    Tensor view = bucket_view(i);
-    view.zero_();
-    ready_[i] = true;
-    if (iteration_ == 0) arrival_order_.push_back(i);
-    --buckets_[bucket_of_[i]].pending;
+  if (static_first()) {  // everything is reduced at the end of this backward
+    ++hooks_seen_[index];
+    return;
   }
-  launch_ready_buckets();
+  if (!hook_fired_) {
+    hook_fired_ = true;
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (unused_[i]) mark_ready(i);
+  }
+  if (static_after_first()) {
+    TANDEM_CHECK(hooks_left_[index] > 0, "DistributedDataParallel: parameter '", params_[index].first,
+                 "' received a gradient it did not receive in the first iteration; static_graph needs the same "
+                 "graph (the same parameters used, as many times) in every iteration: drop static_graph");
+    if (--hooks_left_[index] > 0) return;  // more backward passes of this iteration will reach it
+  }
+  if (should_rebuild()) arrival_order_.push_back(index);
+  mark_ready(index);
 }
 
 void Reducer::mark_ready(size_t index) {
-  if (!require_sync_) return;  // no_sync: gradients accumulate in .grad
-  if (!expecting_backward_) {
-    // backward on a graph DDP's forward did not prepare (e.g. a second
-    // backward over the same forward): start a fresh reduction.
-    reset_iteration();
-    expecting_backward_ = true;
+  if (ready_[index]) {
+    const bool was_unused = unused_[index];
+    TANDEM_FAIL("DistributedDataParallel: parameter '", params_[index].first, "' received its gradient twice in one "
+                "reduction. ",
+                was_unused ? "DDP's forward outputs do not reach it, so find_unused_parameters marked it unused, "
+                             "yet backward reached it: it is used outside the wrapped module's forward (e.g. in the "
+                             "loss). Use it inside forward, or return what uses it from forward"
+                           : "Two backward passes reached it after one DDP forward: run a DDP forward before each "
+                             "backward, or sum the losses and call backward once");
   }
-  TANDEM_CHECK(!ready_[index], "DistributedDataParallel: parameter '", params_[index].first,
-               "' received its gradient twice in one reduction");
-  if (!finalize_queued_) {
-    std::weak_ptr<bool> alive = alive_;
-    autograd::queue_callback([this, alive] {
-      if (alive.lock()) finalize();
-    });
-    finalize_queued_ = true;
-  }
-  Tensor& p = params_[index].second;
-  Tensor grad = p.grad();
+  Tensor grad = params_[index].second.grad();
   Tensor view = bucket_view(index);
-  if (options_.gradient_as_bucket_view) {
-    if (!grad.defined() || grad.storage() != view.storage()) {
-      if (grad.defined())
-        view.copy_(grad);
-      else
-        view.zero_();
-      p.set_grad(view);
+  if (!grad.defined()) {
+    view.zero_();  // contributes zero; .grad stays undefined unless some rank used it
+  } else if (options_.gradient_as_bucket_view) {
+    if (grad.storage() != view.storage() || grad.offset() != view.offset()) {
+      view.copy_(grad);
+      params_[index].second.set_grad(view);
     }
   } else {
     copy_scaled(view, grad, 1.0 / group_->size());
   }
   ready_[index] = true;
-  if (iteration_ == 0) arrival_order_.push_back(index);
   --buckets_[bucket_of_[index]].pending;
   launch_ready_buckets();
+  if (next_launch_ == buckets_.size() && dynamic_find_unused() && !local_used_work_) {
+    local_used_comm_ = values_on(*group_, std::vector<double>(local_used_.begin(), local_used_.end()));
+    local_used_work_ = group_->allreduce(local_used_comm_);
+  }
 }
 
 void Reducer::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_];
-    if (options_.gradient_as_bucket_view) scale_in_place(b.buffer, 1.0 / group_->size());
-    b.work = options_.comm_hook(*group_, b.buffer);
+    // With gradient_as_bucket_view the gradients went in undivided (most are the views themselves).
+    if (options_.gradient_as_bucket_view) scale_in_place(b.grad.buffer, 1.0 / group_->size());
+    b.grad.bytes_sent = static_cast<int64_t>(b.grad.buffer.nbytes());
+    b.work = options_.comm_hook(*group_, b.grad);
     if (on_launch_) on_launch_(next_launch_);
     ++next_launch_;
   }
 }
 
+void Reducer::end_of_backward() {
+  callback_queued_ = false;
+  if (static_first() && expecting_backward_) return reduce_all_at_end();
+  if (next_launch_ == buckets_.size()) return finalize();
+  // static_graph: a later backward pass of this iteration will reach the rest.
+  if (static_after_first()) {
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (!ready_[i] && hooks_left_[i] < hooks_seen_[i]) return;
+  }
+  fail_unready();
+}
+
+// static_graph's first iteration (PyTorch's delay_all_reduce): learn the unused set and the hook
+// counts, then reduce every bucket now.
+void Reducer::reduce_all_at_end() {
+  static_unused_.assign(params_.size(), false);
+  for (size_t i = 0; i < params_.size(); ++i) static_unused_[i] = hooks_seen_[i] == 0;
+  local_used_comm_ = values_on(*group_, std::vector<double>(local_used_.begin(), local_used_.end()));
+  local_used_work_ = group_->allreduce(local_used_comm_);
+  for (size_t i = 0; i < params_.size(); ++i) mark_ready(i);
+  static_learned_ = true;
+  finalize();
+}
+
+void Reducer::fail_unready() const {
+  std::string names;
+  int listed = 0, missing = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (ready_[i]) continue;
+    ++missing;
+    if (listed++ < 8) names += (names.empty() ? "" : ", ") + params_[i].first;
+  }
+  if (missing > 8) names += ", ...";
+  TANDEM_FAIL("DistributedDataParallel: backward ended but ", missing, " parameter(s) received no gradient: ", names,
+              ". Their reduction never started, so the ranks would go out of step. If the model does not use "
+              "every parameter in every iteration, enable find_unused_parameters (--find-unused-parameters); "
+              "otherwise make sure every output DDP's forward returned takes part in the loss");
+}
+
+// Whether no rank used parameter `index` (find_unused_parameters, static_graph). Waits for the
+// all-reduced use map only when this rank did not use it, as PyTorch does.
+bool Reducer::globally_unused(size_t index) {
+  if (!options_.find_unused_parameters && !options_.static_graph) return false;
+  if (local_used_[index] != 0.0f) return false;
+  if (!local_used_reduced_ && local_used_work_) {
+    local_used_work_->wait(group_->timeout());
+    const std::vector<float> all = local_used_comm_.to(Device::cpu()).to(kFloat32).to_vector<float>();
+    local_used_ = all;
+    local_used_reduced_ = true;
+  }
+  return local_used_[index] == 0.0f;
+}
+
 void Reducer::finalize() {
   expecting_backward_ = false;
-  finalize_queued_ = false;
-  if (next_launch_ < buckets_.size()) {
-    std::string names;
-    int listed = 0, missing = 0;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (ready_[i]) continue;
-      ++missing;
-      if (listed++ < 8) names += (names.empty() ? "" : ", ") + params_[i].first;
-    }
-    if (missing > 8) names += ", ...";
-    TANDEM_FAIL("DistributedDataParallel: backward ended but ", missing, " parameter(s) received no gradient: ",
-                names,
-                ". Their reduction never started, so the ranks would go out of step. If the model does not use "
-                "every parameter in every iteration, enable find_unused_parameters (--find-unused-parameters); "
-                "otherwise make sure every output DDP's forward returned takes part in the loss");
-  }
   // Bucket by bucket, in launch order: wait for it, then write its gradients back, so the copies of
   // the early buckets run while the later ones are still being reduced. On the host (Gloo)
   // exposed_comm_ms adds up the waits only; finalize_ms includes the copies. On a device group the
@@ -312,15 +391,16 @@ void Reducer::finalize() {
   }
   const auto start = Clock::now();
   double waited_ms = 0.0;
-  int64_t bytes = 0;
+  int64_t sent = 0, bucket_bytes = 0;
   for (size_t k = 0; k < buckets_.size(); ++k) {
     Bucket& b = buckets_[k];
     const auto wait_start = Clock::now();
     b.work->wait(group_->timeout());
     waited_ms += std::chrono::duration<double, std::milli>(Clock::now() - wait_start).count();
     if (comm_timer_ && k + 1 == buckets_.size()) comm_timer_->stop();
-    bytes += static_cast<int64_t>(b.buffer.nbytes());
-    for (size_t i : b.params) write_back(i);
+    sent += b.grad.bytes_sent;
+    bucket_bytes += static_cast<int64_t>(b.grad.buffer.nbytes());
+    for (size_t i : b.params) write_back(i, globally_unused(i));
   }
   if (!comm_timer_) {
     stats_.exposed_comm_ms = waited_ms;
@@ -328,30 +408,38 @@ void Reducer::finalize() {
   }
   stats_.finalize_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   stats_.buckets = static_cast<int64_t>(buckets_.size());
-  stats_.bytes = bytes;
+  stats_.bytes = sent;
+  stats_.bucket_bytes = bucket_bytes;
   stats_.iteration = iteration_;
   for (auto& b : buckets_) b.work.reset();
-
-  if (iteration_ == 0 && !rebuilt_) rebuild_buckets_from_arrival_order();
+  if (dynamic_find_unused()) std::fill(local_used_.begin(), local_used_.end(), 0.0f);
   ++iteration_;
 }
 
 // The reduced gradient of parameter `index` from its bucket into .grad (or .grad made the view).
-void Reducer::write_back(size_t index) {
+// A parameter no rank used keeps its .grad as it was.
+void Reducer::write_back(size_t index, bool global_unused) {
+  if (global_unused) return;
   Tensor& p = params_[index].second;
-  Tensor view = bucket_view(index);
+  const Tensor& view = bucket_view(index);
+  const Tensor grad = p.grad();
   if (options_.gradient_as_bucket_view) {
-    if (!p.grad().defined() || p.grad().storage() != view.storage()) p.set_grad(view);
-  } else if (p.grad().defined()) {
-    Tensor g = p.grad();
+    if (!grad.defined() || grad.storage() != view.storage() || grad.offset() != view.offset()) p.set_grad(view);
+  } else if (grad.defined()) {
+    Tensor g = grad;
     g.copy_(view);
   } else {
     p.set_grad(view.clone());
   }
 }
 
-void Reducer::rebuild_buckets_from_arrival_order() {
+void Reducer::rebuild_buckets() {
   rebuilt_ = true;
+  ++stats_.rebuilds;
+  // static_graph: parameters unused on this rank arrive last.
+  if (options_.static_graph)
+    for (size_t i = 0; i < params_.size(); ++i)
+      if (static_unused_[i]) arrival_order_.push_back(i);
   // Rank 0's order decides, so every rank builds the same buckets.
   const size_t n = params_.size();
   std::vector<double> mine(n, -1.0);

@@ -61,14 +61,23 @@ struct AdamStep {
   float lr, beta1, beta2, eps, weight_decay;
   bool decoupled;
   float bias_correction1, bias_correction2;
+  // 1 - beta1, 1 - beta2 and AdamW's 1 - lr * weight_decay, rounded once from double as PyTorch's
+  // scalars are (1.0f - 0.999f is 1.3e-5 away from 0.001 in relative terms). make() sets them.
+  float one_minus_beta1 = 0, one_minus_beta2 = 0, decay = 1;
+  static AdamStep make(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                       double bias_correction1, double bias_correction2) {
+    return {float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), decoupled,
+            float(bias_correction1), float(bias_correction2), float(1.0 - beta1), float(1.0 - beta2),
+            float(1.0 - lr * weight_decay)};
+  }
   template <typename T> TANDEM_HD void operator()(T& p, T g, T& m, T& v) const {
     if (decoupled) {
-      p *= T(1.0f - lr * weight_decay);
+      p *= T(decay);
     } else {
       g += T(weight_decay) * p;
     }
-    m = T(beta1) * m + T(1.0f - beta1) * g;
-    v = T(beta2) * v + T(1.0f - beta2) * g * g;
+    m = T(beta1) * m + T(one_minus_beta1) * g;
+    v = T(beta2) * v + T(one_minus_beta2) * g * g;
     const T denom = tsqrt(v) / T(tsqrt(bias_correction2)) + T(eps);
     p -= T(lr / bias_correction1) * m / denom;
   }

@@ -164,10 +164,8 @@ void Adam::step() {
     ++s.step;
     const double bc1 = 1.0 - std::pow(options_.beta1, static_cast<double>(s.step));
     const double bc2 = 1.0 - std::pow(options_.beta2, static_cast<double>(s.step));
-    kernels::AdamStep fn{static_cast<float>(g.lr), static_cast<float>(options_.beta1),
-                         static_cast<float>(options_.beta2), static_cast<float>(options_.eps),
-                         static_cast<float>(g.weight_decay), options_.decoupled_weight_decay,
-                         static_cast<float>(bc1), static_cast<float>(bc2)};
+    const auto fn = kernels::AdamStep::make(g.lr, options_.beta1, options_.beta2, options_.eps, g.weight_decay,
+                                            options_.decoupled_weight_decay, bc1, bc2);
     kernels::adam_update(p, grad, buffer(s, "exp_avg", p), buffer(s, "exp_avg_sq", p), fn);
   });
 }

@@ -217,7 +217,7 @@ class Shuffled : public nn::Module {
   std::shared_ptr<nn::Linear> a, b, c;
 };
 
-TEST(Ddp, BucketsAreRebuiltInArrivalOrderAfterTheFirstIteration) {
+TEST(Ddp, BucketsAreRebuiltInArrivalOrderAtTheSecondForward) {
   if (auto ctx = child_rank()) {
     auto model = std::make_shared<Shuffled>();
     dist::DDPOptions opts;
@@ -233,9 +233,14 @@ TEST(Ddp, BucketsAreRebuiltInArrivalOrderAfterTheFirstIteration) {
     EXPECT_EQ(flat(ddp.reducer().bucket_assignment()), (std::vector<size_t>{5, 4, 3, 2, 1, 0}));
     Data d = global_batch(0, ctx->rank * 4, ctx->rank * 4 + 4);
     F::nll_loss(ddp(d.x), d.y).backward();
+    // Not inside backward: at the start of the next forward, as PyTorch does.
+    EXPECT_EQ(flat(ddp.reducer().bucket_assignment()), (std::vector<size_t>{5, 4, 3, 2, 1, 0}));
+    EXPECT_EQ(ddp.reducer().stats().rebuilds, 0);
+    F::nll_loss(ddp(d.x), d.y).backward();
     // Backward produces c first, then b, then a (bias before weight within each linear).
     auto rebuilt = flat(ddp.reducer().bucket_assignment());
     EXPECT_EQ(rebuilt, (std::vector<size_t>{1, 0, 5, 4, 3, 2}));
+    EXPECT_EQ(ddp.reducer().stats().rebuilds, 1);
     return;
   }
   run_ranks(2);

@@ -77,8 +77,8 @@ TEST(CudaOptim, AdamAndAdamWMatchCpu) {
     const float beta1 = 0.9f, beta2 = 0.999f;
     for (int step = 1; step <= 4; ++step) {
       const Tensor g = random_cpu(kShape, gen);
-      const kernels::AdamStep s{1e-3f, beta1, beta2, 1e-8f, 1e-2f, decoupled,
-                                1.0f - std::pow(beta1, float(step)), 1.0f - std::pow(beta2, float(step))};
+      const auto s = kernels::AdamStep::make(1e-3, beta1, beta2, 1e-8, 1e-2, decoupled,
+                                             1.0 - std::pow(double(beta1), step), 1.0 - std::pow(double(beta2), step));
       kp::adam_update(p, g, m, v, s);
       kc::adam_update(pd, g.to(gpu()), md, vd, s);
       ASSERT_TRUE(close(pd, p, kAtol, kRtol)) << "step " << step << " decoupled " << decoupled;

@@ -112,8 +112,7 @@ void check_adam(bool decoupled, double wd, DType dtype, int64_t n, uint64_t seed
       rv[i] = beta2 * rv[i] + (1 - beta2) * grad * grad;
       rp[i] -= lr / bc1 * rm[i] / (std::sqrt(rv[i]) / std::sqrt(bc2) + eps);
     }
-    const AdamStep s{float(lr), float(beta1), float(beta2), float(eps),
-                     float(wd), decoupled,    float(bc1),   float(bc2)};
+    const AdamStep s = AdamStep::make(lr, beta1, beta2, eps, wd, decoupled, bc1, bc2);
     kernels::adam_update(p, g, m, v, s);
   }
   const Tol tol = dtype == kFloat64 ? Tol{1e-6, 1e-5} : Tol{1e-5, 1e-4};

@@ -50,7 +50,7 @@ void DistributedDataParallel::verify_same_model() {
 // Rank 0's values of the tensors, one broadcast per dtype. A tensor already on the group's device
 // is copied into the flat message and back on that device (NCCL: no host round trip); others
 // cross to it and back (CPU buffers over NCCL, CUDA buffers over Gloo).
-void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
+void DistributedDataParallel::broadcast_state(bool parameters, bool buffers, int root) {
   if (group_->size() == 1) return;
   NoGradGuard no_grad;
   std::vector<Tensor> tensors;
@@ -71,7 +71,7 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
       flat.slice(0, off, off + t.numel()).view(t.shape()).copy_(t);
       off += t.numel();
     }
-    group_->broadcast(flat, 0)->wait(group_->timeout());
+    group_->broadcast(flat, root)->wait(group_->timeout());
     off = 0;
     for (auto& t : group) {
       t.copy_(flat.slice(0, off, off + t.numel()).view(t.shape()));
@@ -81,11 +81,45 @@ void DistributedDataParallel::broadcast_state(bool parameters, bool buffers) {
 }
 
 Tensor DistributedDataParallel::forward(const Tensor& x) {
+  int buffer_root = 0;
+  if (join_enabled_) {
+    const JoinNotice notice = exchange_join_notice(/*joined=*/false, /*terminate=*/false);
+    TANDEM_CHECK(!notice.terminate, "DistributedDataParallel: a rank ran out of inputs and asked every rank to stop "
+                                    "(Join with throw_on_early_termination)");
+    buffer_root = notice.authoritative;
+  }
   if (GradMode::enabled()) reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers && is_training()) broadcast_state(/*parameters=*/false, /*buffers=*/true);
+  if (options_.broadcast_buffers && is_training()) broadcast_state(/*parameters=*/false, /*buffers=*/true, buffer_root);
   Tensor out = module_->forward(x);
   if (GradMode::enabled() && is_training()) reducer_->prepare_for_backward({out});
   return out;
+}
+
+DistributedDataParallel::JoinNotice DistributedDataParallel::exchange_join_notice(bool joined, bool terminate) {
+  const int world = group_->size();
+  std::vector<double> v(4 + static_cast<size_t>(world), 0.0);
+  if (!joined) {
+    v[0] = 1;
+    v[1] = GradMode::enabled() && is_training() && reducer_->require_sync() ? 1 : 0;
+    v[3] = options_.broadcast_buffers && is_training() ? 1 : 0;
+    v[4 + static_cast<size_t>(group_->rank())] = 1;
+  }
+  v[2] = terminate ? 1 : 0;
+  const std::vector<double> all = allreduce_values(*group_, v, ReduceOp::Sum, "Join: the ranks' join notice");
+  JoinNotice n;
+  n.active = static_cast<int>(all[0]);
+  n.sync = all[1] > 0;
+  n.terminate = all[2] > 0;
+  n.buffers = all[3] > 0;
+  for (int r = 0; r < world; ++r)
+    if (all[4 + static_cast<size_t>(r)] > 0) n.authoritative = r;
+  return n;
+}
+
+void DistributedDataParallel::shadow_iteration(const JoinNotice& notice) {
+  reducer_->prepare_for_forward();
+  if (notice.buffers) broadcast_state(/*parameters=*/false, /*buffers=*/true, notice.authoritative);
+  if (notice.sync) reducer_->shadow_backward();
 }
 
 }  // namespace tandem::dist

@@ -27,6 +27,7 @@ class DistributedDataParallel : public nn::Module {
   Tensor forward(const Tensor& x) override;
 
   nn::Module& module() { return *module_; }
+  const DDPOptions& options() const { return options_; }
   Reducer& reducer() { return *reducer_; }
   ProcessGroup& process_group() { return *group_; }
 
@@ -46,13 +47,27 @@ class DistributedDataParallel : public nn::Module {
   [[nodiscard]] std::unique_ptr<NoSync> no_sync() { return std::make_unique<NoSync>(*reducer_); }
 
  private:
+  friend class Join;
+  // What an active rank tells the joined ones at the start of each forward (dist/join.h).
+  struct JoinNotice {
+    int active = 0;           // ranks still training
+    bool sync = false;        // some active rank reduces gradients in this backward
+    bool terminate = false;   // a joined rank asked everyone to stop (throw_on_early_termination)
+    bool buffers = false;     // the forward broadcasts buffers
+    int authoritative = 0;    // the highest active rank: the source of buffers
+  };
+  JoinNotice exchange_join_notice(bool joined, bool terminate);
+  // A joined rank's share of one iteration of the others: the same collectives, with zeros.
+  void shadow_iteration(const JoinNotice& notice);
+
   void verify_same_model();
-  void broadcast_state(bool parameters, bool buffers);
+  void broadcast_state(bool parameters, bool buffers, int root = 0);
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
   DDPOptions options_;
   std::unique_ptr<Reducer> reducer_;
+  bool join_enabled_ = false;  // inside a Join: each forward tells the joined ranks first
 };
 
 }  // namespace tandem::dist

@@ -463,3 +463,34 @@ void Reducer::rebuild_buckets() {
 }
 
 }  // namespace tandem::dist
+
+namespace tandem::dist {
+
+void Reducer::shadow_backward() {
+  const bool static_first_now = static_first();
+  auto send_use_map = [&] {
+    Tensor zeros = values_on(*group_, std::vector<double>(params_.size(), 0.0));
+    group_->allreduce(zeros)->wait(group_->timeout());
+  };
+  if (static_first_now) send_use_map();  // reduce_all_at_end sends it before the buckets
+  for (Bucket& b : buckets_) {
+    b.grad.buffer.zero_();
+    b.grad.bytes_sent = static_cast<int64_t>(b.grad.buffer.nbytes());
+    b.work = options_.comm_hook(*group_, b.grad);
+  }
+  for (Bucket& b : buckets_) {
+    b.work->wait(group_->timeout());
+    b.work.reset();
+  }
+  if (dynamic_find_unused()) send_use_map();
+  // The rebuild at the next forward needs an order on every rank; rank 0's is the one used.
+  if (should_rebuild() && arrival_order_.empty() && !static_first_now)
+    for (size_t i = 0; i < params_.size(); ++i) arrival_order_.push_back(i);
+  if (static_first_now) {
+    static_unused_.assign(params_.size(), true);
+    hooks_seen_.assign(params_.size(), 0);
+    static_learned_ = true;
+  }
+}
+
+}  // namespace tandem::dist

@@ -112,6 +112,10 @@ class Reducer {
   // outputs to the first's.
   void prepare_for_backward(const std::vector<Tensor>& outputs);
 
+  // A joined rank's part in a synchronised backward of the others (dist/join.h): every bucket
+  // through the comm hook as zeros, and the use map as zeros, in the order the others send them.
+  void shadow_backward();
+
   // While false, backward accumulates into .grad locally and nothing is sent.
   void set_require_sync(bool sync) { require_sync_ = sync; }
   bool require_sync() const { return require_sync_; }

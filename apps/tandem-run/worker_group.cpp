@@ -322,10 +322,20 @@ class Supervisor {
       std::vector<Worker*> failed;
       for (Worker* w : reap())
         if (exit_code_of(w->status) != 0 && !ending && !received) failed.push_back(w);
+      auto any_signaled = [&] {
+        return std::any_of(failed.begin(), failed.end(), [](Worker* f) { return WIFSIGNALED(f->status); });
+      };
+      // A rank that failed on a broken connection may have seen its peer die before that peer is
+      // reapable: give a killed peer a moment to show up, so the cause is what gets reported.
+      for (const auto until = Clock::now() + std::chrono::milliseconds(300);
+           !failed.empty() && !any_signaled() && alive_count() > 0 && Clock::now() < until;) {
+        ::usleep(20 * 1000);
+        for (Worker* w : reap())
+          if (exit_code_of(w->status) != 0) failed.push_back(w);
+      }
       if (!failed.empty()) {
-        // Several found dead in one pass: a rank killed by a signal is the likelier cause (the
-        // others then fail on their broken connections), so it is the one reported; else the
-        // lowest rank.
+        // Several found dead: a rank killed by a signal is the likelier cause (the others then
+        // fail on their broken connections), so it is the one reported; else the lowest rank.
         auto by_signal =
             std::find_if(failed.begin(), failed.end(), [](Worker* f) { return WIFSIGNALED(f->status); });
         Worker* w = by_signal != failed.end() ? *by_signal : failed.front();

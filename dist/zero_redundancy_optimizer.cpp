@@ -83,7 +83,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> 
                                                  std::shared_ptr<ProcessGroup> group, ZeroOptions options)
     : Optimizer(std::move(groups), kWho), group_(std::move(group)), options_(options) {
   TANDEM_CHECK(group_ != nullptr, kWho, ": a process group is required");
-  TANDEM_CHECK(make_local != nullptr, kWho, ": a local optimizer factory is required (e.g. local_optimizer<optim::Adam>)");
+  TANDEM_CHECK(make_local != nullptr, kWho,
+               ": a local optimizer factory is required (e.g. local_optimizer<optim::Adam>)");
   std::map<const void*, std::pair<size_t, size_t>> seen;  // parameter -> (group, position)
   std::vector<std::vector<int64_t>> numels;
   for (size_t g = 0; g < groups_.size(); ++g) {

@@ -107,7 +107,8 @@ std::string bitwise_diff(const Tensor& a, const Tensor& b) {
   if (std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()) == 0) return "";
   const auto va = ha.to_vector<double>(), vb = hb.to_vector<double>();
   for (size_t i = 0; i < va.size(); ++i)
-    if (va[i] != vb[i]) return "element " + std::to_string(i) + ": " + std::to_string(va[i]) + " vs " + std::to_string(vb[i]);
+    if (va[i] != vb[i])
+      return "element " + std::to_string(i) + ": " + std::to_string(va[i]) + " vs " + std::to_string(vb[i]);
   return "differs in bits only";
 }
 
@@ -226,7 +227,8 @@ void run_against_unsharded(const test::RankContext& ctx, const std::vector<Shape
   plain2->load_state_dict(ctx.rank == to ? zero.state_dict() : plain->state_dict());
   for (int s = kSteps; s < 2 * kSteps; ++s) {
     set_grads(ps2, ref, s, ctx.world);
-    for (size_t k = 0; k < ref2.size(); ++k) ref2[k].set_grad(ref[k].grad().defined() ? ref[k].grad().clone() : Tensor());
+    for (size_t k = 0; k < ref2.size(); ++k)
+      ref2[k].set_grad(ref[k].grad().defined() ? ref[k].grad().clone() : Tensor());
     resumed.step();
     plain->step();
     plain2->step();

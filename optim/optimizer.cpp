@@ -111,6 +111,13 @@ void Optimizer::load_state_dict(const std::map<std::string, Tensor>& state) {
   state_ = std::move(loaded);
 }
 
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const ParamState& s : state_)
+    for (const auto& [name, t] : s.buffers) bytes += static_cast<int64_t>(t.nbytes());
+  return bytes;
+}
+
 // ---- SGD ----
 
 SGD::SGD(std::vector<Tensor> params, const SGDOptions& o) : SGD(one_group(std::move(params), o.lr, o.weight_decay), o) {}
@@ -135,7 +142,10 @@ void SGD::step() {
 // ---- Adadelta ----
 
 Adadelta::Adadelta(std::vector<Tensor> params, const AdadeltaOptions& o)
-    : Optimizer(one_group(std::move(params), o.lr, o.weight_decay), "Adadelta"), options_(o) {
+    : Adadelta(one_group(std::move(params), o.lr, o.weight_decay), o) {}
+
+Adadelta::Adadelta(std::vector<ParamGroup> groups, const AdadeltaOptions& o)
+    : Optimizer(std::move(groups), "Adadelta"), options_(o) {
   TANDEM_CHECK(o.rho >= 0.0 && o.rho <= 1.0, "Adadelta: rho must be in [0, 1], got ", o.rho);
   TANDEM_CHECK(o.eps >= 0.0, "Adadelta: eps must be >= 0, got ", o.eps);
 }
@@ -152,8 +162,10 @@ void Adadelta::step() {
 // ---- Adam / AdamW ----
 
 Adam::Adam(std::vector<Tensor> params, const AdamOptions& o)
-    : Optimizer(one_group(std::move(params), o.lr, o.weight_decay), o.decoupled_weight_decay ? "AdamW" : "Adam"),
-      options_(o) {
+    : Adam(one_group(std::move(params), o.lr, o.weight_decay), o) {}
+
+Adam::Adam(std::vector<ParamGroup> groups, const AdamOptions& o)
+    : Optimizer(std::move(groups), o.decoupled_weight_decay ? "AdamW" : "Adam"), options_(o) {
   TANDEM_CHECK(o.beta1 >= 0.0 && o.beta1 < 1.0 && o.beta2 >= 0.0 && o.beta2 < 1.0, name_,
                ": betas must be in [0, 1), got ", o.beta1, ", ", o.beta2);
   TANDEM_CHECK(o.eps >= 0.0, name_, ": eps must be >= 0, got ", o.eps);
@@ -171,7 +183,10 @@ void Adam::step() {
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o)
-    : Adam(std::move(params), [&] {
+    : AdamW(one_group(std::move(params), o.lr, o.weight_decay), o) {}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions o)
+    : Adam(std::move(groups), [&] {
         o.decoupled_weight_decay = true;
         return o;
       }()) {}

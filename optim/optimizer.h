@@ -3,6 +3,9 @@
 // first step. A parameter whose .grad is undefined is skipped, as in PyTorch.
 // state_dict flattens the per-parameter state to "state.<i>.<name>" tensors
 // (i counts parameters across groups in order) plus "group.<g>.lr" scalars.
+// Every optimizer also takes a list of ParamGroups (each group's lr and
+// weight_decay win over the options'), which is how a wrapper such as
+// dist::ZeroRedundancyOptimizer builds the same optimizer over a subset.
 #pragma once
 
 #include <map>
@@ -33,8 +36,11 @@ class Optimizer {
   double lr() const { return groups_.at(0).lr; }
   void set_lr(double lr);  // every group
 
-  std::map<std::string, Tensor> state_dict() const;
-  void load_state_dict(const std::map<std::string, Tensor>& state);
+  // Virtual so that a wrapper holding its state elsewhere (a sharded optimizer) answers for it.
+  virtual std::map<std::string, Tensor> state_dict() const;
+  virtual void load_state_dict(const std::map<std::string, Tensor>& state);
+  // Bytes of the per-parameter state tensors this object holds (momentum, Adam's moments, ...).
+  virtual int64_t state_bytes() const;
 
  protected:
   Optimizer(std::vector<ParamGroup> groups, const char* name);
@@ -88,6 +94,7 @@ struct AdadeltaOptions {
 class Adadelta : public Optimizer {
  public:
   Adadelta(std::vector<Tensor> params, const AdadeltaOptions& options);
+  Adadelta(std::vector<ParamGroup> groups, const AdadeltaOptions& options);
   void step() override;
 
  private:
@@ -102,6 +109,7 @@ struct AdamOptions {
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, const AdamOptions& options);
+  Adam(std::vector<ParamGroup> groups, const AdamOptions& options);
   void step() override;
 
  protected:
@@ -112,6 +120,7 @@ class Adam : public Optimizer {
 class AdamW : public Adam {
  public:
   AdamW(std::vector<Tensor> params, AdamOptions options);
+  AdamW(std::vector<ParamGroup> groups, AdamOptions options);
 };
 
 // Multiplies every group's lr by gamma each step_size calls of step()

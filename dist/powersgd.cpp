@@ -63,7 +63,9 @@ class PowerSGDWork final : public Work {
     group_.allreduce(q_memory_)->wait(timeout);
     for (Compressed& c : compressed_) c.matrix.copy_(kernels::matmul(c.p, c.q.transpose(0, 1).contiguous()));
     if (error_) {
-      input_copy_.add_(buffer_, -1.0);
+      // What this rank sent minus its share of what came back: the buffer went in divided by the
+      // world size and holds the average now (PyTorch's undivided input minus the average, over W).
+      input_copy_.add_(buffer_, -1.0 / group_.size());
       *error_ = input_copy_;
     }
     done_ = true;
@@ -99,15 +101,23 @@ std::shared_ptr<Work> powersgd(PowerSGDState& state, ProcessGroup& group, GradBu
   const Device device = buffer.device();
   const size_t index = bucket.index;
 
-  // A bucket whose size changed (the buckets were rebuilt) starts afresh.
-  auto fresh = [&](std::map<size_t, Tensor>& memory, int64_t numel) {
-    auto it = memory.find(index);
-    return it == memory.end() || it->second.numel() != numel;
-  };
+  // A bucket whose layout changed (the buckets were rebuilt) starts afresh.
+  std::vector<int64_t> layout;
+  for (const Tensor& g : bucket.gradients) {
+    layout.push_back(g.dim());
+    layout.insert(layout.end(), g.shape().begin(), g.shape().end());
+  }
+  if (state.layout[index] != layout) {
+    state.error.erase(index);
+    state.p_memory.erase(index);
+    state.q_memory.erase(index);
+    state.layout[index] = layout;
+  }
+  auto fresh = [&](std::map<size_t, Tensor>& memory) { return memory.find(index) == memory.end(); };
   Tensor* error = nullptr;
   Tensor input_copy;
   if (o.error_feedback) {
-    if (!fresh(state.error, buffer.numel())) buffer.add_(state.error[index]);
+    if (!fresh(state.error)) buffer.add_(state.error[index]);
     error = &state.error[index];
     input_copy = buffer.clone();
   }
@@ -141,7 +151,7 @@ std::shared_ptr<Work> powersgd(PowerSGDState& state, ProcessGroup& group, GradBu
   auto flat_work = group.allreduce(flat);
 
   // Step 3: P = M Q, with Q warm-started from the last iteration or drawn afresh.
-  const bool randomize = !o.warm_start || fresh(state.p_memory, p_total) || fresh(state.q_memory, q_total);
+  const bool randomize = !o.warm_start || fresh(state.p_memory) || fresh(state.q_memory);
   if (randomize) {
     state.p_memory[index] = Tensor::empty({p_total}, kFloat32, device);
     state.q_memory[index] = Tensor::empty({q_total}, kFloat32, device);

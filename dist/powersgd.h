@@ -9,7 +9,8 @@
 // hook is a plain all-reduce (PyTorch's default start is 1000).
 //
 // Differences from PyTorch: the bucket arrives divided by the world size, so no sum is divided
-// again; the random Qs come from Tandem's generator, not torch.randn, so runs agree with PyTorch
+// again; a bucket whose layout changed (the reducer's one rebuild) drops its error and warm start,
+// so any start_iter is safe (PyTorch asks for start_iter > 1 instead); the random Qs come from Tandem's generator, not torch.randn, so runs agree with PyTorch
 // in distribution only. Orthonormalisation runs on the host (P and Q are small); on a GPU that is
 // one copy each way per bucket.
 // Threads: the hook and its Work's wait() run on the reducer's thread; one state per DDP model.
@@ -18,6 +19,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "core/random.h"
 #include "dist/comm_hook.h"
@@ -40,6 +42,9 @@ struct PowerSGDState {
   Generator rng;
   std::map<size_t, Tensor> error;       // bucket index -> what the last approximation lost
   std::map<size_t, Tensor> p_memory, q_memory;
+  // bucket index -> the shapes of its gradients when the memories above were made: a bucket the
+  // reducer rebuilt with another layout starts afresh (no error or warm start across layouts).
+  std::map<size_t, std::vector<int64_t>> layout;
   // Elements the buckets held and the elements sent for them, since the start (compression stats).
   int64_t numel_before = 0, numel_after = 0;
 };

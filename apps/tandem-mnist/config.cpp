@@ -34,6 +34,10 @@ const std::map<std::string, std::string>& flag_keys() {
       {"--find-unused-parameters", "ddp.find_unused_parameters"},
       {"--gradient-as-bucket-view", "ddp.gradient_as_bucket_view"},
       {"--comm-hook", "ddp.comm_hook"},
+      {"--powersgd-rank", "ddp.powersgd_rank"},
+      {"--powersgd-start-iter", "ddp.powersgd_start_iter"},
+      {"--static-graph", "ddp.static_graph"},
+      {"--no-broadcast-buffers", "ddp.broadcast_buffers"},
       {"--sync-bn", "ddp.sync_bn"},
       {"--dist-timeout", "ddp.timeout_s"},
       {"--epochs", "train.epochs"},
@@ -90,6 +94,8 @@ Json options_to_json(const TrainOptions& o) {
        {{"launcher", o.launcher}, {"backend", o.backend}, {"bucket_cap_mb", o.bucket_cap_mb},
         {"first_bucket_cap_mb", o.first_bucket_cap_mb}, {"find_unused_parameters", o.find_unused_parameters},
         {"gradient_as_bucket_view", o.gradient_as_bucket_view}, {"comm_hook", o.comm_hook},
+        {"powersgd_rank", o.powersgd_rank}, {"powersgd_start_iter", o.powersgd_start_iter},
+        {"static_graph", o.static_graph}, {"broadcast_buffers", o.broadcast_buffers},
         {"sync_bn", o.sync_bn}, {"timeout_s", o.dist_timeout_s}}},
       {"train",
        {{"epochs", o.epochs}, {"seed", o.seed}, {"log_interval", o.log_interval},
@@ -134,7 +140,11 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.find_unused_parameters = get<bool>(c, "ddp.find_unused_parameters");
   o.gradient_as_bucket_view = get<bool>(c, "ddp.gradient_as_bucket_view");
   o.comm_hook = get<std::string>(c, "ddp.comm_hook");
-  check_choice("ddp.comm_hook", o.comm_hook, {"allreduce", "fp16", "bf16"});
+  check_choice("ddp.comm_hook", o.comm_hook, {"allreduce", "fp16", "bf16", "powersgd"});
+  o.powersgd_rank = static_cast<int>(at_least<int64_t>(c, "ddp.powersgd_rank", 1));
+  o.powersgd_start_iter = at_least<int64_t>(c, "ddp.powersgd_start_iter", 0);
+  o.static_graph = get<bool>(c, "ddp.static_graph");
+  o.broadcast_buffers = get<bool>(c, "ddp.broadcast_buffers");
   o.sync_bn = get<bool>(c, "ddp.sync_bn");
   o.dist_timeout_s = get<double>(c, "ddp.timeout_s");
   TANDEM_CHECK(o.dist_timeout_s > 0, "config key 'ddp.timeout_s' must be > 0, got ", o.dist_timeout_s);

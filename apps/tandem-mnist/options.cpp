@@ -59,8 +59,19 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
                "DDP: allow parameters that get no gradient in an iteration");
   app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
                "DDP: gradients live in the bucket buffers (saves a copy and memory)");
-  app.add_option("--comm-hook", o.comm_hook, "DDP bucket communication: allreduce, fp16 or bf16 (compressed)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
+  app.add_option("--comm-hook", o.comm_hook,
+                 "DDP bucket communication: allreduce, fp16 or bf16 (compressed), powersgd (low-rank)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}));
+  app.add_option("--powersgd-rank", o.powersgd_rank, "PowerSGD: rank of the gradient approximation")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--powersgd-start-iter", o.powersgd_start_iter,
+                 "PowerSGD: iterations of plain all-reduce before compressing")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--static-graph", o.static_graph,
+               "DDP: the same graph every iteration (unused set and bucket order learned once)");
+  bool no_broadcast_buffers = false;
+  app.add_flag("--no-broadcast-buffers", no_broadcast_buffers,
+               "DDP: do not broadcast rank 0's buffers (BatchNorm statistics) at each forward");
   app.add_option("--auto-scale-lr", o.auto_scale_lr_base_batch,
                  "linear scaling rule: lr *= (batch size x world size) / BASE_BATCH")
       ->check(CLI::NonNegativeNumber);
@@ -105,6 +116,7 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
     return 2;
   }
   o.shuffle = !no_shuffle;
+  o.broadcast_buffers = !no_broadcast_buffers;
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->count() == 0) continue;
     const std::string key = config_key_of_flag(opt->get_name());

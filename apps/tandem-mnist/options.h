@@ -41,7 +41,11 @@ struct TrainOptions {
   double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
-  std::string comm_hook = "allreduce";
+  std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16 | powersgd
+  int powersgd_rank = 1;                 // PowerSGD's matrix_approximation_rank
+  int64_t powersgd_start_iter = 1000;    // plain all-reduce before this many iterations (PyTorch's default)
+  bool static_graph = false;
+  bool broadcast_buffers = true;
   int64_t auto_scale_lr_base_batch = 0;  // 0: off
   double dist_timeout_s = 300.0;
   bool sync_bn = false;

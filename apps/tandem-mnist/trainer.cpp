@@ -333,7 +333,12 @@ int run_training(const TrainOptions& o, const train::Json& config) {
     ddp_options.reducer.first_bucket_cap_mb = o.first_bucket_cap_mb;
     ddp_options.reducer.find_unused_parameters = o.find_unused_parameters;
     ddp_options.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view;
-    ddp_options.reducer.comm_hook = dist::comm_hook_by_name(o.comm_hook);
+    ddp_options.reducer.static_graph = o.static_graph;
+    ddp_options.broadcast_buffers = o.broadcast_buffers;
+    dist::CommHookOptions hook_options;
+    hook_options.powersgd_rank = o.powersgd_rank;
+    hook_options.powersgd_start_iter = o.powersgd_start_iter;
+    ddp_options.reducer.comm_hook = dist::comm_hook_by_name(o.comm_hook, hook_options);
     ddp = std::make_unique<dist::DistributedDataParallel>(net, d.group, ddp_options);
     if (const auto& a = ddp->reducer().auto_bucket_cap(); a.measured)
       spdlog::info("auto bucket cap: all-reduce latency {:.0f} us, bandwidth {:.2f} GB/s -> {:.2f} MiB",
@@ -526,7 +531,8 @@ int run_training(const TrainOptions& o, const train::Json& config) {
       if (ddp) {  // what the reducer did in this step
         const auto& st = ddp->reducer().stats();
         record["buckets"] = st.buckets;
-        record["bucket_bytes"] = st.bytes;
+        record["bucket_bytes"] = st.bucket_bytes;  // what plain all-reduce sends
+        record["comm_bytes"] = st.bytes;           // what the comm hook sent
         record["exposed_comm_ms"] = st.exposed_comm_ms;
       }
       metrics.write(record);

@@ -10,6 +10,7 @@
 #include "core/autograd.h"
 #include "core/random.h"
 #include "dist/ddp.h"
+#include "dist/host_values.h"
 #include "dist/powersgd.h"
 #include "nn/nn.h"
 
@@ -29,9 +30,9 @@ class TwoLayers : public nn::Module {
   std::shared_ptr<nn::Linear> a, b;
 };
 
-Tensor random_batch(uint64_t seed) {
+Tensor random_batch(uint64_t seed, int64_t rows = 6) {
   Generator g(seed);
-  Tensor x = Tensor::empty({6, 16});
+  Tensor x = Tensor::empty({rows, 16});
   for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(g.uniform(-1, 1));
   return x;
 }
@@ -141,13 +142,17 @@ TEST(PowerSgd, RecoversAnAverageOfRankOneAndKeepsTheErrorForTheNextStep) {
             << i << "," << j;
     // The vector is all-reduced uncompressed: 0.5 + 1.0.
     for (float e : bucket.gradients[1].to_vector<float>()) ASSERT_FLOAT_EQ(e, 1.5f);
-    // Error feedback: what this rank sent minus what came back, kept for the bucket.
+    // Error feedback: what this rank sent minus its share (1/world) of what came back, so the
+    // errors of all ranks add up to what the approximation lost (here nothing).
     ASSERT_TRUE(state.error.count(0));
     const auto err = state.error[0].to_vector<float>();
     for (int64_t k = 0; k < rows * cols; ++k)
-      ASSERT_NEAR(err[k], grad.data<float>()[k] - bucket.gradients[0].data<float>()[k], 1e-6);
+      ASSERT_NEAR(err[k], grad.data<float>()[k] - bucket.gradients[0].data<float>()[k] / 2, 1e-6);
     for (int64_t k = rows * cols; k < rows * cols + cols; ++k)
-      ASSERT_FLOAT_EQ(err[k], 0.5f * (ctx->rank + 1) - 1.5f);
+      ASSERT_FLOAT_EQ(err[k], 0.5f * (ctx->rank + 1) - 0.75f);
+    const auto all_err = dist::allreduce_values(*ctx->group, std::vector<double>(err.begin(), err.end()),
+                                                dist::ReduceOp::Sum, "errors");
+    for (double e : all_err) ASSERT_NEAR(e, 0.0, 1e-5);
     EXPECT_EQ(bucket.bytes_sent, (cols + rows + cols) * 4);
     EXPECT_EQ(state.iteration, 1);
     return;
@@ -164,4 +169,35 @@ TEST(PowerSgd, BadSettingsAndUnknownHookNamesAreOneLineErrors) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("powersgd"), std::string::npos) << e.what();
   }
+}
+
+// With a rank at least each matrix's smaller side, PowerSGD is exact: every step, warm start and
+// error feedback included, gives plain all-reduce's gradients (to rounding).
+TEST(PowerSgd, FullRankEqualsPlainAllReduceStepAfterStep) {
+  if (auto ctx = child_rank()) {
+    manual_seed(4);
+    auto plain = std::make_shared<TwoLayers>(), compressed = std::make_shared<TwoLayers>();
+    std::map<std::string, Tensor> init;
+    for (auto& [n, t] : plain->state_dict()) init[n] = t.clone();
+    compressed->load_state_dict(init);
+    dist::DistributedDataParallel ddp_plain(plain, ctx->group);
+    dist::DDPOptions opts;
+    opts.reducer.comm_hook = dist::powersgd_hook({.rank = 32, .start_iter = 0, .min_compression_rate = 1e-6});
+    dist::DistributedDataParallel ddp_c(compressed, ctx->group, opts);
+    for (int it = 0; it < 5; ++it) {
+      plain->zero_grad();
+      compressed->zero_grad();
+      // 40 rows: every gradient matrix has full rank, so the rank-16/8 factors span it.
+      auto loss = [](const Tensor& out) { return F::sum(F::mul(out, out)); };  // rows' gradients differ
+      loss(ddp_plain(random_batch(40 + 10 * ctx->rank + it, 40))).backward();
+      loss(ddp_c(random_batch(40 + 10 * ctx->rank + it, 40))).backward();
+      auto pp = plain->named_parameters(), pc = compressed->named_parameters();
+      for (size_t i = 0; i < pp.size(); ++i) {
+        const auto a = pp[i].second.grad().to_vector<float>(), b = pc[i].second.grad().to_vector<float>();
+        for (size_t k = 0; k < a.size(); ++k) ASSERT_NEAR(b[k], a[k], 1e-4) << "step " << it << " " << pp[i].first << "[" << k << "]";
+      }
+    }
+    return;
+  }
+  run_ranks(2);
 }

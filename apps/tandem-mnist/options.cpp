@@ -67,17 +67,26 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
       ->check(CLI::PositiveNumber);
   app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
-  app.add_option("--amp", o.amp, "mixed precision: off, fp16 (with a loss scaler) or bf16")
-      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  std::string amp_text;
+  app.add_option("--amp", amp_text,
+                 "mixed precision: off, fp16 (with a loss scaler) or bf16; alone (MMEngine's --amp): fp16 on CUDA, "
+                 "bf16 on CPU")
+      ->expected(0, 1);
   app.add_flag("--cuda-graph", o.cuda_graph,
                "CUDA: capture forward + backward + optimizer step of a full batch once (after a few warm-up "
                "iterations) and replay it every iteration (one launch per step)");
   app.add_option("--config", o.config_file,
                  "JSON config (see configs/); its keys override the defaults, flags override it");
+  std::string positional_config;
+  app.add_option("CONFIG", positional_config,
+                 "the config, as MMEngine's tools/train.py CONFIG (the same as --config)");
+  app.add_option("--local_rank,--local-rank", o.local_rank,
+                 "this process's local rank, as torch.distributed.launch passes it (LOCAL_RANK wins when set)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--cfg-options", o.cfg_options, "override config keys: KEY=VALUE ... (e.g. optimizer.lr=0.5)")
       ->expected(1, -1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--work-dir", o.work_dir,
+  app.add_option("--work-dir,--work_dir", o.work_dir,
                  "where logs, metrics, config.json and checkpoints go (default: work_dirs/<config name>)");
   app.add_option("--eval-interval", o.eval_interval, "epochs between evaluations (0: only after the last epoch)")
       ->check(CLI::NonNegativeNumber);
@@ -105,6 +114,23 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
     return 2;
   }
   o.shuffle = !no_shuffle;
+  if (!positional_config.empty()) {
+    if (!o.config_file.empty() && o.config_file != positional_config) {
+      std::fprintf(stderr, "tandem-mnist: error: two configs given ('%s' and --config '%s'); give one\n",
+                   positional_config.c_str(), o.config_file.c_str());
+      return 2;
+    }
+    o.config_file = positional_config;
+  }
+  if (app.count("--amp") > 0) {
+    if (amp_text.empty()) amp_text = "auto";
+    if (amp_text != "off" && amp_text != "fp16" && amp_text != "bf16" && amp_text != "auto") {
+      std::fprintf(stderr, "tandem-mnist: error: --amp: expected off, fp16 or bf16 (or nothing), got '%s'\n",
+                   amp_text.c_str());
+      return 2;
+    }
+    o.amp = amp_text;
+  }
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->count() == 0) continue;
     const std::string key = config_key_of_flag(opt->get_name());

@@ -10,6 +10,37 @@
 
 namespace tandem::app {
 
+namespace {
+
+// The DDP and launcher flags.
+void add_distributed_flags(CLI::App& app, TrainOptions& o) {
+  app.add_option("--launcher", o.launcher,
+                 "none (one process), pytorch (tandem-run/torchrun variables), slurm (srun), mpi (mpirun)")
+      ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
+  app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
+                 "DDP gradient bucket size in MiB after the first (0: auto, measured at start-up)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb,
+                 "DDP: size of the first bucket, which starts communicating earliest")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--find-unused-parameters", o.find_unused_parameters,
+               "DDP: allow parameters that get no gradient in an iteration");
+  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
+               "DDP: gradients live in the bucket buffers (saves a copy and memory)");
+  app.add_option("--comm-hook", o.comm_hook, "DDP bucket communication: allreduce, fp16 or bf16 (compressed)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
+  app.add_option("--auto-scale-lr", o.auto_scale_lr_base_batch,
+                 "linear scaling rule: lr *= (batch size x world size) / BASE_BATCH")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
+}
+
+}  // namespace
+
 int parse_options(int argc, char** argv, TrainOptions& o) {
   CLI::App app{"tandem-mnist: train the MNIST convnet (conv-bn-relu-pool x2, fc-relu-fc, log-softmax, NLL)"};
   // A flag given twice takes its last value (a wrapper script's defaults can be overridden).
@@ -44,29 +75,7 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--init-weights", o.init_weights, "start from these weights (safetensors, PyTorch names)");
   app.add_option("--save-weights", o.save_weights, "write the trained weights here (safetensors)");
   app.add_option("--metrics-out", o.metrics_out, "write JSON lines: one per iteration and per evaluation");
-  app.add_option("--launcher", o.launcher,
-                 "none (one process), pytorch (tandem-run/torchrun variables), slurm (srun), mpi (mpirun)")
-      ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
-  app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
-      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
-                 "DDP gradient bucket size in MiB after the first (0: auto, measured at start-up)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb,
-                 "DDP: size of the first bucket, which starts communicating earliest")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--find-unused-parameters", o.find_unused_parameters,
-               "DDP: allow parameters that get no gradient in an iteration");
-  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
-               "DDP: gradients live in the bucket buffers (saves a copy and memory)");
-  app.add_option("--comm-hook", o.comm_hook, "DDP bucket communication: allreduce, fp16 or bf16 (compressed)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16"}));
-  app.add_option("--auto-scale-lr", o.auto_scale_lr_base_batch,
-                 "linear scaling rule: lr *= (batch size x world size) / BASE_BATCH")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
+  add_distributed_flags(app, o);
   std::string amp_text;
   app.add_option("--amp", amp_text,
                  "mixed precision: off, fp16 (with a loss scaler) or bf16; alone (MMEngine's --amp): fp16 on CUDA, "

@@ -5,7 +5,7 @@
 //   1. trains 3 epochs straight (work dir A);
 //   2. trains 2 epochs (work dir B) and resumes from B's last checkpoint to epoch 3;
 // and checks that both end with bit-identical parameters (the Runner's exact resume), that the
-// loss fell, and under DDP that the custom wrapper ran every forward.
+// last epoch's mean loss is under 0.6x the first loss, and under DDP that the custom wrapper ran.
 // Assumes: started by tandem-run (or torchrun; launcher "pytorch"), or alone without RANK.
 // Guarantees: exit 0 only when every check holds on this rank; otherwise prints why and exits 1.
 // Work dirs go under $RUNNER_EXAMPLE_DIR (default /tmp/tandem-runner-example-<pid of rank 0's launcher>).
@@ -97,15 +97,21 @@ class Synthetic : public data::Dataset {
   std::vector<int64_t> y_;
 };
 
-// A hook of the program's own: remembers the first and last training loss.
+// A hook of the program's own: the first training loss and the mean loss of the last epoch.
 class LossWatch : public train::Hook {
  public:
   std::string name() const override { return "LossWatch"; }
+  void before_train_epoch(train::Runner&) override { sum_ = 0, n_ = 0; }
   void after_train_iter(train::Runner&, const train::IterOutputs& out) override {
     if (first < 0) first = out.loss;
-    last = out.loss;
+    sum_ += out.loss, ++n_;
+    last = sum_ / n_;
   }
   double first = -1, last = -1;
+
+ private:
+  double sum_ = 0;
+  int64_t n_ = 0;
 };
 
 void register_types() {
@@ -160,14 +166,15 @@ int run() {
   const std::vector<Tensor> a = train_run(base + "/A", 3, false, 1, straight);
   train_run(base + "/B", 2, false, 2, first);
   const std::vector<Tensor> b = train_run(base + "/B", 3, true, 3, resumed);
-  bool ok = true;
-  for (size_t i = 0; i < a.size(); ++i)
+  bool equal = a.size() == b.size();
+  for (size_t i = 0; equal && i < a.size(); ++i)
     if (std::memcmp(a[i].data<float>(), b[i].data<float>(), sizeof(float) * a[i].numel()) != 0) {
       std::printf("parameter %zu differs between the straight run and the resumed one\n", i);
-      ok = false;
+      equal = false;
     }
-  if (!(straight->last < 0.5 * straight->first)) {
-    std::printf("the loss did not fall to half: first %.4f, last %.4f\n", straight->first, straight->last);
+  bool ok = equal;
+  if (!(straight->last < 0.6 * straight->first)) {
+    std::printf("the loss did not fall: first %.4f, last epoch's mean %.4f\n", straight->first, straight->last);
     ok = false;
   }
   const bool ddp = std::getenv("RANK") && std::atoi(std::getenv("WORLD_SIZE")) > 1;
@@ -175,9 +182,10 @@ int run() {
     std::printf("the registered wrapper CountingDDP never ran\n");
     ok = false;
   }
-  std::printf("runner_example: %s (loss %.4f -> %.4f, %lld forwards through CountingDDP, resumed run equal: %s)\n",
+  std::printf("runner_example: %s (loss %.4f -> last epoch's mean %.4f, %lld forwards through CountingDDP, "
+              "resumed run equal: %s)\n",
               ok ? "OK" : "FAILED", straight->first, straight->last, static_cast<long long>(CountingDDP::forwards),
-              ok ? "yes" : "no");
+              equal ? "yes" : "no");
   return ok ? 0 : 1;
 }
 

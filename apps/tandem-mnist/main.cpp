@@ -5,8 +5,8 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <string>
 #include <exception>
+#include <string>
 
 #include "config.h"
 #include "core/error.h"

@@ -209,6 +209,39 @@ TEST(Runner, AccumulationOfTwoHalfBatchesIsOneFullBatch) {
   EXPECT_GT(diff_c, 1e-3);
 }
 
+// Records the grad_norm of every update.
+class NormWatch : public Hook {
+ public:
+  std::string name() const override { return "NormWatch"; }
+  void after_train_iter(Runner&, const IterOutputs& out) override {
+    if (out.updated) norms.push_back(out.grad_norm);
+  }
+  std::vector<double> norms;
+};
+
+// Under fp16 loss scaling the gradients are unscaled before the norm is taken and clipped (as
+// AmpOptimWrapper does): the norms match a float32 run's, not 65536x them.
+TEST(Runner, ClippingUnderFp16SeesUnscaledGradients) {
+  TempDir tmp("runner");
+  std::vector<double> norms[2];
+  for (int fp16 = 0; fp16 < 2; ++fp16) {
+    RunnerOptions o = tiny_options(tmp.file(fp16 ? "fp16" : "f32"));
+    o.amp = fp16 ? "fp16" : "off";
+    o.clip_max_norm = 0.05;  // clips every update here
+    Runner r(o);
+    auto w = std::make_shared<NormWatch>();
+    r.register_hook(w);
+    ASSERT_EQ(r.train(), 0);
+    norms[fp16] = w->norms;
+  }
+  ASSERT_EQ(norms[0].size(), 4u);
+  ASSERT_EQ(norms[1].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_GT(norms[0][i], 0.05) << "update " << i << " must be clipped for the test to mean anything";
+    EXPECT_NEAR(norms[1][i], norms[0][i], 0.02 * norms[0][i]) << "update " << i;
+  }
+}
+
 TEST(Runner, SaveBestKeepsOnlyTheBestCheckpoint) {
   TempDir tmp("runner");
   RunnerOptions o = tiny_options(tmp.file("w"));

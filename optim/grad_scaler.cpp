@@ -42,11 +42,9 @@ Tensor GradScaler::scale(const Tensor& loss) const {
   return scaled;
 }
 
-bool GradScaler::step(Optimizer& opt) {
-  if (!options_.enabled) {
-    opt.step();
-    return true;
-  }
+void GradScaler::unscale(Optimizer& opt) {
+  if (!options_.enabled) return;
+  TANDEM_CHECK(!unscaled_, "GradScaler::unscale: already called since the last step()");
   const double inv_scale = 1.0 / scale_;
   std::vector<Tensor> flags;  // one per device met, in order of first use
   for (size_t gi = 0; gi < opt.param_groups().size(); ++gi)
@@ -73,6 +71,16 @@ bool GradScaler::step(Optimizer& opt) {
     }
   found_inf_ = false;
   for (const Tensor& f : flags) found_inf_ = found_inf_ || f.item<float>() != 0.0f;
+  unscaled_ = true;
+}
+
+bool GradScaler::step(Optimizer& opt) {
+  if (!options_.enabled) {
+    opt.step();
+    return true;
+  }
+  if (!unscaled_) unscale(opt);
+  unscaled_ = false;
   stepped_since_update_ = true;
   if (found_inf_) return false;
   opt.step();
@@ -122,6 +130,7 @@ void GradScaler::load_state_dict(const std::map<std::string, Tensor>& state) {
   growth_tracker_ = static_cast<int64_t>(tracker);
   found_inf_ = false;
   stepped_since_update_ = false;
+  unscaled_ = false;
 }
 
 }  // namespace tandem::optim

@@ -28,7 +28,10 @@ class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions o = {});
   Tensor scale(const Tensor& loss) const;  // loss * scale (differentiable); identity when disabled
-  bool step(Optimizer& opt);  // unscale grads in place; skip opt.step() on inf/NaN; true if stepped
+  // Unscales the gradients in place (grad *= 1/scale) and records whether any is inf/NaN, as
+  // torch.cuda.amp.GradScaler.unscale_: call it before clipping; step() then does not unscale again.
+  void unscale(Optimizer& opt);
+  bool step(Optimizer& opt);  // unscale grads in place (unless unscale() ran); skip opt.step() on inf/NaN
   void update();              // back off after a skip, grow after growth_interval clean steps
   double get_scale() const { return scale_; }
   bool enabled() const { return options_.enabled; }
@@ -44,6 +47,7 @@ class GradScaler {
   int64_t growth_tracker_ = 0;
   bool found_inf_ = false;     // result of the last step()
   bool stepped_since_update_ = false;
+  bool unscaled_ = false;  // unscale() ran since the last step()
 };
 
 }  // namespace tandem::optim

@@ -12,11 +12,16 @@ the folders it may use. This test states the rule independently of the CMake cod
    `#include "nn/module.h"` to a file in core/ fails tandem_core's build.
 
 3. (--max-lines N) no source file of the engine or its apps is longer than N lines.
+4. (--max-function-lines N) no function in apps/ or train/ is longer than N lines (a body from a
+   line that opens it, at namespace level or as an inline member, to its closing brace at the same
+   indentation): a long loop becomes a Runner hook or a helper.
 
 Usage: layers_test.py --build BUILD_DIR --source SOURCE_DIR
        layers_test.py --source SOURCE_DIR --max-lines 600
+       layers_test.py --source SOURCE_DIR --max-function-lines 120
 """
 import argparse
+import re
 import concurrent.futures
 import json
 import os
@@ -93,13 +98,55 @@ def check_lengths(src, limit):
     return 0
 
 
+FUNCTION_HEAD = re.compile(r"^( *)[^ /#}].*\)[^;]*\{\s*$")
+NOT_FUNCTION = re.compile(r"^\s*(namespace|class|struct|enum|union|if|for|while|switch|else|do|try|catch)\b")
+
+
+def check_function_lengths(src, limit, tops=("apps", "train")):
+    """Every function body in `tops` within `limit` lines."""
+    long_functions, n = [], 0
+    for top in tops:
+        for root, _, files in os.walk(os.path.join(src, top)):
+            for f in files:
+                if not f.endswith((".h", ".cpp")):
+                    continue
+                path = os.path.join(root, f)
+                lines = open(path, errors="replace").read().split("\n")
+                i = 0
+                while i < len(lines):
+                    m = FUNCTION_HEAD.match(lines[i])
+                    if not m or NOT_FUNCTION.match(lines[i]) or len(m.group(1)) > 2:
+                        i += 1
+                        continue
+                    close = m.group(1) + "}"
+                    j = i + 1
+                    while j < len(lines) and not (lines[j].startswith(close) and
+                                                  lines[j][len(close):len(close) + 1] in ("", ";", " ")):
+                        j += 1
+                    n += 1
+                    if j - i + 1 > limit:
+                        long_functions.append(f"{os.path.relpath(path, src)}:{i + 1}: {j - i + 1} lines")
+                    i = j + 1
+    if n == 0:
+        print(f"FAIL: no function found under {tops}")
+        return 1
+    if long_functions:
+        print(f"FAIL: functions over {limit} lines:\n  " + "\n  ".join(long_functions))
+        return 1
+    print(f"ok: {n} functions in {', '.join(tops)}, none over {limit} lines")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--build")
     p.add_argument("--source", required=True)
     p.add_argument("--max-lines", type=int)
+    p.add_argument("--max-function-lines", type=int)
     a = p.parse_args()
     src = os.path.realpath(a.source)
+    if a.max_function_lines is not None:
+        return check_function_lengths(src, a.max_function_lines)
     if a.max_lines is not None:
         return check_lengths(src, a.max_lines)
     if not a.build:

@@ -21,6 +21,16 @@ using Json = nlohmann::json;
 // Parses a JSON config file (throws naming the file, line and column on bad JSON).
 Json load_config_file(const std::string& path);
 
+// load_config_file with MMEngine's inheritance: "_base_" (a path or a list of paths, relative to
+// the file) names configs loaded first (recursively, in order; a cycle is an error naming it); the
+// file's keys are then merged onto them, objects recursively, except that an object holding
+// "_delete_": true replaces the base's value whole. The result has no "_base_" or "_delete_" key.
+Json load_config_with_bases(const std::string& path);
+// The merge rule above, without schema checks.
+Json merge_inherited(const Json& base, const Json& child);
+// Sets the value at a dotted path, creating objects on the way (no schema: MMEngine-shaped trees).
+void set_path_free(Json& config, const std::string& dotted, const Json& value);
+
 // `base` with every key of `user` replacing the default (recursively), checked
 // against `base` as the schema. `source` names where `user` came from.
 Json merge_config(const Json& base, const Json& user, const std::string& source);

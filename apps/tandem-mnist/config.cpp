@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "mmengine_config.h"
 
 namespace tandem::app {
 namespace {
@@ -87,7 +88,8 @@ Json options_to_json(const TrainOptions& o) {
         {"limit", o.limit}, {"test_limit", o.test_limit}, {"shuffle", o.shuffle}}},
       {"optimizer",
        {{"type", o.optimizer}, {"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
-        {"auto_scale_lr_base_batch", o.auto_scale_lr_base_batch}}},
+        {"auto_scale_lr_base_batch", o.auto_scale_lr_base_batch}, {"accumulative_counts", o.accumulative_counts},
+        {"clip_grad_max_norm", o.clip_max_norm}, {"clip_grad_norm_type", o.clip_norm_type}}},
       {"schedule", {{"type", o.lr_schedule}, {"gamma", o.gamma}}},
       {"amp", o.amp},
       {"ddp",
@@ -95,13 +97,17 @@ Json options_to_json(const TrainOptions& o) {
         {"first_bucket_cap_mb", o.first_bucket_cap_mb}, {"find_unused_parameters", o.find_unused_parameters},
         {"gradient_as_bucket_view", o.gradient_as_bucket_view}, {"comm_hook", o.comm_hook},
         {"powersgd_rank", o.powersgd_rank}, {"powersgd_start_iter", o.powersgd_start_iter},
-        {"static_graph", o.static_graph}, {"broadcast_buffers", o.broadcast_buffers},
-        {"sync_bn", o.sync_bn}, {"timeout_s", o.dist_timeout_s}}},
+        {"sync_bn", o.sync_bn}, {"timeout_s", o.dist_timeout_s}, {"wrapper", o.model_wrapper},
+        {"broadcast_buffers", o.broadcast_buffers}, {"static_graph", o.static_graph}, {"port", o.port}}},
+      // model_wrapper_cfg's keyword arguments beyond the ddp.* keys (any object; the wrapper checks them).
+      {"model_wrapper_extra", o.model_wrapper_extra == "{}" ? Json() : Json::parse(o.model_wrapper_extra)},
       {"train",
        {{"epochs", o.epochs}, {"seed", o.seed}, {"log_interval", o.log_interval},
         {"eval_interval", o.eval_interval}, {"checkpoint_interval_iters", o.checkpoint_interval_iters},
         {"checkpoint_interval_epochs", o.checkpoint_interval_epochs}, {"max_keep_ckpts", o.max_keep_ckpts},
-        {"cuda_graph", o.cuda_graph}}},
+        {"cuda_graph", o.cuda_graph}, {"save_best", o.save_best}}},
+      {"custom_hooks", Json::parse(o.custom_hooks)},
+      {"resume", o.resume_from_config},
       {"env", {{"device", o.device}, {"threads", o.threads}}},
       {"load_from", o.init_weights},
       {"work_dir", o.work_dir},
@@ -118,17 +124,22 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.test_limit = at_least<int64_t>(c, "data.test_limit", 0);
   o.shuffle = get<bool>(c, "data.shuffle");
   o.optimizer = get<std::string>(c, "optimizer.type");
-  check_choice("optimizer.type", o.optimizer, {"adadelta", "sgd", "adam"});
+  check_choice("optimizer.type", o.optimizer, {"adadelta", "sgd", "adam", "adamw"});
   o.lr = at_least<double>(c, "optimizer.lr", 0.0);
   o.momentum = at_least<double>(c, "optimizer.momentum", 0.0);
   o.weight_decay = at_least<double>(c, "optimizer.weight_decay", 0.0);
   o.auto_scale_lr_base_batch = at_least<int64_t>(c, "optimizer.auto_scale_lr_base_batch", 0);
+  o.accumulative_counts = at_least<int64_t>(c, "optimizer.accumulative_counts", 1);
+  o.clip_max_norm = at_least<double>(c, "optimizer.clip_grad_max_norm", 0.0);
+  o.clip_norm_type = get<double>(c, "optimizer.clip_grad_norm_type");
+  TANDEM_CHECK(o.clip_norm_type >= 1, "config key 'optimizer.clip_grad_norm_type' must be >= 1, got ",
+               o.clip_norm_type);
   o.lr_schedule = get<std::string>(c, "schedule.type");
   check_choice("schedule.type", o.lr_schedule, {"step", "cosine"});
   o.gamma = get<double>(c, "schedule.gamma");
   TANDEM_CHECK(o.gamma > 0, "config key 'schedule.gamma' must be > 0, got ", o.gamma);
   o.amp = get<std::string>(c, "amp");
-  check_choice("amp", o.amp, {"off", "fp16", "bf16"});
+  check_choice("amp", o.amp, {"off", "fp16", "bf16", "auto"});
   o.launcher = get<std::string>(c, "ddp.launcher");
   check_choice("ddp.launcher", o.launcher, {"none", "pytorch", "slurm", "mpi"});
   o.backend = get<std::string>(c, "ddp.backend");
@@ -143,9 +154,21 @@ void options_from_json(const Json& c, TrainOptions& o) {
   check_choice("ddp.comm_hook", o.comm_hook, {"allreduce", "fp16", "bf16", "powersgd"});
   o.powersgd_rank = static_cast<int>(at_least<int64_t>(c, "ddp.powersgd_rank", 1));
   o.powersgd_start_iter = at_least<int64_t>(c, "ddp.powersgd_start_iter", 0);
-  o.static_graph = get<bool>(c, "ddp.static_graph");
-  o.broadcast_buffers = get<bool>(c, "ddp.broadcast_buffers");
   o.sync_bn = get<bool>(c, "ddp.sync_bn");
+  o.model_wrapper = get<std::string>(c, "ddp.wrapper");
+  o.broadcast_buffers = get<bool>(c, "ddp.broadcast_buffers");
+  o.static_graph = get<bool>(c, "ddp.static_graph");
+  o.port = at_least<int>(c, "ddp.port", 0);
+  TANDEM_CHECK(o.port <= 65535, "config key 'ddp.port' must be <= 65535, got ", o.port);
+  const Json& extra = c.at("model_wrapper_extra");
+  TANDEM_CHECK(extra.is_null() || extra.is_object(), "config key 'model_wrapper_cfg' must be an object");
+  o.model_wrapper_extra = extra.is_null() ? "{}" : extra.dump();
+  const Json& hooks = c.at("custom_hooks");
+  for (const Json& h : hooks)
+    TANDEM_CHECK(h.is_object() && h.contains("type") && h["type"].is_string(),
+                 "config key 'custom_hooks' must be a list of objects with a \"type\", got ", h.dump());
+  o.custom_hooks = hooks.dump();
+  o.resume_from_config = get<bool>(c, "resume");
   o.dist_timeout_s = get<double>(c, "ddp.timeout_s");
   TANDEM_CHECK(o.dist_timeout_s > 0, "config key 'ddp.timeout_s' must be > 0, got ", o.dist_timeout_s);
   o.epochs = at_least<int64_t>(c, "train.epochs", 1);
@@ -156,6 +179,9 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.checkpoint_interval_epochs = at_least<int64_t>(c, "train.checkpoint_interval_epochs", 0);
   o.max_keep_ckpts = at_least<int64_t>(c, "train.max_keep_ckpts", 0);
   o.cuda_graph = get<bool>(c, "train.cuda_graph");
+  o.save_best = get<std::string>(c, "train.save_best");
+  if (o.save_best == "auto") o.save_best = "accuracy";
+  check_choice("train.save_best", o.save_best, {"", "accuracy", "loss"});
   o.device = get<std::string>(c, "env.device");
   o.threads = at_least<int>(c, "env.threads", 0);
   o.init_weights = get<std::string>(c, "load_from");
@@ -170,9 +196,31 @@ std::string config_key_of_flag(const std::string& flag) {
 Json resolve_config(TrainOptions& o) {
   const Json flags = options_to_json(o);  // defaults with the given flags' values
   Json config = options_to_json(TrainOptions{});
-  if (!o.config_file.empty())
-    config = train::merge_config(config, train::load_config_file(o.config_file), "config '" + o.config_file + "'");
-  for (const std::string& a : o.cfg_options) train::apply_override(config, a);
+  // A file's and --cfg-options' keys of MMEngine's shape are gathered apart and translated onto
+  // tandem-mnist's tree; the rest are tandem-mnist's own keys, merged and checked as they are.
+  Json mm = Json::object();
+  if (!o.config_file.empty()) {
+    const std::string source = "config '" + o.config_file + "'";
+    Json own = Json::object();
+    const Json file = train::load_config_with_bases(o.config_file);
+    for (const auto& [key, value] : file.items())
+      (is_mmengine_key(key) || key == "model" || key == "work_dir" || key == "load_from" ? mm : own)[key] = value;
+    config = train::merge_config(config, own, source);
+  }
+  std::vector<std::string> own_options;
+  for (const std::string& a : o.cfg_options) {
+    const size_t eq = a.find('=');
+    const std::string key = a.substr(0, eq), top = key.substr(0, key.find('.'));
+    if (eq == std::string::npos || !is_mmengine_key(top)) {
+      own_options.push_back(a);
+      continue;
+    }
+    Json value = Json::parse(a.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
+    train::set_path_free(mm, key, value.is_discarded() ? Json(a.substr(eq + 1)) : value);
+  }
+  const std::string mm_source = o.config_file.empty() ? "--cfg-options" : "config '" + o.config_file + "'";
+  config = train::merge_config(config, translate_mmengine(mm, mm_source), mm_source);
+  for (const std::string& a : own_options) train::apply_override(config, a);
   for (const std::string& key : o.given_keys) train::set_path(config, key, train::get_path(flags, key), "flag");
   options_from_json(config, o);
   return config;

@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <string>
 
 #include "config.h"
 #include "core/error.h"
@@ -15,6 +17,8 @@
 int main(int argc, char** argv) {
   tandem::app::TrainOptions options;
   if (int code = tandem::app::parse_options(argc, argv, options); code >= 0) return code;
+  // --local_rank=N, as MMEngine's tools/train.py: the environment's LOCAL_RANK wins when both are set.
+  if (options.local_rank >= 0) ::setenv("LOCAL_RANK", std::to_string(options.local_rank).c_str(), /*overwrite=*/0);
   spdlog::set_pattern("%Y/%m/%d %H:%M:%S - %v");
   tandem::train::Json config;
   try {

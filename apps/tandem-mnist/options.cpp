@@ -10,6 +10,48 @@
 
 namespace tandem::app {
 
+namespace {
+
+// The DDP and launcher flags.
+void add_distributed_flags(CLI::App& app, TrainOptions& o) {
+  app.add_option("--launcher", o.launcher,
+                 "none (one process), pytorch (tandem-run/torchrun variables), slurm (srun), mpi (mpirun)")
+      ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
+  app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
+                 "DDP gradient bucket size in MiB after the first (0: auto, measured at start-up)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb,
+                 "DDP: size of the first bucket, which starts communicating earliest")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--find-unused-parameters", o.find_unused_parameters,
+               "DDP: allow parameters that get no gradient in an iteration");
+  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
+               "DDP: gradients live in the bucket buffers (saves a copy and memory)");
+  app.add_option("--comm-hook", o.comm_hook,
+                 "DDP bucket communication: allreduce, fp16 or bf16 (compressed), powersgd (low-rank)")
+      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}));
+  app.add_option("--powersgd-rank", o.powersgd_rank, "PowerSGD: rank of the gradient approximation")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--powersgd-start-iter", o.powersgd_start_iter,
+                 "PowerSGD: iterations of plain all-reduce before compressing")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--static-graph", o.static_graph,
+               "DDP: the same graph every iteration (unused set and bucket order learned once)");
+  app.add_flag_callback(
+      "--no-broadcast-buffers", [&o] { o.broadcast_buffers = false; },
+      "DDP: do not broadcast rank 0's buffers (BatchNorm statistics) at each forward");
+  app.add_option("--auto-scale-lr", o.auto_scale_lr_base_batch,
+                 "linear scaling rule: lr *= (batch size x world size) / BASE_BATCH")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
+}
+
+}  // namespace
+
 int parse_options(int argc, char** argv, TrainOptions& o) {
   CLI::App app{"tandem-mnist: train the MNIST convnet (conv-bn-relu-pool x2, fc-relu-fc, log-softmax, NLL)"};
   // A flag given twice takes its last value (a wrapper script's defaults can be overridden).
@@ -44,51 +86,27 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--init-weights", o.init_weights, "start from these weights (safetensors, PyTorch names)");
   app.add_option("--save-weights", o.save_weights, "write the trained weights here (safetensors)");
   app.add_option("--metrics-out", o.metrics_out, "write JSON lines: one per iteration and per evaluation");
-  app.add_option("--launcher", o.launcher,
-                 "none (one process), pytorch (tandem-run/torchrun variables), slurm (srun), mpi (mpirun)")
-      ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
-  app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
-      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
-  app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
-                 "DDP gradient bucket size in MiB after the first (0: auto, measured at start-up)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--first-bucket-cap-mb", o.first_bucket_cap_mb,
-                 "DDP: size of the first bucket, which starts communicating earliest")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--find-unused-parameters", o.find_unused_parameters,
-               "DDP: allow parameters that get no gradient in an iteration");
-  app.add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view,
-               "DDP: gradients live in the bucket buffers (saves a copy and memory)");
-  app.add_option("--comm-hook", o.comm_hook,
-                 "DDP bucket communication: allreduce, fp16 or bf16 (compressed), powersgd (low-rank)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}));
-  app.add_option("--powersgd-rank", o.powersgd_rank, "PowerSGD: rank of the gradient approximation")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--powersgd-start-iter", o.powersgd_start_iter,
-                 "PowerSGD: iterations of plain all-reduce before compressing")
-      ->check(CLI::NonNegativeNumber);
-  app.add_flag("--static-graph", o.static_graph,
-               "DDP: the same graph every iteration (unused set and bucket order learned once)");
-  bool no_broadcast_buffers = false;
-  app.add_flag("--no-broadcast-buffers", no_broadcast_buffers,
-               "DDP: do not broadcast rank 0's buffers (BatchNorm statistics) at each forward");
-  app.add_option("--auto-scale-lr", o.auto_scale_lr_base_batch,
-                 "linear scaling rule: lr *= (batch size x world size) / BASE_BATCH")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
-      ->check(CLI::PositiveNumber);
-  app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
-  app.add_option("--amp", o.amp, "mixed precision: off, fp16 (with a loss scaler) or bf16")
-      ->check(CLI::IsMember({"off", "fp16", "bf16"}));
+  add_distributed_flags(app, o);
+  std::string amp_text;
+  app.add_option("--amp", amp_text,
+                 "mixed precision: off, fp16 (with a loss scaler) or bf16; alone (MMEngine's --amp): fp16 on CUDA, "
+                 "bf16 on CPU")
+      ->expected(0, 1);
   app.add_flag("--cuda-graph", o.cuda_graph,
                "CUDA: capture forward + backward + optimizer step of a full batch once (after a few warm-up "
                "iterations) and replay it every iteration (one launch per step)");
   app.add_option("--config", o.config_file,
                  "JSON config (see configs/); its keys override the defaults, flags override it");
+  std::string positional_config;
+  app.add_option("CONFIG", positional_config,
+                 "the config, as MMEngine's tools/train.py CONFIG (the same as --config)");
+  app.add_option("--local_rank,--local-rank", o.local_rank,
+                 "this process's local rank, as torch.distributed.launch passes it (LOCAL_RANK wins when set)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--cfg-options", o.cfg_options, "override config keys: KEY=VALUE ... (e.g. optimizer.lr=0.5)")
       ->expected(1, -1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app.add_option("--work-dir", o.work_dir,
+  app.add_option("--work-dir,--work_dir", o.work_dir,
                  "where logs, metrics, config.json and checkpoints go (default: work_dirs/<config name>)");
   app.add_option("--eval-interval", o.eval_interval, "epochs between evaluations (0: only after the last epoch)")
       ->check(CLI::NonNegativeNumber);
@@ -116,7 +134,23 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
     return 2;
   }
   o.shuffle = !no_shuffle;
-  o.broadcast_buffers = !no_broadcast_buffers;
+  if (!positional_config.empty()) {
+    if (!o.config_file.empty() && o.config_file != positional_config) {
+      std::fprintf(stderr, "tandem-mnist: error: two configs given ('%s' and --config '%s'); give one\n",
+                   positional_config.c_str(), o.config_file.c_str());
+      return 2;
+    }
+    o.config_file = positional_config;
+  }
+  if (app.count("--amp") > 0) {
+    if (amp_text.empty()) amp_text = "auto";
+    if (amp_text != "off" && amp_text != "fp16" && amp_text != "bf16" && amp_text != "auto") {
+      std::fprintf(stderr, "tandem-mnist: error: --amp: expected off, fp16 or bf16 (or nothing), got '%s'\n",
+                   amp_text.c_str());
+      return 2;
+    }
+    o.amp = amp_text;
+  }
   for (const CLI::Option* opt : app.get_options()) {
     if (opt->count() == 0) continue;
     const std::string key = config_key_of_flag(opt->get_name());

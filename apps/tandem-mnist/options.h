@@ -1,7 +1,9 @@
 // Options of tandem-mnist: the resolved training settings. They come from the
-// reference recipe (the defaults below), then a --config JSON file, then
-// --cfg-options KEY=VALUE overrides, then the command-line flags the user gave
-// (config.cpp maps fields <-> JSON keys; options.cpp parses the command line).
+// reference recipe (the defaults below), then a config file (--config or the
+// first positional argument, as MMEngine's tools/train.py; Tandem's own shape
+// or MMEngine's, see mmengine_config.h), then --cfg-options KEY=VALUE
+// overrides, then the command-line flags the user gave (config.cpp maps
+// fields <-> JSON keys; options.cpp parses the command line).
 #pragma once
 
 #include <cstdint>
@@ -44,12 +46,10 @@ struct TrainOptions {
   std::string comm_hook = "allreduce";  // allreduce | fp16 | bf16 | powersgd
   int powersgd_rank = 1;                 // PowerSGD's matrix_approximation_rank
   int64_t powersgd_start_iter = 1000;    // plain all-reduce before this many iterations (PyTorch's default)
-  bool static_graph = false;
-  bool broadcast_buffers = true;
   int64_t auto_scale_lr_base_batch = 0;  // 0: off
   double dist_timeout_s = 300.0;
   bool sync_bn = false;
-  std::string amp = "off";  // off | fp16 | bf16
+  std::string amp = "off";  // off | fp16 | bf16 | auto (--amp alone: fp16 on CUDA, bf16 on CPU)
   bool cuda_graph = false;  // capture the steady-state step once and replay it (CUDA only)
   // Train loop, work dir, checkpoints.
   int64_t eval_interval = 1;               // epochs between evaluations (0: only after the last epoch)
@@ -58,12 +58,27 @@ struct TrainOptions {
   int64_t max_keep_ckpts = 3;              // 0: keep all
   std::string work_dir;                    // "": work_dirs/<config name>
   std::string model = "MnistNet";
+  // MMEngine's optim_wrapper: gradient accumulation and clipping (max_norm 0: off).
+  int64_t accumulative_counts = 1;
+  double clip_max_norm = 0.0;
+  double clip_norm_type = 2.0;
+  // MMEngine's model_wrapper_cfg: the wrapper's registered name and the DDP keyword arguments
+  // that have no flag (the rest are the ddp.* fields above); extra ones as JSON text.
+  std::string model_wrapper = "MMDistributedDataParallel";
+  bool broadcast_buffers = true;
+  bool static_graph = false;
+  std::string model_wrapper_extra = "{}";
+  int port = 0;                 // dist_params.port (0: MASTER_PORT)
+  std::string save_best;        // "" | accuracy | loss
+  std::string custom_hooks = "[]";  // JSON array of {type, ...}
+  bool resume_from_config = false;  // the config's `resume: true`
 
   // Command line only (not part of the config).
   std::string config_file;               // --config
   std::vector<std::string> cfg_options;  // --cfg-options a.b=value ...
   std::set<std::string> given_keys;      // config keys set by flags the user gave
   std::string resume;                    // "": no; "auto": <work_dir>/last_checkpoint; else a path
+  int local_rank = -1;                   // --local_rank/--local-rank (LOCAL_RANK wins); -1: not given
   bool profile = false;
   bool print_config = false;  // print the resolved config as JSON and exit
   int64_t debug_sigterm_at = 0;  // test hook: rank 0 raises SIGTERM after this global iteration

@@ -1,6 +1,6 @@
-// The training job of tandem-mnist: data, model, optimizer, the loop with
-// progress lines, evaluation, metrics, the work dir, checkpoints and exact
-// resume, and a clean stop on SIGTERM/SIGINT.
+// The training job of tandem-mnist: the MNIST data sets and the resolved options handed to
+// train::Runner (trainer.cpp), which runs the loop, evaluation, DDP, checkpoints and exact resume,
+// and the clean stop on SIGTERM/SIGINT.
 #pragma once
 
 #include "options.h"

@@ -8,7 +8,9 @@
 #   2. libtandem.so exports no Gloo, spdlog, fmt, nlohmann-json or Eigen symbol;
 #   3. examples/embed builds with find_package(Tandem) (CMAKE_PREFIX_PATH=prefix);
 #   4. a one-file program builds with `pkg-config --cflags --libs tandem`, and runs;
-#   5. the example trains with 2 ranks under the installed tandem-run (DDP over Gloo) and exits 0.
+#   5. the example trains with 2 ranks under the installed tandem-run (DDP over Gloo) and exits 0;
+#   6. runner_example (its own model, DDP wrapper and hook through train::Runner; a resumed run equal
+#      to a straight one) exits 0 alone and with 2 ranks under the installed tandem-run.
 # Assumes scripts/setup.sh ran (compilers, cmake, ninja, Eigen, Gloo, spdlog ... installed).
 # Any failure stops the script with a line saying which step failed; exit status non-zero.
 # Environment: TANDEM_CUDA (OFF), EMBED_BUILD_DIR (<repo>/build-embed-ci), EMBED_REUSE_BUILD=1 (use
@@ -146,6 +148,12 @@ c++ -std=c++20 -O1 "$WORK/pc_main.cpp" -o "$WORK/pc_main" $(pkg-config --cflags 
 step "5. examples/embed, 2 ranks under the installed tandem-run"
 timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 "$WORK/embed-build/embed_ddp" \
   || fail "embed_ddp with 2 ranks"
+
+step "6. examples/embed/runner_example: alone, then 2 ranks under the installed tandem-run"
+RUNNER_EXAMPLE_DIR="$WORK/runner-solo" timeout 300 "$WORK/embed-build/runner_example" \
+  || fail "runner_example alone"
+RUNNER_EXAMPLE_DIR="$WORK/runner-ddp" timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 \
+  "$WORK/embed-build/runner_example" || fail "runner_example with 2 ranks"
 
 echo
 echo "embed.sh: OK (prefix $PREFIX)"

@@ -1,6 +1,6 @@
 // Metrics as JSON lines (one object per line, flushed as written), so a
 // crashed run keeps everything up to its last line. Writes the same records to
-// up to two files: --metrics-out and the work dir's <timestamp>.metrics.jsonl.
+// up to two files: the Runner's metrics_out and the work dir's <timestamp>.metrics.jsonl.
 // append: keep what a file holds (a resumed run continues the earlier file).
 #pragma once
 
@@ -12,7 +12,7 @@
 
 #include "core/error.h"
 
-namespace tandem::app {
+namespace tandem::train {
 
 class MetricsWriter {
  public:
@@ -38,4 +38,4 @@ class MetricsWriter {
   std::vector<std::unique_ptr<std::ofstream>> outs_;
 };
 
-}  // namespace tandem::app
+}  // namespace tandem::train

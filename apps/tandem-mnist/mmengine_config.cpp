@@ -1,0 +1,216 @@
+// MMEngine config keys -> tandem-mnist's config tree (see mmengine_config.h).
+#include "mmengine_config.h"
+
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "train/registries.h"
+
+namespace tandem::app {
+namespace {
+
+using train::Json;
+
+// Throws naming the first key of `obj` outside `known`.
+void only(const Json& obj, const std::string& where, std::initializer_list<const char*> known) {
+  TANDEM_CHECK(obj.is_object(), where, " must be an object, got ", obj.dump());
+  for (const auto& [key, value] : obj.items()) {
+    bool ok = false;
+    std::string list;
+    for (const char* k : known) ok = ok || key == k, list += (list.empty() ? "" : ", ") + std::string(k);
+    TANDEM_CHECK(ok, where, ": key '", key, "' is not supported by tandem-mnist (supported: ", list, ")");
+  }
+}
+
+void optim_wrapper(const Json& w, const std::string& src, Json& out) {
+  const std::string where = src + ": optim_wrapper";
+  only(w, where, {"type", "dtype", "optimizer", "accumulative_counts", "clip_grad", "loss_scale"});
+  const std::string type = w.value("type", "OptimWrapper");
+  TANDEM_CHECK(type == "OptimWrapper" || type == "AmpOptimWrapper", where, ".type must be OptimWrapper or AmpOptimWrapper, got '", type, "'");
+  if (type == "AmpOptimWrapper") {
+    const Json dtype = w.value("dtype", Json());
+    TANDEM_CHECK(dtype.is_null() || dtype == "float16" || dtype == "bfloat16", where,
+                 ".dtype must be float16 or bfloat16, got ", dtype.dump());
+    out["amp"] = dtype.is_null() ? "auto" : dtype == "float16" ? "fp16" : "bf16";
+  } else {
+    out["amp"] = "off";
+  }
+  TANDEM_CHECK(!w.contains("loss_scale") || w["loss_scale"] == "dynamic", where,
+               ".loss_scale: only \"dynamic\" is supported (optim::GradScaler), got ", w["loss_scale"].dump());
+  if (w.contains("accumulative_counts")) out["optimizer"]["accumulative_counts"] = w["accumulative_counts"];
+  if (w.contains("clip_grad") && !w["clip_grad"].is_null()) {
+    const Json& c = w["clip_grad"];
+    only(c, where + ".clip_grad", {"max_norm", "norm_type"});
+    TANDEM_CHECK(c.contains("max_norm"), where, ".clip_grad needs max_norm");
+    out["optimizer"]["clip_grad_max_norm"] = c["max_norm"];
+    if (c.contains("norm_type")) out["optimizer"]["clip_grad_norm_type"] = c["norm_type"];
+  }
+  if (w.contains("optimizer")) {
+    const Json& o = w["optimizer"];
+    only(o, where + ".optimizer", {"type", "lr", "momentum", "weight_decay"});
+    static const std::map<std::string, std::string> names = {
+        {"Adadelta", "adadelta"}, {"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}};
+    const std::string t = o.value("type", "Adadelta");
+    auto it = names.find(t);
+    TANDEM_CHECK(it != names.end(), where, ".optimizer.type must be Adadelta, SGD, Adam or AdamW, got '", t, "'");
+    out["optimizer"]["type"] = it->second;
+    for (const char* k : {"lr", "momentum", "weight_decay"})
+      if (o.contains(k)) out["optimizer"][k] = o[k];
+  }
+}
+
+void param_scheduler(Json s, const std::string& src, Json& out) {
+  const std::string where = src + ": param_scheduler";
+  if (s.is_array()) {
+    TANDEM_CHECK(s.size() == 1, where, ": tandem-mnist runs one scheduler, got ", s.size());
+    s = s[0];
+  }
+  only(s, where, {"type", "by_epoch", "step_size", "gamma", "T_max", "eta_min", "begin", "end", "convert_to_iter_based"});
+  const std::string type = s.value("type", "");
+  if (type == "StepLR") {
+    TANDEM_CHECK(s.value("by_epoch", true) && s.value("step_size", 1) == 1, where,
+                 ": StepLR runs per epoch with step_size 1 here (by_epoch true, step_size 1)");
+    out["schedule"]["type"] = "step";
+    if (s.contains("gamma")) out["schedule"]["gamma"] = s["gamma"];
+  } else if (type == "CosineAnnealingLR") {
+    TANDEM_CHECK(s.value("eta_min", 0.0) == 0.0 && !s.contains("T_max") && !s.contains("begin") && !s.contains("end"),
+                 where, ": CosineAnnealingLR anneals to 0 over the whole run here (no T_max, eta_min, begin or end)");
+    out["schedule"]["type"] = "cosine";
+  } else {
+    TANDEM_FAIL(where, ".type must be StepLR or CosineAnnealingLR, got '", type, "'");
+  }
+}
+
+void default_hooks(const Json& h, const std::string& src, Json& out) {
+  const std::string where = src + ": default_hooks";
+  static const std::map<std::string, std::string> types = {
+      {"timer", "IterTimerHook"}, {"logger", "LoggerHook"}, {"param_scheduler", "ParamSchedulerHook"},
+      {"checkpoint", "CheckpointHook"}, {"sampler_seed", "DistSamplerSeedHook"}, {"visualization", ""}};
+  for (const auto& [name, spec] : h.items()) {
+    auto it = types.find(name);
+    TANDEM_CHECK(it != types.end(), where, ": unknown hook '", name,
+                 "' (known: timer, logger, param_scheduler, checkpoint, sampler_seed, visualization)");
+    if (spec.is_null() || it->second.empty()) continue;
+    TANDEM_CHECK(spec.value("type", it->second) == it->second, where, ".", name, ".type must be ", it->second);
+    if (name == "logger") {
+      only(spec, where + ".logger", {"type", "interval"});
+      if (spec.contains("interval")) out["train"]["log_interval"] = spec["interval"];
+    } else if (name == "checkpoint") {
+      only(spec, where + ".checkpoint", {"type", "interval", "by_epoch", "max_keep_ckpts", "save_best", "rule", "save_last"});
+      if (spec.contains("interval"))
+        out["train"][spec.value("by_epoch", true) ? "checkpoint_interval_epochs" : "checkpoint_interval_iters"] =
+            spec["interval"];
+      if (spec.contains("max_keep_ckpts")) out["train"]["max_keep_ckpts"] = std::max<int64_t>(0, spec["max_keep_ckpts"].get<int64_t>());
+      if (spec.contains("save_best") && !spec["save_best"].is_null()) out["train"]["save_best"] = spec["save_best"];
+    }
+  }
+}
+
+void data(const Json& mm, const std::string& src, Json& out) {
+  if (mm.contains("train_dataloader")) {
+    const Json& d = mm["train_dataloader"];
+    only(d, src + ": train_dataloader", {"batch_size", "dataset", "sampler", "num_workers", "persistent_workers"});
+    if (d.contains("batch_size")) out["data"]["batch_size"] = d["batch_size"];
+    if (d.contains("sampler")) out["data"]["shuffle"] = d["sampler"].value("shuffle", true);
+    if (d.contains("dataset")) {
+      only(d["dataset"], src + ": train_dataloader.dataset", {"type", "data_root", "indices"});
+      if (d["dataset"].contains("data_root")) out["data"]["data_dir"] = d["dataset"]["data_root"];
+      if (d["dataset"].contains("indices")) out["data"]["limit"] = d["dataset"]["indices"];
+    }
+  }
+  if (mm.contains("val_dataloader")) {
+    const Json& d = mm["val_dataloader"];
+    only(d, src + ": val_dataloader", {"batch_size", "dataset", "sampler", "num_workers", "persistent_workers"});
+    if (d.contains("batch_size")) out["data"]["test_batch_size"] = d["batch_size"];
+    if (d.contains("dataset") && d["dataset"].contains("indices")) out["data"]["test_limit"] = d["dataset"]["indices"];
+  }
+}
+
+void dist_and_env(const Json& mm, const std::string& src, Json& out) {
+  if (mm.contains("model_wrapper_cfg")) {
+    const Json& w = mm["model_wrapper_cfg"];
+    TANDEM_CHECK(w.is_object(), src, ": model_wrapper_cfg must be an object");
+    Json extra = Json::object();
+    static const std::set<std::string> flagged = {"find_unused_parameters", "bucket_cap_mb", "first_bucket_cap_mb",
+                                                  "gradient_as_bucket_view", "comm_hook", "broadcast_buffers",
+                                                  "static_graph", "powersgd_rank", "powersgd_start_iter"};
+    for (const auto& [k, v] : w.items()) {
+      if (k == "type")
+        out["ddp"]["wrapper"] = v;
+      else if (flagged.count(k))
+        out["ddp"][k] = v;
+      else
+        extra[k] = v;  // checked by the wrapper (train::ddp_options_from_kwargs for DDP)
+    }
+    if (!extra.empty()) out["model_wrapper_extra"] = extra;
+  }
+  if (mm.contains("env_cfg")) {
+    const Json& e = mm["env_cfg"];
+    only(e, src + ": env_cfg", {"cudnn_benchmark", "mp_cfg", "dist_cfg"});
+    if (e.contains("dist_cfg")) {
+      only(e["dist_cfg"], src + ": env_cfg.dist_cfg", {"backend", "timeout"});
+      if (e["dist_cfg"].contains("backend")) out["ddp"]["backend"] = e["dist_cfg"]["backend"];
+      if (e["dist_cfg"].contains("timeout")) out["ddp"]["timeout_s"] = e["dist_cfg"]["timeout"];
+    }
+  }
+  if (mm.contains("dist_params")) {
+    const Json& d = mm["dist_params"];
+    only(d, src + ": dist_params", {"backend", "port"});
+    if (d.contains("backend")) out["ddp"]["backend"] = d["backend"];
+    if (d.contains("port")) out["ddp"]["port"] = d["port"];
+  }
+  if (mm.contains("launcher")) out["ddp"]["launcher"] = mm["launcher"];
+}
+
+}  // namespace
+
+bool is_mmengine_key(const std::string& k) {
+  static const std::set<std::string> keys = {
+      "model_wrapper_cfg", "optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg",
+      "default_hooks", "custom_hooks", "env_cfg", "dist_params", "auto_scale_lr", "randomness",
+      "train_dataloader", "val_dataloader", "val_evaluator", "launcher", "resume", "compile",
+      "default_scope", "log_level", "log_processor", "visualizer", "_base_"};
+  return keys.count(k) > 0;
+}
+
+Json translate_mmengine(const Json& mm, const std::string& src) {
+  Json out = Json::object();
+  if (mm.contains("model")) {
+    only(mm["model"], src + ": model", {"type"});
+    out["model"] = mm["model"];
+  }
+  for (const char* k : {"work_dir", "load_from"})
+    if (mm.contains(k)) out[k] = mm[k].is_null() ? Json("") : mm[k];
+  if (mm.contains("optim_wrapper")) optim_wrapper(mm["optim_wrapper"], src, out);
+  if (mm.contains("param_scheduler")) param_scheduler(mm["param_scheduler"], src, out);
+  if (mm.contains("train_cfg")) {
+    const Json& t = mm["train_cfg"];
+    only(t, src + ": train_cfg", {"type", "by_epoch", "max_epochs", "val_interval", "val_begin"});
+    TANDEM_CHECK(t.value("by_epoch", true) && t.value("type", "EpochBasedTrainLoop") == "EpochBasedTrainLoop", src,
+                 ": train_cfg: tandem-mnist runs MMEngine's EpochBasedTrainLoop (by_epoch true); max_epochs counts "
+                 "epochs");
+    if (t.contains("max_epochs")) out["train"]["epochs"] = t["max_epochs"];
+    if (t.contains("val_interval")) out["train"]["eval_interval"] = t["val_interval"];
+  }
+  if (mm.contains("default_hooks")) default_hooks(mm["default_hooks"], src, out);
+  if (mm.contains("custom_hooks")) out["custom_hooks"] = mm["custom_hooks"];
+  data(mm, src, out);
+  dist_and_env(mm, src, out);
+  if (mm.contains("auto_scale_lr")) {
+    const Json& a = mm["auto_scale_lr"];
+    only(a, src + ": auto_scale_lr", {"enable", "base_batch_size"});
+    out["optimizer"]["auto_scale_lr_base_batch"] = a.value("enable", false) ? a.value("base_batch_size", 0) : 0;
+  }
+  if (mm.contains("randomness")) {
+    const Json& r = mm["randomness"];
+    only(r, src + ": randomness", {"seed", "deterministic", "diff_rank_seed"});
+    TANDEM_CHECK(!r.value("diff_rank_seed", false), src, ": randomness.diff_rank_seed: every rank uses one seed here");
+    if (r.contains("seed") && !r["seed"].is_null()) out["train"]["seed"] = r["seed"];
+  }
+  if (mm.contains("resume")) out["resume"] = mm["resume"];
+  if (mm.contains("compile")) out["train"]["cuda_graph"] = mm["compile"].is_boolean() ? mm["compile"] : Json(true);
+  return out;
+}
+
+}  // namespace tandem::app

@@ -1,0 +1,146 @@
+// tandem-mnist as MMEngine's tools/train.py: `tandem-mnist CONFIG [--work-dir|--work_dir DIR]
+// [--resume] [--amp] [--launcher ...] [--cfg-options k=v ...] [--local_rank=N]`, MMEngine-shaped
+// configs with _base_ inheritance translated onto tandem-mnist's keys (the bundled configs equal
+// the Tandem-shaped ones they replace), MMEngine keys in --cfg-options, errors as one line with
+// exit code 2 (config) or 1 (run), and a wrapper type nobody registered named with the registered ones.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/process.h"
+#include "common/require_data.h"
+#include "common/test_util.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace tandem::test;
+
+namespace {
+
+const std::string kConfigs = TANDEM_SOURCE_DIR "/configs";
+
+json print_config(const TempDir& tmp, std::vector<std::string> args) {
+  args.insert(args.begin(), kTrainer);
+  args.push_back("--print-config");
+  const int rc = run_process(args, tmp / "print.log");
+  EXPECT_EQ(rc, 0) << read_file(tmp / "print.log");
+  return json::parse(read_file(tmp / "print.log"), nullptr, false);
+}
+
+}  // namespace
+
+TEST(MMEngineConfig, BundledConfigsEqualTheTandemShapedOnesTheyReplace) {
+  TempDir tmp("mmcli");
+  // configs/mnist_sgd.json before it was converted (Tandem's own shape, still read).
+  std::ofstream(tmp / "old_sgd.json") << R"({"optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9,
+      "weight_decay": 0.0001}, "schedule": {"type": "cosine"}, "train": {"epochs": 3}})";
+  std::ofstream(tmp / "old_ddp.json") << R"({"ddp": {"launcher": "pytorch", "gradient_as_bucket_view": true},
+      "optimizer": {"auto_scale_lr_base_batch": 64}, "train": {"checkpoint_interval_iters": 500}})";
+  EXPECT_EQ(print_config(tmp, {kConfigs + "/mnist_sgd.json"}), print_config(tmp, {"--config", tmp.file("old_sgd.json")}));
+  EXPECT_EQ(print_config(tmp, {kConfigs + "/mnist_ddp.json"}), print_config(tmp, {"--config", tmp.file("old_ddp.json")}));
+  const json bf16 = print_config(tmp, {kConfigs + "/mnist_bf16.json"});  // two levels of _base_
+  EXPECT_EQ(bf16["amp"], "bf16");
+  EXPECT_EQ(bf16["schedule"]["type"], "cosine");
+  EXPECT_EQ(bf16["train"]["epochs"], 1);
+}
+
+TEST(MMEngineConfig, KeysAndCfgOptionsMapOntoTandemKeys) {
+  TempDir tmp("mmcli");
+  std::ofstream(tmp / "base.json") << R"({"optim_wrapper": {"type": "OptimWrapper",
+      "optimizer": {"type": "SGD", "lr": 0.1, "momentum": 0.9}},
+      "train_cfg": {"by_epoch": true, "max_epochs": 5, "val_interval": 2},
+      "randomness": {"seed": 7}})";
+  std::ofstream(tmp / "child.json") << R"({"_base_": ["base.json"],
+      "optim_wrapper": {"type": "AmpOptimWrapper", "dtype": "bfloat16", "accumulative_counts": 2,
+                        "clip_grad": {"max_norm": 3.5, "norm_type": 2}},
+      "model_wrapper_cfg": {"type": "MMDistributedDataParallel", "find_unused_parameters": true,
+                            "static_graph": true, "broadcast_buffers": false},
+      "env_cfg": {"dist_cfg": {"backend": "gloo", "timeout": 60}},
+      "default_hooks": {"logger": {"type": "LoggerHook", "interval": 7},
+                        "checkpoint": {"type": "CheckpointHook", "interval": 2, "max_keep_ckpts": -1,
+                                       "save_best": "auto"}},
+      "train_dataloader": {"batch_size": 32, "sampler": {"type": "DefaultSampler", "shuffle": false}},
+      "auto_scale_lr": {"enable": true, "base_batch_size": 128}})";
+  json c = print_config(tmp, {tmp.file("child.json"), "--work_dir", tmp.file("wd"), "--cfg-options",
+                              "dist_params.port=29601", "optim_wrapper.optimizer.lr=0.25", "train.log_interval=9"});
+  EXPECT_EQ(c["optimizer"]["type"], "sgd");
+  EXPECT_EQ(c["optimizer"]["lr"], 0.25) << "MMEngine keys in --cfg-options override the file";
+  EXPECT_EQ(c["optimizer"]["momentum"], 0.9) << "inherited from _base_";
+  EXPECT_EQ(c["optimizer"]["accumulative_counts"], 2);
+  EXPECT_EQ(c["optimizer"]["clip_grad_max_norm"], 3.5);
+  EXPECT_EQ(c["optimizer"]["auto_scale_lr_base_batch"], 128);
+  EXPECT_EQ(c["amp"], "bf16");
+  EXPECT_EQ(c["train"]["epochs"], 5);
+  EXPECT_EQ(c["train"]["eval_interval"], 2);
+  EXPECT_EQ(c["train"]["seed"], 7);
+  EXPECT_EQ(c["train"]["log_interval"], 9) << "Tandem keys in --cfg-options apply after the translation";
+  EXPECT_EQ(c["train"]["checkpoint_interval_epochs"], 2);
+  EXPECT_EQ(c["train"]["max_keep_ckpts"], 0);
+  EXPECT_EQ(c["train"]["save_best"], "auto");
+  EXPECT_EQ(c["ddp"]["find_unused_parameters"], true);
+  EXPECT_EQ(c["ddp"]["static_graph"], true);
+  EXPECT_EQ(c["ddp"]["broadcast_buffers"], false);
+  EXPECT_EQ(c["ddp"]["backend"], "gloo");
+  EXPECT_EQ(c["ddp"]["timeout_s"], 60.0);
+  EXPECT_EQ(c["ddp"]["port"], 29601);
+  EXPECT_EQ(c["data"]["batch_size"], 32);
+  EXPECT_EQ(c["data"]["shuffle"], false);
+  EXPECT_EQ(c["work_dir"], tmp.file("wd"));
+  EXPECT_EQ(print_config(tmp, {tmp.file("child.json"), "--work-dir", "x"})["work_dir"], "x");
+  EXPECT_EQ(print_config(tmp, {tmp.file("child.json"), "--amp"})["amp"], "auto") << "--amp alone, as MMEngine's";
+}
+
+TEST(MMEngineConfig, UnsupportedKeysAndCyclesAreOneLineErrors) {
+  TempDir tmp("mmcli");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "param_scheduler.type=OneCycleLR", "--print-config"},
+                        tmp / "log"),
+            2);
+  expect_one_line_error(read_file(tmp / "log"), "param_scheduler.type must be StepLR or CosineAnnealingLR");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "optim_wrapper.optimizer.betas=[0.9,0.99]", "--print-config"},
+                        tmp / "log"),
+            2);
+  expect_one_line_error(read_file(tmp / "log"), "key 'betas' is not supported by tandem-mnist");
+  std::ofstream(tmp / "a.json") << R"({"_base_": "b.json"})";
+  std::ofstream(tmp / "b.json") << R"({"_base_": "a.json"})";
+  EXPECT_EQ(run_process({kTrainer, tmp.file("a.json"), "--print-config"}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "_base_ inherits from itself");
+  EXPECT_EQ(run_process({kTrainer, tmp.file("a.json"), "--config", tmp.file("b.json")}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "two configs given");
+}
+
+TEST(MMEngineConfig, UnknownWrapperTypeNamesTheRegisteredOnes) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("mmcli");
+  EXPECT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--limit", "64", "--epochs", "1", "--work-dir",
+                         tmp.file("w"), "--cfg-options", "model_wrapper_cfg.type=NoSuchDDP"},
+                        tmp / "log"),
+            1);
+  expect_one_line_error(read_file(tmp / "log"),
+                        "unknown model wrapper type 'NoSuchDDP'; registered: DistributedDataParallel, "
+                        "MMDistributedDataParallel");
+}
+
+// --local_rank=N / --local-rank=N set LOCAL_RANK for the launcher's checks; LOCAL_RANK wins when set.
+TEST(MMEngineConfig, LocalRankFlagFeedsTheLauncherUnlessTheEnvironmentSetsIt) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("mmcli");
+  const std::vector<std::string> env = {"RANK=0", "WORLD_SIZE=1", "LOCAL_WORLD_SIZE=1", "LOCAL_RANK", "GROUP_RANK=0",
+                                        "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(free_port())};
+  for (const char* flag : {"--local_rank=3", "--local-rank=3"}) {
+    Process p({kTrainer, flag, "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64", "--test-limit", "64",
+               "--epochs", "1", "--work-dir", tmp.file("w")},
+              tmp / "log", env);
+    EXPECT_EQ(p.wait_for(seconds(120)), 1) << p.output();
+    expect_one_line_error(p.output(), "LOCAL_RANK=3 must be smaller than LOCAL_WORLD_SIZE=1");
+  }
+  std::vector<std::string> env0 = env;
+  env0[3] = "LOCAL_RANK=0";
+  Process p({kTrainer, "--local_rank=3", "--launcher", "pytorch", "--data-dir", kDigits, "--limit", "64",
+             "--test-limit", "64", "--epochs", "1", "--work-dir", tmp.file("w")},
+            tmp / "log", env0);
+  EXPECT_EQ(p.wait_for(seconds(120)), 0) << p.output();
+}

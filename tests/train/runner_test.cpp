@@ -1,0 +1,304 @@
+// train::Runner: registries (an unknown type is one line naming the registered ones; keyword
+// arguments are type-checked), hooks called at MMEngine's points in priority order, gradient
+// accumulation equal to one big batch, best-checkpoint saving, and under 2-rank DDP a wrapper
+// registered from outside (MODEL_WRAPPERS.register_module) that the Runner trains with, its backward
+// passes inside no_sync() for all but the last iteration of each accumulation group.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/ranks.h"
+#include "common/test_util.h"
+#include "core/error.h"
+#include "core/random.h"
+#include "nn/functional.h"
+#include "nn/layers.h"
+#include "train/registries.h"
+#include "train/runner.h"
+
+namespace tandem::train {
+namespace {
+
+using test::TempDir;
+
+constexpr int64_t kIn = 6, kClasses = 3;
+
+class TinyNet : public nn::Module {
+ public:
+  TinyNet() { fc_ = register_module("fc", std::make_shared<nn::Linear>(kIn, kClasses)); }
+  Tensor forward(const Tensor& x) override { return F::log_softmax(fc_->forward(x)); }
+
+ private:
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+class TinySet : public data::Dataset {
+ public:
+  explicit TinySet(int64_t n) : n_(n) {}
+  int64_t size() const override { return n_; }
+  void get_batch_into(const std::vector<int64_t>& idx, data::Batch& out) const override {
+    const int64_t b = static_cast<int64_t>(idx.size());
+    std::vector<float> x(b * kIn);
+    std::vector<int64_t> y(b);
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t f = 0; f < kIn; ++f) x[i * kIn + f] = std::sin(0.7f * static_cast<float>(idx[i] * kIn + f));
+      y[i] = idx[i] % kClasses;
+    }
+    out.images = Tensor::from_vector(x, {b, kIn});
+    out.labels = Tensor::from_vector(y, {b});
+    out.indices = idx;
+  }
+
+ private:
+  int64_t n_;
+};
+
+void register_tiny() {
+  if (!models().contains("TinyNet"))
+    models().register_module("TinyNet", [](const Kwargs&) { return std::make_shared<TinyNet>(); });
+}
+
+RunnerOptions tiny_options(const std::string& work_dir) {
+  register_tiny();
+  RunnerOptions o;
+  o.model = "TinyNet";
+  o.optimizer = "SGD";
+  o.optimizer_args.set("lr", 0.5);
+  o.param_scheduler = "";
+  o.train_dataset = std::make_shared<TinySet>(32);
+  o.val_dataset = std::make_shared<TinySet>(12);
+  o.batch_size = 8;
+  o.shuffle = false;
+  o.max_epochs = 1;
+  o.device = "cpu";
+  o.work_dir = work_dir;
+  o.checkpoint_interval_epochs = 0;
+  return o;
+}
+
+std::vector<float> flat_params(Runner& r) {
+  std::vector<float> out;
+  for (auto& [name, p] : r.model().named_parameters())
+    for (float v : p.to_vector<float>()) out.push_back(v);
+  return out;
+}
+
+TEST(Registry, UnknownTypeIsOneLineNamingTheRegistered) {
+  const std::string e = test::error_of([] { models().get("ResNet50"); });
+  EXPECT_NE(e.find("unknown model type 'ResNet50'; registered: "), std::string::npos) << e;
+  EXPECT_NE(e.find("MnistNet"), std::string::npos) << e;
+  EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  EXPECT_THROW(models().register_module("MnistNet", [](const Kwargs&) { return std::shared_ptr<nn::Module>(); }),
+               Error);
+}
+
+TEST(Registry, KwargsAreTypeCheckedAndUnknownOnesNamed) {
+  Kwargs k("optim_wrapper.optimizer");
+  k.set_json("lr", "\"fast\"");
+  EXPECT_NE(test::error_of([&] { k.number("lr", 1.0); }).find("optim_wrapper.optimizer.lr must be a number"),
+            std::string::npos);
+  Kwargs u("optim_wrapper.optimizer");
+  u.set("momentun", 0.9);
+  const std::string e = test::error_of([&] { optimizers().get("SGD")({}, u); });
+  EXPECT_NE(e.find("unknown argument 'momentun'; expected one of: lr, momentum"), std::string::npos) << e;
+  Kwargs d("model_wrapper_cfg");
+  d.set("find_unused_parameter", true);
+  EXPECT_NE(test::error_of([&] { ddp_options_from_kwargs(d); }).find("unknown argument 'find_unused_parameter'"),
+            std::string::npos);
+  Kwargs ok("model_wrapper_cfg");
+  ok.set("static_graph", true);
+  ok.set("broadcast_buffers", false);
+  ok.set("bucket_cap_mb", 4.0);
+  const dist::DDPOptions opts = ddp_options_from_kwargs(ok);
+  EXPECT_TRUE(opts.reducer.static_graph);
+  EXPECT_FALSE(opts.broadcast_buffers);
+  EXPECT_EQ(opts.reducer.bucket_cap_mb, 4.0);
+}
+
+TEST(Runner, UnknownWrapperFailsEvenWithoutDdp) {
+  TempDir tmp("runner");
+  RunnerOptions o = tiny_options(tmp.file("w"));
+  o.model_wrapper = "NoSuchDDP";
+  const std::string e = test::error_of([&] { Runner r(o); });
+  EXPECT_NE(e.find("unknown model wrapper type 'NoSuchDDP'; registered: DistributedDataParallel, "
+                   "MMDistributedDataParallel"),
+            std::string::npos)
+      << e;
+}
+
+// Records every call point with its priority.
+class Recorder : public Hook {
+ public:
+  Recorder(std::vector<std::string>& log, int priority, std::string tag)
+      : log_(log), priority_(priority), tag_(std::move(tag)) {}
+  std::string name() const override { return tag_; }
+  int priority() const override { return priority_; }
+  void before_run(Runner&) override { log_.push_back(tag_ + ":before_run"); }
+  void after_run(Runner&) override { log_.push_back(tag_ + ":after_run"); }
+  void before_train_epoch(Runner& r) override { log_.push_back(tag_ + ":before_epoch" + std::to_string(r.epoch())); }
+  void after_train_epoch(Runner& r) override { log_.push_back(tag_ + ":after_epoch" + std::to_string(r.epoch())); }
+  void before_train_iter(Runner&) override { log_.push_back(tag_ + ":before_iter"); }
+  void after_train_iter(Runner& r, const IterOutputs&) override {
+    log_.push_back(tag_ + ":after_iter" + std::to_string(r.global_iter()));
+  }
+  void before_val_epoch(Runner&) override { log_.push_back(tag_ + ":before_val"); }
+  void after_val_epoch(Runner&, const ValMetrics& v) override {
+    log_.push_back(tag_ + ":after_val" + std::to_string(v.total));
+  }
+
+ private:
+  std::vector<std::string>& log_;
+  int priority_;
+  std::string tag_;
+};
+
+TEST(Runner, HooksRunAtEachPointInPriorityOrder) {
+  TempDir tmp("runner");
+  RunnerOptions o = tiny_options(tmp.file("w"));
+  o.train_dataset = std::make_shared<TinySet>(16);  // 2 iterations per epoch
+  o.max_epochs = 2;
+  Runner r(o);
+  std::vector<std::string> log;
+  r.register_hook(std::make_shared<Recorder>(log, kLow, "low"));
+  r.register_hook(std::make_shared<Recorder>(log, kHigh, "high"));
+  ASSERT_EQ(r.train(), 0);
+  std::vector<std::string> low;
+  for (const std::string& s : log)
+    if (s.rfind("low:", 0) == 0) low.push_back(s.substr(4));
+  const std::vector<std::string> want = {"before_run",  "before_epoch1", "before_iter", "after_iter1",
+                                         "before_iter", "after_iter2",   "after_epoch1", "before_val",
+                                         "after_val12", "before_epoch2", "before_iter", "after_iter3",
+                                         "before_iter", "after_iter4",   "after_epoch2", "before_val",
+                                         "after_val12", "after_run"};
+  EXPECT_EQ(low, want);
+  ASSERT_EQ(log.size(), 2 * want.size());
+  for (size_t i = 0; i < log.size(); i += 2) {  // every point: high first, then low
+    EXPECT_EQ(log[i].rfind("high:", 0), 0u) << i << ": " << log[i];
+    EXPECT_EQ(log[i].substr(5), log[i + 1].substr(4));
+  }
+}
+
+TEST(Runner, AccumulationOfTwoHalfBatchesIsOneFullBatch) {
+  TempDir tmp("runner");
+  RunnerOptions big = tiny_options(tmp.file("big"));
+  big.batch_size = 16;  // 2 iterations, one update each
+  RunnerOptions acc = tiny_options(tmp.file("acc"));
+  acc.batch_size = 8;  // 4 iterations, an update every 2
+  acc.accumulative_counts = 2;
+  Runner a(big), b(acc);
+  ASSERT_EQ(a.train(), 0);
+  ASSERT_EQ(b.train(), 0);
+  const std::vector<float> pa = flat_params(a), pb = flat_params(b);
+  ASSERT_EQ(pa.size(), pb.size());
+  double max_diff = 0;
+  for (size_t i = 0; i < pa.size(); ++i) max_diff = std::max(max_diff, static_cast<double>(std::fabs(pa[i] - pb[i])));
+  EXPECT_LT(max_diff, 1e-6);
+  // Not the same as stepping every half batch (the test can fail).
+  RunnerOptions every = tiny_options(tmp.file("every"));
+  every.batch_size = 8;
+  Runner c(every);
+  ASSERT_EQ(c.train(), 0);
+  const std::vector<float> pc = flat_params(c);
+  double diff_c = 0;
+  for (size_t i = 0; i < pa.size(); ++i) diff_c = std::max(diff_c, static_cast<double>(std::fabs(pa[i] - pc[i])));
+  EXPECT_GT(diff_c, 1e-3);
+}
+
+// Records the grad_norm of every update.
+class NormWatch : public Hook {
+ public:
+  std::string name() const override { return "NormWatch"; }
+  void after_train_iter(Runner&, const IterOutputs& out) override {
+    if (out.updated) norms.push_back(out.grad_norm);
+  }
+  std::vector<double> norms;
+};
+
+// Under fp16 loss scaling the gradients are unscaled before the norm is taken and clipped (as
+// AmpOptimWrapper does): the norms match a float32 run's, not 65536x them.
+TEST(Runner, ClippingUnderFp16SeesUnscaledGradients) {
+  TempDir tmp("runner");
+  std::vector<double> norms[2];
+  for (int fp16 = 0; fp16 < 2; ++fp16) {
+    RunnerOptions o = tiny_options(tmp.file(fp16 ? "fp16" : "f32"));
+    o.amp = fp16 ? "fp16" : "off";
+    o.clip_max_norm = 0.05;  // clips every update here
+    Runner r(o);
+    auto w = std::make_shared<NormWatch>();
+    r.register_hook(w);
+    ASSERT_EQ(r.train(), 0);
+    norms[fp16] = w->norms;
+  }
+  ASSERT_EQ(norms[0].size(), 4u);
+  ASSERT_EQ(norms[1].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_GT(norms[0][i], 0.05) << "update " << i << " must be clipped for the test to mean anything";
+    EXPECT_NEAR(norms[1][i], norms[0][i], 0.02 * norms[0][i]) << "update " << i;
+  }
+}
+
+TEST(Runner, SaveBestKeepsOnlyTheBestCheckpoint) {
+  TempDir tmp("runner");
+  RunnerOptions o = tiny_options(tmp.file("w"));
+  o.max_epochs = 3;
+  o.save_best = "loss";
+  Runner r(o);
+  ASSERT_EQ(r.train(), 0);
+  int best = 0;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.file("w")))
+    if (e.path().filename().string().rfind("best_loss_epoch_", 0) == 0 &&
+        e.path().string().find(".state.") == std::string::npos)
+      ++best;
+  EXPECT_EQ(best, 1);
+}
+
+// [CountingDDP] a wrapper an embedding program registers: DDP that records, per forward, whether
+// the reducer will synchronise this backward.
+class RecordingDDP : public dist::DistributedDataParallel {
+ public:
+  using DistributedDataParallel::DistributedDataParallel;
+  Tensor forward(const Tensor& x) override {
+    syncs.push_back(reducer().require_sync());
+    return DistributedDataParallel::forward(x);
+  }
+  static inline std::vector<bool> syncs;
+};
+
+TEST(RunnerDdp, RegisteredWrapperTrainsWithNoSyncInsideAccumulationGroups) {
+  if (auto rank = test::child_rank()) {
+    register_tiny();
+    if (!model_wrappers().contains("RecordingDDP"))
+      model_wrappers().register_module("RecordingDDP", [](const WrapContext& c, const Kwargs& k) {
+        return std::make_shared<RecordingDDP>(c.model, c.group, ddp_options_from_kwargs(k));
+      });
+    ::setenv("RANK", std::to_string(rank->rank).c_str(), 1);
+    ::setenv("LOCAL_RANK", std::to_string(rank->rank).c_str(), 1);
+    ::setenv("WORLD_SIZE", "2", 1);
+    ::setenv("LOCAL_WORLD_SIZE", "2", 1);
+    ::setenv("GROUP_RANK", "0", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", rank->param.c_str(), 1);
+    RunnerOptions o = tiny_options(rank->param + "_unused");
+    o.work_dir = std::string(std::getenv("TANDEM_TEST_STORE")) + ".work";
+    o.launcher = "pytorch";
+    o.model_wrapper = "RecordingDDP";
+    o.accumulative_counts = 2;
+    o.train_dataset = std::make_shared<TinySet>(80);  // 40 per rank: 5 iterations of 8
+    o.dist_timeout_s = 30;
+    Runner r(o);
+    ASSERT_EQ(r.train(), 0);
+    ASSERT_NE(r.ddp(), nullptr);
+    // Groups (1,2), (3,4), (5): the last iteration of each group and of the run synchronises.
+    EXPECT_EQ(RecordingDDP::syncs, (std::vector<bool>{false, true, false, true, true}));
+    return;
+  }
+  test::run_ranks(2, std::to_string(test::free_port()));
+}
+
+}  // namespace
+}  // namespace tandem::train

@@ -1,0 +1,58 @@
+// Hooks of the Runner, as MMEngine's (mmengine/hooks/hook.py): named call points around the run,
+// each training epoch and iteration, and each validation. The Runner calls every hook at each
+// point in ascending priority (MMEngine's numbers: VERY_HIGH 10 ... NORMAL 50 ... VERY_LOW 90;
+// equal priorities keep registration order). A hook reads and changes the run through the Runner
+// (train/runner.h). Hooks run on the training thread; a throw ends the run with that error.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::train {
+
+class Runner;
+
+enum Priority : int {
+  kHighest = 0,
+  kVeryHigh = 10,
+  kHigh = 30,
+  kAboveNormal = 40,
+  kNormal = 50,
+  kBelowNormal = 60,
+  kLow = 70,
+  kVeryLow = 90,
+  kLowest = 100,
+};
+
+// What one training iteration did.
+struct IterOutputs {
+  double loss = 0;          // the batch's mean loss, before any division for accumulation
+  double lr = 0;            // the learning rate this iteration used
+  int64_t batch_size = 0;   // samples in this rank's batch
+  bool updated = false;     // the optimizer stepped (false inside an accumulation group)
+  double grad_norm = -1;    // total gradient norm before clipping; -1 when not clipped
+};
+
+// What one validation pass measured (summed over every rank's shard).
+struct ValMetrics {
+  double loss = 0, accuracy = 0;
+  int64_t correct = 0, total = 0;
+};
+
+class Hook {
+ public:
+  virtual ~Hook() = default;
+  virtual std::string name() const = 0;
+  virtual int priority() const { return kNormal; }
+
+  virtual void before_run(Runner&) {}
+  virtual void after_run(Runner&) {}
+  virtual void before_train_epoch(Runner&) {}
+  virtual void after_train_epoch(Runner&) {}
+  virtual void before_train_iter(Runner&) {}
+  virtual void after_train_iter(Runner&, const IterOutputs&) {}
+  virtual void before_val_epoch(Runner&) {}
+  virtual void after_val_epoch(Runner&, const ValMetrics&) {}
+};
+
+}  // namespace tandem::train

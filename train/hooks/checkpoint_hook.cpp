@@ -1,0 +1,86 @@
+// CheckpointHook: saves resumable checkpoints into the work dir's rotation (iter_<global>.safetensors,
+// last_checkpoint, at most max_keep_ckpts kept):
+//   - every `interval` epochs and after the last (by_epoch true), or every `interval` iterations
+//     (by_epoch false); plus every `interval_iters` iterations (Tandem's, 0: off);
+//   - at the iteration where the ranks agreed to stop (StopAgreementHook), so a stopped run resumes;
+//   - save_best "accuracy" (or "auto") / "loss": after each validation that beats the best so far,
+//     best_<metric>_epoch_<e>.safetensors (+ state), replacing the previous best (rule: greater for
+//     accuracy, less for loss, or as `rule` says).
+// Saving is rank 0's; the others only count.
+#include <filesystem>
+
+#include "train/checkpoint.h"
+#include "train/hooks/builtin_hooks.h"
+#include "train/runner.h"
+
+namespace tandem::train {
+namespace {
+
+class CheckpointHook : public Hook {
+ public:
+  CheckpointHook(int64_t interval, bool by_epoch, int64_t interval_iters, int64_t max_keep, std::string best,
+                 std::string rule)
+      : interval_(interval), by_epoch_(by_epoch), interval_iters_(interval_iters), max_keep_(max_keep),
+        best_metric_(std::move(best)), rule_(std::move(rule)) {}
+  std::string name() const override { return "CheckpointHook"; }
+  int priority() const override { return kVeryLow; }
+
+  void after_train_iter(Runner& r, const IterOutputs&) override {
+    const int64_t g = r.global_iter();
+    const bool due = (!by_epoch_ && interval_ > 0 && g % interval_ == 0) || (interval_iters_ > 0 && g % interval_iters_ == 0);
+    if (r.stop() != 0 || due) r.save_checkpoint(r.epoch(), r.iter_in_epoch(), "", max_keep_);
+  }
+
+  void after_train_epoch(Runner& r) override {
+    if (by_epoch_ && interval_ > 0 && (r.epoch() % interval_ == 0 || r.epoch() == r.max_epochs()))
+      r.save_checkpoint(r.epoch() + 1, 0, "", max_keep_);
+  }
+
+  void after_val_epoch(Runner& r, const ValMetrics& v) override {
+    if (best_metric_.empty()) return;
+    const double value = best_metric_ == "loss" ? v.loss : v.accuracy;
+    const bool greater = rule_ == "greater";
+    if (have_best_ && (greater ? value <= best_ : value >= best_)) return;
+    have_best_ = true;
+    best_ = value;
+    if (r.rank() != 0) return;
+    const std::string path =
+        r.work_dir() + "/best_" + best_metric_ + "_epoch_" + std::to_string(r.epoch()) + ".safetensors";
+    r.save_checkpoint(r.epoch() + 1, 0, path);
+    if (!last_best_.empty() && last_best_ != path) {
+      std::error_code ec;
+      std::filesystem::remove(last_best_, ec);
+      std::filesystem::remove(state_path(last_best_), ec);
+    }
+    last_best_ = path;
+    r.info("best " + best_metric_ + " " + std::to_string(value) + ": " + path);
+  }
+
+ private:
+  int64_t interval_;
+  bool by_epoch_;
+  int64_t interval_iters_, max_keep_;
+  std::string best_metric_, rule_, last_best_;
+  bool have_best_ = false;
+  double best_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Hook> make_checkpoint_hook(const Kwargs& k) {
+  k.check_known({"interval", "by_epoch", "interval_iters", "max_keep_ckpts", "save_best", "rule", "save_last"});
+  const int64_t interval = k.integer("interval", 1), interval_iters = k.integer("interval_iters", 0);
+  const int64_t max_keep = k.integer("max_keep_ckpts", -1);
+  TANDEM_CHECK(interval >= 0, k.owner(), ".interval must be >= 0 (0: off), got ", interval);
+  TANDEM_CHECK(interval_iters >= 0, k.owner(), ".interval_iters must be >= 0 (0: off), got ", interval_iters);
+  std::string best = k.has("save_best") && k.items().at("save_best") != "null" ? k.string("save_best", "") : "";
+  if (best == "auto") best = "accuracy";
+  TANDEM_CHECK(best.empty() || best == "accuracy" || best == "loss", k.owner(),
+               ".save_best must be \"auto\", \"accuracy\" or \"loss\", got \"", best, "\"");
+  std::string rule = k.string("rule", best == "loss" ? "less" : "greater");
+  TANDEM_CHECK(rule == "greater" || rule == "less", k.owner(), ".rule must be \"greater\" or \"less\", got \"", rule, "\"");
+  return std::make_shared<CheckpointHook>(interval, k.boolean("by_epoch", true), interval_iters,
+                                          max_keep < 0 ? 0 : max_keep, best, rule);
+}
+
+}  // namespace tandem::train

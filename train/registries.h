@@ -1,0 +1,54 @@
+// The Runner's registries (MMEngine's MODELS, MODEL_WRAPPERS, OPTIMIZERS, PARAM_SCHEDULERS, HOOKS)
+// and their built-in entries, registered on first use:
+//   models()          MnistNet
+//   model_wrappers()  MMDistributedDataParallel, DistributedDataParallel (dist::DistributedDataParallel)
+//   optimizers()      Adadelta, SGD, Adam, AdamW (PyTorch's names and keyword arguments)
+//   param_schedulers() StepLR, CosineAnnealingLR
+//   hooks()           IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
+//                     DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook
+// An embedding program adds its own with register_module before it builds a Runner, e.g.
+//   train::model_wrappers().register_module("MyDDP", [](const train::WrapContext& c, const train::Kwargs& k) {...});
+// model_wrapper_cfg's DDP keyword arguments become dist::DDPOptions in ddp_options_from_kwargs, the
+// one place that mapping lives (a wrapper factory calls it).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "dist/ddp.h"
+#include "dist/process_group.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "train/hook.h"
+#include "train/param_scheduler.h"
+#include "train/registry.h"
+
+namespace tandem::train {
+
+using ModelFactory = std::function<std::shared_ptr<nn::Module>(const Kwargs&)>;
+
+// What a model wrapper factory is given: the model (on its device) and the job's process group.
+struct WrapContext {
+  std::shared_ptr<nn::Module> model;
+  std::shared_ptr<dist::ProcessGroup> group;
+};
+// Returns the wrapped model. A wrapper that derives from dist::DistributedDataParallel gets
+// accumulation through no_sync() and the reducer's numbers in the logs.
+using WrapperFactory = std::function<std::shared_ptr<nn::Module>(const WrapContext&, const Kwargs&)>;
+using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>, const Kwargs&)>;
+using HookFactory = std::function<std::shared_ptr<Hook>(const Kwargs&)>;
+
+Registry<ModelFactory>& models();
+Registry<WrapperFactory>& model_wrappers();
+Registry<OptimizerFactory>& optimizers();
+Registry<SchedulerFactory>& param_schedulers();
+Registry<HookFactory>& hooks();
+
+// DDP's keyword arguments (model_wrapper_cfg without "type") as dist::DDPOptions. Known:
+// find_unused_parameters, broadcast_buffers, bucket_cap_mb (<= 0: measured), first_bucket_cap_mb,
+// gradient_as_bucket_view, static_graph, comm_hook (allreduce | fp16 | bf16 | a registered name).
+// An unknown key throws naming the known ones.
+dist::DDPOptions ddp_options_from_kwargs(const Kwargs& kwargs);
+const std::vector<std::string>& ddp_kwarg_names();
+
+}  // namespace tandem::train

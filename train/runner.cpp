@@ -1,0 +1,299 @@
+// train::Runner (see runner.h): building the job, the epoch loop and the validation loop. The
+// iteration itself is in runner_step.cpp, checkpoints and resume in runner_checkpoint.cpp.
+#include "train/runner.h"
+
+#include <spdlog/spdlog.h>
+
+#include <signal.h>
+#include <spdlog/sinks/basic_file_sink.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/autograd.h"
+#include "core/random.h"
+#include "core/thread_pool.h"
+#include "data/distributed_sampler.h"
+#include "data/sampler.h"
+#include "dist/host_values.h"
+#include "dist/process_group_factory.h"
+#include "dist/sync_batch_norm.h"
+#include "dist/tcp_store.h"
+#include "kernels/elementwise.h"
+#include "nn/amp.h"
+#include "nn/functional.h"
+#include "train/checkpoint.h"
+#include "train/cuda_graph_step.h"
+#include "train/metrics_writer.h"
+#include "train/registries.h"
+#include "train/runner_internal.h"
+#include "train/work_dir.h"
+
+namespace tandem::train {
+
+Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
+  TANDEM_CHECK(o_.max_epochs >= 1, "train_cfg.max_epochs must be >= 1, got ", o_.max_epochs);
+  TANDEM_CHECK(o_.batch_size >= 1, "the batch size must be >= 1, got ", o_.batch_size);
+  TANDEM_CHECK(o_.accumulative_counts >= 1, "optim_wrapper.accumulative_counts must be >= 1, got ",
+               o_.accumulative_counts);
+  TANDEM_CHECK(o_.clip_max_norm >= 0, "optim_wrapper.clip_grad.max_norm must be > 0, got ", o_.clip_max_norm);
+  TANDEM_CHECK(o_.train_dataset != nullptr, "Runner: no train_dataset given");
+  TANDEM_CHECK(!o_.work_dir.empty(), "Runner: no work_dir given");
+  // Every registered name is looked up now, so an unknown one fails before anything runs or logs.
+  if (!o_.model_instance) models().get(o_.model);
+  model_wrappers().get(o_.model_wrapper);
+  optimizers().get(o_.optimizer);
+  if (!o_.param_scheduler.empty()) param_schedulers().get(o_.param_scheduler);
+  for (const auto* specs : {&o_.default_hooks, &o_.custom_hooks})
+    for (const HookSpec& s : *specs) hooks().get(s.type);
+}
+
+Runner::~Runner() = default;
+
+void Runner::register_hook(std::shared_ptr<Hook> hook) {
+  TANDEM_CHECK(hook != nullptr, "Runner::register_hook: null hook");
+  auto at = std::upper_bound(hooks_.begin(), hooks_.end(), hook,
+                             [](const auto& a, const auto& b) { return a->priority() < b->priority(); });
+  hooks_.insert(at, std::move(hook));
+}
+
+dist::ProcessGroup* Runner::host_group() { return dist_ && dist_->active() ? dist_->host_group.get() : nullptr; }
+
+void Runner::info(const std::string& line) { spdlog::info("{}", line); }
+
+void Runner::setup() {
+  env_ = o_.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o_.launcher);
+  if (o_.port > 0) env_.master_port = o_.port;  // dist_params.port
+  device_ = dist::resolve_device(o_.device, env_.local_rank);
+  if (device_.is_cuda()) set_cuda_device(device_.index);
+  const std::string why = o_.cuda_graph ? cuda_graph_refusal(o_, device_, o_.launcher == "none" ? 1 : env_.world_size)
+                                        : "";
+  TANDEM_CHECK(why.empty(), why);
+  if (env_.rank == 0) {  // rank 0 writes the job's files
+    create_work_dir(o_.work_dir);
+    const std::string stamp = run_timestamp();
+    log_to_file(o_.work_dir + "/" + stamp + ".log");
+    Json resolved = o_.config_json.empty() ? Json::object() : Json::parse(o_.config_json);
+    resolved["work_dir"] = o_.work_dir;
+    write_file_atomic(o_.work_dir + "/config.json", resolved.dump(2) + "\n");
+    metrics_ = std::make_unique<MetricsWriter>();
+    metrics_->add(o_.metrics_out, /*append=*/!o_.resume.empty());
+    metrics_->add(o_.work_dir + "/" + stamp + ".metrics.jsonl", /*append=*/true);
+  }
+  setup_distributed();
+  if (env_.rank != 0) spdlog::set_level(spdlog::level::warn);  // rank 0 speaks for the job
+  manual_seed(o_.seed);
+  if (!o_.resume.empty()) resume_path_ = o_.resume == "auto" ? CheckpointManager::latest(o_.work_dir) : o_.resume;
+  setup_data();
+  load_resume_checkpoint();
+  setup_model();
+  setup_optimizer();
+  setup_hooks();
+  resume_or_load();
+  set_up_ = true;
+}
+
+void Runner::setup_distributed() {
+  dist_ = std::make_unique<Distributed>();
+  if (o_.launcher == "none" || env_.world_size == 1) return;
+  std::string backend = o_.backend;
+  if (backend == "auto") backend = device_.is_cuda() ? "nccl" : "gloo";
+  TANDEM_CHECK(backend != "nccl" || device_.is_cuda(), "backend nccl needs a CUDA device, got device ",
+               device_.str());
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.dist_timeout_s * 1000));
+  dist::TCPStoreOptions so;
+  so.timeout = timeout;
+  so.num_workers = env_.world_size;
+  dist_->store = std::make_shared<dist::TCPStore>(env_.master_addr, env_.master_port, env_.rank == 0, so);
+  dist_->group = dist::make_process_group(backend, dist_->store, env_.rank, env_.world_size, timeout,
+                                          device_.is_cuda() ? device_.index : -1);
+  // The stop agreement runs on the host: a device group's result would wait behind the whole step.
+  dist_->host_group = dist_->group->comm_device().is_cpu()
+                          ? dist_->group
+                          : dist::make_process_group("gloo", dist_->store, env_.rank, env_.world_size, timeout);
+  world_ = env_.world_size;
+}
+
+void Runner::setup_data() {
+  const auto& train_set = o_.train_dataset;
+  const int rank = env_.rank;
+  if (dist_->active()) {
+    train_sampler_ = std::make_shared<data::DistributedSampler>(train_set->size(), world_, rank, o_.shuffle, o_.seed);
+    if (o_.val_dataset) val_sampler_ = std::make_shared<data::ShardSampler>(o_.val_dataset->size(), world_, rank);
+  } else {
+    if (o_.shuffle)
+      train_sampler_ = std::make_shared<data::RandomSampler>(train_set->size(), o_.seed);
+    else
+      train_sampler_ = std::make_shared<data::SequentialSampler>(train_set->size());
+    if (o_.val_dataset) val_sampler_ = std::make_shared<data::SequentialSampler>(o_.val_dataset->size());
+  }
+  train_loader_ = std::make_unique<data::DataLoader>(train_set, train_sampler_, o_.batch_size);
+  if (o_.val_dataset) val_loader_ = std::make_unique<data::DataLoader>(o_.val_dataset, val_sampler_, o_.val_batch_size);
+  iters_ = train_loader_->num_batches();
+  if (!o_.data_description.empty()) info("data: " + o_.data_description);
+  info("device: " + device_.str() + ", threads: " + std::to_string(num_threads()));
+  info("work dir: " + o_.work_dir + (o_.config_name.empty() ? "" : " (config " + o_.config_name + ")"));
+}
+
+void Runner::setup_model() {
+  net_ = o_.model_instance ? o_.model_instance : models().get(o_.model)(o_.model_args);
+  TANDEM_CHECK(net_ != nullptr, "model '", o_.model, "': the factory returned no model");
+  if (resume_ckpt_) {
+    try {
+      net_->load_state_dict(resume_ckpt_->weights);
+    } catch (const Error& e) {
+      TANDEM_FAIL("checkpoint '", resume_path_, "': ", e.what());
+    }
+  } else if (!o_.load_from.empty()) {
+    nn::load_weights(*net_, o_.load_from);
+    info("initial weights: " + o_.load_from);
+  }
+  net_->to(device_);
+  net_->train();
+  wrapped_ = net_;
+  const WrapperFactory wrap = model_wrappers().get(o_.model_wrapper);  // an unknown name fails here, DDP or not
+  if (!dist_->active()) return;
+  if (o_.sync_bn) {
+    const int n = dist::convert_sync_batchnorm(*net_, dist_->group);
+    info("sync_bn: " + std::to_string(n) + " BatchNorm layer(s) synchronised across " + std::to_string(world_) +
+         " ranks");
+  }
+  spdlog::info("distributed: {} ranks over {} (launcher {}), store {}:{}, wrapper {}", world_,
+               dist_->group->backend(), o_.launcher, env_.master_addr, env_.master_port, o_.model_wrapper);
+  wrapped_ = wrap(WrapContext{net_, dist_->group}, o_.model_wrapper_args);
+  TANDEM_CHECK(wrapped_ != nullptr, "model_wrapper_cfg.type '", o_.model_wrapper, "': the factory returned no model");
+  ddp_ = dynamic_cast<dist::DistributedDataParallel*>(wrapped_.get());
+  if (ddp_) {
+    if (const auto& a = ddp_->reducer().auto_bucket_cap(); a.measured)
+      spdlog::info("auto bucket cap: all-reduce latency {:.0f} us, bandwidth {:.2f} GB/s -> {:.2f} MiB",
+                   a.latency_us, a.bandwidth_gbps, a.cap_mb);
+  }
+  TANDEM_CHECK(ddp_ || o_.accumulative_counts == 1, "optim_wrapper.accumulative_counts > 1 needs a wrapper derived "
+               "from DistributedDataParallel (for no_sync); model_wrapper_cfg.type '", o_.model_wrapper, "' is not");
+}
+
+void Runner::setup_optimizer() {
+  Kwargs args = o_.optimizer_args;
+  const double lr = args.number("lr", 1.0);
+  if (o_.auto_scale_lr_base_batch > 0) {
+    const double scaled = lr * static_cast<double>(o_.batch_size * world_) /
+                          static_cast<double>(o_.auto_scale_lr_base_batch);
+    spdlog::info("auto-scale-lr: lr {} x ({} x {}) / {} = {}", lr, o_.batch_size, world_,
+                 o_.auto_scale_lr_base_batch, scaled);
+    args.set("lr", scaled);
+  }
+  optimizer_ = optimizers().get(o_.optimizer)(wrapped_->parameters(), args);
+  if (!o_.param_scheduler.empty())
+    scheduler_ = param_schedulers().get(o_.param_scheduler)(ScheduleContext{optimizer_.get(), iters_, o_.max_epochs},
+                                                            o_.param_scheduler_args);
+  const amp::Precision precision = amp::parse_precision(o_.amp);
+  // fp16 needs loss scaling (gradients underflow); bf16 has f32's range and does not.
+  scaler_ = std::make_unique<optim::GradScaler>(
+      optim::GradScalerOptions{.enabled = precision == amp::Precision::kFloat16});
+  if (precision != amp::Precision::kOff)
+    spdlog::info("amp: {} autocast{}", amp::precision_name(precision), scaler_->enabled() ? " with loss scaling" : "");
+  if (o_.accumulative_counts > 1 || o_.clip_max_norm > 0)
+    spdlog::info("optim_wrapper: accumulative_counts {}, clip_grad {}", o_.accumulative_counts,
+                 o_.clip_max_norm > 0 ? "max_norm " + std::to_string(o_.clip_max_norm) + ", norm_type " +
+                                            std::to_string(o_.clip_norm_type)
+                                      : std::string("off"));
+  if (o_.cuda_graph) graph_step_ = std::make_unique<CudaGraphStep>(*net_, device_, o_.optimizer);
+}
+
+void Runner::setup_hooks() {
+  std::vector<HookSpec> specs = o_.default_hooks.empty() ? default_hook_specs(o_) : o_.default_hooks;
+  specs.insert(specs.end(), o_.custom_hooks.begin(), o_.custom_hooks.end());
+  for (const HookSpec& s : specs) register_hook(hooks().get(s.type)(s.args));
+}
+
+int Runner::train() {
+  TANDEM_CHECK(!set_up_, "Runner::train: already ran");
+  setup();
+  spdlog::info("training: {} epochs x {} iterations, batch {}{}, {} lr {}", o_.max_epochs, iters_, o_.batch_size,
+               world_ > 1 ? " per rank x " + std::to_string(world_) + " ranks" : "", o_.optimizer, optimizer_->lr());
+  call_hooks([&](Hook& h) { h.before_run(*this); });
+  inner_count_ = global_iter_;
+  for (epoch_ = start_epoch_; epoch_ <= o_.max_epochs && stop_ == 0; ++epoch_) {
+    run_epoch();
+    if (stop_ != 0) break;
+    if (val_loader_ && ((o_.val_interval > 0 && epoch_ % o_.val_interval == 0) || epoch_ == o_.max_epochs)) val();
+  }
+  epoch_ = std::min(epoch_, o_.max_epochs);
+  return finish();
+}
+
+void Runner::run_epoch() {
+  const int64_t first = epoch_ == start_epoch_ ? skip_ : 0;
+  epoch_samples_ = 0;
+  call_hooks([&](Hook& h) { h.before_train_epoch(*this); });
+  train_loader_->begin_epoch(sampler_epoch_, first);
+  for (iter_ = first + 1;; ++iter_) {
+    auto batch = train_loader_->next();
+    if (!batch) break;
+    call_hooks([&](Hook& h) { h.before_train_iter(*this); });
+    const IterOutputs out = run_iter(*batch);
+    ++global_iter_;
+    epoch_samples_ += out.batch_size;
+    call_hooks([&](Hook& h) { h.after_train_iter(*this, out); });
+    if (stop_ != 0) return;
+  }
+  iter_ = iters_;
+  call_hooks([&](Hook& h) { h.after_train_epoch(*this); });
+}
+
+ValMetrics Runner::val() {
+  TANDEM_CHECK(val_loader_ != nullptr, "Runner::val: no val_dataset given");
+  call_hooks([&](Hook& h) { h.before_val_epoch(*this); });
+  ValMetrics r;
+  double loss_sum = 0;
+  {
+    NoGradGuard no_grad;
+    net_->eval();
+    val_loader_->begin_epoch(0);
+    const amp::Precision precision = amp::parse_precision(o_.amp);
+    while (auto batch = val_loader_->next()) {
+      Tensor x = batch->images.to(device_), y = batch->labels.to(device_);
+      Tensor out;
+      {
+        amp::AutocastGuard autocast(precision);
+        out = (*net_)(x);
+      }
+      const int64_t n = x.size(0);
+      loss_sum += F::nll_loss(out, y).item<double>() * static_cast<double>(n);
+      std::vector<int64_t> pred = kernels::argmax(out).to_vector<int64_t>();
+      std::vector<int64_t> truth = batch->labels.to_vector<int64_t>();
+      for (int64_t i = 0; i < n; ++i) r.correct += pred[i] == truth[i];
+      r.total += n;
+    }
+    net_->train();
+  }
+  if (dist_->active()) {  // each rank evaluated its own shard: add up the counts
+    const std::vector<double> sums = dist::allreduce_values(
+        *dist_->group, {loss_sum, static_cast<double>(r.correct), static_cast<double>(r.total)}, dist::ReduceOp::Sum,
+        "the evaluation's sums");
+    loss_sum = sums[0];
+    r.correct = static_cast<int64_t>(sums[1]);
+    r.total = static_cast<int64_t>(sums[2]);
+  }
+  r.loss = r.total ? loss_sum / static_cast<double>(r.total) : 0.0;
+  r.accuracy = r.total ? static_cast<double>(r.correct) / static_cast<double>(r.total) : 0.0;
+  call_hooks([&](Hook& h) { h.after_val_epoch(*this, r); });
+  return r;
+}
+
+int Runner::finish() {
+  if (stop_ != 0) {
+    // Every rank waits until rank 0's checkpoint is on disk before anyone exits.
+    if (dist_->active()) dist_->group->barrier()->wait(dist_->group->timeout());
+    spdlog::info("stopped by signal {} ({}); resume with --resume (work dir {})", stop_,
+                 stop_ == SIGTERM ? "SIGTERM" : stop_ == SIGINT ? "SIGINT" : "signal", o_.work_dir);
+    return 128 + stop_;
+  }
+  if (graph_step_) graph_step_->report();
+  call_hooks([&](Hook& h) { h.after_run(*this); });
+  // Every rank returns only once rank 0's last checkpoint is on disk (a resume may follow at once).
+  if (dist_->active()) dist_->group->barrier()->wait(dist_->group->timeout());
+  return 0;
+}
+
+}  // namespace tandem::train

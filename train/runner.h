@@ -1,0 +1,195 @@
+// train::Runner: MMEngine's Runner for Tandem. It builds a training job from RunnerOptions through
+// the registries (train/registries.h): the model, its wrapper under DDP, the optimizer (with AMP,
+// gradient accumulation and clipping, as MMEngine's OptimWrapper), the parameter scheduler and the
+// hooks; then runs an epoch-based train loop and a validation loop, calling the hooks (train/hook.h)
+// at MMEngine's points. The default hooks (MMEngine's default_hooks, plus Tandem's stop agreement
+// and loss check) are: IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
+// DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook.
+//
+// Resume contract: a checkpoint names the next position to run (epoch E, batches already done in
+// it); everything that decides later losses (weights, BN buffers, optimizer and scaler state,
+// schedule, default RNG, the epoch's sample order via (seed, epoch), the batches to skip) is
+// restored, so a resumed run's per-iteration losses are bitwise those of an uninterrupted one (at an
+// accumulation group's boundary, when accumulative_counts > 1).
+//
+// Distributed: launcher none | pytorch | slurm | mpi (dist::env_from_launcher); rank 0 hosts the
+// TCP store at MASTER_PORT, or at `port` when set (MMEngine's dist_params.port). Every rank stops at
+// the same iteration on SIGTERM/SIGINT (StopAgreementHook), after rank 0 saved a checkpoint.
+// Errors are tandem::Error; train() returns 0, or 128 + signal after a stop.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "data/data_loader.h"
+#include "data/dataset.h"
+#include "dist/ddp.h"
+#include "dist/env.h"
+#include "nn/module.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "train/hook.h"
+#include "train/param_scheduler.h"
+#include "train/registry.h"
+
+namespace tandem::train {
+
+struct HookSpec {
+  std::string type;
+  Kwargs args;
+};
+
+struct RunnerOptions {
+  // What to build, by registry name with keyword arguments (MMEngine's `type` + the rest).
+  std::string model = "MnistNet";
+  Kwargs model_args{"model"};
+  std::shared_ptr<nn::Module> model_instance;  // when set, used instead of building `model`
+  std::string model_wrapper = "MMDistributedDataParallel";
+  Kwargs model_wrapper_args{"model_wrapper_cfg"};  // DDP's keyword arguments
+  std::string optimizer = "Adadelta";
+  Kwargs optimizer_args{"optim_wrapper.optimizer"};  // lr, momentum, weight_decay, ...
+  std::string param_scheduler = "StepLR";            // "" for none
+  Kwargs param_scheduler_args{"param_scheduler"};
+  // Data: the loss is nll_loss of the model's output (log-probabilities) against the labels.
+  std::shared_ptr<const data::Dataset> train_dataset, val_dataset;  // val may be null
+  int64_t batch_size = 64, val_batch_size = 256;
+  bool shuffle = true;
+  // train_cfg / val_cfg.
+  int64_t max_epochs = 1;
+  int64_t val_interval = 1;  // epochs between validations (0: only after the last epoch)
+  uint64_t seed = 1;
+  // optim_wrapper: amp off | fp16 (loss scaling) | bf16; accumulative_counts; clip_grad (0: off).
+  std::string amp = "off";
+  int64_t accumulative_counts = 1;
+  double clip_max_norm = 0.0;
+  double clip_norm_type = 2.0;
+  int64_t auto_scale_lr_base_batch = 0;  // 0: off; else lr *= batch x world / this
+  // env_cfg, launcher, dist_params.
+  std::string device = "auto";
+  std::string launcher = "none";
+  std::string backend = "auto";  // auto | gloo | nccl
+  double dist_timeout_s = 300.0;
+  int port = 0;  // 0: MASTER_PORT
+  bool sync_bn = false;
+  bool cuda_graph = false;  // capture the steady-state step (CUDA, one rank; see cuda_graph_step.h)
+  // Work dir, logs, checkpoints (MMEngine's default_hooks; used when default_hooks is empty).
+  std::string work_dir = "work_dirs/run";
+  std::string config_name;     // shown in the log
+  std::string config_json;     // the resolved config as JSON text: work_dir/config.json and checkpoints
+  std::vector<std::string> resume_keys;  // config keys a resumed run must share with the checkpoint's
+  int64_t log_interval = 100;
+  int64_t checkpoint_interval_iters = 0;   // 0: off
+  int64_t checkpoint_interval_epochs = 1;  // 0: off
+  int64_t max_keep_ckpts = 3;              // 0: all
+  std::string save_best;                   // "" | "accuracy" | "loss": also keep the best checkpoint
+  std::string metrics_out;                 // extra JSON-lines file
+  std::string resume;     // "": no; "auto": the work dir's last checkpoint; else a checkpoint path
+  std::string load_from;  // initial weights (safetensors), when not resuming
+  std::string data_description;  // logged at the start
+  std::vector<HookSpec> default_hooks;  // empty: the defaults above
+  std::vector<HookSpec> custom_hooks;
+};
+
+class MetricsWriter;
+struct Checkpoint;
+class CudaGraphStep;
+struct Distributed;
+
+class Runner {
+ public:
+  explicit Runner(RunnerOptions options);
+  ~Runner();
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  // Adds a hook (before train()); hooks run in ascending priority, ties in registration order.
+  void register_hook(std::shared_ptr<Hook> hook);
+  // Builds everything, resumes or loads weights, trains; returns 0 or 128 + the stopping signal.
+  int train();
+  // One validation pass over val_dataset (every rank's shard, summed); calls the val hooks.
+  ValMetrics val();
+
+  // State for hooks.
+  const RunnerOptions& options() const { return o_; }
+  int64_t epoch() const { return epoch_; }            // 1-based, the epoch running
+  int64_t iter_in_epoch() const { return iter_; }      // 1-based, the iteration just run
+  int64_t global_iter() const { return global_iter_; }  // iterations done in the whole run
+  int64_t iters_per_epoch() const { return iters_; }
+  int64_t max_epochs() const { return o_.max_epochs; }
+  int64_t epoch_samples() const { return epoch_samples_; }  // this rank's samples this epoch
+  int rank() const { return env_.rank; }
+  int world_size() const { return world_; }
+  const std::string& work_dir() const { return o_.work_dir; }
+  Device device() const { return device_; }
+  nn::Module& model() { return *net_; }  // unwrapped
+  nn::Module& wrapped_model() { return *wrapped_; }
+  dist::DistributedDataParallel* ddp() { return ddp_; }  // null without DDP or for another wrapper
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  optim::GradScaler& scaler() { return *scaler_; }
+  ParamScheduler* scheduler() { return scheduler_.get(); }
+  data::DataLoader& train_loader() { return *train_loader_; }
+  MetricsWriter* metrics() { return metrics_.get(); }
+  dist::ProcessGroup* host_group();  // the group of the per-iteration stop agreement, or null
+  // DistSamplerSeedHook sets the epoch the sampler shuffles with (default 0: the same order each epoch).
+  void set_sampler_epoch(int64_t e) { sampler_epoch_ = e; }
+  // The timings IterTimerHook measured for the current iteration (seconds).
+  void set_times(double data_time, double iter_time) { data_time_ = data_time, iter_time_ = iter_time; }
+  double data_time() const { return data_time_; }
+  double iter_time() const { return iter_time_; }
+  // The agreed stop signal (StopAgreementHook); 0 while training goes on.
+  void set_stop(int sig) { stop_ = sig; }
+  int stop() const { return stop_; }
+  // Saves the position "epoch `epoch`, `done` batches of it finished" (rank 0; others return "").
+  // `path` "": into the work dir's rotation (iter_<global>, keeping max_keep; -1: the options'
+  // max_keep_ckpts); else exactly there, outside the rotation.
+  std::string save_checkpoint(int64_t epoch, int64_t done, const std::string& path = "", int64_t max_keep = -1);
+  void info(const std::string& line);  // rank 0's log (console and the work dir's log file)
+
+ private:
+  void setup();
+  void setup_distributed();
+  void setup_data();
+  void setup_model();
+  void setup_optimizer();
+  void setup_hooks();
+  void load_resume_checkpoint();
+  void resume_or_load();
+  void run_epoch();
+  IterOutputs run_iter(const data::Batch& batch);
+  IterOutputs eager_step(const Tensor& x, const Tensor& y);
+  Tensor forward_loss(const Tensor& x, const Tensor& y);
+  int finish();
+  template <typename F>
+  void call_hooks(F&& f) {
+    for (auto& h : hooks_) f(*h);
+  }
+
+  RunnerOptions o_;
+  dist::DistEnv env_;
+  int world_ = 1;
+  Device device_ = Device::cpu();
+  std::unique_ptr<Distributed> dist_;
+  std::shared_ptr<data::Sampler> train_sampler_, val_sampler_;
+  std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
+  std::shared_ptr<nn::Module> net_, wrapped_;
+  dist::DistributedDataParallel* ddp_ = nullptr;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::GradScaler> scaler_;
+  std::unique_ptr<ParamScheduler> scheduler_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<CudaGraphStep> graph_step_;
+  std::vector<std::shared_ptr<Hook>> hooks_;
+  std::string resume_path_;
+  std::unique_ptr<Checkpoint> resume_ckpt_;  // the checkpoint being resumed from, until applied
+  int64_t epoch_ = 1, iter_ = 0, global_iter_ = 0, iters_ = 0, start_epoch_ = 1, skip_ = 0;
+  int64_t epoch_samples_ = 0, sampler_epoch_ = 0;
+  int64_t inner_count_ = 0;  // OptimWrapper's: backward passes in the whole run
+  double data_time_ = 0, iter_time_ = 0;
+  int stop_ = 0;
+  bool set_up_ = false;
+};
+
+}  // namespace tandem::train

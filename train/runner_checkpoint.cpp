@@ -1,0 +1,112 @@
+// The Runner's checkpoints: what save_checkpoint writes (train/checkpoint.h's two files, with the
+// training state in the metadata) and how a run resumes from one or starts from given weights.
+#include <spdlog/spdlog.h>
+
+#include "core/random.h"
+#include "train/checkpoint.h"
+#include "train/runner.h"
+#include "train/runner_internal.h"
+
+namespace tandem::train {
+namespace {
+
+// What a resumed run must share with the checkpoint's run, whatever its config looks like.
+Json identity(const RunnerOptions& o, int64_t train_samples) {
+  return {{"model", o.model_instance ? "(instance)" : o.model},
+          {"optimizer", o.optimizer},
+          {"param_scheduler", o.param_scheduler},
+          {"batch_size", o.batch_size},
+          {"shuffle", o.shuffle},
+          {"seed", o.seed},
+          {"train_samples", train_samples},
+          {"accumulative_counts", o.accumulative_counts}};
+}
+
+void check_resumable(const Checkpoint& c, const std::string& path, const RunnerOptions& o, const Json& now_id,
+                     int world, int64_t iters) {
+  const Json saved = c.meta.value("config", Json::object());
+  const Json now = o.config_json.empty() ? Json::object() : Json::parse(o.config_json);
+  for (const std::string& key : o.resume_keys) {
+    const Json& then_v = get_path(saved, key);
+    const Json& now_v = get_path(now, key);
+    TANDEM_CHECK(then_v == now_v, "checkpoint '", path, "' was written with ", key, " = ", then_v.dump(),
+                 " but this run has ", now_v.dump(), "; resume with the checkpoint's config");
+  }
+  if (c.meta.contains("runner"))
+    for (const auto& [key, value] : now_id.items()) {
+      const Json then_v = c.meta["runner"].value(key, Json());
+      TANDEM_CHECK(then_v == value, "checkpoint '", path, "' was written with ", key, " = ", then_v.dump(),
+                   " but this run has ", value.dump(), "; resume with the checkpoint's settings");
+    }
+  const int saved_world = c.meta.at("world_size").get<int>();
+  TANDEM_CHECK(saved_world == world, "checkpoint '", path, "' was written by ", saved_world,
+               " rank(s) but this run has ", world, "; resume with the same number of ranks");
+  const int64_t saved_iters = c.meta.at("iters_per_epoch").get<int64_t>();
+  TANDEM_CHECK(saved_iters == iters, "checkpoint '", path, "' has ", saved_iters,
+               " iterations per epoch but this run has ", iters, "; resume with the same data and batch size");
+}
+
+}  // namespace
+
+std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::string& path, int64_t max_keep) {
+  if (env_.rank != 0) return "";
+  Checkpoint c;
+  for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;
+  c.optimizer = optimizer_->state_dict();
+  if (scaler_->enabled()) c.scaler = scaler_->state_dict();
+  c.meta = {{"epoch", epoch},
+            {"iter", done},
+            {"global_iter", global_iter_},
+            {"iters_per_epoch", iters_},
+            {"world_size", world_},
+            {"rng", default_generator().state()},
+            {"schedule", {{"type", o_.param_scheduler},
+                          {"state", scheduler_ ? Json(scheduler_->state_dict()) : Json::object()}}},
+            {"sampler", {{"epoch", sampler_epoch_}, {"batches_done", done}, {"seed", o_.seed}, {"shuffle", o_.shuffle}}},
+            {"amp", o_.amp},
+            {"runner", identity(o_, o_.train_dataset->size())},
+            {"config", o_.config_json.empty() ? Json::object() : Json::parse(o_.config_json)}};
+  std::string written = path;
+  if (written.empty()) {
+    CheckpointManager checkpoints(o_.work_dir, max_keep >= 0 ? max_keep : o_.max_keep_ckpts);
+    written = checkpoints.save(c, global_iter_);
+  } else {
+    train::save_checkpoint(written, c);
+  }
+  spdlog::info("checkpoint saved: {} (epoch {}, {} of {} iterations done, global iteration {})", written, epoch, done,
+               iters_, global_iter_);
+  return written;
+}
+
+void Runner::load_resume_checkpoint() {
+  if (resume_path_.empty()) return;
+  resume_ckpt_ = std::make_unique<Checkpoint>(load_checkpoint(resume_path_));
+  check_resumable(*resume_ckpt_, resume_path_, o_, identity(o_, o_.train_dataset->size()), world_, iters_);
+}
+
+void Runner::resume_or_load() {
+  if (!resume_ckpt_) return;
+  const Checkpoint c = std::move(*resume_ckpt_);
+  resume_ckpt_.reset();
+  try {
+    optimizer_->load_state_dict(c.optimizer);
+    if (scaler_->enabled() && !c.scaler.empty()) scaler_->load_state_dict(c.scaler);
+    const auto sched = c.meta.at("schedule").at("state").get<std::map<std::string, double>>();
+    if (scheduler_) scheduler_->load_state_dict(sched);
+    default_generator().set_state(c.meta.at("rng").get<std::string>());
+    start_epoch_ = c.meta.at("epoch").get<int64_t>();
+    skip_ = c.meta.at("iter").get<int64_t>();
+    global_iter_ = c.meta.at("global_iter").get<int64_t>();
+  } catch (const Error& e) {
+    TANDEM_FAIL("checkpoint '", resume_path_, "': ", e.what());
+  } catch (const nlohmann::json::exception& e) {
+    TANDEM_FAIL("checkpoint '", resume_path_, "': bad training state: ", e.what());
+  }
+  if (o_.accumulative_counts > 1 && global_iter_ % o_.accumulative_counts != 0)
+    spdlog::warn("resuming inside an accumulation group (global iteration {}, accumulative_counts {}): the "
+                 "gradients accumulated before the checkpoint are not in it", global_iter_, o_.accumulative_counts);
+  spdlog::info("resumed from {}: epoch {}, {} of {} iterations done (global iteration {})", resume_path_, start_epoch_,
+               skip_, iters_, global_iter_);
+}
+
+}  // namespace tandem::train

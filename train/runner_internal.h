@@ -1,0 +1,35 @@
+// Pieces of the Runner shared by its source files and hooks (internal, not installed: it names
+// nlohmann::json through train/config.h).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/process_group.h"
+#include "dist/store.h"
+#include "train/config.h"
+#include "train/runner.h"
+
+namespace tandem::train {
+
+// The job's place in a distributed run; inactive (no group) with one process.
+struct Distributed {
+  std::shared_ptr<dist::Store> store;
+  std::shared_ptr<dist::ProcessGroup> group;
+  // The per-iteration stop agreement's group: `group` itself when it is Gloo, else a Gloo group
+  // beside NCCL, so that agreeing never waits for the GPU.
+  std::shared_ptr<dist::ProcessGroup> host_group;
+  bool active() const { return group != nullptr; }
+};
+
+// Adds a log file to the default logger (the same lines as the console).
+void log_to_file(const std::string& file);
+// Why the CUDA-graph step cannot run with these options ("" when it can), naming config keys.
+std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int world);
+// The default hooks for RunnerOptions' plain settings (MMEngine's default_hooks + Tandem's).
+std::vector<HookSpec> default_hook_specs(const RunnerOptions& o);
+// "m:ss" style ETA: H:MM:SS.
+std::string format_eta(double seconds);
+
+}  // namespace tandem::train

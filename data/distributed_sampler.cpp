@@ -10,8 +10,9 @@
 namespace tandem::data {
 
 DistributedSampler::DistributedSampler(int64_t n, int64_t num_replicas, int64_t rank, bool shuffle,
-                                       uint64_t seed, bool drop_last)
-    : n_(n), num_replicas_(num_replicas), rank_(rank), shuffle_(shuffle), seed_(seed), drop_last_(drop_last) {
+                                       uint64_t seed, bool drop_last, bool pad)
+    : n_(n), num_replicas_(num_replicas), rank_(rank), shuffle_(shuffle), seed_(seed), drop_last_(drop_last),
+      pad_(pad || drop_last) {
   TANDEM_CHECK(n >= 0, "DistributedSampler: dataset size must be >= 0, got ", n);
   TANDEM_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", num_replicas);
   TANDEM_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: invalid rank ", rank,
@@ -19,6 +20,7 @@ DistributedSampler::DistributedSampler(int64_t n, int64_t num_replicas, int64_t 
   // PyTorch: with drop_last and an uneven split, ceil((n - R) / R) == floor(n / R);
   // otherwise ceil(n / R).
   num_samples_ = drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
+  if (!pad_) num_samples_ = rank < n ? (n - rank + num_replicas - 1) / num_replicas : 0;
 }
 
 std::vector<int64_t> DistributedSampler::indices() const {
@@ -29,7 +31,7 @@ std::vector<int64_t> DistributedSampler::indices() const {
     order.resize(static_cast<size_t>(n_));
     std::iota(order.begin(), order.end(), int64_t(0));
   }
-  const int64_t total = total_size();
+  const int64_t total = pad_ ? total_size() : n_;
   if (total > n_) {
     // Pad by repeating the order from its start (several times over when n < padding).
     order.reserve(static_cast<size_t>(total));

@@ -8,6 +8,9 @@
 // same e before each epoch. Guarantees: the shares of all ranks are disjoint
 // positions of one common order, each has exactly num_samples() indices, and
 // together they cover every index (without drop_last) or all but n mod R of them.
+// pad false (MMEngine's DefaultSampler round_up=False): no repeated indices; rank r
+// keeps order[r], order[r + R], ... below n, so the first n mod R ranks have one
+// index more (uneven inputs: train them under dist::Join).
 #pragma once
 
 #include <cstdint>
@@ -20,20 +23,22 @@ namespace tandem::data {
 class DistributedSampler : public Sampler {
  public:
   DistributedSampler(int64_t n, int64_t num_replicas, int64_t rank, bool shuffle = true, uint64_t seed = 0,
-                     bool drop_last = false);
+                     bool drop_last = false, bool pad = true);
 
   // This rank's indices for the current epoch, in visiting order.
   std::vector<int64_t> indices() const override;
-  // Indices per rank and epoch: ceil(n / R), or floor(n / R) with drop_last.
+  // Indices per rank and epoch: ceil(n / R), or floor(n / R) with drop_last; without
+  // padding this rank's share of n.
   int64_t size() const override { return num_samples_; }
 
   int64_t num_samples() const { return num_samples_; }
   // num_samples() * num_replicas(): the length of the padded/truncated common order.
-  int64_t total_size() const { return num_samples_ * num_replicas_; }
+  int64_t total_size() const { return pad_ ? num_samples_ * num_replicas_ : n_; }
   int64_t num_replicas() const { return num_replicas_; }
   int64_t rank() const { return rank_; }
   bool shuffle() const { return shuffle_; }
   bool drop_last() const { return drop_last_; }
+  bool pad() const { return pad_; }
   uint64_t seed() const { return seed_; }
 
  private:
@@ -43,6 +48,7 @@ class DistributedSampler : public Sampler {
   bool shuffle_;
   uint64_t seed_;
   bool drop_last_;
+  bool pad_;
   int64_t num_samples_;
 };
 

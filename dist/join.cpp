@@ -11,7 +11,7 @@ Join::Join(DistributedDataParallel& ddp, bool throw_on_early_termination)
 
 Join::~Join() { ddp_.join_enabled_ = false; }
 
-int64_t Join::join() {
+int64_t Join::join(const std::function<void(bool synced)>& after_each) {
   TANDEM_CHECK(!joined_, "Join: join() was already called on this rank");
   joined_ = true;
   ProcessGroup& group = *ddp_.group_;
@@ -25,6 +25,7 @@ int64_t Join::join() {
     last_joiner = false;
     ddp_.shadow_iteration(notice);
     ++shadowed_;
+    if (after_each) after_each(notice.sync);
   }
   ddp_.join_enabled_ = false;
   // The highest rank among the last to join holds the final model.

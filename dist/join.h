@@ -3,8 +3,11 @@
 // collectives of the ranks still training (each of their DDP forwards first tells the joined
 // ranks what the iteration will do: whether gradients are reduced, whether buffers are
 // broadcast and from which rank; the joined rank then takes part in the same collectives with
-// zero gradients) until every rank has joined. Then the model of the highest rank among the last
-// to join is broadcast to all, so every replica ends equal.
+// zero gradients) until every rank has joined. After each shadowed synchronised backward the
+// joined rank's .grad holds the same average as everyone's, and join()'s callback runs, so it can
+// take the same optimizer step (the trainer does: parameters and optimizer state then stay equal
+// on every rank). At the end the model of the highest rank among the last to join is broadcast
+// to all, so every replica ends equal in any case.
 //
 // Gradients are still divided by the whole world size (PyTorch's default,
 // divide_by_initial_world_size=True): a joined rank contributes zeros.
@@ -16,6 +19,8 @@
 // shadowed: run them after join() on every rank, or not at all, while ranks differ in batches.
 // Threads: the training thread.
 #pragma once
+
+#include <functional>
 
 #include "dist/ddp.h"
 
@@ -29,8 +34,10 @@ class Join {
   Join& operator=(const Join&) = delete;
 
   // Call once this rank has no more batches. Returns when every rank has joined and the final
-  // model is in place. Counts the other ranks' iterations shadowed here.
-  int64_t join();
+  // model is in place. Counts the other ranks' iterations shadowed here. after_each(synced) runs
+  // after each shadowed iteration (synced: gradients were reduced, and .grad holds them); it may
+  // run collectives of its own if every training rank runs them after each iteration too.
+  int64_t join(const std::function<void(bool synced)>& after_each = {});
   int64_t shadowed_iterations() const { return shadowed_; }
 
  private:

@@ -468,9 +468,12 @@ namespace tandem::dist {
 
 void Reducer::shadow_backward() {
   const bool static_first_now = static_first();
+  reset_iteration();
+  // This rank contributes nothing: zeros in its buckets and in its use map.
   auto send_use_map = [&] {
-    Tensor zeros = values_on(*group_, std::vector<double>(params_.size(), 0.0));
-    group_->allreduce(zeros)->wait(group_->timeout());
+    std::fill(local_used_.begin(), local_used_.end(), 0.0f);
+    local_used_comm_ = values_on(*group_, std::vector<double>(params_.size(), 0.0));
+    local_used_work_ = group_->allreduce(local_used_comm_);
   };
   if (static_first_now) send_use_map();  // reduce_all_at_end sends it before the buckets
   for (Bucket& b : buckets_) {
@@ -478,11 +481,15 @@ void Reducer::shadow_backward() {
     b.grad.bytes_sent = static_cast<int64_t>(b.grad.buffer.nbytes());
     b.work = options_.comm_hook(*group_, b.grad);
   }
+  if (dynamic_find_unused()) send_use_map();
+  // The others' average, written into .grad as they write it: this rank's optimizer can take the
+  // same step, so its parameters and optimizer state stay equal to theirs.
   for (Bucket& b : buckets_) {
     b.work->wait(group_->timeout());
     b.work.reset();
+    for (size_t i : b.params) write_back(i, globally_unused(i));
   }
-  if (dynamic_find_unused()) send_use_map();
+  if (dynamic_find_unused()) std::fill(local_used_.begin(), local_used_.end(), 0.0f);
   // The rebuild at the next forward needs an order on every rank; rank 0's is the one used.
   if (should_rebuild() && arrival_order_.empty() && !static_first_now)
     for (size_t i = 0; i < params_.size(); ++i) arrival_order_.push_back(i);

@@ -113,7 +113,8 @@ class Reducer {
   void prepare_for_backward(const std::vector<Tensor>& outputs);
 
   // A joined rank's part in a synchronised backward of the others (dist/join.h): every bucket
-  // through the comm hook as zeros, and the use map as zeros, in the order the others send them.
+  // through the comm hook as zeros, and the use map as zeros, in the order the others send them;
+  // then the result (the others' average) goes into .grad as finalize writes it.
   void shadow_backward();
 
   // While false, backward accumulates into .grad locally and nothing is sent.

@@ -31,6 +31,7 @@ struct IterOutputs {
   int64_t batch_size = 0;   // samples in this rank's batch
   bool updated = false;     // the optimizer stepped (false inside an accumulation group)
   double grad_norm = -1;    // total gradient norm before clipping; -1 when not clipped
+  bool joined = false;      // this rank ran out of batches (pad false) and shadowed the others' iteration
 };
 
 // What one validation pass measured (summed over every rank's shard).

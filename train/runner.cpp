@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/autograd.h"
 #include "core/random.h"
@@ -16,6 +17,7 @@
 #include "data/distributed_sampler.h"
 #include "data/sampler.h"
 #include "dist/host_values.h"
+#include "dist/join.h"
 #include "dist/process_group_factory.h"
 #include "dist/sync_batch_norm.h"
 #include "dist/tcp_store.h"
@@ -60,6 +62,11 @@ void Runner::register_hook(std::shared_ptr<Hook> hook) {
 dist::ProcessGroup* Runner::host_group() { return dist_ && dist_->active() ? dist_->host_group.get() : nullptr; }
 
 void Runner::info(const std::string& line) { spdlog::info("{}", line); }
+
+int64_t Runner::epoch_samples_all() const {
+  if (!o_.pad && world_ > 1) return o_.train_dataset->size();
+  return epoch_samples_ * world_;
+}
 
 void Runner::setup() {
   env_ = o_.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o_.launcher);
@@ -118,7 +125,8 @@ void Runner::setup_data() {
   const auto& train_set = o_.train_dataset;
   const int rank = env_.rank;
   if (dist_->active()) {
-    train_sampler_ = std::make_shared<data::DistributedSampler>(train_set->size(), world_, rank, o_.shuffle, o_.seed);
+    train_sampler_ = std::make_shared<data::DistributedSampler>(train_set->size(), world_, rank, o_.shuffle, o_.seed,
+                                                                /*drop_last=*/false, o_.pad);
     if (o_.val_dataset) val_sampler_ = std::make_shared<data::ShardSampler>(o_.val_dataset->size(), world_, rank);
   } else {
     if (o_.shuffle)
@@ -130,6 +138,10 @@ void Runner::setup_data() {
   train_loader_ = std::make_unique<data::DataLoader>(train_set, train_sampler_, o_.batch_size);
   if (o_.val_dataset) val_loader_ = std::make_unique<data::DataLoader>(o_.val_dataset, val_sampler_, o_.val_batch_size);
   iters_ = train_loader_->num_batches();
+  if (!o_.pad && dist_->active()) {  // every rank counts the longest share's batches (schedules, logs)
+    const int64_t longest = data::DistributedSampler(train_set->size(), world_, 0, false, 0).num_samples();
+    iters_ = (longest + o_.batch_size - 1) / o_.batch_size;
+  }
   if (!o_.data_description.empty()) info("data: " + o_.data_description);
   info("device: " + device_.str() + ", threads: " + std::to_string(num_threads()));
   info("work dir: " + o_.work_dir + (o_.config_name.empty() ? "" : " (config " + o_.config_name + ")"));
@@ -168,6 +180,10 @@ void Runner::setup_model() {
       spdlog::info("auto bucket cap: all-reduce latency {:.0f} us, bandwidth {:.2f} GB/s -> {:.2f} MiB",
                    a.latency_us, a.bandwidth_gbps, a.cap_mb);
   }
+  TANDEM_CHECK(o_.pad || ddp_, "train_dataloader.sampler.round_up false (--no-pad) needs a wrapper derived from "
+               "DistributedDataParallel (its Join shadows the iterations of ranks with more batches)");
+  TANDEM_CHECK(o_.pad || !o_.sync_bn, "train_dataloader.sampler.round_up false (--no-pad) cannot be combined with "
+               "SyncBatchNorm (--sync-bn): its all-reduces inside forward have no one to meet on a rank out of batches");
   TANDEM_CHECK(ddp_ || o_.accumulative_counts == 1, "optim_wrapper.accumulative_counts > 1 needs a wrapper derived "
                "from DistributedDataParallel (for no_sync); model_wrapper_cfg.type '", o_.model_wrapper, "' is not");
 }
@@ -227,6 +243,16 @@ void Runner::run_epoch() {
   epoch_samples_ = 0;
   call_hooks([&](Hook& h) { h.before_train_epoch(*this); });
   train_loader_->begin_epoch(sampler_epoch_, first);
+  train_batches(first);
+  if (stop_ != 0) return;
+  iter_ = iters_;
+  call_hooks([&](Hook& h) { h.after_train_epoch(*this); });
+}
+
+void Runner::train_batches(int64_t first) {
+  // Without padding the ranks' batch counts differ: the ones that run out shadow the others.
+  std::optional<dist::Join> join;
+  if (!o_.pad && ddp_) join.emplace(*ddp_);
   for (iter_ = first + 1;; ++iter_) {
     auto batch = train_loader_->next();
     if (!batch) break;
@@ -235,10 +261,17 @@ void Runner::run_epoch() {
     ++global_iter_;
     epoch_samples_ += out.batch_size;
     call_hooks([&](Hook& h) { h.after_train_iter(*this, out); });
-    if (stop_ != 0) return;
+    if (stop_ != 0) break;
   }
-  iter_ = iters_;
-  call_hooks([&](Hook& h) { h.after_train_epoch(*this); });
+  if (!join) return;
+  --iter_;  // the last batch run (shadow_iter counts on from it)
+  // A joined rank takes part with zeros; its own gradients from before must not add to its steps.
+  optimizer_->zero_grad(!o_.model_wrapper_args.boolean("gradient_as_bucket_view", false));
+  const int64_t shadowed = join->join([this](bool synced) {
+    if (stop_ == 0) shadow_iter(synced);
+  });
+  if (shadowed > 0) info("rank " + std::to_string(env_.rank) + " ran out of batches: shadowed " +
+                         std::to_string(shadowed) + " iteration(s) of the others");
 }
 
 ValMetrics Runner::val() {

@@ -57,6 +57,10 @@ struct RunnerOptions {
   std::shared_ptr<const data::Dataset> train_dataset, val_dataset;  // val may be null
   int64_t batch_size = 64, val_batch_size = 256;
   bool shuffle = true;
+  // MMEngine's sampler round_up: pad every rank's share to the same length by repeating samples.
+  // false: no sample twice; ranks with fewer batches shadow the others' DDP iterations under
+  // dist::Join (their optimizer takes the same steps), so every rank ends each epoch equal.
+  bool pad = true;
   // train_cfg / val_cfg.
   int64_t max_epochs = 1;
   int64_t val_interval = 1;  // epochs between validations (0: only after the last epoch)
@@ -120,6 +124,9 @@ class Runner {
   int64_t iters_per_epoch() const { return iters_; }
   int64_t max_epochs() const { return o_.max_epochs; }
   int64_t epoch_samples() const { return epoch_samples_; }  // this rank's samples this epoch
+  // Every rank's samples this epoch: world x this rank's when shares are padded to one length;
+  // without padding the dataset's size (a whole epoch; a resumed one counts as whole too).
+  int64_t epoch_samples_all() const;
   int rank() const { return env_.rank; }
   int world_size() const { return world_; }
   const std::string& work_dir() const { return o_.work_dir; }
@@ -160,6 +167,9 @@ class Runner {
   void run_epoch();
   IterOutputs run_iter(const data::Batch& batch);
   IterOutputs eager_step(const Tensor& x, const Tensor& y);
+  void step_optimizer(IterOutputs& out, bool to_none);  // clipping, AMP, the step (eager_step's end)
+  void train_batches(int64_t first);  // the epoch's batches, then (pad false) Join's shadowing
+  void shadow_iter(bool synced);      // a joined rank's part in one iteration of the others
   Tensor forward_loss(const Tensor& x, const Tensor& y);
   int finish();
   template <typename F>

@@ -70,6 +70,11 @@ IterOutputs Runner::eager_step(const Tensor& x, const Tensor& y) {
   no_sync.reset();
   ++inner_count_;
   if (inner_count_ % counts != 0 && inner_count_ != max_counts) return out;
+  step_optimizer(out, to_none);
+  return out;
+}
+
+void Runner::step_optimizer(IterOutputs& out, bool to_none) {
   out.updated = true;
   if (o_.clip_max_norm > 0) {
     if (scaler_->enabled()) scaler_->unscale(*optimizer_);
@@ -81,8 +86,27 @@ IterOutputs Runner::eager_step(const Tensor& x, const Tensor& y) {
   } else {
     optimizer_->step();
   }
-  if (counts > 1) optimizer_->zero_grad(to_none);
-  return out;
+  if (o_.accumulative_counts > 1 || out.joined) optimizer_->zero_grad(to_none);
+}
+
+// After the others' synchronised backward this rank's .grad holds their average (dist::Join), so
+// the same optimizer step keeps its parameters and optimizer state equal to theirs. The counting
+// follows eager_step's, so the step comes exactly where theirs does.
+void Runner::shadow_iter(bool synced) {
+  call_hooks([&](Hook& h) { h.before_train_iter(*this); });
+  IterOutputs out;
+  out.joined = true;
+  out.loss = std::nan("");
+  out.lr = optimizer_->lr();
+  ++inner_count_;
+  const bool step = inner_count_ % o_.accumulative_counts == 0 || inner_count_ == o_.max_epochs * iters_;
+  TANDEM_CHECK(step == synced, "Join: the training ranks ", synced ? "reduced" : "did not reduce",
+               " gradients at global iteration ", global_iter_ + 1, " where this rank's accumulation count says the ",
+               "opposite; every rank must use the same optim_wrapper.accumulative_counts");
+  if (step) step_optimizer(out, !o_.model_wrapper_args.boolean("gradient_as_bucket_view", false));
+  ++iter_;
+  ++global_iter_;
+  call_hooks([&](Hook& h) { h.after_train_iter(*this, out); });
 }
 
 }  // namespace tandem::train

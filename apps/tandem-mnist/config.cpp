@@ -20,6 +20,7 @@ const std::map<std::string, std::string>& flag_keys() {
       {"--limit", "data.limit"},
       {"--test-limit", "data.test_limit"},
       {"--no-shuffle", "data.shuffle"},
+      {"--no-pad", "data.pad"},
       {"--optimizer", "optimizer.type"},
       {"--lr", "optimizer.lr"},
       {"--momentum", "optimizer.momentum"},
@@ -85,7 +86,7 @@ Json options_to_json(const TrainOptions& o) {
       {"model", {{"type", o.model}}},
       {"data",
        {{"data_dir", o.data_dir}, {"batch_size", o.batch_size}, {"test_batch_size", o.test_batch_size},
-        {"limit", o.limit}, {"test_limit", o.test_limit}, {"shuffle", o.shuffle}}},
+        {"limit", o.limit}, {"test_limit", o.test_limit}, {"shuffle", o.shuffle}, {"pad", o.pad}}},
       {"optimizer",
        {{"type", o.optimizer}, {"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
         {"auto_scale_lr_base_batch", o.auto_scale_lr_base_batch}, {"accumulative_counts", o.accumulative_counts},
@@ -123,6 +124,7 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.limit = at_least<int64_t>(c, "data.limit", 0);
   o.test_limit = at_least<int64_t>(c, "data.test_limit", 0);
   o.shuffle = get<bool>(c, "data.shuffle");
+  o.pad = get<bool>(c, "data.pad");
   o.optimizer = get<std::string>(c, "optimizer.type");
   check_choice("optimizer.type", o.optimizer, {"adadelta", "sgd", "adam", "adamw"});
   o.lr = at_least<double>(c, "optimizer.lr", 0.0);

@@ -112,7 +112,10 @@ void data(const Json& mm, const std::string& src, Json& out) {
     const Json& d = mm["train_dataloader"];
     only(d, src + ": train_dataloader", {"batch_size", "dataset", "sampler", "num_workers", "persistent_workers"});
     if (d.contains("batch_size")) out["data"]["batch_size"] = d["batch_size"];
-    if (d.contains("sampler")) out["data"]["shuffle"] = d["sampler"].value("shuffle", true);
+    if (d.contains("sampler")) {
+      out["data"]["shuffle"] = d["sampler"].value("shuffle", true);
+      out["data"]["pad"] = d["sampler"].value("round_up", true);  // MMEngine's DefaultSampler
+    }
     if (d.contains("dataset")) {
       only(d["dataset"], src + ": train_dataloader.dataset", {"type", "data_root", "indices"});
       if (d["dataset"].contains("data_root")) out["data"]["data_dir"] = d["dataset"]["data_root"];

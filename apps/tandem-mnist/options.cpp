@@ -78,6 +78,9 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
       ->check(CLI::NonNegativeNumber);
   bool no_shuffle = false;
   app.add_flag("--no-shuffle", no_shuffle, "visit training samples in file order");
+  app.add_flag_callback(
+      "--no-pad", [&o] { o.pad = false; },
+      "DDP: no repeated samples to even out the ranks' shares; ranks that run out shadow the others (Join)");
   app.add_option("--device", o.device, "auto, cpu, cuda or cuda:N (auto: CUDA when a GPU is visible)");
   app.add_option("--threads", o.threads, "CPU threads (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::NonNegativeNumber);

@@ -30,6 +30,7 @@ struct TrainOptions {
   int64_t limit = 0;       // 0: all training samples
   int64_t test_limit = 0;  // 0: all test samples
   bool shuffle = true;
+  bool pad = true;  // DistributedSampler pads every rank's share (MMEngine's round_up); false: Join
   std::string device = "auto";
   int threads = 0;  // 0: OMP_NUM_THREADS or the core count
   int64_t log_interval = 100;

@@ -91,8 +91,8 @@ train::Kwargs wrapper_args(const TrainOptions& o) {
   k.set("gradient_as_bucket_view", o.gradient_as_bucket_view);
   k.set("static_graph", o.static_graph);
   k.set("comm_hook", o.comm_hook);
-  k.set("powersgd_rank", static_cast<double>(o.powersgd_rank));
-  k.set("powersgd_start_iter", static_cast<double>(o.powersgd_start_iter));
+  k.set_json("powersgd_rank", std::to_string(o.powersgd_rank));
+  k.set_json("powersgd_start_iter", std::to_string(o.powersgd_start_iter));
   const train::Json extra = train::Json::parse(o.model_wrapper_extra);
   for (const auto& [key, value] : extra.items()) k.set_json(key, value.dump());
   return k;
@@ -117,6 +117,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.batch_size = o.batch_size;
   r.val_batch_size = o.test_batch_size;
   r.shuffle = o.shuffle;
+  r.pad = o.pad;
   r.max_epochs = o.epochs;
   r.val_interval = o.eval_interval;
   r.seed = o.seed;
@@ -135,7 +136,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.work_dir = o.work_dir.empty() ? train::default_work_dir(o.config_file) : o.work_dir;
   r.config_name = o.config_file;
   r.config_json = config.dump();
-  r.resume_keys = {"model", "data.batch_size", "data.limit", "data.shuffle", "optimizer.type", "schedule.type",
+  r.resume_keys = {"model", "data.batch_size", "data.limit", "data.shuffle", "data.pad", "optimizer.type", "schedule.type",
                    "train.seed"};
   r.log_interval = o.log_interval;
   r.checkpoint_interval_iters = o.checkpoint_interval_iters;

@@ -161,3 +161,27 @@ TEST(DistributedSampler, RejectsBadArguments) {
     EXPECT_NE(std::string(e.what()).find("[0, 3]"), std::string::npos) << e.what();
   }
 }
+
+// pad false (MMEngine's round_up=False): nothing repeated, every index exactly once over the ranks,
+// the first n mod R ranks one index more, each rank's share the same positions as when padded.
+TEST(DistributedSampler, WithoutPaddingEveryIndexOnceAndSharesDifferByAtMostOne) {
+  for (int64_t n : {0, 1, 5, 10, 11, 101}) {
+    for (int64_t R : {1, 2, 3, 4}) {
+      std::map<int64_t, int> count;
+      for (int64_t r = 0; r < R; ++r) {
+        data::DistributedSampler s(n, R, r, /*shuffle=*/true, 9, /*drop_last=*/false, /*pad=*/false);
+        s.set_epoch(1);
+        const auto mine = s.indices();
+        ASSERT_EQ(static_cast<int64_t>(mine.size()), s.size()) << "n=" << n << " R=" << R << " r=" << r;
+        EXPECT_EQ(s.size(), n / R + (r < n % R ? 1 : 0)) << "n=" << n << " R=" << R << " r=" << r;
+        data::DistributedSampler padded(n, R, r, true, 9);
+        padded.set_epoch(1);
+        const auto all = padded.indices();
+        for (size_t k = 0; k < mine.size(); ++k) EXPECT_EQ(mine[k], all[k]);
+        for (int64_t i : mine) ++count[i];
+      }
+      EXPECT_EQ(static_cast<int64_t>(count.size()), n) << "n=" << n << " R=" << R;
+      for (const auto& [i, c] : count) EXPECT_EQ(c, 1) << "index " << i;
+    }
+  }
+}

@@ -9,6 +9,7 @@
 #include "common/ranks.h"
 #include "core/autograd.h"
 #include "core/random.h"
+#include "dist/host_values.h"
 #include "dist/join.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"
@@ -66,7 +67,16 @@ void run_uneven(const test::RankContext& ctx, bool find_unused, bool as_view) {
       F::sum(ddp(batch(ctx.rank, s))).backward();
       opt.step();
     }
-    shadowed = join.join();
+    // The joined rank steps too, with the average its .grad receives: optimizer state stays equal.
+    shadowed = join.join([&](bool synced) {
+      if (!synced) return;
+      opt.step();
+      opt.zero_grad(/*set_to_none=*/!as_view);
+    });
+  }
+  for (auto& [name, t] : opt.state_dict()) {  // momentum buffers: equal on every rank, bit for bit
+    const auto all = dist::allgather_values(*ctx.group, t.to_vector<double>(), name);
+    for (int r = 1; r < ctx.world; ++r) ASSERT_EQ(all[r], all[0]) << name << " on rank " << r;
   }
   int most = 0;
   for (int r = 0; r < ctx.world; ++r) most = std::max(most, batches_of(r));

@@ -14,6 +14,7 @@ class CheckInvalidLossHook : public Hook {
   std::string name() const override { return "CheckInvalidLossHook"; }
   int priority() const override { return kVeryHigh; }
   void after_train_iter(Runner& r, const IterOutputs& out) override {
+    if (out.joined) return;  // no batch of its own: no loss
     const double v = out.loss;
     TANDEM_CHECK(std::isfinite(v) || r.scaler().enabled(), "the loss is ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf",
                  " at epoch ", r.epoch(), ", iteration ", r.iter_in_epoch(), "/", r.iters_per_epoch(),

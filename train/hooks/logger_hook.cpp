@@ -36,6 +36,7 @@ class LoggerHook : public Hook {
       Json record = {{"type", "train"}, {"epoch", r.epoch()}, {"iter", r.iter_in_epoch()}, {"loss", out.loss},
                      {"lr", out.lr}, {"time", r.iter_time()}, {"data_time", r.data_time()}};
       if (out.grad_norm >= 0) record["grad_norm"] = out.grad_norm;
+      if (out.joined) record["joined"] = true;  // out of batches: shadowed the others (no loss)
       if (dist::DistributedDataParallel* ddp = r.ddp()) {  // what the reducer did in this step
         const auto& st = ddp->reducer().stats();
         record["buckets"] = st.buckets;
@@ -58,7 +59,7 @@ class LoggerHook : public Hook {
 
   void after_train_epoch(Runner& r) override {
     const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
-    const int64_t samples = r.epoch_samples() * r.world_size();  // every rank ran the same batches
+    const int64_t samples = r.epoch_samples_all();
     if (MetricsWriter* m = r.metrics())
       m->write({{"type", "epoch"}, {"epoch", r.epoch()}, {"samples", samples}, {"seconds", seconds},
                 {"samples_per_s", samples / seconds}});

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "core/view.h"
 #include "nn/functional.h"
 
 namespace tandem::nn::functional {
@@ -77,6 +78,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {
   check_reduction("mse_loss", reduction);
   TANDEM_CHECK(input.defined() && target.defined(), "mse_loss: input and target must be defined");
+  views::broadcast_shapes(input.shape(), target.shape(), "mse_loss");
   const Tensor d = sub(input, target);
   const Tensor sq = mul(d, d);
   if (reduction == "none") return sq;

@@ -12,6 +12,7 @@
 
 #include "core/tensor.h"
 #include "nn/composite.h"
+#include "nn/conv_pool.h"
 #include "nn/losses.h"
 #include "nn/pointwise.h"
 #include "nn/reduction.h"

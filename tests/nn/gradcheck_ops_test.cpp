@@ -176,3 +176,19 @@ TEST(GradCheckOps, LayerNormDropoutEmbedding) {
   EXPECT_EQ(gw[7], 0.0);
   EXPECT_NE(gp[6], 0.0);
 }
+
+TEST(GradCheckOps, ConvolutionGeometryAndAveragePooling) {
+  Generator g(28);
+  gradcheck([](const V& in) { return F::conv2d(in[0], in[1], in[2], F::Conv2dParams{{2, 1}, {1, 2}, {2, 1}, 2}); },
+            {random_f64({1, 4, 6, 5}, g), random_f64({4, 2, 2, 2}, g), random_f64({4}, g)}, {0, 1, 2});
+  gradcheck([](const V& in) { return F::conv2d(in[0], in[1], Tensor(), F::Conv2dParams{{1, 1}, {0, 0}, {1, 1}, 3}); },
+            {random_f64({3, 5, 4}, g), random_f64({3, 1, 2, 2}, g)}, {0, 1});  // unbatched, depthwise
+  for (bool ceil_mode : {false, true}) {
+    for (bool include_pad : {false, true}) {
+      gradcheck([&](const V& in) { return F::avg_pool2d(in[0], 3, 2, 1, ceil_mode, include_pad); },
+                {random_f64({1, 2, 6, 5}, g)}, {0});
+    }
+  }
+  gradcheck([](const V& in) { return F::adaptive_avg_pool2d(F::transpose(in[0], 2, 3), {3, 2}); },
+            {random_f64({2, 1, 4, 7}, g)}, {0});
+}

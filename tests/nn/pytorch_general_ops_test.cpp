@@ -6,7 +6,7 @@
 // Tolerance: |actual - expected| <= 1e-5 + 1e-4 |expected| per element, as tests/nn/
 // pytorch_ops_test.cpp and for the same reason (tests/fixtures/README.md): the references are exact
 // to half an ulp, every reduction here is at most a few dozen O(1) terms, and PyTorch's own float32
-// results use at most 2.3% of this budget (make_op_fixtures.py prints it), while a wrong index,
+// results use at most 3.4% of this budget (make_op_fixtures.py prints it), while a wrong index,
 // broadcast or formula gives errors of order 1e-2..1. Integer results (masks, indices) match exactly.
 #include <gtest/gtest.h>
 
@@ -180,6 +180,29 @@ TEST(PytorchGeneralOps, LayerNormAndEmbedding) {
   Tensor w = get("embedding_pad.weight").set_requires_grad(true);
   Fn::sum(Fn::embedding(get("embedding_pad.index"), w, 5)).backward();
   EXPECT_EQ(Fn::select(w.grad(), 0, 5).to_vector<float>(), std::vector<float>(3, 0.0f));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(PytorchGeneralOps, ConvolutionGeometryAndAveragePooling) {
+  check_case("conv_groups_dilation", {"x", "w", "b"}, {}, [](In& in) {
+    return Fn::conv2d(in["x"], in["w"], in["b"], Fn::Conv2dParams{{2, 1}, {1, 2}, {2, 1}, 2});
+  });
+  check_case("conv_dilation", {"x", "w"}, {}, [](In& in) {
+    return Fn::conv2d(in["x"], in["w"], Tensor(), Fn::Conv2dParams{{1, 1}, {1, 1}, {2, 2}, 1});
+  });
+  check_case("conv_depthwise", {"x", "w", "b"}, {}, [](In& in) {
+    return Fn::conv2d(in["x"], in["w"], in["b"], Fn::Conv2dParams{{2, 2}, {0, 0}, {1, 1}, 3});
+  });
+  check_case("avg_pool_k2", {"x"}, {}, [](In& in) { return Fn::avg_pool2d(in["x"], 2); });
+  check_case("avg_pool_k3s2p1_ceil_nopad", {"x"}, {},
+             [](In& in) { return Fn::avg_pool2d(in["x"], 3, 2, 1, /*ceil_mode=*/true, /*count_include_pad=*/false); });
+  check_case("avg_pool_k3s2p1", {"x"}, {}, [](In& in) { return Fn::avg_pool2d(in["x"], 3, 2, 1); });
+  check_case("adaptive_avg_pool", {"x"}, {}, [](In& in) { return Fn::adaptive_avg_pool2d(in["x"], {3, 4}); });
+  check_case("adaptive_avg_pool_unbatched", {"x"}, {},
+             [](In& in) { return Fn::adaptive_avg_pool2d(in["x"], {1, 1}); });
 }
 
 }  // namespace

@@ -36,7 +36,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   // Host pass over the target: validity, the keep mask, and safe (in-range) gather indices.
   const int64_t M = target.numel();
   const std::vector<int64_t> t = target.to_vector<int64_t>();
-  Tensor keep = Tensor::empty({M}, input.dtype());
+  const DType keep_dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32;  // low precision: log_softmax's f32
+  Tensor keep = Tensor::empty({M}, keep_dtype);
   Tensor safe = Tensor::empty({M, 1}, kInt64);
   int64_t kept = 0;
   for (int64_t i = 0; i < M; ++i) {
@@ -44,7 +45,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
     TANDEM_CHECK(ignored || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i], " at position ", i,
                  " is out of range for ", C, " classes (expected 0 <= target < ", C, " or ignore_index ",
                  ignore_index, ")");
-    if (input.dtype() == kFloat64) {
+    if (keep_dtype == kFloat64) {
       keep.data<double>()[i] = ignored ? 0.0 : 1.0;
     } else {
       keep.data<float>()[i] = ignored ? 0.0f : 1.0f;

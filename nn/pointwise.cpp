@@ -15,30 +15,27 @@ namespace {
 using kernels::BinaryOp;
 using kernels::UnaryOp;
 
-Tensor detached(const Tensor& t) { return t.defined() ? t.detach() : Tensor(); }
-
+// Add and Sub keep only the operand shapes; the other ops keep the operands (and Div/Pow the output).
 struct BinaryBackward final : Node {
   BinaryOp op;
+  Shape a_shape, b_shape;
   Tensor a, b, y;
   std::string name() const override { return std::string(kernels::op_name(op)) + "Backward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     std::vector<Tensor> out(2);
-    const bool same = a.shape() == b.shape() && g[0].shape() == a.shape();
     for (int which = 0; which < 2; ++which) {
       if (!needs_input_grad(which)) continue;
-      const Tensor& self = which == 0 ? a : b;
-      const Tensor& other = which == 0 ? b : a;
       Tensor gi;
-      if (same && (op == BinaryOp::Add || (op == BinaryOp::Sub && which == 0))) {
-        gi = g[0];  // device-neutral fast paths (the MNIST net's own ops, also on CUDA)
-      } else if (same && op == BinaryOp::Sub) {
+      if (op == BinaryOp::Add || (op == BinaryOp::Sub && which == 0)) {
+        gi = g[0];  // device-neutral (the MNIST net's own ops, also on CUDA)
+      } else if (op == BinaryOp::Sub) {
         gi = kernels::scale(g[0], -1.0);
-      } else if (same && op == BinaryOp::Mul) {
-        gi = kernels::mul(g[0], other);
+      } else if (op == BinaryOp::Mul && a_shape == b_shape && g[0].shape() == a_shape) {
+        gi = kernels::mul(g[0], which == 0 ? b : a);
       } else {
         gi = kernels::binary_backward(op, which, g[0], a, b, y);
       }
-      out[which] = kernels::sum_to(gi, self.shape());
+      out[which] = kernels::sum_to(gi, which == 0 ? a_shape : b_shape);
     }
     return out;
   }
@@ -65,8 +62,12 @@ Tensor record_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({a, b})) {
     auto n = std::make_shared<BinaryBackward>();
     n->op = op;
-    n->a = a.detach();
-    n->b = b.detach();
+    n->a_shape = a.shape();
+    n->b_shape = b.shape();
+    if (op != BinaryOp::Add && op != BinaryOp::Sub) {
+      n->a = a.detach();
+      n->b = b.detach();
+    }
     if (op == BinaryOp::Div || op == BinaryOp::Pow) n->y = y.detach();
     autograd::record(n, {a, b}, {&y});
   }

@@ -2,9 +2,9 @@
 // (kernels/cpu/pointwise.cpp, reduce.cpp, index.cpp). An operand is described by its data pointer
 // and its element strides over the output's shape (0 on broadcast dimensions), so broadcasting,
 // transposed and sliced inputs need no copy.
-// Guarantees: for_each_strided visits every output position exactly once; positions are split
-// into contiguous chunks of the flat output index run in parallel, each chunk walking its
-// positions in row-major order, so a kernel that writes only its own position is race-free.
+// Guarantees: for_each_strided visits every output position exactly once; whole innermost rows
+// are split into contiguous chunks run in parallel, each chunk walking its positions in row-major
+// order, so a kernel that writes only its own position is race-free.
 #pragma once
 
 #include <array>
@@ -28,27 +28,43 @@ inline Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 }
 
 // Calls fn(i, offsets) for every flat output index i in [0, numel(shape)), offsets[k] being operand
-// k's element offset for that position.
+// k's element offset for that position. The odometer advances once per innermost row; within a row
+// the offsets step by the innermost strides, so the per-element work is fn plus N additions.
 template <size_t N, typename Fn>
 void for_each_strided(const Shape& shape, const std::array<Shape, N>& strides, Fn&& fn) {
   const int64_t nd = static_cast<int64_t>(shape.size());
   const int64_t total = shape_numel(shape);
-  parallel_range(total, int64_t{1} << 15, [&](int64_t i0, int64_t i1) {
+  if (total == 0) return;
+  if (nd == 0) {
+    fn(int64_t{0}, std::array<int64_t, N>{});
+    return;
+  }
+  const int64_t inner = shape[nd - 1];
+  std::array<int64_t, N> step{};
+  for (size_t k = 0; k < N; ++k) step[k] = strides[k][nd - 1];
+  const int64_t rows = total / inner;
+  parallel_range(rows, std::max<int64_t>(1, (int64_t{1} << 15) / inner), [&](int64_t r0, int64_t r1) {
+    // Multi-index of row r0 over the outer dimensions, and each operand's offset there.
     Shape idx(nd, 0);
-    std::array<int64_t, N> off{};
-    int64_t rem = i0;
-    for (int64_t d = nd - 1; d >= 0; --d) {
-      idx[d] = shape[d] == 0 ? 0 : rem % shape[d];
-      rem = shape[d] == 0 ? 0 : rem / shape[d];
-      for (size_t k = 0; k < N; ++k) off[k] += idx[d] * strides[k][d];
+    std::array<int64_t, N> base{};
+    int64_t rem = r0;
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      idx[d] = rem % shape[d];
+      rem /= shape[d];
+      for (size_t k = 0; k < N; ++k) base[k] += idx[d] * strides[k][d];
     }
-    for (int64_t i = i0; i < i1; ++i) {
-      fn(i, off);
-      for (int64_t d = nd - 1; d >= 0; --d) {
+    for (int64_t r = r0; r < r1; ++r) {
+      std::array<int64_t, N> off = base;
+      const int64_t i0 = r * inner;
+      for (int64_t j = 0; j < inner; ++j) {
+        fn(i0 + j, off);
+        for (size_t k = 0; k < N; ++k) off[k] += step[k];
+      }
+      for (int64_t d = nd - 2; d >= 0; --d) {
         ++idx[d];
-        for (size_t k = 0; k < N; ++k) off[k] += strides[k][d];
+        for (size_t k = 0; k < N; ++k) base[k] += strides[k][d];
         if (idx[d] < shape[d]) break;
-        for (size_t k = 0; k < N; ++k) off[k] -= strides[k][d] * shape[d];
+        for (size_t k = 0; k < N; ++k) base[k] -= strides[k][d] * shape[d];
         idx[d] = 0;
       }
     }

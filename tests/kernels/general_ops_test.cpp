@@ -104,6 +104,25 @@ TEST(GeneralKernels, SoftmaxOnAnInnerDimension) {
   EXPECT_TRUE(all_close(ly, lref, tol_for(kFloat64)));
 }
 
+TEST(GeneralKernels, SoftmaxOnTheLastDimension) {
+  Generator gen(13);
+  for (DType dt : {kFloat32, kFloat64}) {
+    const Tensor x = random_tensor({3, 2, 5}, dt, gen, -8, 8);
+    const auto xv = values(x);
+    std::vector<double> ref(30), lref(30);
+    for (int r = 0; r < 6; ++r) {
+      double s = 0;
+      for (int c = 0; c < 5; ++c) s += std::exp(xv[r * 5 + c]);
+      for (int c = 0; c < 5; ++c) {
+        ref[r * 5 + c] = std::exp(xv[r * 5 + c]) / s;
+        lref[r * 5 + c] = xv[r * 5 + c] - std::log(s);
+      }
+    }
+    EXPECT_TRUE(all_close(kernels::softmax_forward(x, -1, false), ref, tol_for(dt)));
+    EXPECT_TRUE(all_close(kernels::softmax_forward(x, 2, true), lref, tol_for(dt)));
+  }
+}
+
 TEST(GeneralKernels, BmmMatchesLoops) {
   Generator gen(4);
   const Tensor a = random_tensor({3, 2, 5}, kFloat32, gen), b = random_tensor({3, 5, 4}, kFloat32, gen);

@@ -1,7 +1,8 @@
 // Reductions over dimensions and softmax on any dimension, float32 and float64 on CPU (a CUDA
 // tensor throws "<op>: no CUDA kernel yet"). `dims` lists dimensions (negative counts from the end;
 // empty = all); each may appear once. Reduced dimensions are dropped, or kept with size 1 when
-// keepdim. Sums accumulate in double, so float32 results are the float64 sum rounded once.
+// keepdim. Sums accumulate in double (over the last dimensions: blocks of 1024 summed in the
+// element type, then added in double, as kernels::sum).
 #pragma once
 
 #include <cstdint>

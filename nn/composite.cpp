@@ -1,11 +1,12 @@
-// nn/composite.h. matmul's 2-D case and bmm, softmax and embedding record their own nodes; the
-// other cases of matmul, dropout and layer_norm are compositions of differentiable ops (their
-// gradients follow from those).
+// nn/composite.h. matmul's 2-D case and bmm, softmax, layer_norm (kernels/layer_norm.h) and
+// embedding record their own nodes; the other cases of matmul and dropout are compositions of
+// differentiable ops (their gradients follow from those).
 #include "nn/composite.h"
 
 #include "core/autograd.h"
 #include "core/view.h"
 #include "kernels/index.h"
+#include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
@@ -42,6 +43,16 @@ struct SoftmaxBackward final : Node {
   std::string name() const override { return "SoftmaxBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     return {kernels::softmax_backward(g[0], y, dim, /*log=*/false)};
+  }
+};
+
+struct LayerNormBackward final : Node {
+  Tensor x, w, mean, rstd;
+  std::string name() const override { return "LayerNormBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::layer_norm_backward(g[0], x, mean, rstd, w, needs_input_grad(0), needs_input_grad(1),
+                                          needs_input_grad(2));
+    return {r.input, r.weight, r.bias};
   }
 };
 
@@ -137,14 +148,16 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
     TANDEM_CHECK(!p->defined() || p->shape() == normalized_shape, "layer_norm: weight and bias must have shape ",
                  shape_str(normalized_shape), ", got ", p->str());
   }
-  std::vector<int64_t> dims;
-  for (int64_t d = x.dim() - k; d < x.dim(); ++d) dims.push_back(d);
-  const Tensor centred = sub(x, mean(x, dims, true));
-  const Tensor variance = mean(mul(centred, centred), dims, true);
-  Tensor y = mul(centred, rsqrt(add(variance, eps)));
-  if (weight.defined()) y = mul(y, weight);
-  if (bias.defined()) y = add(y, bias);
-  return y;
+  auto r = kernels::layer_norm_forward(x, shape_numel(normalized_shape), weight, bias, eps);
+  if (autograd::any_requires_grad({x, weight, bias})) {
+    auto n = std::make_shared<LayerNormBackward>();
+    n->x = x.detach();
+    n->w = weight.defined() ? weight.detach() : Tensor();
+    n->mean = r.mean;
+    n->rstd = r.rstd;
+    autograd::record(n, {x, weight, bias}, {&r.output});
+  }
+  return r.output;
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {

@@ -11,7 +11,8 @@
 //             default_generator(), core/random.h): seed it (per rank, e.g. seed + rank) for
 //             reproducible masks.
 //   layer_norm  over the trailing dimensions given by normalized_shape (biased variance, eps
-//             inside the square root); weight and bias optional (undefined tensors)
+//             inside the square root); weight and bias optional (undefined tensors); one fused
+//             CPU kernel each way (kernels/layer_norm.h)
 //   embedding weight [num_embeddings, D] looked up by int64/int32 indices of any shape -> [..., D];
 //             padding_idx (negative counts from the end) gets no gradient, as PyTorch
 #pragma once

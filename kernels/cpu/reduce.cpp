@@ -6,7 +6,8 @@
 // block (a no-op when they already are the trailing dimensions of a contiguous input), then
 // reduces each row; the kept dimensions stay in order, so the rows are the output in
 // row-major order. softmax works on a contiguous [outer, C, inner] view of the input.
-// Guarantees: fresh contiguous outputs; sums in double; max/argmax take the first maximum, a NaN
+// Guarantees: fresh contiguous outputs; sums in double (rows: blocks of 1024 summed in the
+// element type, then added in double); max/argmax take the first maximum, a NaN
 // counting as the maximum (as PyTorch); softmax subtracts the row maximum first.
 #include "kernels/reduce.h"
 
@@ -104,9 +105,13 @@ Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim)
     detail::parallel_range(r.rows, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, r.len)),
                            [&](int64_t r0, int64_t r1) {
                              for (int64_t i = r0; i < r1; ++i) {
+                               // Blocks of 1024 summed vectorised in T, the blocks added in double
+                               // (the scheme of kernels::sum).
                                double acc = 0;
                                const T* row = p + i * r.len;
-                               for (int64_t j = 0; j < r.len; ++j) acc += static_cast<double>(row[j]);
+                               for (int64_t j = 0; j < r.len; j += 1024) {
+                                 acc += static_cast<double>(detail::CArrMap<T>(row + j, std::min<int64_t>(1024, r.len - j)).sum());
+                               }
                                o[i] = T(acc);
                              }
                            });

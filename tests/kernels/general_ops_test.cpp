@@ -10,7 +10,9 @@
 
 #include "core/storage.h"
 #include "core/view.h"
+#include "kernels/avg_pool.h"
 #include "kernels/index.h"
+#include "kernels/layer_norm.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -202,11 +204,23 @@ TEST(GeneralKernels, CudaTensorsGetNoCudaKernelYet) {
       {"index_select", [&] { kernels::index_select(g, 0, idx.to(Device::cpu())); }},
       {"cat", [&] { kernels::cat({g, g}, 0); }},
       {"bmm", [&] { kernels::bmm(views::unsqueeze(g, 0), views::unsqueeze(g.transpose(0, 1), 0)); }},
+      {"where", [&] { kernels::where(Tensor::from_storage(storage, {2, 3}, kUInt8), g, g); }},
+      {"layer_norm", [&] { kernels::layer_norm_forward(g, 3, Tensor(), Tensor(), 1e-5); }},
+      {"avg_pool2d", [&] { kernels::avg_pool2d_forward(views::unsqueeze(views::unsqueeze(g, 0), 0), {}); }},
+      {"adaptive_avg_pool2d",
+       [&] { kernels::adaptive_avg_pool2d_forward(views::unsqueeze(views::unsqueeze(g, 0), 0), 1, 1); }},
+      {"dropout", [&] {
+         Generator gen(0);
+         kernels::dropout_mask({2, 3}, 0.5, kFloat32, Device::cuda(0), gen);
+       }},
   };
   for (const auto& [op, call] : calls) {
     const std::string msg = error_of(call);
     EXPECT_TRUE(msg.find("no CUDA kernel yet") != std::string::npos || msg.find("expected all tensors on") != std::string::npos)
         << op << ": " << msg;
+    if (op != "index_select") {  // the others name the op first
+      EXPECT_EQ(msg.rfind(op + ": no CUDA kernel yet", 0), 0u) << msg;
+    }
   }
   EXPECT_NE(error_of([&] { kernels::unary(kernels::UnaryOp::Exp, g); }).find("exp: no CUDA kernel yet"),
             std::string::npos);

@@ -1,6 +1,6 @@
 // The general op set's CPU kernels on transformer-like shapes, one thread, each beside the path it
-// is compared with: a broadcast add against the same-shape kernel (the cost of strided
-// iteration), sums over the last and the first dimension (row reduction against the block path),
+// is compared with: a broadcast add and a same-shape div against the same-shape add kernel (the
+// cost of strided iteration), sums over the last and the first dimension (row reduction against the block path),
 // softmax over the last dimension, the composed layer_norm, batched matmul and cross_entropy's
 // forward and backward.
 #include <benchmark/benchmark.h>
@@ -35,6 +35,12 @@ void BM_AddSameShape(benchmark::State& s) {
 void BM_AddBroadcastRow(benchmark::State& s) {
   const Tensor a = uniform({1024, 1024}, 1), row = uniform({1024}, 2);
   for (auto _ : s) benchmark::DoNotOptimize(F::add(a, row));
+  s.SetItemsProcessed(s.iterations() * a.numel());
+}
+
+void BM_DivSameShape(benchmark::State& s) {
+  const Tensor a = uniform({1024, 1024}, 1), b = uniform({1024, 1024}, 2);
+  for (auto _ : s) benchmark::DoNotOptimize(F::div(a, b));
   s.SetItemsProcessed(s.iterations() * a.numel());
 }
 
@@ -79,6 +85,7 @@ void BM_CrossEntropyForwardBackward(benchmark::State& s) {
 
 BENCHMARK(BM_AddSameShape)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_AddBroadcastRow)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DivSameShape)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SumDim)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_SoftmaxLastDim)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LayerNorm)->Unit(benchmark::kMicrosecond);

@@ -6,6 +6,7 @@
 #include "kernels/pointwise.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/view.h"
 #include "kernels/cpu/common.h"
@@ -122,6 +123,23 @@ T apply_unary_grad(UnaryOp op, T g, T x, T y) {
   return g;
 }
 
+// Calls fn(std::integral_constant<BinaryOp, op>): each op gets its own loop with the switch of
+// apply_binary folded away.
+template <typename Fn>
+decltype(auto) on_binary(BinaryOp op, Fn&& fn) {
+  using B = BinaryOp;
+  switch (op) {
+    case B::Add: return fn(std::integral_constant<B, B::Add>{});
+    case B::Sub: return fn(std::integral_constant<B, B::Sub>{});
+    case B::Mul: return fn(std::integral_constant<B, B::Mul>{});
+    case B::Div: return fn(std::integral_constant<B, B::Div>{});
+    case B::Pow: return fn(std::integral_constant<B, B::Pow>{});
+    case B::Maximum: return fn(std::integral_constant<B, B::Maximum>{});
+    case B::Minimum: return fn(std::integral_constant<B, B::Minimum>{});
+  }
+  TANDEM_FAIL("binary: unknown op");
+}
+
 template <typename Fn>
 Tensor float_op(const char* op, DType dtype, Fn&& fn) {
   return detail::dispatch_float(dtype, op, std::forward<Fn>(fn));
@@ -137,9 +155,12 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
     const T* ap = a.data<T>();
     const T* bp = b.data<T>();
     T* o = out.data<T>();
-    detail::for_each_strided<2>(
-        shape, {detail::broadcast_strides(a, shape), detail::broadcast_strides(b, shape)},
-        [&](int64_t i, const std::array<int64_t, 2>& off) { o[i] = apply_binary<T>(op, ap[off[0]], bp[off[1]]); });
+    on_binary(op, [&](auto opc) {
+      detail::for_each_strided<2>(shape, {detail::broadcast_strides(a, shape), detail::broadcast_strides(b, shape)},
+                                  [&](int64_t i, const std::array<int64_t, 2>& off) {
+                                    o[i] = apply_binary<T>(decltype(opc)::value, ap[off[0]], bp[off[1]]);
+                                  });
+    });
     return out;
   });
 }
@@ -158,14 +179,15 @@ Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor&
     const bool has_y = y.defined();
     const T* yp = has_y ? y.data<T>() : nullptr;
     T* o = out.data<T>();
-    detail::for_each_strided<4>(shape,
-                                {detail::broadcast_strides(grad, shape), detail::broadcast_strides(a, shape),
-                                 detail::broadcast_strides(b, shape),
-                                 has_y ? detail::broadcast_strides(y, shape) : Shape(shape.size(), 0)},
-                                [&](int64_t i, const std::array<int64_t, 4>& off) {
-                                  o[i] = apply_binary_grad<T>(op, which, gp[off[0]], ap[off[1]], bp[off[2]],
-                                                              has_y ? yp[off[3]] : T(0));
-                                });
+    const std::array<Shape, 4> strides = {detail::broadcast_strides(grad, shape), detail::broadcast_strides(a, shape),
+                                          detail::broadcast_strides(b, shape),
+                                          has_y ? detail::broadcast_strides(y, shape) : Shape(shape.size(), 0)};
+    on_binary(op, [&](auto opc) {
+      detail::for_each_strided<4>(shape, strides, [&](int64_t i, const std::array<int64_t, 4>& off) {
+        o[i] = apply_binary_grad<T>(decltype(opc)::value, which, gp[off[0]], ap[off[1]], bp[off[2]],
+                                    has_y ? yp[off[3]] : T(0));
+      });
+    });
     return out;
   });
 }

@@ -28,8 +28,9 @@ inline Shape broadcast_strides(const Tensor& t, const Shape& shape) {
 }
 
 // Calls fn(i, offsets) for every flat output index i in [0, numel(shape)), offsets[k] being operand
-// k's element offset for that position. The odometer advances once per innermost row; within a row
-// the offsets step by the innermost strides, so the per-element work is fn plus N additions.
+// k's element offset for that position. When every operand is contiguous over `shape` the offsets
+// are i itself; otherwise the odometer advances once per innermost row and within a row the offsets
+// step by the innermost strides, so the per-element work is fn plus N additions.
 template <size_t N, typename Fn>
 void for_each_strided(const Shape& shape, const std::array<Shape, N>& strides, Fn&& fn) {
   const int64_t nd = static_cast<int64_t>(shape.size());
@@ -37,6 +38,21 @@ void for_each_strided(const Shape& shape, const std::array<Shape, N>& strides, F
   if (total == 0) return;
   if (nd == 0) {
     fn(int64_t{0}, std::array<int64_t, N>{});
+    return;
+  }
+  bool flat = true;  // every operand contiguous over `shape`: one row of all the elements
+  const Shape dense = contiguous_strides(shape);
+  for (size_t k = 0; k < N && flat; ++k) {
+    for (int64_t d = 0; d < nd; ++d) flat = flat && (shape[d] == 1 || strides[k][d] == dense[d]);
+  }
+  if (flat) {
+    parallel_range(total, int64_t{1} << 15, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        std::array<int64_t, N> off;
+        off.fill(i);
+        fn(i, off);
+      }
+    });
     return;
   }
   const int64_t inner = shape[nd - 1];

@@ -1,6 +1,7 @@
 #include "nn/functional.h"
 
 #include "core/autograd.h"
+#include "core/view.h"
 #include "kernels/activation.h"
 #include "kernels/amp.h"
 #include "kernels/batch_norm.h"
@@ -10,6 +11,7 @@
 #include "kernels/linear.h"
 #include "kernels/loss.h"
 #include "kernels/pool.h"
+#include "kernels/reduce.h"
 #include "nn/amp.h"
 
 namespace tandem::nn::functional {
@@ -107,6 +109,15 @@ struct LogSoftmaxBackward final : Node {
   }
 };
 
+struct LogSoftmaxDimBackward final : Node {
+  Tensor y;
+  int64_t dim = 0;
+  std::string name() const override { return "LogSoftmaxBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    return {kernels::softmax_backward(g[0], y, dim, /*log=*/true)};
+  }
+};
+
 struct NllLossBackward final : Node {
   Tensor log_probs, target;
   std::string name() const override { return "NllLossBackward"; }
@@ -119,27 +130,6 @@ struct ReshapeBackward final : Node {
   Shape input_shape;
   std::string name() const override { return "ReshapeBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {g[0].reshape(input_shape)}; }
-};
-
-struct AddBackward final : Node {
-  double sign_b = 1.0;
-  std::string name() const override { return sign_b > 0 ? "AddBackward" : "SubBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    Tensor gb;
-    if (needs_input_grad(1)) gb = sign_b > 0 ? g[0] : kernels::scale(g[0], -1.0);
-    return {g[0], gb};
-  }
-};
-
-struct MulBackward final : Node {
-  Tensor a, b;
-  std::string name() const override { return "MulBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    Tensor ga, gb;
-    if (needs_input_grad(0)) ga = kernels::mul(g[0], b);
-    if (needs_input_grad(1)) gb = kernels::mul(g[0], a);
-    return {ga, gb};
-  }
 };
 
 struct ScaleBackward final : Node {
@@ -155,17 +145,6 @@ struct SumBackward final : Node {
     Tensor out = Tensor::empty(input_shape, g[0].dtype(), g[0].device());
     out.fill_(g[0].to(Device::cpu()).to(kFloat64).item<double>());
     return {out};
-  }
-};
-
-struct MatmulBackward final : Node {
-  Tensor a, b;
-  std::string name() const override { return "MatmulBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    Tensor ga, gb;
-    if (needs_input_grad(0)) ga = kernels::matmul(g[0], b.transpose(0, 1));
-    if (needs_input_grad(1)) gb = kernels::matmul(a.transpose(0, 1), g[0]);
-    return {ga, gb};
   }
 };
 
@@ -338,6 +317,15 @@ Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride, int64_t pa
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TANDEM_CHECK(x.defined() && x.dim() >= 1, "linear: input must be at least 1-D [..., in], got ",
+               x.defined() ? x.str() : "undefined");
+  if (x.dim() != 2) {
+    TANDEM_CHECK(weight.defined() && weight.dim() == 2, "linear: weight must be 2-D [out, in], got ",
+                 weight.defined() ? weight.str() : "undefined");
+    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+    out_shape.push_back(weight.size(0));
+    return reshape(linear(reshape(x, {-1, x.shape().back()}), weight, bias), out_shape);
+  }
   if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
     const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
     Tensor y = kernels::lowp_linear_forward(xl, wl, bl);
@@ -351,8 +339,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
   const Tensor x = f32_if_lowp(x_in);
-  TANDEM_CHECK(dim == -1 || dim == x.dim() - 1, "log_softmax: only the last dimension is supported, got dim ",
-               dim, " for ", x.str());
+  TANDEM_CHECK(x.defined(), "log_softmax: operand is undefined");
+  if (x.dim() != 2 || (dim != -1 && dim != 1)) {
+    Tensor y = kernels::softmax_forward(x, dim, /*log=*/true);
+    if (autograd::any_requires_grad({x})) {
+      auto n = make_node<LogSoftmaxDimBackward>();
+      n->y = y.detach();
+      n->dim = views::wrap_dim(dim, x.dim(), "log_softmax");
+      autograd::record(n, {x}, {&y});
+    }
+    return y;
+  }
   Tensor y = kernels::log_softmax_forward(x);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<LogSoftmaxBackward>();
@@ -394,33 +391,6 @@ Tensor flatten(const Tensor& x, int64_t start_dim) {
   return reshape(x, shape);
 }
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor y = kernels::add(a, b);
-  if (autograd::any_requires_grad({a, b})) autograd::record(make_node<AddBackward>(), {a, b}, {&y});
-  return y;
-}
-
-Tensor sub(const Tensor& a, const Tensor& b) {
-  Tensor y = kernels::sub(a, b);
-  if (autograd::any_requires_grad({a, b})) {
-    auto n = make_node<AddBackward>();
-    n->sign_b = -1.0;
-    autograd::record(n, {a, b}, {&y});
-  }
-  return y;
-}
-
-Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor y = kernels::mul(a, b);
-  if (autograd::any_requires_grad({a, b})) {
-    auto n = make_node<MulBackward>();
-    n->a = a.detach();
-    n->b = b.detach();
-    autograd::record(n, {a, b}, {&y});
-  }
-  return y;
-}
-
 Tensor scale(const Tensor& a, double s) {
   Tensor y = kernels::scale(a, s);
   if (autograd::any_requires_grad({a})) {
@@ -437,17 +407,6 @@ Tensor sum(const Tensor& a) {
     auto n = make_node<SumBackward>();
     n->input_shape = a.shape();
     autograd::record(n, {a}, {&y});
-  }
-  return y;
-}
-
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  Tensor y = kernels::matmul(a, b);
-  if (autograd::any_requires_grad({a, b})) {
-    auto n = make_node<MatmulBackward>();
-    n->a = a.detach();
-    n->b = b.detach();
-    autograd::record(n, {a, b}, {&y});
   }
   return y;
 }

@@ -6,9 +6,17 @@
 // bias to the autocast dtype (differentiably: f32 leaves get f32 gradients) and return f16/bf16
 // outputs; explicit f16/bf16 inputs take the same path. batch_norm, relu, max_pool2d, log_softmax
 // and nll_loss cast a f16/bf16 input up to f32 at entry and compute in f32.
+// The general op set (broadcasting elementwise ops, reductions, views, matmul, softmax, losses,
+// dropout, layer_norm, embedding) is declared in the headers included below, in the same namespace.
 #pragma once
 
 #include "core/tensor.h"
+#include "nn/composite.h"
+#include "nn/conv_pool.h"
+#include "nn/losses.h"
+#include "nn/pointwise.h"
+#include "nn/reduction.h"
+#include "nn/shape_ops.h"
 
 namespace tandem::nn::functional {
 
@@ -33,18 +41,18 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, c
                                   double eps = 1e-5);
 Tensor relu(const Tensor& x);
 Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);
+// x [..., in] (any rank >= 1; 2-D takes the CPU/CUDA kernel directly, other ranks are reshaped
+// around it), weight [out, in], bias [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
-Tensor log_softmax(const Tensor& x, int64_t dim = -1);  // last dimension of a 2-D tensor
+// Any dimension; a 2-D input over its last dimension takes the CPU/CUDA kernel (and amp's f16/bf16
+// cast), every other case the CPU kernel of kernels/reduce.h.
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target);  // mean over the batch
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);
 Tensor reshape(const Tensor& x, const Shape& shape);
 
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& a, double s);
 Tensor sum(const Tensor& a);  // 0-D
-Tensor matmul(const Tensor& a, const Tensor& b);
 
 }  // namespace tandem::nn::functional
 

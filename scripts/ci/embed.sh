@@ -118,6 +118,7 @@ step "3. examples/embed with find_package(Tandem)"
 cmake -S "$ROOT/examples/embed" -B "$WORK/embed-build" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
 cmake --build "$WORK/embed-build" -j "$JOBS"
 "$WORK/embed-build/basics" || fail "examples/embed/basics"
+"$WORK/embed-build/ops_tour" || fail "examples/embed/ops_tour"
 
 step "4. a one-file program with pkg-config"
 cat > "$WORK/pc_main.cpp" <<'CPP'

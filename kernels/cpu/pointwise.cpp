@@ -1,0 +1,272 @@
+// CPU kernels of kernels/pointwise.h under tandem::kernels::cpu.
+// Assumes: validated by kernels/pointwise.cpp (shapes broadcast, float dtypes shared).
+// Guarantees: fresh contiguous outputs of the broadcast shape; per-element math in the element
+// type (float or double), with PyTorch's formulas: gelu is x * Phi(x) (erf) or its tanh
+// approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), silu is x * sigmoid(x).
+#include "kernels/pointwise.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "core/view.h"
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/strided.h"
+
+namespace tandem::kernels::cpu {
+namespace {
+
+template <typename T>
+T apply_binary(BinaryOp op, T a, T b) {
+  switch (op) {
+    case BinaryOp::Add: return a + b;
+    case BinaryOp::Sub: return a - b;
+    case BinaryOp::Mul: return a * b;
+    case BinaryOp::Div: return a / b;
+    case BinaryOp::Pow: return std::pow(a, b);
+    case BinaryOp::Maximum: return (std::isnan(a) || a > b) ? a : b;  // NaN propagates, as PyTorch
+    case BinaryOp::Minimum: return (std::isnan(a) || a < b) ? a : b;
+  }
+  return a;
+}
+
+// d(a op b)/da (which == 0) or /db, times g.
+template <typename T>
+T apply_binary_grad(BinaryOp op, int which, T g, T a, T b, T y) {
+  switch (op) {
+    case BinaryOp::Add: return g;
+    case BinaryOp::Sub: return which == 0 ? g : -g;
+    case BinaryOp::Mul: return which == 0 ? g * b : g * a;
+    case BinaryOp::Div: return which == 0 ? g / b : -g * y / b;
+    case BinaryOp::Pow:
+      if (which == 0) return b == T(0) ? T(0) : g * b * std::pow(a, b - T(1));
+      return (a == T(0) && b >= T(0)) ? T(0) : g * y * std::log(a);
+    case BinaryOp::Maximum:
+    case BinaryOp::Minimum: {
+      if (a == b) return g / T(2);
+      const bool a_wins = op == BinaryOp::Maximum ? a > b : a < b;
+      return (which == 0) == a_wins ? g : T(0);
+    }
+  }
+  return g;
+}
+
+template <typename T>
+bool apply_compare(CompareOp op, T a, T b) {
+  switch (op) {
+    case CompareOp::Eq: return a == b;
+    case CompareOp::Ne: return a != b;
+    case CompareOp::Lt: return a < b;
+    case CompareOp::Le: return a <= b;
+    case CompareOp::Gt: return a > b;
+    case CompareOp::Ge: return a >= b;
+  }
+  return false;
+}
+
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
+constexpr double kGeluKappa = 0.044715;
+
+template <typename T>
+T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+template <typename T>
+T apply_unary(UnaryOp op, T x) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return std::exp(x);
+    case UnaryOp::Log: return std::log(x);
+    case UnaryOp::Sqrt: return std::sqrt(x);
+    case UnaryOp::Rsqrt: return T(1) / std::sqrt(x);
+    case UnaryOp::Tanh: return std::tanh(x);
+    case UnaryOp::Sigmoid: return sigmoid(x);
+    case UnaryOp::Relu: return x > T(0) ? x : (std::isnan(x) ? x : T(0));
+    case UnaryOp::Gelu: return x * T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
+    case UnaryOp::GeluTanh:
+      return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluKappa) * x * x * x)));
+    case UnaryOp::Silu: return x * sigmoid(x);
+  }
+  return x;
+}
+
+template <typename T>
+T apply_unary_grad(UnaryOp op, T g, T x, T y) {
+  switch (op) {
+    case UnaryOp::Neg: return -g;
+    case UnaryOp::Exp: return g * y;
+    case UnaryOp::Log: return g / x;
+    case UnaryOp::Sqrt: return g / (T(2) * y);
+    case UnaryOp::Rsqrt: return T(-0.5) * g * y * y * y;
+    case UnaryOp::Tanh: return g * (T(1) - y * y);
+    case UnaryOp::Sigmoid: return g * y * (T(1) - y);
+    case UnaryOp::Relu: return y > T(0) ? g : T(0);
+    case UnaryOp::Gelu: {
+      const T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
+      const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+      return g * (cdf + x * pdf);
+    }
+    case UnaryOp::GeluTanh: {
+      const T x2 = x * x;
+      const T t = std::tanh(T(kSqrt2OverPi) * (x + T(kGeluKappa) * x2 * x));
+      const T left = T(0.5) * (T(1) + t);
+      const T right = T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * kGeluKappa) * x2);
+      return g * (left + right);
+    }
+    case UnaryOp::Silu: {
+      const T s = sigmoid(x);
+      return g * s * (T(1) + x * (T(1) - s));
+    }
+  }
+  return g;
+}
+
+// Calls fn(std::integral_constant<BinaryOp, op>): each op gets its own loop with the switch of
+// apply_binary folded away.
+template <typename Fn>
+decltype(auto) on_binary(BinaryOp op, Fn&& fn) {
+  using B = BinaryOp;
+  switch (op) {
+    case B::Add: return fn(std::integral_constant<B, B::Add>{});
+    case B::Sub: return fn(std::integral_constant<B, B::Sub>{});
+    case B::Mul: return fn(std::integral_constant<B, B::Mul>{});
+    case B::Div: return fn(std::integral_constant<B, B::Div>{});
+    case B::Pow: return fn(std::integral_constant<B, B::Pow>{});
+    case B::Maximum: return fn(std::integral_constant<B, B::Maximum>{});
+    case B::Minimum: return fn(std::integral_constant<B, B::Minimum>{});
+  }
+  TANDEM_FAIL("binary: unknown op");
+}
+
+template <typename Fn>
+Tensor float_op(const char* op, DType dtype, Fn&& fn) {
+  return detail::dispatch_float(dtype, op, std::forward<Fn>(fn));
+}
+
+}  // namespace
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), op_name(op));
+  return float_op(op_name(op), a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(shape, a.dtype());
+    const T* ap = a.data<T>();
+    const T* bp = b.data<T>();
+    T* o = out.data<T>();
+    on_binary(op, [&](auto opc) {
+      detail::for_each_strided<2>(shape, {detail::broadcast_strides(a, shape), detail::broadcast_strides(b, shape)},
+                                  [&](int64_t i, const std::array<int64_t, 2>& off) {
+                                    o[i] = apply_binary<T>(decltype(opc)::value, ap[off[0]], bp[off[1]]);
+                                  });
+    });
+    return out;
+  });
+}
+
+Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
+                       const Tensor& y) {
+  const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), op_name(op));
+  TANDEM_CHECK(grad.shape() == shape, op_name(op), " backward: gradient ", grad.str(), ", expected shape ",
+               shape_str(shape));
+  return float_op(op_name(op), a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(shape, a.dtype());
+    const T* gp = grad.data<T>();
+    const T* ap = a.data<T>();
+    const T* bp = b.data<T>();
+    const bool has_y = y.defined();
+    const T* yp = has_y ? y.data<T>() : nullptr;
+    T* o = out.data<T>();
+    const std::array<Shape, 4> strides = {detail::broadcast_strides(grad, shape), detail::broadcast_strides(a, shape),
+                                          detail::broadcast_strides(b, shape),
+                                          has_y ? detail::broadcast_strides(y, shape) : Shape(shape.size(), 0)};
+    on_binary(op, [&](auto opc) {
+      detail::for_each_strided<4>(shape, strides, [&](int64_t i, const std::array<int64_t, 4>& off) {
+        o[i] = apply_binary_grad<T>(decltype(opc)::value, which, gp[off[0]], ap[off[1]], bp[off[2]],
+                                    has_y ? yp[off[3]] : T(0));
+      });
+    });
+    return out;
+  });
+}
+
+Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
+  const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), op_name(op));
+  return float_op(op_name(op), a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(shape, kUInt8);
+    const T* ap = a.data<T>();
+    const T* bp = b.data<T>();
+    uint8_t* o = out.data<uint8_t>();
+    detail::for_each_strided<2>(shape, {detail::broadcast_strides(a, shape), detail::broadcast_strides(b, shape)},
+                                [&](int64_t i, const std::array<int64_t, 2>& off) {
+                                  o[i] = apply_compare<T>(op, ap[off[0]], bp[off[1]]) ? 1 : 0;
+                                });
+    return out;
+  });
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Shape shape =
+      views::broadcast_shapes(cond.shape(), views::broadcast_shapes(a.shape(), b.shape(), "where"), "where");
+  return float_op("where", a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(shape, a.dtype());
+    const uint8_t* cp = cond.data<uint8_t>();
+    const T* ap = a.data<T>();
+    const T* bp = b.data<T>();
+    T* o = out.data<T>();
+    detail::for_each_strided<3>(shape,
+                                {detail::broadcast_strides(cond, shape), detail::broadcast_strides(a, shape),
+                                 detail::broadcast_strides(b, shape)},
+                                [&](int64_t i, const std::array<int64_t, 3>& off) {
+                                  o[i] = cp[off[0]] ? ap[off[1]] : bp[off[2]];
+                                });
+    return out;
+  });
+}
+
+Tensor unary(UnaryOp op, const Tensor& x_in) {
+  const Tensor x = x_in.contiguous();
+  return float_op(op_name(op), x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(x.shape(), x.dtype());
+    const T* xp = x.data<T>();
+    T* o = out.data<T>();
+    detail::parallel_range(x.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) o[i] = apply_unary<T>(op, xp[i]);
+    });
+    return out;
+  });
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& g_in, const Tensor& x_in, const Tensor& y_in) {
+  const Tensor g = g_in.contiguous(), x = x_in.contiguous(), y = y_in.contiguous();
+  return float_op(op_name(op), x.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(x.shape(), x.dtype());
+    const T* gp = g.data<T>();
+    const T* xp = x.data<T>();
+    const T* yp = y.data<T>();
+    T* o = out.data<T>();
+    detail::parallel_range(x.numel(), int64_t{1} << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) o[i] = apply_unary_grad<T>(op, gp[i], xp[i], yp[i]);
+    });
+    return out;
+  });
+}
+
+Tensor dropout_mask(const Shape& shape, double p, DType dtype, Generator& gen) {
+  return float_op("dropout", dtype, [&](auto tag) {
+    using T = decltype(tag);
+    Tensor out = Tensor::empty(shape, dtype);
+    T* o = out.data<T>();
+    const T keep = T(1.0 / (1.0 - p));
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = gen.uniform() < p ? T(0) : keep;
+    return out;
+  });
+}
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,123 @@
+// Device-neutral entry points of kernels/index.h: operands defined and on the CPU (no CUDA kernel
+// yet), dtypes, ranks, shapes and index values checked; then cpu::. cat is a copy into slices of
+// the output (Tensor::copy_), so it has no cpu:: kernel of its own.
+#include "kernels/index.h"
+
+#include "core/profiler.h"
+#include "core/view.h"
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+namespace {
+
+// index as contiguous int64, every value in [0, size); `what` names the op.
+Tensor checked_index(const char* op, const Tensor& index, int64_t size) {
+  TANDEM_CHECK(index.defined(), op, ": index is undefined");
+  TANDEM_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, op, ": index must be int64 (or int32), got ",
+               index.str());
+  const Tensor idx = index.to(kInt64).contiguous();
+  const int64_t* p = idx.data<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    TANDEM_CHECK(p[i] >= 0 && p[i] < size, op, ": index ", p[i], " at position ", i,
+                 " is out of range for a dimension of size ", size, " (expected 0 <= index < ", size, ")");
+  }
+  return idx;
+}
+
+}  // namespace
+
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
+  profiler::Scope prof_scope("index_select");
+  TANDEM_CHECK(x.defined(), "index_select: input is undefined");
+  require_cpu_kernel("index_select", {x, index});
+  common_float_dtype("index_select", {x});
+  dim = views::wrap_dim(dim, x.dim(), "index_select");
+  TANDEM_CHECK(index.dim() <= 1, "index_select: index must be 0-D or 1-D, got ", index.str());
+  const Tensor idx = checked_index("index_select", index, x.dim() == 0 ? 1 : x.shape()[dim]);
+  return cpu::index_select(x, dim, idx.reshape({idx.numel()}));
+}
+
+Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip) {
+  profiler::Scope prof_scope("index_add");
+  require_cpu_kernel("index_add", {src, index});
+  common_float_dtype("index_add", {src});
+  dim = views::wrap_dim(dim, static_cast<int64_t>(shape.size()), "index_add");
+  const Tensor idx = checked_index("index_add", index, shape.empty() ? 1 : shape[dim]);
+  Shape want = shape;
+  if (!want.empty()) want[dim] = idx.numel();
+  TANDEM_CHECK(src.shape() == want, "index_add: source ", src.str(), ", expected shape ", shape_str(want));
+  return cpu::index_add(shape, dim, idx.reshape({idx.numel()}), src, skip);
+}
+
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
+  profiler::Scope prof_scope("gather");
+  TANDEM_CHECK(x.defined(), "gather: input is undefined");
+  require_cpu_kernel("gather", {x, index});
+  common_float_dtype("gather", {x});
+  dim = views::wrap_dim(dim, x.dim(), "gather");
+  TANDEM_CHECK(index.defined() && index.dim() == x.dim(), "gather: index must have the input's ", x.dim(),
+               " dimensions, got ", index.str(), " for ", x.str());
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    TANDEM_CHECK(d == dim || index.shape()[d] <= x.shape()[d], "gather: index ", index.str(),
+                 " is larger than the input ", x.str(), " in dimension ", d);
+  }
+  const Tensor idx = checked_index("gather", index, x.dim() == 0 ? 1 : x.shape()[dim]);
+  return cpu::gather(x, dim, idx);
+}
+
+Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
+  profiler::Scope prof_scope("scatter_add");
+  require_cpu_kernel("scatter_add", {src, index});
+  common_float_dtype("scatter_add", {src});
+  dim = views::wrap_dim(dim, static_cast<int64_t>(shape.size()), "scatter_add");
+  TANDEM_CHECK(index.shape() == src.shape(), "scatter_add: index ", index.str(), " and source ", src.str(),
+               " must have the same shape");
+  const Tensor idx = checked_index("scatter_add", index, shape.empty() ? 1 : shape[dim]);
+  return cpu::scatter_add(shape, dim, idx, src);
+}
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  profiler::Scope prof_scope("cat");
+  TANDEM_CHECK(!xs.empty(), "cat: expected at least one tensor");
+  const Tensor& first = xs[0];
+  TANDEM_CHECK(first.defined() && first.dim() > 0, "cat: tensors must be defined and at least 1-D, got ",
+               first.str());
+  dim = views::wrap_dim(dim, first.dim(), "cat");
+  int64_t total = 0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& t = xs[i];
+    TANDEM_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
+    require_cpu_kernel("cat", {first, t});
+    TANDEM_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " is ", t.str(), ", expected ",
+                 dtype_name(first.dtype()));
+    TANDEM_CHECK(t.dim() == first.dim(), "cat: tensor ", i, " is ", t.str(), ", expected ", first.dim(),
+                 " dimensions like tensor 0 ", first.str());
+    for (int64_t d = 0; d < first.dim(); ++d) {
+      TANDEM_CHECK(d == dim || t.shape()[d] == first.shape()[d], "cat: tensor ", i, " is ", t.str(),
+                   ", which differs from tensor 0 ", first.str(), " in dimension ", d, " (only dimension ",
+                   dim, " may differ)");
+    }
+    total += t.shape()[dim];
+  }
+  Shape shape = first.shape();
+  shape[dim] = total;
+  Tensor out = Tensor::empty(shape, first.dtype());
+  int64_t at = 0;
+  for (const Tensor& t : xs) {
+    views::narrow(out, dim, at, t.shape()[dim]).copy_(t);
+    at += t.shape()[dim];
+  }
+  return out;
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  profiler::Scope prof_scope("bmm");
+  TANDEM_CHECK(a.defined() && b.defined(), "bmm: operands must be defined");
+  require_cpu_kernel("bmm", {a, b});
+  common_float_dtype("bmm", {a, b});
+  TANDEM_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
+               "bmm: expected [B, M, K] and [B, K, N], got ", a.str(), " and ", b.str());
+  return cpu::bmm(a, b);
+}
+
+}  // namespace tandem::kernels

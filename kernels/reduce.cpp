@@ -1,0 +1,81 @@
+// Device-neutral entry points of kernels/reduce.h: defined operand on the CPU (no CUDA kernel
+// yet), float dtype, dimensions in range and distinct; then cpu::. No math here.
+#include "kernels/reduce.h"
+
+#include "core/profiler.h"
+#include "core/view.h"
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+namespace {
+
+void check(const char* op, const Tensor& x) {
+  TANDEM_CHECK(x.defined(), op, ": operand is undefined");
+  require_cpu_kernel(op, {x});
+  common_float_dtype(op, {x});
+}
+
+}  // namespace
+
+Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  profiler::Scope prof_scope("sum_dims");
+  check("sum", x);
+  return cpu::sum_dims(x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
+}
+
+Tensor sum_to(const Tensor& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  const int64_t n = g.dim(), m = static_cast<int64_t>(shape.size());
+  TANDEM_CHECK(n >= m, "sum_to: cannot sum ", g.str(), " to the larger shape ", shape_str(shape));
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < n; ++d) {
+    const int64_t j = d - (n - m);
+    if (j < 0) {
+      dims.push_back(d);
+    } else if (shape[j] == 1 && g.shape()[d] != 1) {
+      dims.push_back(d);
+    } else {
+      TANDEM_CHECK(shape[j] == g.shape()[d], "sum_to: cannot sum ", g.str(), " to ", shape_str(shape));
+    }
+  }
+  if (dims.empty()) return g.reshape(shape);
+  return sum_dims(g, dims, /*keepdim=*/true).reshape(shape);
+}
+
+MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  profiler::Scope prof_scope("max_dim");
+  check("max", x);
+  dim = views::wrap_dim(dim, x.dim(), "max");
+  if (x.dim() > 0) {
+    TANDEM_CHECK(x.shape()[dim] > 0, "max: cannot reduce the empty dimension ", dim, " of ", x.str());
+  }
+  return cpu::max_dim(x, dim, keepdim);
+}
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  profiler::Scope prof_scope("amax");
+  check("amax", x);
+  const auto d = views::reduction_dims(dims, x.dim(), "amax");
+  for (int64_t k : d) {
+    TANDEM_CHECK(x.shape()[k] > 0, "amax: cannot reduce the empty dimension ", k, " of ", x.str());
+  }
+  return cpu::amax(x, d, keepdim);
+}
+
+Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  profiler::Scope prof_scope(op);
+  check(op, x);
+  return cpu::softmax_forward(x, views::wrap_dim(dim, x.dim(), op), log);
+}
+
+Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  profiler::Scope prof_scope(op);
+  require_cpu_kernel(op, {grad, y});
+  common_float_dtype(op, {grad, y});
+  TANDEM_CHECK(grad.shape() == y.shape(), op, " backward: gradient ", grad.str(), " vs output ", y.str());
+  return cpu::softmax_backward(grad, y, views::wrap_dim(dim, y.dim(), op), log);
+}
+
+}  // namespace tandem::kernels

@@ -1,0 +1,29 @@
+// conv2d with PyTorch's full geometry (per-axis stride and padding, dilation, groups) and average
+// pooling, differentiable. Inputs [N, C, H, W] or unbatched [C, H, W].
+//   conv2d(x, weight [K, C/groups, R, S], bias [K] or undefined, params): with groups == 1,
+//     dilation 1 and square stride/padding this is F::conv2d of nn/functional.h (CPU and CUDA
+//     kernels, autocast). Otherwise float32/float64: a dilated kernel is the weight spread over a
+//     (R-1)d+1 x (S-1)d+1 grid of zeros (differentiably), groups run as separate convolutions on
+//     channel slices whose outputs are concatenated (cat: CPU only).
+//   avg_pool2d(x, kernel, stride (default = kernel), padding, ceil_mode, count_include_pad) and
+//   adaptive_avg_pool2d(x, {out_h, out_w}): kernels/avg_pool.h (CPU only).
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace tandem::nn::functional {
+
+struct Conv2dParams {
+  std::array<int64_t, 2> stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  int64_t groups = 1;
+};
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0, bool ceil_mode = false,
+                  bool count_include_pad = true);
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+
+}  // namespace tandem::nn::functional

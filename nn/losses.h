@@ -1,0 +1,25 @@
+// Losses of the general op set, PyTorch's names and semantics (float32/float64 on CPU).
+//   cross_entropy(input, target): input [N, C] or [N, C, d1, ...] logits (or [C] with a 0-D
+//       target), target int64 class indices [N] or [N, d1, ...]. log_softmax over the class
+//       dimension, then the negative log-likelihood of the target class; targets equal to
+//       ignore_index contribute nothing, and "mean" divides by the number of targets not ignored
+//       (NaN when all are, as PyTorch). label_smoothing s in [0, 1] mixes in the uniform
+//       distribution: loss = (1 - s) * nll + s / C * (-sum_c log p_c). Other target values
+//       outside [0, C) throw, naming the position and the value. (Class-probability targets and
+//       per-class weights are not supported.)
+//   mse_loss(input, target): (input - target)^2, broadcast, reduced.
+// reduction: "mean" (default), "sum" or "none" (the per-element losses, target's shape).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tandem::nn::functional {
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index = -100,
+                     double label_smoothing = 0.0, const std::string& reduction = "mean");
+Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction = "mean");
+
+}  // namespace tandem::nn::functional

@@ -1,0 +1,165 @@
+// nn/pointwise.h: each op runs its kernel (kernels/pointwise.h, or kernels/elementwise.h for
+// same-shape add/sub/mul) and, when an input requires grad, records a node saving detached
+// operands. Binary nodes compute grad * d(a op b)/d(operand) at the broadcast shape and sum it back
+// to each operand's shape (kernels::sum_to).
+#include "nn/pointwise.h"
+
+#include "core/autograd.h"
+#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
+#include "kernels/reduce.h"
+
+namespace tandem::nn::functional {
+namespace {
+
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+
+// Add and Sub keep only the operand shapes; the other ops keep the operands (and Div/Pow the output).
+struct BinaryBackward final : Node {
+  BinaryOp op;
+  Shape a_shape, b_shape;
+  Tensor a, b, y;
+  std::string name() const override { return std::string(kernels::op_name(op)) + "Backward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    std::vector<Tensor> out(2);
+    for (int which = 0; which < 2; ++which) {
+      if (!needs_input_grad(which)) continue;
+      Tensor gi;
+      if (op == BinaryOp::Add || (op == BinaryOp::Sub && which == 0)) {
+        gi = g[0];  // device-neutral (the MNIST net's own ops, also on CUDA)
+      } else if (op == BinaryOp::Sub) {
+        gi = kernels::scale(g[0], -1.0);
+      } else if (op == BinaryOp::Mul && a_shape == b_shape && g[0].shape() == a_shape) {
+        gi = kernels::mul(g[0], which == 0 ? b : a);
+      } else {
+        gi = kernels::binary_backward(op, which, g[0], a, b, y);
+      }
+      out[which] = kernels::sum_to(gi, which == 0 ? a_shape : b_shape);
+    }
+    return out;
+  }
+};
+
+// A 0-D tensor holding s, of t's dtype and device.
+Tensor scalar_like(double s, const Tensor& t) {
+  TANDEM_CHECK(t.defined(), "scalar operand: the tensor operand is undefined");
+  return Tensor::full({}, s, t.dtype(), t.device());
+}
+
+Tensor record_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  Tensor y;
+  const bool same = a.defined() && b.defined() && a.shape() == b.shape();
+  if (same && op == BinaryOp::Add) {
+    y = kernels::add(a, b);
+  } else if (same && op == BinaryOp::Sub) {
+    y = kernels::sub(a, b);
+  } else if (same && op == BinaryOp::Mul) {
+    y = kernels::mul(a, b);
+  } else {
+    y = kernels::binary(op, a, b);
+  }
+  if (autograd::any_requires_grad({a, b})) {
+    auto n = std::make_shared<BinaryBackward>();
+    n->op = op;
+    n->a_shape = a.shape();
+    n->b_shape = b.shape();
+    if (op != BinaryOp::Add && op != BinaryOp::Sub) {
+      n->a = a.detach();
+      n->b = b.detach();
+    }
+    if (op == BinaryOp::Div || op == BinaryOp::Pow) n->y = y.detach();
+    autograd::record(n, {a, b}, {&y});
+  }
+  return y;
+}
+
+struct WhereBackward final : Node {
+  Tensor cond;
+  Shape a_shape, b_shape;
+  std::string name() const override { return "WhereBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const Tensor zero = Tensor::zeros({}, g[0].dtype(), g[0].device());
+    Tensor ga, gb;
+    if (needs_input_grad(0)) ga = kernels::sum_to(kernels::where(cond, g[0], zero), a_shape);
+    if (needs_input_grad(1)) gb = kernels::sum_to(kernels::where(cond, zero, g[0]), b_shape);
+    return {ga, gb};
+  }
+};
+
+struct UnaryBackward final : Node {
+  UnaryOp op;
+  Tensor x, y;
+  std::string name() const override { return std::string(kernels::op_name(op)) + "Backward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    return {kernels::unary_backward(op, g[0], x, y)};
+  }
+};
+
+Tensor record_unary(UnaryOp op, const Tensor& x) {
+  Tensor y = kernels::unary(op, x);
+  if (autograd::any_requires_grad({x})) {
+    auto n = std::make_shared<UnaryBackward>();
+    n->op = op;
+    n->x = x.detach();
+    n->y = y.detach();
+    autograd::record(n, {x}, {&y});
+  }
+  return y;
+}
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Add, a, b); }
+Tensor add(const Tensor& a, double b) { return record_binary(BinaryOp::Add, a, scalar_like(b, a)); }
+Tensor sub(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Sub, a, b); }
+Tensor sub(const Tensor& a, double b) { return record_binary(BinaryOp::Sub, a, scalar_like(b, a)); }
+Tensor mul(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Mul, a, b); }
+Tensor mul(const Tensor& a, double b) { return record_binary(BinaryOp::Mul, a, scalar_like(b, a)); }
+Tensor div(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Div, a, b); }
+Tensor div(const Tensor& a, double b) { return record_binary(BinaryOp::Div, a, scalar_like(b, a)); }
+Tensor pow(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Pow, a, b); }
+Tensor pow(const Tensor& a, double exponent) { return record_binary(BinaryOp::Pow, a, scalar_like(exponent, a)); }
+Tensor pow(double base, const Tensor& b) { return record_binary(BinaryOp::Pow, scalar_like(base, b), b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Maximum, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Minimum, a, b); }
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::where(cond, a, b);
+  if (autograd::any_requires_grad({a, b})) {
+    auto n = std::make_shared<WhereBackward>();
+    n->cond = cond.detach();
+    n->a_shape = a.shape();
+    n->b_shape = b.shape();
+    autograd::record(n, {a, b}, {&y});
+  }
+  return y;
+}
+
+#define TANDEM_COMPARE(fn, OP)                                                                        \
+  Tensor fn(const Tensor& a, const Tensor& b) { return kernels::compare(kernels::CompareOp::OP, a, b); } \
+  Tensor fn(const Tensor& a, double b) { return kernels::compare(kernels::CompareOp::OP, a, scalar_like(b, a)); }
+TANDEM_COMPARE(eq, Eq)
+TANDEM_COMPARE(ne, Ne)
+TANDEM_COMPARE(lt, Lt)
+TANDEM_COMPARE(le, Le)
+TANDEM_COMPARE(gt, Gt)
+TANDEM_COMPARE(ge, Ge)
+#undef TANDEM_COMPARE
+
+Tensor neg(const Tensor& x) { return record_unary(UnaryOp::Neg, x); }
+Tensor exp(const Tensor& x) { return record_unary(UnaryOp::Exp, x); }
+Tensor log(const Tensor& x) { return record_unary(UnaryOp::Log, x); }
+Tensor sqrt(const Tensor& x) { return record_unary(UnaryOp::Sqrt, x); }
+Tensor rsqrt(const Tensor& x) { return record_unary(UnaryOp::Rsqrt, x); }
+Tensor tanh(const Tensor& x) { return record_unary(UnaryOp::Tanh, x); }
+Tensor sigmoid(const Tensor& x) { return record_unary(UnaryOp::Sigmoid, x); }
+Tensor silu(const Tensor& x) { return record_unary(UnaryOp::Silu, x); }
+
+Tensor gelu(const Tensor& x, const std::string& approximate) {
+  TANDEM_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be \"none\" or \"tanh\", got \"",
+               approximate, "\"");
+  return record_unary(approximate == "none" ? UnaryOp::Gelu : UnaryOp::GeluTanh, x);
+}
+
+}  // namespace tandem::nn::functional

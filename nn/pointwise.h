@@ -1,0 +1,57 @@
+// Differentiable elementwise ops with PyTorch's names and broadcasting (align shapes from the
+// right; sizes equal or 1). Gradients are summed back over the broadcast dimensions (PyTorch's
+// sum_to), so a [C] bias added to [N, C] gets a [C] gradient. Scalar forms take a double as the
+// right operand (pow also as the left), held as a 0-D tensor of the other operand's dtype.
+// Same-shape add/sub/mul keep the original kernels (CPU and CUDA); everything else is float32 and
+// float64 on CPU, and a CUDA tensor throws "<op>: no CUDA kernel yet".
+// Comparisons return uint8 masks (0/1: torch.bool's byte layout; see kernels/pointwise.h) with no
+// gradient; `where` takes such a mask.
+#pragma once
+
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tandem::nn::functional {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, double b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, double b);
+Tensor pow(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor pow(double base, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+// cond ? a : b elementwise, all three broadcast; gradients flow to a where cond, to b elsewhere.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, double b);
+Tensor ne(const Tensor& a, double b);
+Tensor lt(const Tensor& a, double b);
+Tensor le(const Tensor& a, double b);
+Tensor gt(const Tensor& a, double b);
+Tensor ge(const Tensor& a, double b);
+
+Tensor neg(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+// approximate: "none" (x * Phi(x), with erf) or "tanh"; anything else throws.
+Tensor gelu(const Tensor& x, const std::string& approximate = "none");
+Tensor silu(const Tensor& x);
+
+}  // namespace tandem::nn::functional

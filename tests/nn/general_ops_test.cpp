@@ -1,0 +1,112 @@
+// Behaviour of the general op set beyond its values (those are in pytorch_general_ops_test.cpp and
+// gradcheck_ops_test.cpp): dropout in training and eval and its seeding, views sharing storage,
+// comparisons' mask dtype, and one clear error for each kind of bad input.
+#include <gtest/gtest.h>
+
+#include "core/random.h"
+#include "nn/functional.h"
+
+using namespace tandem;
+
+namespace {
+
+template <typename Fn>
+std::string error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR(call, text) EXPECT_NE(error_of([&] { call; }).find(text), std::string::npos) << error_of([&] { call; })
+
+}  // namespace
+
+TEST(GeneralOps, DropoutTrainEvalAndSeeding) {
+  const Tensor x = Tensor::ones({64, 64});
+  EXPECT_TRUE(F::dropout(x, 0.5, /*training=*/false).is_same(x));  // eval: the identity
+  EXPECT_TRUE(F::dropout(x, 0.0, true).is_same(x));
+  EXPECT_EQ(F::dropout(x, 1.0, true).to_vector<float>(), std::vector<float>(64 * 64, 0.0f));
+
+  manual_seed(11);
+  const auto a = F::dropout(x, 0.25, true).to_vector<float>();
+  manual_seed(11);
+  const auto b = F::dropout(x, 0.25, true).to_vector<float>();
+  manual_seed(12);
+  const auto c = F::dropout(x, 0.25, true).to_vector<float>();
+  EXPECT_EQ(a, b);  // the default generator, reseeded: the same mask
+  EXPECT_NE(a, c);
+  Generator g1(3), g2(3);
+  EXPECT_EQ(F::dropout(x, 0.25, true, g1).to_vector<float>(), F::dropout(x, 0.25, true, g2).to_vector<float>());
+
+  // Kept elements are scaled by 1/(1-p), so the mean is preserved in expectation: 4096 elements,
+  // sd of the mean sqrt(p/(1-p)/4096) = 0.009; 5 sd.
+  double sum = 0;
+  for (float v : a) sum += v;
+  EXPECT_NEAR(sum / a.size(), 1.0, 0.045);
+
+  // The gradient is the mask itself.
+  Tensor w = Tensor::ones({8, 8}).set_requires_grad(true);
+  Generator g3(4);
+  const Tensor y = F::dropout(w, 0.5, true, g3);
+  F::sum(y).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), y.to_vector<float>());
+}
+
+TEST(GeneralOps, ViewsShareStorageAndComparisonsAreUint8) {
+  Tensor x = Tensor::zeros({2, 3});
+  Tensor v = F::narrow(F::transpose(x, 0, 1), 0, 1, 2);
+  EXPECT_EQ(v.storage(), x.storage());
+  EXPECT_EQ(F::expand(Tensor::zeros({3, 1}), {2, 3, 4}).strides(), (Shape{0, 1, 0}));
+  const Tensor m = F::gt(Tensor::from_vector<float>({1, -1, 2}, {3}), 0.0);
+  EXPECT_EQ(m.dtype(), kUInt8);
+  EXPECT_EQ(m.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_FALSE(F::eq(Tensor::ones({2}).set_requires_grad(true), 1.0).requires_grad());
+}
+
+TEST(GeneralOps, BadInputsGetOneClearError) {
+  const Tensor x = Tensor::zeros({2, 3});
+  EXPECT_ERROR(F::add(x, Tensor::zeros({2})), "add: shapes [2, 3] and [2] do not broadcast");
+  EXPECT_ERROR(F::where(F::gt(x, 0.0), x, Tensor::zeros({4, 1, 1, 2})), "do not broadcast");
+  EXPECT_ERROR(F::sum(x, {3}), "sum: dimension 3 out of range for a 2-D tensor");
+  EXPECT_ERROR(F::softmax(x, -3), "softmax: dimension -3 out of range");
+  EXPECT_ERROR(F::permute(x, {0, 0}), "permute: dimension 0 repeated");
+  EXPECT_ERROR(F::transpose(x, 0, 2), "transpose: dimension 2 out of range");
+  EXPECT_ERROR(F::narrow(x, 1, 2, 2), "narrow: start 2 + length 2 exceeds dimension 1");
+  EXPECT_ERROR(F::expand(x, {2, 4}), "expand: cannot expand");
+  EXPECT_ERROR(F::view(F::transpose(x, 0, 1), {6}), "is not contiguous; use reshape()");
+  EXPECT_ERROR(F::cat({x, Tensor::zeros({2, 3, 1})}, 0), "cat: tensor 1");
+  EXPECT_ERROR(F::split(x, {1, 1}, 1), "split: sizes sum to 2 but dimension 1");
+  EXPECT_ERROR(F::chunk(x, 0, 0), "chunk: chunks must be positive");
+  EXPECT_ERROR(F::index_select(x, 0, Tensor::from_vector<int64_t>({2}, {1})), "index 2 at position 0 is out of range");
+  EXPECT_ERROR(F::gather(x, 1, Tensor::from_vector<int64_t>({0, 3}, {1, 2})), "gather: index 3 at position 1");
+  EXPECT_ERROR(F::matmul(Tensor::zeros({2, 3, 4}), Tensor::zeros({5, 2})), "matmul: inner dimensions differ");
+  EXPECT_ERROR(F::matmul(Tensor::zeros({2, 3, 4}), Tensor::zeros({3, 4, 2})), "matmul (batch dimensions)");
+  EXPECT_ERROR(F::linear(Tensor::zeros({2, 3, 4}), Tensor::zeros({5, 3}), Tensor()), "linear");
+  EXPECT_ERROR(F::gelu(x, "fast"), "gelu: approximate must be \"none\" or \"tanh\"");
+  EXPECT_ERROR(F::dropout(x, 1.5, true), "dropout: probability must be in [0, 1]");
+  EXPECT_ERROR(F::layer_norm(x, {2}), "layer_norm: normalized_shape [2]");
+  EXPECT_ERROR(F::layer_norm(x, {3}, Tensor::ones({2})), "layer_norm: weight and bias must have shape [3]");
+  EXPECT_ERROR(F::embedding(Tensor::from_vector<int64_t>({0, 4}, {2}), Tensor::zeros({4, 2})),
+               "embedding: index 4 at position 1 is out of range for 4 embeddings");
+  EXPECT_ERROR(F::embedding(Tensor::from_vector<int64_t>({0}, {1}), Tensor::zeros({4, 2}), 4),
+               "embedding: padding_idx 4 out of range");
+  const Tensor logits = Tensor::zeros({3, 4});
+  EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})),
+               "cross_entropy: target 4 at position 1 is out of range for 4 classes");
+  EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1}, {2})), "does not match input");
+  EXPECT_ERROR(F::cross_entropy(logits, Tensor::zeros({3})), "target must be int64 class indices");
+  EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, 2}, {3}), -100, 0.0, "avg"),
+               "reduction must be \"mean\", \"sum\" or \"none\"");
+  EXPECT_ERROR(F::mse_loss(x, Tensor::zeros({3, 2})), "mse_loss");
+}
+
+TEST(GeneralOps, CrossEntropyIgnoresTargetsAndAllIgnoredIsNaN) {
+  const Tensor logits = Tensor::from_vector<float>({0, 0, 5, 0, 0, 0}, {2, 3});
+  const Tensor t = Tensor::from_vector<int64_t>({-100, 1}, {2});
+  EXPECT_NEAR(F::cross_entropy(logits, t).item<float>(), std::log(3.0f), 1e-6);  // only row 1 counts
+  EXPECT_TRUE(std::isnan(F::cross_entropy(logits, Tensor::from_vector<int64_t>({-100, -100}, {2})).item<float>()));
+  EXPECT_EQ(F::cross_entropy(logits, t, -100, 0.0, "none").to_vector<float>()[0], 0.0f);
+}

@@ -1,0 +1,208 @@
+// Parity of the general op set (nn/pointwise.h, reduction.h, shape_ops.h, composite.h, losses.h)
+// with PyTorch 1.13: forward outputs and gradients against tests/fixtures/general_ops.safetensors
+// (made by tests/fixtures/make_op_fixtures.py; its docstring lists every case).
+// Assumes: the references are float64 results rounded to float32, and grad_<input> is
+// d sum(y * R) / d input (or d loss / d input for the scalar losses, which store no R).
+// Tolerance: |actual - expected| <= 1e-5 + 1e-4 |expected| per element, as tests/nn/
+// pytorch_ops_test.cpp and for the same reason (tests/fixtures/README.md): the references are exact
+// to half an ulp, every reduction here is at most a few dozen O(1) terms, and PyTorch's own float32
+// results use at most 3.4% of this budget (make_op_fixtures.py prints it), while a wrong index,
+// broadcast or formula gives errors of order 1e-2..1. Integer results (masks, indices) match exactly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "core/tensor.h"
+#include "nn/functional.h"
+
+namespace {
+
+using namespace tandem;
+namespace Fn = tandem::nn::functional;
+
+const TensorMap& fixture() {
+  static const TensorMap map = load_safetensors(TANDEM_SOURCE_DIR "/tests/fixtures/general_ops.safetensors");
+  return map;
+}
+
+bool has(const std::string& name) { return fixture().count(name) > 0; }
+
+Tensor get(const std::string& name) {
+  auto it = fixture().find(name);
+  TANDEM_CHECK(it != fixture().end(), "general_ops.safetensors has no tensor '", name,
+               "'; regenerate it with tests/fixtures/make_op_fixtures.py");
+  return it->second.clone();
+}
+
+void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << ": undefined (no gradient flowed?)";
+  ASSERT_EQ(shape_str(actual.shape()), shape_str(expected.shape())) << what << ": shape";
+  const std::vector<double> a = actual.to_vector<double>();
+  const std::vector<double> e = expected.to_vector<double>();
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    const double ratio = std::abs(a[i] - e[i]) / (1e-5 + 1e-4 * std::abs(e[i]));
+    if (!(ratio <= 1.0)) ++bad;
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << e.size() << " elements outside tolerance; worst at "
+                     << worst << ": got " << a[worst] << ", PyTorch " << e[worst];
+}
+
+// Leaves for `grads` (requires_grad), plain tensors for `others`; checks y and each gradient.
+void check_case(const std::string& c, const std::vector<std::string>& grads, const std::vector<std::string>& others,
+                const std::function<Tensor(std::map<std::string, Tensor>&)>& fn) {
+  SCOPED_TRACE("case " + c);
+  std::map<std::string, Tensor> in;
+  for (const auto& g : grads) in[g] = get(c + "." + g).set_requires_grad(true);
+  for (const auto& o : others) in[o] = get(c + "." + o);
+  Tensor y = fn(in);
+  expect_close(y, get(c + ".y"), c + ".y");
+  ASSERT_TRUE(y.requires_grad()) << c << ": output does not require grad";
+  if (has(c + ".R")) {
+    y.backward(get(c + ".R"));
+  } else {
+    y.backward();
+  }
+  for (const auto& g : grads) expect_close(in[g].grad(), get(c + ".grad_" + g), c + ".grad_" + g);
+}
+
+using In = std::map<std::string, Tensor>;
+
+TEST(PytorchGeneralOps, BroadcastingBinary) {
+  check_case("add_bcast", {"a", "b"}, {}, [](In& in) { return Fn::add(in["a"], in["b"]); });
+  check_case("sub_bcast", {"a", "b"}, {}, [](In& in) { return Fn::sub(in["a"], in["b"]); });
+  check_case("mul_bcast", {"a", "b"}, {}, [](In& in) { return Fn::mul(in["a"], in["b"]); });
+  check_case("div_bcast", {"a", "b"}, {}, [](In& in) { return Fn::div(in["a"], in["b"]); });
+  check_case("pow_tt", {"a", "b"}, {}, [](In& in) { return Fn::pow(in["a"], in["b"]); });
+  check_case("pow_ts", {"a"}, {}, [](In& in) { return Fn::pow(in["a"], 2.5); });
+  check_case("pow_st", {"b"}, {}, [](In& in) { return Fn::pow(1.7, in["b"]); });
+  check_case("maximum", {"a", "b"}, {}, [](In& in) { return Fn::maximum(in["a"], in["b"]); });
+  check_case("minimum", {"a", "b"}, {}, [](In& in) { return Fn::minimum(in["a"], in["b"]); });
+  check_case("where", {"a", "b"}, {"cond"}, [](In& in) { return Fn::where(in["cond"], in["a"], in["b"]); });
+}
+
+TEST(PytorchGeneralOps, Unary) {
+  const std::map<std::string, std::function<Tensor(const Tensor&)>> ops = {
+      {"neg", [](const Tensor& x) { return Fn::neg(x); }},
+      {"exp", [](const Tensor& x) { return Fn::exp(x); }},
+      {"log", [](const Tensor& x) { return Fn::log(x); }},
+      {"sqrt", [](const Tensor& x) { return Fn::sqrt(x); }},
+      {"rsqrt", [](const Tensor& x) { return Fn::rsqrt(x); }},
+      {"tanh", [](const Tensor& x) { return Fn::tanh(x); }},
+      {"sigmoid", [](const Tensor& x) { return Fn::sigmoid(x); }},
+      {"gelu", [](const Tensor& x) { return Fn::gelu(x); }},
+      {"gelu_tanh", [](const Tensor& x) { return Fn::gelu(x, "tanh"); }},
+      {"silu", [](const Tensor& x) { return Fn::silu(x); }}};
+  for (const auto& [name, fn] : ops) check_case(name, {"x"}, {}, [&](In& in) { return fn(in["x"]); });
+}
+
+TEST(PytorchGeneralOps, ComparisonsReturnUint8MasksEqualToTorchBool) {
+  const Tensor a = get("compare.a"), b = get("compare.b");
+  const std::map<std::string, Tensor> got = {{"eq", Fn::eq(a, b)}, {"ne", Fn::ne(a, b)}, {"lt", Fn::lt(a, b)},
+                                             {"le", Fn::le(a, b)}, {"gt", Fn::gt(a, b)}, {"ge", Fn::ge(a, b)}};
+  for (const auto& [name, mask] : got) {
+    EXPECT_EQ(mask.dtype(), kUInt8) << name;
+    EXPECT_EQ(mask.to_vector<uint8_t>(), get("compare." + name).to_vector<uint8_t>()) << name;
+  }
+}
+
+TEST(PytorchGeneralOps, Reductions) {
+  check_case("sum_dims", {"x"}, {}, [](In& in) { return Fn::sum(in["x"], {0, 2}, true); });
+  check_case("sum_last", {"x"}, {}, [](In& in) { return Fn::sum(in["x"], {-1}); });
+  check_case("mean_dim", {"x"}, {}, [](In& in) { return Fn::mean(in["x"], {1}); });
+  check_case("var_unbiased", {"x"}, {}, [](In& in) { return Fn::var(in["x"], {1, 2}); });
+  check_case("var_biased", {"x"}, {}, [](In& in) { return Fn::var(in["x"], {0}, 0.0, true); });
+  check_case("amax_ties", {"x"}, {}, [](In& in) { return Fn::amax(in["x"], {1, 2}, true); });
+  Tensor indices;
+  check_case("max_dim", {"x"}, {}, [&](In& in) {
+    auto r = Fn::max(in["x"], 1);
+    indices = r.indices;
+    return r.values;
+  });
+  EXPECT_EQ(indices.to_vector<int64_t>(), get("max_dim.indices").to_vector<int64_t>());
+  const Tensor am = Fn::argmax(get("argmax.x"), 0, true);
+  EXPECT_EQ(shape_str(am.shape()), "[1, 3]");
+  EXPECT_EQ(am.to_vector<int64_t>(), get("argmax.indices").to_vector<int64_t>());
+  check_case("logsumexp", {"x"}, {}, [](In& in) { return Fn::logsumexp(in["x"], {1}); });
+}
+
+TEST(PytorchGeneralOps, ViewsAndCopies) {
+  check_case("permute", {"x"}, {}, [](In& in) { return Fn::permute(in["x"], {2, 0, 1}); });
+  check_case("slice_step", {"x"}, {}, [](In& in) { return Fn::slice(in["x"], 1, 1, 6, 2); });
+  check_case("select", {"x"}, {}, [](In& in) { return Fn::select(in["x"], 1, 2); });
+  check_case("expand", {"x"}, {}, [](In& in) { return Fn::expand(in["x"], {2, 3, 4}); });
+  check_case("cat", {"a", "b"}, {}, [](In& in) { return Fn::cat({in["a"], in["b"]}, 1); });
+  check_case("stack", {"a", "b"}, {}, [](In& in) { return Fn::stack({in["a"], in["b"]}, 1); });
+  check_case("chunk", {"x"}, {}, [](In& in) {
+    auto parts = Fn::chunk(in["x"], 3, 1);
+    EXPECT_EQ(parts.size(), 3u);
+    return Fn::cat({parts[2], parts[1], parts[0]}, 1);
+  });
+  check_case("index_select", {"x"}, {"index"}, [](In& in) { return Fn::index_select(in["x"], 0, in["index"]); });
+  check_case("gather", {"x"}, {"index"}, [](In& in) { return Fn::gather(in["x"], 1, in["index"]); });
+}
+
+TEST(PytorchGeneralOps, MatmulAndLinear) {
+  check_case("matmul_batched", {"a", "b"}, {}, [](In& in) { return Fn::matmul(in["a"], in["b"]); });
+  check_case("matmul_vec_batched", {"a", "b"}, {}, [](In& in) { return Fn::matmul(in["a"], in["b"]); });
+  check_case("linear_3d", {"x", "w", "b"}, {}, [](In& in) { return Fn::linear(in["x"], in["w"], in["b"]); });
+}
+
+TEST(PytorchGeneralOps, SoftmaxAndLosses) {
+  check_case("softmax_dim1", {"x"}, {}, [](In& in) { return Fn::softmax(in["x"], 1); });
+  check_case("log_softmax_dim0", {"x"}, {}, [](In& in) { return Fn::log_softmax(in["x"], 0); });
+  check_case("ce_mean_smooth_ignore", {"x"}, {"target"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.1); });
+  check_case("ce_nd_sum", {"x"}, {"target"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.0, "sum"); });
+  check_case("ce_none", {"x"}, {"target"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.2, "none"); });
+  check_case("mse_mean", {"a", "b"}, {}, [](In& in) { return Fn::mse_loss(in["a"], in["b"]); });
+}
+
+TEST(PytorchGeneralOps, LayerNormAndEmbedding) {
+  check_case("layer_norm_affine", {"x", "w", "b"}, {},
+             [](In& in) { return Fn::layer_norm(in["x"], {3, 4}, in["w"], in["b"]); });
+  check_case("layer_norm_plain", {"x"}, {}, [](In& in) { return Fn::layer_norm(in["x"], {4}); });
+  check_case("embedding_pad", {"weight"}, {"index"},
+             [](In& in) { return Fn::embedding(in["index"], in["weight"], 5); });
+  // The padding row gets exactly no gradient.
+  Tensor w = get("embedding_pad.weight").set_requires_grad(true);
+  Fn::sum(Fn::embedding(get("embedding_pad.index"), w, 5)).backward();
+  EXPECT_EQ(Fn::select(w.grad(), 0, 5).to_vector<float>(), std::vector<float>(3, 0.0f));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(PytorchGeneralOps, ConvolutionGeometryAndAveragePooling) {
+  check_case("conv_groups_dilation", {"x", "w", "b"}, {}, [](In& in) {
+    return Fn::conv2d(in["x"], in["w"], in["b"], Fn::Conv2dParams{{2, 1}, {1, 2}, {2, 1}, 2});
+  });
+  check_case("conv_dilation", {"x", "w"}, {}, [](In& in) {
+    return Fn::conv2d(in["x"], in["w"], Tensor(), Fn::Conv2dParams{{1, 1}, {1, 1}, {2, 2}, 1});
+  });
+  check_case("conv_depthwise", {"x", "w", "b"}, {}, [](In& in) {
+    return Fn::conv2d(in["x"], in["w"], in["b"], Fn::Conv2dParams{{2, 2}, {0, 0}, {1, 1}, 3});
+  });
+  check_case("avg_pool_k2", {"x"}, {}, [](In& in) { return Fn::avg_pool2d(in["x"], 2); });
+  check_case("avg_pool_k3s2p1_ceil_nopad", {"x"}, {},
+             [](In& in) { return Fn::avg_pool2d(in["x"], 3, 2, 1, /*ceil_mode=*/true, /*count_include_pad=*/false); });
+  check_case("avg_pool_k3s2p1", {"x"}, {}, [](In& in) { return Fn::avg_pool2d(in["x"], 3, 2, 1); });
+  check_case("adaptive_avg_pool", {"x"}, {}, [](In& in) { return Fn::adaptive_avg_pool2d(in["x"], {3, 4}); });
+  check_case("adaptive_avg_pool_unbatched", {"x"}, {},
+             [](In& in) { return Fn::adaptive_avg_pool2d(in["x"], {1, 1}); });
+}
+
+}  // namespace

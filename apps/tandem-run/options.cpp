@@ -3,7 +3,10 @@
 #include "options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 namespace tandem::run {
@@ -20,7 +23,8 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   std::string nproc = "1";
   std::string nnodes = "1";
   app.add_option("--nproc-per-node,--nproc_per_node", nproc,
-                 "workers on this node: a number, or 'cpu' for one per CPU core");
+                 "workers on this node: a number, cpu (one per core), gpu (one per visible GPU) or auto "
+                 "(gpu if there is one, else cpu)");
   app.add_option("--nnodes", nnodes, "number of nodes (one tandem-run per node)");
   app.add_option("--node-rank,--node_rank", o.node_rank, "this node's index, 0 .. nnodes-1")
       ->check(CLI::NonNegativeNumber);
@@ -37,6 +41,16 @@ int parse_options(int argc, char** argv, RunOptions& o) {
       ->check(CLI::NonNegativeNumber);
   bool no_python = false;
   app.add_flag("--no-python,--no_python", no_python, "accepted for torchrun compatibility (always the case)");
+  bool use_env = false;
+  app.add_flag("--use-env,--use_env", use_env,
+               "accepted for torch.distributed.launch compatibility: workers always get LOCAL_RANK in the "
+               "environment, and nothing is appended to their command line");
+  std::string rdzv_endpoint, rdzv_backend = "static";
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
+                 "HOST[:PORT] of rank 0's store (instead of --master-addr/--master-port)");
+  app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the job's id, given to the workers as TORCHELASTIC_RUN_ID");
+  app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
+                 "c10d or static: rank 0's TCP store (the only rendezvous tandem-run has)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -56,15 +70,40 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   if (!o.command.front().empty() && o.command.front()[0] == '-' && o.command.front() != "-")
     return usage_error("unknown option " + o.command.front());
 
+  if (rdzv_backend != "c10d" && rdzv_backend != "static")
+    return usage_error("--rdzv-backend " + rdzv_backend + ": only c10d and static (rank 0's TCP store) are supported");
+  if (!rdzv_endpoint.empty()) {
+    const size_t colon = rdzv_endpoint.rfind(':');
+    o.master_addr = rdzv_endpoint.substr(0, colon);
+    if (colon != std::string::npos) {
+      try {
+        size_t used = 0;
+        o.master_port = std::stoi(rdzv_endpoint.substr(colon + 1), &used);
+        if (used != rdzv_endpoint.size() - colon - 1 || o.master_port < 1 || o.master_port > 65535)
+          throw std::invalid_argument(rdzv_endpoint);
+      } catch (const std::exception&) {
+        return usage_error("--rdzv-endpoint " + rdzv_endpoint + ": expected HOST[:PORT] with a port in 1-65535");
+      }
+    }
+    if (o.master_addr.empty()) return usage_error("--rdzv-endpoint " + rdzv_endpoint + ": no host");
+  }
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (nproc == "cpu") {
-    o.nproc_per_node = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.nproc_per_node = cpus;
+  } else if (nproc == "gpu") {
+    o.nproc_per_node = visible_gpu_count();
+    if (o.nproc_per_node == 0)
+      return usage_error("--nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus)");
+  } else if (nproc == "auto") {
+    const int gpus = visible_gpu_count();
+    o.nproc_per_node = gpus > 0 ? gpus : cpus;
   } else {
     try {
       size_t used = 0;
       o.nproc_per_node = std::stoi(nproc, &used);
       if (used != nproc.size()) throw std::invalid_argument(nproc);
     } catch (const std::exception&) {
-      return usage_error("--nproc-per-node: '" + nproc + "' is not a number or 'cpu'");
+      return usage_error("--nproc-per-node: '" + nproc + "' is not a number, cpu, gpu or auto");
     }
     if (o.nproc_per_node < 1) return usage_error("--nproc-per-node must be >= 1, got " + nproc);
   }
@@ -87,6 +126,21 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   if (static_cast<long long>(o.nnodes) * o.nproc_per_node > (1 << 24))
     return usage_error("--nnodes x --nproc-per-node is implausibly large");
   return -1;
+}
+
+int visible_gpu_count() {
+  int present = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/driver/nvidia/gpus", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++present;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!visible) return present;
+  const std::string v = visible;
+  if (v.empty() || v.rfind("-1", 0) == 0) return 0;
+  int listed = 1;
+  for (char c : v) listed += c == ',';
+  return std::min(listed, present);
 }
 
 }  // namespace tandem::run

@@ -80,6 +80,7 @@ std::vector<std::string> worker_env(const GroupSpec& spec, int attempt, int rank
       {"MASTER_ADDR", spec.master_addr},
       {"MASTER_PORT", std::to_string(spec.master_port)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+      {"TORCHELASTIC_RUN_ID", o.run_id},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
   };
   std::vector<std::string> env;

@@ -14,6 +14,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/process.h"
@@ -328,3 +329,38 @@ TEST_F(LauncherTest, UsageErrors) {
 }
 
 }  // namespace
+
+// python -m torch.distributed.launch / torchrun command lines with tandem-run in their place.
+TEST_F(LauncherTest, TorchDistributedLaunchAndTorchrunSpellingsWork) {
+  const std::string script = "echo \"$LOCAL_RANK $MASTER_ADDR $MASTER_PORT $TORCHELASTIC_RUN_ID $#\" > " +
+                             path("launch_") + "$RANK";
+  const int port = free_port();
+  // torch.distributed.launch --use_env: a no-op here; nothing (no --local_rank) is appended.
+  Result r = run(with_script({"--use_env", "--nproc_per_node=2", "--master_port", std::to_string(port)}, script));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(path("launch_1")), "1 127.0.0.1 " + std::to_string(port) + " none 0\n");
+  // torchrun's rendezvous flags: the endpoint is rank 0's store, the id reaches the workers.
+  r = run(with_script({"--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:" + std::to_string(port),
+                       "--rdzv-id", "job7", "--nproc-per-node", "1"},
+                      script));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(path("launch_0")), "0 127.0.0.1 " + std::to_string(port) + " job7 0\n");
+  // auto without a visible GPU: one worker per CPU core.
+  r = run(with_script({"--nproc-per-node", "auto", "--master-port", std::to_string(port)},
+                      "echo $LOCAL_WORLD_SIZE > " + path("auto")),
+          {"OMP_NUM_THREADS=1", "CUDA_VISIBLE_DEVICES=-1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(read_file(path("auto")), std::to_string(std::max(1u, std::thread::hardware_concurrency())) + "\n");
+}
+
+TEST_F(LauncherTest, UnsupportedRendezvousAndNoGpuForGpuWorkersAreUsageErrors) {
+  Result r = run(with_script({"--nproc-per-node", "gpu"}, "true"), {"CUDA_VISIBLE_DEVICES=-1"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--nproc-per-node gpu: no GPU is visible")) << r.err;
+  r = run(with_script({"--rdzv-backend", "etcd"}, "true"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "only c10d and static")) << r.err;
+  r = run(with_script({"--rdzv-endpoint", "host:notaport"}, "true"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "expected HOST[:PORT]")) << r.err;
+}

@@ -199,6 +199,7 @@ void Runner::setup_optimizer() {
     args.set("lr", scaled);
   }
   optimizer_ = optimizers().get(o_.optimizer)(wrapped_->parameters(), args);
+  base_lr_ = optimizer_->lr();
   if (!o_.param_scheduler.empty())
     scheduler_ = param_schedulers().get(o_.param_scheduler)(ScheduleContext{optimizer_.get(), iters_, o_.max_epochs},
                                                             o_.param_scheduler_args);

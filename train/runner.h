@@ -123,6 +123,7 @@ class Runner {
   int64_t global_iter() const { return global_iter_; }  // iterations done in the whole run
   int64_t iters_per_epoch() const { return iters_; }
   int64_t max_epochs() const { return o_.max_epochs; }
+  double base_lr() const { return base_lr_; }  // the first group's lr before any schedule (MMEngine's base_lr)
   int64_t epoch_samples() const { return epoch_samples_; }  // this rank's samples this epoch
   // Every rank's samples this epoch: world x this rank's when shares are padded to one length;
   // without padding the dataset's size (a whole epoch; a resumed one counts as whole too).
@@ -180,6 +181,7 @@ class Runner {
   RunnerOptions o_;
   dist::DistEnv env_;
   int world_ = 1;
+  double base_lr_ = 0;
   Device device_ = Device::cpu();
   std::unique_ptr<Distributed> dist_;
   std::shared_ptr<data::Sampler> train_sampler_, val_sampler_;

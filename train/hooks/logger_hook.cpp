@@ -1,10 +1,16 @@
-// LoggerHook: MMEngine's progress lines ("Epoch(train) [e][i/n] lr: ... eta: ... time: ...
-// data_time: ... loss: ..."), averaged over the window since the last line; the epoch's
-// throughput line; the validation line; and one metrics JSON line per iteration, epoch and
-// validation (rank 0 only; the Runner's MetricsWriter).
+// LoggerHook: MMEngine's progress lines ("Epoch(train) [e][i/n] base_lr: ... lr: ... eta: ...
+// time: ... data_time: ... memory: ... loss: ..."), averaged over the window since the last line;
+// the epoch's throughput line; the validation line; one metrics JSON line per iteration, epoch
+// and validation (the Runner's MetricsWriter); and, as MMEngine's LocalVisBackend, the scalars of
+// every progress line and validation in <work_dir>/vis_data/scalars.json (JSON lines, "step" the
+// global iteration; appended across resumes), which tools/analyze_logs.py plots. Rank 0 only.
+// memory: this process's peak resident set in MB (on CUDA too: device memory is not tracked yet).
 #include <spdlog/spdlog.h>
 
+#include <sys/resource.h>
+
 #include <chrono>
+#include <filesystem>
 
 #include "train/hooks/builtin_hooks.h"
 #include "train/metrics_writer.h"
@@ -16,11 +22,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+int64_t peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss / 1024);  // ru_maxrss is in KiB on Linux
+}
+
 class LoggerHook : public Hook {
  public:
   explicit LoggerHook(int64_t interval) : interval_(interval) {}
   std::string name() const override { return "LoggerHook"; }
   int priority() const override { return kBelowNormal; }
+
+  void before_run(Runner& r) override {
+    if (!r.metrics()) return;  // rank 0 writes the job's files
+    const std::string dir = r.work_dir() + "/vis_data";
+    std::filesystem::create_directories(dir);
+    scalars_ = std::make_unique<MetricsWriter>(dir + "/scalars.json", /*append=*/true);
+  }
 
   void before_train_epoch(Runner&) override {
     epoch_start_ = Clock::now();
@@ -50,9 +69,19 @@ class LoggerHook : public Hook {
     if (it % interval_ != 0 && it != iters) return;
     const double avg = window_time_ / window_n_;
     const double eta = avg * static_cast<double>((iters - it) + (r.max_epochs() - r.epoch()) * iters);
-    spdlog::info("Epoch(train) [{}][{}/{}] lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} loss: {:.4f}{}",
-                 r.epoch(), it, iters, out.lr, format_eta(eta), avg, window_data_ / window_n_, out.loss,
-                 out.grad_norm >= 0 ? fmt::format(" grad_norm: {:.4f}", out.grad_norm) : std::string());
+    const int64_t memory = peak_rss_mb();
+    spdlog::info(
+        "Epoch(train) [{}][{}/{}] base_lr: {:.4e} lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} memory: {} "
+        "loss: {:.4f}{}",
+        r.epoch(), it, iters, r.base_lr(), out.lr, format_eta(eta), avg, window_data_ / window_n_, memory, out.loss,
+        out.grad_norm >= 0 ? fmt::format(" grad_norm: {:.4f}", out.grad_norm) : std::string());
+    if (scalars_) {
+      Json s = {{"base_lr", r.base_lr()}, {"lr", out.lr}, {"data_time", window_data_ / window_n_},
+                {"loss", out.loss},       {"time", avg},   {"memory", memory},
+                {"epoch", r.epoch()},     {"iter", it},    {"step", r.global_iter()}};
+      if (out.grad_norm >= 0) s["grad_norm"] = out.grad_norm;
+      scalars_->write(s);
+    }
     window_time_ = window_data_ = 0;
     window_n_ = 0;
   }
@@ -70,6 +99,8 @@ class LoggerHook : public Hook {
   void after_val_epoch(Runner& r, const ValMetrics& v) override {
     if (MetricsWriter* m = r.metrics())
       m->write({{"type", "eval"}, {"epoch", r.epoch()}, {"test_loss", v.loss}, {"test_accuracy", v.accuracy}});
+    if (scalars_)
+      scalars_->write({{"accuracy", v.accuracy}, {"test_loss", v.loss}, {"epoch", r.epoch()}, {"step", r.global_iter()}});
     spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", r.epoch(), v.loss, v.accuracy,
                  v.correct, v.total);
   }
@@ -79,6 +110,7 @@ class LoggerHook : public Hook {
   Clock::time_point epoch_start_ = Clock::now();
   double window_time_ = 0, window_data_ = 0;
   int64_t window_n_ = 0;
+  std::unique_ptr<MetricsWriter> scalars_;  // <work_dir>/vis_data/scalars.json
 };
 
 }  // namespace

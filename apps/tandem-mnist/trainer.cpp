@@ -9,6 +9,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "core/profiler.h"
@@ -24,8 +26,15 @@
 namespace tandem::app {
 namespace {
 
+// How many times tandem-run (or torchrun) restarted this job's workers: TORCHELASTIC_RESTART_COUNT.
+int restart_count() {
+  const char* v = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return v ? std::atoi(v) : 0;
+}
+
 // --debug-sigterm-at / --debug-hold-at: before the stop agreement, so the signal is seen this
-// iteration; --debug-sigkill-at: after the checkpoint of this iteration.
+// iteration; --debug-sigkill-at: after the checkpoint of this iteration (first attempt only, so a
+// restarted group can finish).
 class DebugSignalHook : public train::Hook {
  public:
   DebugSignalHook(const TrainOptions& o, bool after_checkpoint) : o_(o), late_(after_checkpoint) {}
@@ -34,7 +43,7 @@ class DebugSignalHook : public train::Hook {
   void after_train_iter(train::Runner& r, const train::IterOutputs&) override {
     const int64_t g = r.global_iter();
     if (late_) {
-      if (r.rank() == 0 && o_.debug_sigkill_at == g) ::raise(SIGKILL);
+      if (r.rank() == 0 && o_.debug_sigkill_at == g && restart_count() == 0) ::raise(SIGKILL);
       return;
     }
     if (r.rank() == 0 && o_.debug_sigterm_at == g) ::raise(SIGTERM);
@@ -145,6 +154,14 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.save_best = o.save_best;
   r.metrics_out = o.metrics_out;
   r.resume = !o.resume.empty() ? o.resume : o.resume_from_config ? "auto" : "";
+  // A group tandem-run restarted (--max-restarts) resumes from the work dir's last checkpoint by
+  // itself, so a failure costs at most the iterations since that checkpoint. Every rank must see
+  // the work dir (one node, or a shared file system), as for --resume.
+  if (r.resume.empty() && restart_count() > 0 && std::filesystem::exists(r.work_dir + "/last_checkpoint")) {
+    spdlog::info("restart {} of the worker group: resuming from the last checkpoint in {}", restart_count(),
+                 r.work_dir);
+    r.resume = "auto";
+  }
   r.load_from = o.init_weights;
   r.data_description = describe_data(o.data_dir);
   for (const auto& h : train::Json::parse(o.custom_hooks)) {

@@ -113,6 +113,44 @@ bool wait_for_lines(const fs::path& file, size_t n, Process& p) {
 
 }  // namespace
 
+// tandem-run --max-restarts 1: rank 0 is killed after global iteration 7 (checkpoint iter_4 the
+// latest); the restarted group resumes from it by itself (TORCHELASTIC_RESTART_COUNT), and the
+// run ends with losses and weights bitwise those of an uninterrupted run.
+TEST(Resume, RestartedWorkerGroupResumesFromTheLastCheckpointByItself) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("restart");
+  auto with_restarts = [](std::vector<std::string> argv) {
+    argv.insert(argv.begin() + 1, {"--max-restarts", "1"});
+    return argv;
+  };
+  ASSERT_EQ(run_process(two(flags(tmp, "full", {"--save-weights", tmp.file("full.safetensors")})), tmp / "full.log"), 0)
+      << read_file(tmp / "full.log");
+  const auto cut = with_restarts(two(flags(tmp, "cut", {"--debug-sigkill-at", "7", "--save-weights",
+                                                        tmp.file("cut.safetensors")})));
+  ASSERT_EQ(run_process(cut, tmp / "cut.log"), 0) << read_file(tmp / "cut.log");
+  const std::string log = read_file(tmp / "cut.log");
+  EXPECT_NE(log.find("restart 1 of the worker group: resuming from the last checkpoint"), std::string::npos) << log;
+  EXPECT_NE(log.find("resumed from"), std::string::npos) << log;
+  expect_same_losses(read_losses(tmp / "full.jsonl"), read_losses(tmp / "cut.jsonl"));
+  // What it cost: the 7 iterations before the kill, then from the checkpoint (after 4 or 5) to 15;
+  // a restart from scratch would log 7 + 15 (the file kept) or 15 (the file truncated).
+  int train_lines = 0;
+  std::ifstream metrics(tmp / "cut.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    train_lines += line.find("\"type\":\"train\"") != std::string::npos;
+  EXPECT_GE(train_lines, 7 + 15 - 5);
+  EXPECT_LE(train_lines, 7 + 15 - 4);
+  const auto a = tandem::load_safetensors(tmp.file("full.safetensors")),
+             b = tandem::load_safetensors(tmp.file("cut.safetensors"));
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_EQ(std::string(static_cast<const char*>(t.raw_data()), t.nbytes()),
+              std::string(static_cast<const char*>(b.at(name).raw_data()), b.at(name).nbytes()))
+        << name;
+  }
+}
+
 TEST(Resume, OneProcessSigkillMidEpochResumesBitwise) {
   TANDEM_NEED_DATA(kDigits);
   // Killed after global iteration 14 (epoch 2, iteration 4: checkpoint iter_12

@@ -8,53 +8,12 @@
 #include "core/autograd.h"
 #include "core/random.h"
 #include "nn/functional.h"
+#include "nn/gradcheck.h"
 
 using namespace tandem;
 
-namespace {
-
-Tensor random_f64(const Shape& shape, Generator& gen, double lo = -1.0, double hi = 1.0) {
-  Tensor t = Tensor::empty(shape, kFloat64);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = gen.uniform(lo, hi);
-  return t;
-}
-
-double scalar_of(const Tensor& t) { return t.item<double>(); }
-
-// Checks d/d(inputs[k]) of sum(fn(inputs) * R) for each k in `check`.
-void gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn, std::vector<Tensor> inputs,
-               std::vector<size_t> check, double atol = 1e-6, double rtol = 1e-4) {
-  Generator gen(1234);
-  for (size_t k : check) inputs[k].set_requires_grad(true);
-  Tensor out = fn(inputs);
-  Tensor r = out.numel() == 1 ? Tensor::ones(out.shape(), kFloat64) : random_f64(out.shape(), gen);
-  auto objective = [&](const std::vector<Tensor>& in) { return F::sum(F::mul(fn(in), r)); };
-  objective(inputs).backward();
-
-  const double eps = 1e-6;
-  for (size_t k : check) {
-    Tensor analytic = inputs[k].grad();
-    ASSERT_TRUE(analytic.defined()) << "no gradient for input " << k;
-    double* x = inputs[k].data<double>();
-    for (int64_t i = 0; i < inputs[k].numel(); ++i) {
-      const double saved = x[i];
-      double plus, minus;
-      {
-        NoGradGuard ng;
-        x[i] = saved + eps;
-        plus = scalar_of(objective(inputs));
-        x[i] = saved - eps;
-        minus = scalar_of(objective(inputs));
-        x[i] = saved;
-      }
-      const double numeric = (plus - minus) / (2 * eps);
-      const double a = analytic.data<double>()[i];
-      ASSERT_NEAR(a, numeric, atol + rtol * std::abs(numeric)) << "input " << k << " element " << i;
-    }
-  }
-}
-
-}  // namespace
+using tandem::testing::gradcheck;
+using tandem::testing::random_f64;
 
 TEST(GradCheck, Conv2dStrideOneNoPadding) {
   Generator g(1);

@@ -106,7 +106,6 @@ double evaluate(gpt::GPT& model, const gpt::CharCorpus& corpus, const Options& o
   return total / static_cast<double>(n);
 }
 
-// [gpt-sample]
 // Samples n characters after `prompt`, temperature 0.8, from the model's own predictions.
 std::string sample(gpt::GPT& model, const gpt::CharCorpus& corpus, const std::string& prompt, int64_t n,
                    Generator& gen) {
@@ -138,7 +137,6 @@ std::string sample(gpt::GPT& model, const gpt::CharCorpus& corpus, const std::st
   model.train();
   return out;
 }
-// [gpt-sample]
 
 int run(int argc, char** argv) {
   const Options o = parse(argc, argv);

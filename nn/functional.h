@@ -7,10 +7,12 @@
 // outputs; explicit f16/bf16 inputs take the same path. batch_norm, relu, max_pool2d, log_softmax
 // and nll_loss cast a f16/bf16 input up to f32 at entry and compute in f32.
 // The general op set (broadcasting elementwise ops, reductions, views, matmul, softmax, losses,
-// dropout, layer_norm, embedding) is declared in the headers included below, in the same namespace.
+// dropout, layer_norm, embedding, scaled_dot_product_attention) is declared in the headers included
+// below, in the same namespace.
 #pragma once
 
 #include "core/tensor.h"
+#include "nn/attention.h"
 #include "nn/composite.h"
 #include "nn/conv_pool.h"
 #include "nn/losses.h"

@@ -1,6 +1,7 @@
 // Umbrella header of the nn module.
 #pragma once
 
+#include "nn/attention_layer.h"
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/layers.h"

@@ -38,6 +38,7 @@ PACKAGES=(
   g++ cmake ninja-build pkg-config zlib1g-dev
   libeigen3-dev libgloo-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   dataset-fashion-mnist
+  fortunes  # English prose for examples/transformer (/usr/share/games/fortunes)
 )
 if [ "$FOR" = test ]; then
   PACKAGES+=(

@@ -10,7 +10,10 @@
 #   4. a one-file program builds with `pkg-config --cflags --libs tandem`, and runs;
 #   5. the example trains with 2 ranks under the installed tandem-run (DDP over Gloo) and exits 0;
 #   6. runner_example (its own model, DDP wrapper and hook through train::Runner; a resumed run equal
-#      to a straight one) exits 0 alone and with 2 ranks under the installed tandem-run.
+#      to a straight one) exits 0 alone and with 2 ranks under the installed tandem-run;
+#   7. examples/transformer builds with find_package(Tandem) and its smoke setting (train_gpt --smoke:
+#      30 steps of a small character GPT on Debian's fortunes) trains with 2 ranks and beats the
+#      corpus's unigram entropy.
 # Assumes scripts/setup.sh ran (compilers, cmake, ninja, Eigen, Gloo, spdlog ... installed).
 # Any failure stops the script with a line saying which step failed; exit status non-zero.
 # Environment: TANDEM_CUDA (OFF), EMBED_BUILD_DIR (<repo>/build-embed-ci), EMBED_REUSE_BUILD=1 (use
@@ -155,6 +158,12 @@ RUNNER_EXAMPLE_DIR="$WORK/runner-solo" timeout 300 "$WORK/embed-build/runner_exa
   || fail "runner_example alone"
 RUNNER_EXAMPLE_DIR="$WORK/runner-ddp" timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 \
   "$WORK/embed-build/runner_example" || fail "runner_example with 2 ranks"
+
+step "7. examples/transformer: build, then its smoke setting with 2 ranks under the installed tandem-run"
+cmake -S "$ROOT/examples/transformer" -B "$WORK/gpt-build" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
+cmake --build "$WORK/gpt-build" -j "$JOBS"
+timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 "$WORK/gpt-build/train_gpt" --smoke \
+  || fail "examples/transformer train_gpt --smoke with 2 ranks"
 
 echo
 echo "embed.sh: OK (prefix $PREFIX)"

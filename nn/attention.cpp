@@ -1,0 +1,87 @@
+// nn/attention.h: scaled dot-product attention as a composition of matmul, mul, where/add, softmax
+// and dropout, each of which records its own backward. The masked scores are filled with -inf
+// through `where`, so masked positions get exactly zero probability and zero gradient.
+#include "nn/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/error.h"
+#include "nn/functional.h"
+
+namespace tandem::nn::functional {
+namespace {
+
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor* v, const Tensor& mask, bool is_causal,
+               const char* op) {
+  TANDEM_CHECK(q.defined() && k.defined() && (!v || v->defined()), op, ": query, key and value must be defined");
+  TANDEM_CHECK(q.dim() >= 2 && k.dim() >= 2 && (!v || v->dim() >= 2), op,
+               ": query, key and value need at least 2 dimensions ([..., L, E]), got query ", shape_str(q.shape()),
+               ", key ", shape_str(k.shape()), v ? ", value " + shape_str(v->shape()) : std::string());
+  TANDEM_CHECK(q.dtype() == kFloat32 || q.dtype() == kFloat64, op, ": query must be float32 or float64, got ",
+               dtype_name(q.dtype()));
+  TANDEM_CHECK(k.dtype() == q.dtype() && (!v || v->dtype() == q.dtype()), op,
+               ": query, key and value must share a dtype, got ", dtype_name(q.dtype()), ", ", dtype_name(k.dtype()),
+               v ? std::string(", ") + dtype_name(v->dtype()) : std::string());
+  TANDEM_CHECK(q.size(-1) == k.size(-1), op, ": query's and key's last dimensions (E) must match, got query ",
+               shape_str(q.shape()), " and key ", shape_str(k.shape()));
+  TANDEM_CHECK(!v || v->size(-2) == k.size(-2), op,
+               ": key and value must have the same sequence length (dimension -2), got key ", shape_str(k.shape()),
+               " and value ", shape_str(v->shape()));
+  if (!mask.defined()) return;
+  TANDEM_CHECK(!is_causal, op, ": pass either attn_mask or is_causal, not both (PyTorch's rule)");
+  TANDEM_CHECK(mask.dtype() == kUInt8 || mask.dtype() == q.dtype(), op,
+               ": attn_mask must be uint8 (1 = may attend) or query's dtype (added to the scores), got ",
+               dtype_name(mask.dtype()));
+  const int64_t L = q.size(-2), S = k.size(-2);
+  const bool fits = mask.dim() >= 1 && (mask.size(-1) == S || mask.size(-1) == 1) &&
+                    (mask.dim() < 2 || mask.size(-2) == L || mask.size(-2) == 1);
+  TANDEM_CHECK(fits, op, ": attn_mask ", shape_str(mask.shape()), " does not broadcast to the scores [..., ", L, ", ",
+               S, "]");
+}
+
+// q k^T / sqrt(E) with the mask applied.
+Tensor masked_scores(const Tensor& q, const Tensor& k, const Tensor& mask, bool is_causal) {
+  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), 1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+  Tensor m = is_causal ? causal_mask(q.size(-2), k.size(-2)) : mask;
+  if (!m.defined()) return scores;
+  if (m.dtype() == kUInt8) {
+    const Tensor ninf = Tensor::full({}, -std::numeric_limits<double>::infinity(), scores.dtype(), scores.device());
+    return where(m, scores, ninf);
+  }
+  return add(scores, m);
+}
+
+}  // namespace
+
+Tensor causal_mask(int64_t L, int64_t S) {
+  TANDEM_CHECK(L >= 0 && S >= 0, "causal_mask: sizes must be non-negative, got ", L, " and ", S);
+  Tensor m = Tensor::zeros({L, S}, kUInt8);
+  uint8_t* p = m.data<uint8_t>();
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t j = 0; j <= i && j < S; ++j) p[i * S + j] = 1;
+  return m;
+}
+
+Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask, bool is_causal) {
+  check_qkv(q, k, nullptr, attn_mask, is_causal, "attention_weights");
+  return softmax(masked_scores(q, k, attn_mask, is_causal), -1);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    double dropout_p, bool is_causal, Generator& gen) {
+  check_qkv(q, k, &v, attn_mask, is_causal, "scaled_dot_product_attention");
+  TANDEM_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1], got ",
+               dropout_p);
+  Tensor probs = softmax(masked_scores(q, k, attn_mask, is_causal), -1);
+  if (dropout_p > 0.0) probs = dropout(probs, dropout_p, /*training=*/true, gen);
+  return matmul(probs, v);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
+                                    double dropout_p, bool is_causal) {
+  return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, default_generator());
+}
+
+}  // namespace tandem::nn::functional

@@ -1,0 +1,132 @@
+// Parity of scaled_dot_product_attention and MultiheadAttention (nn/attention.h,
+// nn/attention_layer.h) with PyTorch 1.13: outputs, attention weights and gradients of inputs and
+// parameters against tests/fixtures/attention.safetensors (made by
+// tests/fixtures/make_attention_fixtures.py; its docstring lists the cases). The MultiheadAttention
+// cases load PyTorch's state_dict into Tandem's module by name, which proves the names and shapes.
+// Tolerance |actual - expected| <= 1e-5 + 1e-4 |expected| per element, as
+// pytorch_general_ops_test.cpp: references are float64 rounded to float32, PyTorch's own float32
+// results use at most 2.8% of the budget (the script prints it); a wrong mask, scale or head split
+// gives errors of order 1e-2..1.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/safetensors.h"
+#include "nn/attention_layer.h"
+#include "nn/functional.h"
+
+namespace {
+
+using namespace tandem;
+namespace Fn = tandem::nn::functional;
+
+const TensorMap& fixture() {
+  static const TensorMap map = load_safetensors(TANDEM_SOURCE_DIR "/tests/fixtures/attention.safetensors");
+  return map;
+}
+
+Tensor get(const std::string& name) {
+  auto it = fixture().find(name);
+  TANDEM_CHECK(it != fixture().end(), "attention.safetensors has no tensor '", name,
+               "'; regenerate it with tests/fixtures/make_attention_fixtures.py");
+  return it->second.clone();
+}
+
+void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_TRUE(actual.defined()) << what << ": undefined (no gradient flowed?)";
+  ASSERT_EQ(shape_str(actual.shape()), shape_str(expected.shape())) << what << ": shape";
+  const std::vector<double> a = actual.to_vector<double>();
+  const std::vector<double> e = expected.to_vector<double>();
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    const double ratio = std::abs(a[i] - e[i]) / (1e-5 + 1e-4 * std::abs(e[i]));
+    if (!(ratio <= 1.0)) ++bad;
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << e.size() << " elements outside tolerance; worst at "
+                     << worst << ": got " << a[worst] << ", PyTorch " << e[worst];
+}
+
+void check_sdpa(const std::string& c, const Tensor& mask, bool is_causal) {
+  SCOPED_TRACE("case " + c);
+  Tensor q = get(c + ".q").set_requires_grad(true), k = get(c + ".k").set_requires_grad(true),
+         v = get(c + ".v").set_requires_grad(true);
+  Tensor y = Fn::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal);
+  expect_close(y, get(c + ".y"), c + ".y");
+  y.backward(get(c + ".R"));
+  expect_close(q.grad(), get(c + ".grad_q"), c + ".grad_q");
+  expect_close(k.grad(), get(c + ".grad_k"), c + ".grad_k");
+  expect_close(v.grad(), get(c + ".grad_v"), c + ".grad_v");
+}
+
+TEST(PytorchAttention, ScaledDotProductAttention) {
+  check_sdpa("sdpa_plain", Tensor(), false);
+  check_sdpa("sdpa_bcast", Tensor(), false);
+  check_sdpa("sdpa_causal", Tensor(), true);
+  check_sdpa("sdpa_causal_rect", Tensor(), true);
+  check_sdpa("sdpa_bool_mask", get("sdpa_bool_mask.mask"), false);
+  check_sdpa("sdpa_float_mask", get("sdpa_float_mask.mask"), false);
+}
+
+std::map<std::string, Tensor> state_of(const std::string& c, const nn::Module& m) {
+  std::map<std::string, Tensor> state;
+  for (const auto& [name, t] : m.state_dict()) state[name] = get(c + "." + name);
+  return state;
+}
+
+void check_param_grads(const std::string& c, const nn::Module& m) {
+  for (const auto& [name, p] : m.named_parameters()) expect_close(p.grad(), get(c + ".grad_" + name), c + ".grad_" + name);
+}
+
+TEST(PytorchAttention, MultiheadAttentionWithPaddingAndAttnMasks) {
+  nn::MultiheadAttention m(8, 2);
+  const std::vector<std::string> names = {"in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"};
+  std::vector<std::string> got;
+  for (const auto& [name, t] : m.state_dict()) got.push_back(name);
+  EXPECT_EQ(got, names);  // PyTorch's names and order
+  m.load_state_dict(state_of("mha", m));
+  Tensor q = get("mha.query").set_requires_grad(true), k = get("mha.key").set_requires_grad(true),
+         v = get("mha.value").set_requires_grad(true);
+  auto r = m.forward(q, k, v, get("mha.key_padding_mask"), true, get("mha.attn_mask"));
+  expect_close(r.output, get("mha.y"), "mha.y");
+  expect_close(r.weights, get("mha.weights"), "mha.weights");
+  r.output.backward(get("mha.R"));
+  expect_close(q.grad(), get("mha.grad_query"), "mha.grad_query");
+  expect_close(k.grad(), get("mha.grad_key"), "mha.grad_key");
+  expect_close(v.grad(), get("mha.grad_value"), "mha.grad_value");
+  check_param_grads("mha", m);
+}
+
+TEST(PytorchAttention, MultiheadAttentionCausalPerHeadWeights) {
+  nn::MultiheadAttention m(8, 2);
+  m.load_state_dict(state_of("mha_causal", m));
+  Tensor x = get("mha_causal.x").set_requires_grad(true);
+  auto r = m.forward(x, x, x, Tensor(), true, Tensor(), /*average_attn_weights=*/false, /*is_causal=*/true);
+  expect_close(r.output, get("mha_causal.y"), "mha_causal.y");
+  expect_close(r.weights, get("mha_causal.weights"), "mha_causal.weights");
+  r.output.backward(get("mha_causal.R"));
+  expect_close(x.grad(), get("mha_causal.grad_x"), "mha_causal.grad_x");
+  check_param_grads("mha_causal", m);
+}
+
+TEST(PytorchAttention, MultiheadAttentionSequenceFirstWithoutBias) {
+  nn::MultiheadAttention m(8, 4, 0.0, /*bias=*/false, /*batch_first=*/false);
+  EXPECT_EQ(m.state_dict().size(), 2u);  // in_proj_weight, out_proj.weight
+  m.load_state_dict(state_of("mha_seq_first", m));
+  Tensor x = get("mha_seq_first.x").set_requires_grad(true);
+  auto r = m.forward(x, x, x, Tensor(), /*need_weights=*/false);
+  EXPECT_FALSE(r.weights.defined());
+  expect_close(r.output, get("mha_seq_first.y"), "mha_seq_first.y");
+  r.output.backward(get("mha_seq_first.R"));
+  expect_close(x.grad(), get("mha_seq_first.grad_x"), "mha_seq_first.grad_x");
+  check_param_grads("mha_seq_first", m);
+}
+
+}  // namespace

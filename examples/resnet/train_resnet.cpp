@@ -44,7 +44,7 @@ struct Options {
   std::string work_dir = "work_dirs/resnet";
   std::string optimizer = "sgd";
   std::string launcher;  // "": pytorch when RANK is set, else none
-  int64_t epochs = 4, batch_size = 64, width = 16, blocks = 3, limit = 0, test_limit = 0, log_interval = 50;
+  int64_t epochs = 6, batch_size = 64, width = 8, blocks = 3, limit = 0, test_limit = 0, log_interval = 50;
   int threads = 0;
   double lr = 0.1, min_accuracy = 0;
   bool profile = false;

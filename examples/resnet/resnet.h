@@ -79,7 +79,8 @@ class ResNet : public nn::Module {
     fc_ = register_module("fc", std::make_shared<nn::Linear>(in, num_classes));
   }
   Tensor forward(const Tensor& x) override {
-    TANDEM_CHECK(x.dim() == 4 && x.size(1) == 1, "ResNet: expected images [N, 1, H, W], got ", tandem::shape_str(x.shape()));
+    TANDEM_CHECK(x.dim() == 4 && x.size(1) == 1, "ResNet: expected images [N, 1, H, W], got ",
+                 tandem::shape_str(x.shape()));
     Tensor h = bn1_->forward_relu(conv1_->forward(x));
     for (auto& layer : layers_) h = layer->forward(h);
     h = F::flatten(F::adaptive_avg_pool2d(h, {1, 1}));  // global average pooling -> [N, 4w]

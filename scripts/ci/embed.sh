@@ -14,11 +14,15 @@
 #   7. examples/transformer builds with find_package(Tandem) and its smoke setting (train_gpt --smoke:
 #      30 steps of a small character GPT on Debian's fortunes) trains with 2 ranks and beats the
 #      corpus's unigram entropy.
+#   8. examples/resnet builds with find_package(Tandem), and its smoke setting (a ResNet-20-shaped
+#      net, a few hundred Fashion-MNIST samples, 1 epoch, the Runner with DDP) trains with 2 ranks
+#      under the installed tandem-run: the loss falls and it exits 0.
 # Assumes scripts/setup.sh ran (compilers, cmake, ninja, Eigen, Gloo, spdlog ... installed).
 # Any failure stops the script with a line saying which step failed; exit status non-zero.
 # Environment: TANDEM_CUDA (OFF), EMBED_BUILD_DIR (<repo>/build-embed-ci), EMBED_REUSE_BUILD=1 (use
 # EMBED_BUILD_DIR as already configured, e.g. the main build/, instead of configuring it), EMBED_PREFIX (a new temp
-# dir, removed at exit unless EMBED_KEEP=1), JOBS (nproc).
+# dir, removed at exit unless EMBED_KEEP=1), JOBS (nproc), RESNET_DATA (Fashion-MNIST for step 7:
+# /usr/share/datasets/fashion-mnist, which scripts/setup.sh installs).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -164,6 +168,13 @@ cmake -S "$ROOT/examples/transformer" -B "$WORK/gpt-build" -G Ninja -DCMAKE_PREF
 cmake --build "$WORK/gpt-build" -j "$JOBS"
 timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 "$WORK/gpt-build/train_gpt" --smoke \
   || fail "examples/transformer train_gpt --smoke with 2 ranks"
+
+step "8. examples/resnet with find_package(Tandem); its smoke setting with 2 ranks under the installed tandem-run"
+cmake -S "$ROOT/examples/resnet" -B "$WORK/resnet-build" -G Ninja -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null
+cmake --build "$WORK/resnet-build" -j "$JOBS"
+RESNET_DATA=${RESNET_DATA:-/usr/share/datasets/fashion-mnist}
+timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 "$WORK/resnet-build/train_resnet" --smoke \
+  --data-dir "$RESNET_DATA" --work-dir "$WORK/resnet-smoke" || fail "examples/resnet --smoke with 2 ranks"
 
 echo
 echo "embed.sh: OK (prefix $PREFIX)"

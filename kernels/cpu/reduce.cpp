@@ -150,11 +150,6 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(out_shape, x.dtype());
     T* o = out.data<T>();
-    int64_t outer, len, inner;
-    if (as_block(x, dims, outer, len, inner)) {
-      sum_block<T>(x.data<T>(), o, outer, len, inner);
-      return out;
-    }
     const Rows r = to_rows(x, dims);
     const T* p = r.data.data<T>();
     detail::parallel_range(r.rows, 256, [&](int64_t r0, int64_t r1) {

@@ -86,6 +86,29 @@ TEST(GeneralKernels, MaxTakesTheFirstMaximumAndNaNWins) {
   EXPECT_TRUE(std::isnan(kernels::amax(x, {}, false).item<float>()));
 }
 
+// Over leading dimensions of a contiguous tensor too (the path sum_dims takes without a copy).
+TEST(GeneralKernels, AmaxOverEveryDimensionSubsetMatchesLoops) {
+  Generator gen(5);
+  const Tensor x = random_tensor({4, 3, 2}, kFloat32, gen);
+  const auto xv = values(x);
+  for (int mask = 1; mask < 8; ++mask) {
+    std::vector<int64_t> dims;
+    for (int d = 0; d < 3; ++d)
+      if (mask & (1 << d)) dims.push_back(d);
+    const Tensor y = kernels::amax(x, dims, /*keepdim=*/true);
+    const Shape ys = y.shape();
+    std::vector<double> ref(shape_numel(ys), -1e30);
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 3; ++j)
+        for (int k = 0; k < 2; ++k) {
+          const int oi = (mask & 1) ? 0 : i, oj = (mask & 2) ? 0 : j, ok = (mask & 4) ? 0 : k;
+          double& r = ref[(oi * ys[1] + oj) * ys[2] + ok];
+          r = std::max(r, xv[(i * 3 + j) * 2 + k]);
+        }
+    EXPECT_EQ(values(y), ref) << "mask " << mask;
+  }
+}
+
 TEST(GeneralKernels, SoftmaxOnAnInnerDimension) {
   Generator gen(3);
   const Tensor x = random_tensor({2, 3, 4}, kFloat64, gen, -5, 5);

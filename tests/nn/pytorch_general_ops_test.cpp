@@ -19,43 +19,24 @@
 #include "core/safetensors.h"
 #include "core/tensor.h"
 #include "nn/functional.h"
+#include "nn/pytorch_fixture.h"
 
 namespace {
 
 using namespace tandem;
 namespace Fn = tandem::nn::functional;
 
-const TensorMap& fixture() {
-  static const TensorMap map = load_safetensors(TANDEM_SOURCE_DIR "/tests/fixtures/general_ops.safetensors");
-  return map;
+const tandem::testing::PytorchFixture& fixture() {
+  static const tandem::testing::PytorchFixture f("general_ops.safetensors", "make_op_fixtures.py");
+  return f;
 }
 
-bool has(const std::string& name) { return fixture().count(name) > 0; }
+bool has(const std::string& name) { return fixture().has(name); }
 
-Tensor get(const std::string& name) {
-  auto it = fixture().find(name);
-  TANDEM_CHECK(it != fixture().end(), "general_ops.safetensors has no tensor '", name,
-               "'; regenerate it with tests/fixtures/make_op_fixtures.py");
-  return it->second.clone();
-}
+Tensor get(const std::string& name) { return fixture().get(name); }
 
 void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  ASSERT_TRUE(actual.defined()) << what << ": undefined (no gradient flowed?)";
-  ASSERT_EQ(shape_str(actual.shape()), shape_str(expected.shape())) << what << ": shape";
-  const std::vector<double> a = actual.to_vector<double>();
-  const std::vector<double> e = expected.to_vector<double>();
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const double ratio = std::abs(a[i] - e[i]) / (1e-5 + 1e-4 * std::abs(e[i]));
-    if (!(ratio <= 1.0)) ++bad;
-    if (!(ratio <= worst_ratio)) {
-      worst_ratio = ratio;
-      worst = i;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << e.size() << " elements outside tolerance; worst at "
-                     << worst << ": got " << a[worst] << ", PyTorch " << e[worst];
+  tandem::testing::expect_close_to_pytorch(actual, expected, what);
 }
 
 // Leaves for `grads` (requires_grad), plain tensors for `others`; checks y and each gradient.

@@ -1,5 +1,6 @@
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -42,6 +43,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
     if (p) {
       if (!pool) cached_ -= size;
       allocated_ += size;
+      peak_allocated_ = std::max(peak_allocated_, allocated_);
       blocks_[p] = Block{size, pool};
       return p;
     }
@@ -54,6 +56,7 @@ void* CachingAllocator::allocate(size_t nbytes) {
   if (!p) out_of_memory(nbytes, cls);
   std::lock_guard<std::mutex> lock(mu_);
   allocated_ += cls;
+  peak_allocated_ = std::max(peak_allocated_, allocated_);
   blocks_[p] = Block{cls, pool};
   if (pool) pools_[pool].bytes += cls;
   return p;
@@ -128,6 +131,16 @@ size_t CachingAllocator::private_pool_bytes(PoolId id) const {
 size_t CachingAllocator::allocated_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return allocated_;
+}
+
+size_t CachingAllocator::peak_allocated_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_allocated_;
+}
+
+void CachingAllocator::reset_peak_allocated() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_allocated_ = allocated_;
 }
 
 size_t CachingAllocator::cached_bytes() const {

@@ -66,6 +66,10 @@ class CachingAllocator : public Allocator {
   void empty_cache() final;
   size_t allocated_bytes() const final;
   size_t cached_bytes() const final;
+  // The most bytes handed out at once since construction or the last reset_peak_allocated() (which
+  // sets it to what is handed out now), as torch.cuda.max_memory_allocated / reset_peak_memory_stats.
+  size_t peak_allocated_bytes() const;
+  void reset_peak_allocated();
 
  protected:
   // nullptr when out of memory (other failures throw).
@@ -94,6 +98,7 @@ class CachingAllocator : public Allocator {
   std::thread::id active_thread_;                   // the thread that fills it
   PoolId next_pool_ = 1;
   size_t allocated_ = 0;
+  size_t peak_allocated_ = 0;
   size_t cached_ = 0;
 };
 

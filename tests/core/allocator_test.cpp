@@ -115,5 +115,26 @@ TEST(PrivatePool, AMissInsideThePoolNeverEmptiesTheCache) {
   EXPECT_EQ(a.released, std::vector<void*>{cached});
 }
 
+// The peak the log line's `memory` reports on CUDA (as torch.cuda.max_memory_allocated): the most
+// handed out at once, cache hits included, until reset_peak_allocated() lowers it to what is out now.
+TEST(PeakAllocated, TracksTheMostHandedOutAtOnceAndResetsToWhatIsOutNow) {
+  CountingAllocator a;
+  const size_t c1 = CachingAllocator::size_class(1000), c2 = CachingAllocator::size_class(3000);
+  void* p = a.allocate(1000);
+  void* q = a.allocate(3000);
+  EXPECT_EQ(a.peak_allocated_bytes(), c1 + c2);
+  a.deallocate(q, 3000);
+  EXPECT_EQ(a.peak_allocated_bytes(), c1 + c2);  // freeing does not lower the peak
+  a.reset_peak_allocated();
+  EXPECT_EQ(a.peak_allocated_bytes(), c1);
+  q = a.allocate(3000);  // served from the cache: still counted
+  EXPECT_EQ(a.allocations, 2);
+  EXPECT_EQ(a.peak_allocated_bytes(), c1 + c2);
+  a.deallocate(q, 3000);
+  a.deallocate(p, 1000);
+  a.reset_peak_allocated();
+  EXPECT_EQ(a.peak_allocated_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace tandem

@@ -4,7 +4,9 @@
 // and validation (the Runner's MetricsWriter); and, as MMEngine's LocalVisBackend, the scalars of
 // every progress line and validation in <work_dir>/vis_data/scalars.json (JSON lines, "step" the
 // global iteration; appended across resumes), which tools/analyze_logs.py plots. Rank 0 only.
-// memory: this process's peak resident set in MB (on CUDA too: device memory is not tracked yet).
+// memory: on a CUDA device, as MMEngine's get_max_cuda_memory: the most device memory the caching
+// allocator handed out at once since the previous line, in MiB (the peak is reset after each line);
+// on the CPU (where MMEngine logs none), this process's peak resident set in MiB.
 #include <spdlog/spdlog.h>
 
 #include <sys/resource.h>
@@ -12,6 +14,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "core/allocator.h"
 #include "train/hooks/builtin_hooks.h"
 #include "train/metrics_writer.h"
 #include "train/runner.h"
@@ -22,7 +25,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t peak_rss_mb() {
+int64_t peak_memory_mb(const Device& device) {
+  if (device.is_cuda()) {
+    CachingAllocator& a = cuda_allocator(device.index);
+    const auto mb = static_cast<int64_t>(a.peak_allocated_bytes() / (1024 * 1024));
+    a.reset_peak_allocated();
+    return mb;
+  }
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss / 1024);  // ru_maxrss is in KiB on Linux
@@ -69,7 +78,7 @@ class LoggerHook : public Hook {
     if (it % interval_ != 0 && it != iters) return;
     const double avg = window_time_ / window_n_;
     const double eta = avg * static_cast<double>((iters - it) + (r.max_epochs() - r.epoch()) * iters);
-    const int64_t memory = peak_rss_mb();
+    const int64_t memory = peak_memory_mb(r.device());
     spdlog::info(
         "Epoch(train) [{}][{}/{}] base_lr: {:.4e} lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} memory: {} "
         "loss: {:.4f}{}",

@@ -41,15 +41,6 @@ __global__ void final_sum_kernel(const double* partial, int count, float* out) {
   if (threadIdx.x == 0) *out = static_cast<float>(acc);
 }
 
-// (v, i) beats (w, j) when it is the first maximum: NaN beats numbers, larger beats smaller,
-// and equal values (or two NaNs) go to the lower index.
-__device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
-  const bool vn = isnan(v), wn = isnan(w);
-  if (vn != wn) return vn;
-  if (!vn && v != w) return v > w;
-  return i < j;
-}
-
 constexpr int kWarpsPerBlock = 8;
 
 __global__ void argmax_kernel(const float* a, int64_t* out, int64_t N, int64_t C) {

@@ -125,7 +125,7 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
   if (!shape.empty()) shape[dim] = k;
   Tensor out = Tensor::empty(shape, kFloat32, x.device());
   const int64_t total = out.numel();
-  if (total == 0) return out;
+  if (total == 0 || k == 0) return out;  // (k == 0 with a 0-D x: nothing selected)
   StreamGuard on(dev);
   launch(on, index_select_kernel, grid_for(total), 256, 0, in_ptr(x), idx_ptr(index), f32_ptr(out), n, k, inner,
          total);
@@ -139,7 +139,7 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Ten
   split_at(shape, dim, outer, n, inner);
   Tensor out = Tensor::zeros(shape, kFloat32, src.device());
   const int64_t total = src.numel();
-  if (total == 0) return out;
+  if (total == 0 || index.numel() == 0) return out;
   StreamGuard on(dev);
   launch(on, index_add_kernel, grid_for(total), 256, 0, in_ptr(src), idx_ptr(index), f32_ptr(out), n, index.numel(),
          inner, skip, total);

@@ -56,14 +56,7 @@ __global__ void argmax_kernel(const float* a, int64_t* out, int64_t N, int64_t C
       best_i = j;
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, o);
-    const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (beats(v, i, best, best_i)) {
-      best = v;
-      best_i = i;
-    }
-  }
+  warp_argmax(best, best_i);
   if (lane == 0) out[row] = best_i;
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 
 #include "core/cuda/launch.cuh"
+#include "core/view.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/strided.cuh"
@@ -21,13 +22,6 @@ namespace {
 const float* in_ptr(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
 const int64_t* idx_ptr(const Tensor& t) { return static_cast<const int64_t*>(t.raw_data()); }
 
-// [outer, size(dim), inner] of a shape.
-void split_at(const Shape& shape, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
-  outer = inner = 1;
-  n = shape.empty() ? 1 : shape[dim];
-  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
-  for (int64_t d = dim + 1; d < static_cast<int64_t>(shape.size()); ++d) inner *= shape[d];
-}
 
 // The index tensor's shape and the target's contiguous strides (gather, scatter_add).
 struct IndexWalk {
@@ -119,7 +113,7 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
   const int dev = check_f32_cuda("index_select", {x_in});
   const Tensor x = x_in.contiguous();
   int64_t outer, n, inner;
-  split_at(x.shape(), dim, outer, n, inner);
+  views::split_at(x.shape(), dim, outer, n, inner);
   const int64_t k = index.numel();
   Shape shape = x.shape();
   if (!shape.empty()) shape[dim] = k;
@@ -136,7 +130,7 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Ten
   const int dev = check_f32_cuda("index_add", {src_in});
   const Tensor src = src_in.contiguous();
   int64_t outer, n, inner;
-  split_at(shape, dim, outer, n, inner);
+  views::split_at(shape, dim, outer, n, inner);
   Tensor out = Tensor::zeros(shape, kFloat32, src.device());
   const int64_t total = src.numel();
   if (total == 0 || index.numel() == 0) return out;

@@ -188,14 +188,6 @@ __global__ void softmax_grad_cols_kernel(const float* g, const float* y, float* 
   }
 }
 
-// [outer, n, inner] around dim of a contiguous x (a 0-D x is one element).
-void around(const Tensor& x, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
-  outer = inner = 1;
-  n = x.dim() == 0 ? 1 : x.shape()[dim];
-  for (int64_t d = 0; d < dim; ++d) outer *= x.shape()[d];
-  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.shape()[d];
-}
-
 // The max kernels over x's `dims` into values (and indices unless undefined).
 void max_into(int dev, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& values, const Tensor& indices) {
   const Blocked b = blocked(x, dims);
@@ -249,7 +241,7 @@ Tensor softmax_forward(const Tensor& x_in, int64_t dim, bool log) {
   const int dev = check_f32_cuda(log ? "log_softmax" : "softmax", {x_in});
   const Tensor x = x_in.contiguous();
   int64_t outer, n, inner;
-  around(x, dim, outer, n, inner);
+  views::split_at(x.shape(), dim, outer, n, inner);
   Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
   if (out.numel() == 0) return out;
   StreamGuard on(dev);
@@ -266,7 +258,7 @@ Tensor softmax_backward(const Tensor& g_in, const Tensor& y_in, int64_t dim, boo
   const int dev = check_f32_cuda(log ? "log_softmax" : "softmax", {g_in, y_in});
   const Tensor g = g_in.contiguous(), y = y_in.contiguous();
   int64_t outer, n, inner;
-  around(y, dim, outer, n, inner);
+  views::split_at(y.shape(), dim, outer, n, inner);
   Tensor out = Tensor::empty(y.shape(), kFloat32, y.device());
   if (out.numel() == 0) return out;
   StreamGuard on(dev);

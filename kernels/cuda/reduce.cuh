@@ -49,20 +49,26 @@ __device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
   return i < j;
 }
 
+// The first maximum (by beats) of the warp's (v, i) pairs, in every lane (beats is a total order,
+// so the butterfly gives each lane the same pair). All 32 lanes must call it.
+__device__ __forceinline__ void warp_argmax(float& v, int64_t& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const int64_t j = __shfl_xor_sync(0xffffffffu, i, o);
+    if (beats(w, j, v, i)) {
+      v = w;
+      i = j;
+    }
+  }
+}
+
 // The first maximum (by beats) of the block's (v, i) pairs, returned to every thread in v and i.
 // A thread without an element passes (-inf, INT64_MAX). Synchronises, as block_sum.
 __device__ inline void block_argmax(float& v, int64_t& i) {
   __shared__ float warp_v[32];
   __shared__ int64_t warp_i[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_down_sync(0xffffffffu, v, o);
-    const int64_t j = __shfl_down_sync(0xffffffffu, i, o);
-    if (beats(w, j, v, i)) {
-      v = w;
-      i = j;
-    }
-  }
+  warp_argmax(v, i);
   __syncthreads();
   if (lane == 0) {
     warp_v[warp] = v;
@@ -73,14 +79,7 @@ __device__ inline void block_argmax(float& v, int64_t& i) {
     const int nwarps = (blockDim.x + 31) >> 5;
     v = lane < nwarps ? warp_v[lane] : -INFINITY;
     i = lane < nwarps ? warp_i[lane] : INT64_MAX;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float w = __shfl_down_sync(0xffffffffu, v, o);
-      const int64_t j = __shfl_down_sync(0xffffffffu, i, o);
-      if (beats(w, j, v, i)) {
-        v = w;
-        i = j;
-      }
-    }
+    warp_argmax(v, i);
     if (lane == 0) {
       warp_v[0] = v;
       warp_i[0] = i;

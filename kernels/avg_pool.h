@@ -58,6 +58,27 @@ struct PoolGeometry {
     w1 = w1 < W ? w1 : W;
     div = static_cast<double>(a.count_include_pad ? padded : (h1 - h0) * (w1 - w0));
   }
+
+  // Output rows [p0, p1] and columns [q0, q1] whose windows may cover input (h, w): a superset of
+  // those that do (the backward of the CUDA kernel checks each with window()).
+  TANDEM_HD void covering(int64_t h, int64_t w, int64_t& p0, int64_t& p1, int64_t& q0, int64_t& q1) const {
+    candidates(h, H, out_h, args.kernel_h, args.stride_h, args.pad_h, p0, p1);
+    candidates(w, W, out_w, args.kernel_w, args.stride_w, args.pad_w, q0, q1);
+  }
+
+ private:
+  TANDEM_HD void candidates(int64_t i, int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, int64_t& lo,
+                            int64_t& hi) const {
+    if (adaptive) {
+      lo = i * out / in - 1;
+      hi = ((i + 1) * out + in - 1) / in;
+    } else {
+      lo = i + pad - k < 0 ? 0 : (i + pad - k) / s;
+      hi = (i + pad) / s;
+    }
+    lo = lo > 0 ? lo : 0;
+    hi = hi < out - 1 ? hi : out - 1;
+  }
 };
 
 namespace cpu {

@@ -31,27 +31,11 @@ __global__ void avg_pool_kernel(const float* x, float* out, PoolGeometry g, int6
   }
 }
 
-// Output indices [lo, hi] along one dimension that may cover input position i (a superset).
-__device__ __forceinline__ void candidates(int64_t i, int64_t in, int64_t out, bool adaptive, int64_t k, int64_t s,
-                                           int64_t pad, int64_t& lo, int64_t& hi) {
-  if (adaptive) {
-    lo = i * out / in - 1;
-    hi = ((i + 1) * out + in - 1) / in;
-  } else {
-    lo = i + pad - k < 0 ? 0 : (i + pad - k) / s;
-    hi = (i + pad) / s;
-  }
-  lo = lo > 0 ? lo : 0;
-  hi = hi < out - 1 ? hi : out - 1;
-}
-
 __global__ void avg_pool_grad_kernel(const float* grad, float* out, PoolGeometry g, int64_t total) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
     const int64_t w = t % g.W, h = (t / g.W) % g.H, plane = t / (g.W * g.H);
-    const AvgPool2dArgs& a = g.args;
     int64_t p0, p1, q0, q1;
-    candidates(h, g.H, g.out_h, g.adaptive, a.kernel_h, a.stride_h, a.pad_h, p0, p1);
-    candidates(w, g.W, g.out_w, g.adaptive, a.kernel_w, a.stride_w, a.pad_w, q0, q1);
+    g.covering(h, w, p0, p1, q0, q1);
     const float* gp = grad + plane * g.out_h * g.out_w;
     float acc = 0.0f;
     for (int64_t p = p0; p <= p1; ++p) {

@@ -13,7 +13,7 @@
 #include "core/view.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/cuda/strided.cuh"
+#include "kernels/cuda/strided.h"
 #include "kernels/index.h"
 
 namespace tandem::kernels::cuda {

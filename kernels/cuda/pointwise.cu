@@ -1,7 +1,7 @@
 // CUDA kernels of kernels/pointwise.h (float32) under tandem::kernels::cuda.
 // Assumes: validated by kernels/pointwise.cpp (one CUDA device, float32, shapes broadcast).
 // How: one thread per output element over a grid-stride loop; operands are read in place through
-// their broadcast strides (kernels/cuda/strided.cuh), so broadcast and strided views need no
+// their broadcast strides (kernels/cuda/strided.h), so broadcast and strided views need no
 // copy; the per-element math is kernels/pointwise_math.h, the same code the CPU kernels run.
 // Guarantees: fresh contiguous outputs of the broadcast shape on the operands' device; all work on
 // the device's compute stream. The dropout mask is drawn from a counter-based generator (below),
@@ -13,7 +13,7 @@
 #include "core/view.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/cuda/strided.cuh"
+#include "kernels/cuda/strided.h"
 #include "kernels/pointwise.h"
 #include "kernels/pointwise_math.h"
 

@@ -1,4 +1,5 @@
-// Internal to kernels/cuda: the strided, broadcasting element walk of the general op set's CUDA
+// Internal to kernels/cuda (plain C++, so the host tests check it too: tests/kernels/
+// strided_layout_test.cpp): the strided, broadcasting element walk of the general op set's CUDA
 // kernels (pointwise.cu, index.cu). An operand is its element pointer (Tensor::raw_data, offset
 // included) and its element strides over the output's shape: 0 on broadcast dimensions, so
 // broadcast, transposed and sliced operands are read in place, with no copy.
@@ -14,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/functors.h"  // TANDEM_HD
 
 namespace tandem::kernels::cuda {
 
@@ -25,7 +27,7 @@ struct StridedLayout {
   int64_t size[kMaxDims] = {};
   int64_t stride[N][kMaxDims] = {};
 
-  __device__ __forceinline__ void offsets(int64_t i, int64_t (&off)[N]) const {
+  TANDEM_HD void offsets(int64_t i, int64_t (&off)[N]) const {
     for (int k = 0; k < N; ++k) off[k] = 0;
     for (int d = ndim - 1; d >= 0; --d) {
       const int64_t c = i % size[d];

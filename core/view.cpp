@@ -148,6 +148,13 @@ std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t nd
   return out;
 }
 
+void split_at(const Shape& shape, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
+  outer = inner = 1;
+  n = shape.empty() ? 1 : shape[dim];
+  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
+  for (int64_t d = dim + 1; d < static_cast<int64_t>(shape.size()); ++d) inner *= shape[d];
+}
+
 Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim) {
   Shape out;
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {

@@ -33,5 +33,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 std::vector<int64_t> reduction_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
 // The shape after reducing `dims` (sorted, wrapped) of `shape`, keeping them as 1 or dropping them.
 Shape reduced_shape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim);
+// A shape read as [outer, n, inner] around dimension dim (wrapped): the product of the sizes before
+// it, its size, the product after it. A 0-D shape is [1, 1, 1].
+void split_at(const Shape& shape, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner);
 
 }  // namespace tandem::views

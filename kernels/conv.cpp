@@ -14,21 +14,32 @@ void check_args(const char* op, const Conv2dArgs& a) {
                a.stride_w, ")");
   TANDEM_CHECK(a.pad_h >= 0 && a.pad_w >= 0, op, ": padding must be >= 0, got (", a.pad_h, ", ", a.pad_w,
                ")");
+  TANDEM_CHECK(a.dilation_h >= 1 && a.dilation_w >= 1 && a.groups >= 1, op,
+               ": dilation and groups must be >= 1, got dilation (", a.dilation_h, ", ", a.dilation_w, "), groups ",
+               a.groups);
+}
+
+// Dilation and groups reach only the CUDA kernels (cuDNN); the CPU kernels take plain convolutions.
+void check_device_args(const char* op, Device device, const Conv2dArgs& a) {
+  TANDEM_CHECK(device.is_cuda() || (a.dilation_h == 1 && a.dilation_w == 1 && a.groups == 1), op,
+               ": the CPU kernel takes dilation 1 and groups 1, got dilation (", a.dilation_h, ", ", a.dilation_w,
+               "), groups ", a.groups, " (nn::functional::conv2d composes them on the CPU)");
 }
 
 // Checks x and weight against each other; returns the output shape.
 Shape check_input_weight(const char* op, const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
   TANDEM_CHECK(x.defined() && weight.defined(), op, ": input and weight must be defined");
   TANDEM_CHECK(x.dim() == 4, op, ": expected input [N, C, H, W], got ", x.str());
-  TANDEM_CHECK(weight.dim() == 4, op, ": expected weight [K, C, R, S], got ", weight.str());
-  TANDEM_CHECK(x.size(1) == weight.size(1), op, ": input has ", x.size(1), " channels but weight ",
-               shape_str(weight.shape()), " expects ", weight.size(1));
+  TANDEM_CHECK(weight.dim() == 4, op, ": expected weight [K, C / groups, R, S], got ", weight.str());
   check_args(op, a);
+  TANDEM_CHECK(x.size(1) == weight.size(1) * a.groups && weight.size(0) % a.groups == 0, op, ": input has ",
+               x.size(1), " channels but weight ", shape_str(weight.shape()), " with groups ", a.groups, " expects ",
+               weight.size(1) * a.groups, " (and output channels divisible by groups)");
   const int64_t hp = x.size(2) + 2 * a.pad_h, wp = x.size(3) + 2 * a.pad_w;
-  TANDEM_CHECK(hp >= weight.size(2) && wp >= weight.size(3), op, ": padded input ", hp, "x", wp,
-               " is smaller than the kernel ", weight.size(2), "x", weight.size(3));
-  return {x.size(0), weight.size(0), (hp - weight.size(2)) / a.stride_h + 1,
-          (wp - weight.size(3)) / a.stride_w + 1};
+  const int64_t er = a.dilation_h * (weight.size(2) - 1) + 1, es = a.dilation_w * (weight.size(3) - 1) + 1;
+  TANDEM_CHECK(hp >= er && wp >= es, op, ": padded input ", hp, "x", wp, " is smaller than the kernel ", er, "x",
+               es, " (dilation included)");
+  return {x.size(0), weight.size(0), (hp - er) / a.stride_h + 1, (wp - es) / a.stride_w + 1};
 }
 
 }  // namespace
@@ -43,6 +54,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   }
   const Device device = common_device(op, {x, weight, bias});
   common_float_dtype(op, {x, weight, bias});
+  check_device_args(op, device, args);
   return TANDEM_DISPATCH(device, conv2d_forward, x, weight, bias, args);
 }
 
@@ -55,6 +67,7 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                shape_str(out_shape), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
   const Device device = common_device(op, {grad_out, x, weight});
   common_float_dtype(op, {grad_out, x, weight});
+  check_device_args(op, device, args);
   return TANDEM_DISPATCH(device, conv2d_backward, grad_out, x, weight, args, need_input, need_weight,
                          need_bias);
 }

@@ -50,14 +50,3 @@ DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors) 
 }
 
 }  // namespace tandem::kernels
-
-namespace tandem::kernels {
-
-Device require_cpu_kernel(const char* op, std::initializer_list<Tensor> tensors) {
-  const Device device = common_device(op, tensors);
-  TANDEM_CHECK(!device.is_cuda(), op, ": no CUDA kernel yet (got a tensor on ", device.str(),
-               "); move the operands to the CPU with .to(Device::cpu())");
-  return device;
-}
-
-}  // namespace tandem::kernels

@@ -35,9 +35,3 @@ double conv_gemm_flops(const Shape& out, const Tensor& weight, int gemms);
   ((device).is_cuda() ? (::tandem::kernels::throw_no_cuda(#fn), ::tandem::kernels::cpu::fn(__VA_ARGS__)) \
                       : ::tandem::kernels::cpu::fn(__VA_ARGS__))
 #endif
-
-namespace tandem::kernels {
-// For ops of the general set that have only a CPU kernel: all defined tensors must share one device
-// (returned); a CUDA device throws "<op>: no CUDA kernel yet ...".
-Device require_cpu_kernel(const char* op, std::initializer_list<Tensor> tensors);
-}  // namespace tandem::kernels

@@ -1,6 +1,6 @@
-// Device-neutral entry points of kernels/index.h: operands defined and on the CPU (no CUDA kernel
-// yet), dtypes, ranks, shapes and index values checked; then cpu::. cat is a copy into slices of
-// the output (Tensor::copy_), so it has no cpu:: kernel of its own.
+// Device-neutral entry points of kernels/index.h: operands defined and on one device, dtypes,
+// ranks, shapes and index values checked; then cpu:: or cuda:: by that device. cat is a copy into
+// slices of the output (Tensor::copy_, on either device), so it has no kernel of its own.
 #include "kernels/index.h"
 
 #include "core/profiler.h"
@@ -10,18 +10,19 @@
 namespace tandem::kernels {
 namespace {
 
-// index as contiguous int64, every value in [0, size); `what` names the op.
+// index as contiguous int64 on its own device, every value in [0, size) (checked on the host: a
+// CUDA index is copied there, and the checked copy uploaded); `op` names the op.
 Tensor checked_index(const char* op, const Tensor& index, int64_t size) {
   TANDEM_CHECK(index.defined(), op, ": index is undefined");
   TANDEM_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, op, ": index must be int64 (or int32), got ",
                index.str());
-  const Tensor idx = index.to(kInt64).contiguous();
+  const Tensor idx = index.to(Device::cpu()).to(kInt64).contiguous();
   const int64_t* p = idx.data<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     TANDEM_CHECK(p[i] >= 0 && p[i] < size, op, ": index ", p[i], " at position ", i,
                  " is out of range for a dimension of size ", size, " (expected 0 <= index < ", size, ")");
   }
-  return idx;
+  return idx.to(index.device());
 }
 
 }  // namespace
@@ -29,30 +30,33 @@ Tensor checked_index(const char* op, const Tensor& index, int64_t size) {
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   profiler::Scope prof_scope("index_select");
   TANDEM_CHECK(x.defined(), "index_select: input is undefined");
-  require_cpu_kernel("index_select", {x, index});
+  TANDEM_CHECK(index.defined(), "index_select: index is undefined");
+  const Device device = common_device("index_select", {x, index});
   common_float_dtype("index_select", {x});
   dim = views::wrap_dim(dim, x.dim(), "index_select");
   TANDEM_CHECK(index.dim() <= 1, "index_select: index must be 0-D or 1-D, got ", index.str());
   const Tensor idx = checked_index("index_select", index, x.dim() == 0 ? 1 : x.shape()[dim]);
-  return cpu::index_select(x, dim, idx.reshape({idx.numel()}));
+  return TANDEM_DISPATCH(device, index_select, x, dim, idx.reshape({idx.numel()}));
 }
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip) {
   profiler::Scope prof_scope("index_add");
-  require_cpu_kernel("index_add", {src, index});
+  TANDEM_CHECK(src.defined() && index.defined(), "index_add: source and index must be defined");
+  const Device device = common_device("index_add", {src, index});
   common_float_dtype("index_add", {src});
   dim = views::wrap_dim(dim, static_cast<int64_t>(shape.size()), "index_add");
   const Tensor idx = checked_index("index_add", index, shape.empty() ? 1 : shape[dim]);
   Shape want = shape;
   if (!want.empty()) want[dim] = idx.numel();
   TANDEM_CHECK(src.shape() == want, "index_add: source ", src.str(), ", expected shape ", shape_str(want));
-  return cpu::index_add(shape, dim, idx.reshape({idx.numel()}), src, skip);
+  return TANDEM_DISPATCH(device, index_add, shape, dim, idx.reshape({idx.numel()}), src, skip);
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   profiler::Scope prof_scope("gather");
   TANDEM_CHECK(x.defined(), "gather: input is undefined");
-  require_cpu_kernel("gather", {x, index});
+  TANDEM_CHECK(index.defined(), "gather: index is undefined");
+  const Device device = common_device("gather", {x, index});
   common_float_dtype("gather", {x});
   dim = views::wrap_dim(dim, x.dim(), "gather");
   TANDEM_CHECK(index.defined() && index.dim() == x.dim(), "gather: index must have the input's ", x.dim(),
@@ -62,18 +66,19 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
                  " is larger than the input ", x.str(), " in dimension ", d);
   }
   const Tensor idx = checked_index("gather", index, x.dim() == 0 ? 1 : x.shape()[dim]);
-  return cpu::gather(x, dim, idx);
+  return TANDEM_DISPATCH(device, gather, x, dim, idx);
 }
 
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
   profiler::Scope prof_scope("scatter_add");
-  require_cpu_kernel("scatter_add", {src, index});
+  TANDEM_CHECK(src.defined() && index.defined(), "scatter_add: source and index must be defined");
+  const Device device = common_device("scatter_add", {src, index});
   common_float_dtype("scatter_add", {src});
   dim = views::wrap_dim(dim, static_cast<int64_t>(shape.size()), "scatter_add");
   TANDEM_CHECK(index.shape() == src.shape(), "scatter_add: index ", index.str(), " and source ", src.str(),
                " must have the same shape");
   const Tensor idx = checked_index("scatter_add", index, shape.empty() ? 1 : shape[dim]);
-  return cpu::scatter_add(shape, dim, idx, src);
+  return TANDEM_DISPATCH(device, scatter_add, shape, dim, idx, src);
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
@@ -87,7 +92,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   for (size_t i = 0; i < xs.size(); ++i) {
     const Tensor& t = xs[i];
     TANDEM_CHECK(t.defined(), "cat: tensor ", i, " is undefined");
-    require_cpu_kernel("cat", {first, t});
+    common_device("cat", {first, t});
     TANDEM_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " is ", t.str(), ", expected ",
                  dtype_name(first.dtype()));
     TANDEM_CHECK(t.dim() == first.dim(), "cat: tensor ", i, " is ", t.str(), ", expected ", first.dim(),
@@ -101,7 +106,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
   }
   Shape shape = first.shape();
   shape[dim] = total;
-  Tensor out = Tensor::empty(shape, first.dtype());
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
   int64_t at = 0;
   for (const Tensor& t : xs) {
     views::narrow(out, dim, at, t.shape()[dim]).copy_(t);
@@ -113,11 +118,11 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
 Tensor bmm(const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope("bmm");
   TANDEM_CHECK(a.defined() && b.defined(), "bmm: operands must be defined");
-  require_cpu_kernel("bmm", {a, b});
+  const Device device = common_device("bmm", {a, b});
   common_float_dtype("bmm", {a, b});
   TANDEM_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
                "bmm: expected [B, M, K] and [B, K, N], got ", a.str(), " and ", b.str());
-  return cpu::bmm(a, b);
+  return TANDEM_DISPATCH(device, bmm, a, b);
 }
 
 }  // namespace tandem::kernels

@@ -1,7 +1,8 @@
-// Indexing, concatenation and batched matrix products, float32 and float64 on CPU (a CUDA tensor
-// throws "<op>: no CUDA kernel yet"). Indices are int64 (int32 accepted where PyTorch accepts it:
-// index_select); every index is checked against its dimension and a bad one throws, naming its
-// position and value.
+// Indexing, concatenation and batched matrix products, float32 and float64 on CPU, float32 on CUDA
+// (kernels/cuda/index.cu: index_add and scatter_add add with atomics, so their float rounding may
+// vary from run to run there). Indices are int64 (int32 accepted where PyTorch accepts it:
+// index_select) on the operands' device; every index is checked against its dimension (on the
+// host: a CUDA index is copied there first) and a bad one throws, naming its position and value.
 //   index_select(x, dim, index[k])    out.size(dim) = k, out[.., i, ..] = x[.., index[i], ..]
 //   index_add(shape, dim, index, src) zeros(shape) with src's slices added at index (the backward of
 //                                     index_select); slices whose index equals skip are dropped
@@ -9,7 +10,7 @@
 //                                     (dim = 1); index.size(d) <= x.size(d) for d != dim
 //   scatter_add(shape, dim, index, src) zeros(shape), then out[i][index[i][j][k]][k] += src[i][j][k]
 //   cat(xs, dim)                      xs share dtype, rank and every size but dim's
-//   bmm(a [B, M, K], b [B, K, N])     [B, M, N], Eigen GEMM per batch
+//   bmm(a [B, M, K], b [B, K, N])     [B, M, N], Eigen GEMM per batch (CUDA: cuBLAS strided batched)
 #pragma once
 
 #include <cstdint>
@@ -36,5 +37,13 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor bmm(const Tensor& a, const Tensor& b);
 }  // namespace cpu
+
+namespace cuda {
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor bmm(const Tensor& a, const Tensor& b);
+}  // namespace cuda
 
 }  // namespace tandem::kernels

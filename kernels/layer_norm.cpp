@@ -1,5 +1,5 @@
-// Device-neutral entry points of kernels/layer_norm.h: operands on the CPU (no CUDA kernel yet),
-// one float dtype, sizes consistent; then cpu::.
+// Device-neutral entry points of kernels/layer_norm.h: operands on one device, one float dtype,
+// sizes consistent; then cpu:: or cuda:: by that device.
 #include "kernels/layer_norm.h"
 
 #include "core/profiler.h"
@@ -11,7 +11,7 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Te
                                     double eps) {
   profiler::Scope prof_scope("layer_norm");
   TANDEM_CHECK(x.defined(), "layer_norm: input is undefined");
-  require_cpu_kernel("layer_norm", {x, weight, bias});
+  const Device device = common_device("layer_norm", {x, weight, bias});
   common_float_dtype("layer_norm", {x, weight, bias});
   TANDEM_CHECK(norm_size > 0 && x.numel() % norm_size == 0, "layer_norm: ", norm_size,
                " normalized elements do not divide the input ", x.str());
@@ -19,17 +19,17 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Te
     TANDEM_CHECK(!t->defined() || t->numel() == norm_size, "layer_norm: weight and bias need ", norm_size,
                  " elements, got ", t->str());
   }
-  return cpu::layer_norm_forward(x, norm_size, weight, bias, eps);
+  return TANDEM_DISPATCH(device, layer_norm_forward, x, norm_size, weight, bias, eps);
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_input, bool need_weight, bool need_bias) {
   profiler::Scope prof_scope("layer_norm_backward");
-  require_cpu_kernel("layer_norm", {g, x, mean, rstd, weight});
+  const Device device = common_device("layer_norm", {g, x, mean, rstd, weight});
   common_float_dtype("layer_norm", {g, x, mean, rstd, weight});
   TANDEM_CHECK(g.shape() == x.shape(), "layer_norm backward: gradient ", g.str(), " does not match the input ",
                x.str());
-  return cpu::layer_norm_backward(g, x, mean, rstd, weight, need_input, need_weight, need_bias);
+  return TANDEM_DISPATCH(device, layer_norm_backward, g, x, mean, rstd, weight, need_input, need_weight, need_bias);
 }
 
 }  // namespace tandem::kernels

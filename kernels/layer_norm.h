@@ -1,7 +1,7 @@
 // layer_norm over the trailing `norm_size` elements of x, viewed as [rows, norm_size]: per row,
 // mean and biased variance (in double), rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * w + b
-// with w, b of norm_size elements or undefined. float32 and float64 on CPU (a CUDA tensor throws
-// "layer_norm: no CUDA kernel yet"). The backward works from the saved per-row mean and rstd:
+// with w, b of norm_size elements or undefined. float32 and float64 on CPU, float32 on CUDA
+// (kernels/cuda/layer_norm.cu). The backward works from the saved per-row mean and rstd:
 //   dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * w,
 //   dw = sum over rows of dy * xhat, db = sum over rows of dy.
 #pragma once
@@ -30,5 +30,12 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Te
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_input, bool need_weight, bool need_bias);
 }  // namespace cpu
+
+namespace cuda {
+LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Tensor& weight, const Tensor& bias,
+                                    double eps);
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
+                                   const Tensor& weight, bool need_input, bool need_weight, bool need_bias);
+}  // namespace cuda
 
 }  // namespace tandem::kernels

@@ -1,5 +1,5 @@
-// Device-neutral entry points of kernels/pointwise.h: operands defined, on one device (CPU: no CUDA
-// kernel yet), float dtypes shared, shapes broadcastable; then cpu::. No math here.
+// Device-neutral entry points of kernels/pointwise.h: operands defined, on one device, float dtypes
+// shared, shapes broadcastable; then cpu:: or cuda:: by that device. No math here.
 #include "kernels/pointwise.h"
 
 #include "core/profiler.h"
@@ -9,11 +9,12 @@
 namespace tandem::kernels {
 namespace {
 
-void check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
+Device check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(a.defined() && b.defined(), op, ": operands must be defined");
-  require_cpu_kernel(op, {a, b});
+  const Device device = common_device(op, {a, b});
   common_float_dtype(op, {a, b});
   views::broadcast_shapes(a.shape(), b.shape(), op);
+  return device;
 }
 
 }  // namespace
@@ -34,59 +35,62 @@ const char* op_name(UnaryOp op) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope(op_name(op));
-  check_float_pair(op_name(op), a, b);
-  return cpu::binary(op, a, b);
+  return TANDEM_DISPATCH(check_float_pair(op_name(op), a, b), binary, op, a, b);
 }
 
 Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
                        const Tensor& y) {
   profiler::Scope prof_scope("binary_backward");
   check_float_pair(op_name(op), a, b);
-  require_cpu_kernel(op_name(op), {grad, a, b, y});
+  const Device device = common_device(op_name(op), {grad, a, b, y});
   common_float_dtype(op_name(op), {grad, a, b, y});
-  return cpu::binary_backward(op, which, grad, a, b, y);
+  return TANDEM_DISPATCH(device, binary_backward, op, which, grad, a, b, y);
 }
 
 Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope(op_name(op));
-  check_float_pair(op_name(op), a, b);
-  return cpu::compare(op, a, b);
+  return TANDEM_DISPATCH(check_float_pair(op_name(op), a, b), compare, op, a, b);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope("where");
   check_float_pair("where", a, b);
   TANDEM_CHECK(cond.defined(), "where: condition must be defined");
-  require_cpu_kernel("where", {cond, a, b});
+  const Device device = common_device("where", {cond, a, b});
   TANDEM_CHECK(cond.dtype() == kUInt8, "where: the condition must be a uint8 mask (as eq/lt/... return), got ",
                cond.str());
   views::broadcast_shapes(cond.shape(), views::broadcast_shapes(a.shape(), b.shape(), "where"), "where");
-  return cpu::where(cond, a, b);
+  return TANDEM_DISPATCH(device, where, cond, a, b);
 }
 
 Tensor unary(UnaryOp op, const Tensor& x) {
   profiler::Scope prof_scope(op_name(op));
   TANDEM_CHECK(x.defined(), op_name(op), ": operand is undefined");
-  require_cpu_kernel(op_name(op), {x});
+  const Device device = common_device(op_name(op), {x});
   common_float_dtype(op_name(op), {x});
-  return cpu::unary(op, x);
+  return TANDEM_DISPATCH(device, unary, op, x);
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y) {
   profiler::Scope prof_scope("unary_backward");
-  require_cpu_kernel(op_name(op), {grad, x, y});
+  const Device device = common_device(op_name(op), {grad, x, y});
   common_float_dtype(op_name(op), {grad, x, y});
   TANDEM_CHECK(grad.shape() == x.shape() && y.shape() == x.shape(), op_name(op),
                " backward: gradient ", grad.str(), " does not match the input ", x.str());
-  return cpu::unary_backward(op, grad, x, y);
+  return TANDEM_DISPATCH(device, unary_backward, op, grad, x, y);
 }
 
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen) {
   TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: probability must be in [0, 1), got ", p);
-  TANDEM_CHECK(!device.is_cuda(), "dropout: no CUDA kernel yet (got a tensor on ", device.str(),
-               "); move the input to the CPU with .to(Device::cpu())");
-  TANDEM_CHECK(dtype == kFloat32 || dtype == kFloat64, "dropout: expected float32 or float64, got ",
-               dtype_name(dtype));
+  TANDEM_CHECK(dtype == kFloat32 || (dtype == kFloat64 && device.is_cpu()),
+               "dropout: expected float32 (or float64 on CPU), got ", dtype_name(dtype), " on ", device.str());
+  if (device.is_cuda()) {
+#ifdef TANDEM_WITH_CUDA
+    return cuda::dropout_mask(shape, p, dtype, device, gen);
+#else
+    throw_no_cuda("dropout");
+#endif
+  }
   return cpu::dropout_mask(shape, p, dtype, gen);
 }
 

@@ -1,6 +1,7 @@
 // The general elementwise ops: binary ops and comparisons that broadcast (PyTorch's rule), the
-// ternary `where`, unary math with its backward, and the dropout mask. float32 and float64 on CPU;
-// a CUDA tensor throws "<op>: no CUDA kernel yet" (kernels/dispatch.h: require_cpu_kernel).
+// ternary `where`, unary math with its backward, and the dropout mask. float32 and float64 on CPU,
+// float32 on CUDA (kernels/cuda/pointwise.cu; the per-element math of both is
+// kernels/pointwise_math.h).
 // Comparisons return uint8 masks holding 0 or 1: the byte layout of torch.bool, usable as
 // `where`'s condition and convertible with .to(kFloat32) for arithmetic. `where` takes a uint8
 // condition (nonzero = take a). Outputs are fresh and contiguous; inputs may be strided.
@@ -36,8 +37,10 @@ Tensor unary(UnaryOp op, const Tensor& x);
 // grad * d op(x)/dx from x and the forward output y (same shapes).
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
 
-// A tensor of `shape` whose elements are 0 with probability p and 1/(1-p) otherwise, drawn in
-// flat order from gen (one uniform() per element), so a seed fixes the mask. p in [0, 1).
+// A tensor of `shape` whose elements are 0 with probability p and 1/(1-p) otherwise, so a seed of
+// gen fixes the mask. p in [0, 1). CPU: drawn in flat order from gen (one uniform() per element).
+// CUDA: one next_u64() of gen seeds a counter-based generator evaluated per element, so the mask
+// differs from the CPU's for the same seed (same distribution; gen advances by one draw).
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen);
 
 namespace cpu {
@@ -50,5 +53,16 @@ Tensor unary(UnaryOp op, const Tensor& x);
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Generator& gen);
 }  // namespace cpu
+
+namespace cuda {
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
+                       const Tensor& y);
+Tensor compare(CompareOp op, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor unary(UnaryOp op, const Tensor& x);
+Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
+Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen);
+}  // namespace cuda
 
 }  // namespace tandem::kernels

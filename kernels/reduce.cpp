@@ -1,5 +1,5 @@
-// Device-neutral entry points of kernels/reduce.h: defined operand on the CPU (no CUDA kernel
-// yet), float dtype, dimensions in range and distinct; then cpu::. No math here.
+// Device-neutral entry points of kernels/reduce.h: defined operand, float dtype, dimensions in
+// range and distinct; then cpu:: or cuda:: by the operand's device. No math here.
 #include "kernels/reduce.h"
 
 #include "core/profiler.h"
@@ -9,18 +9,18 @@
 namespace tandem::kernels {
 namespace {
 
-void check(const char* op, const Tensor& x) {
+Device check(const char* op, const Tensor& x) {
   TANDEM_CHECK(x.defined(), op, ": operand is undefined");
-  require_cpu_kernel(op, {x});
+  const Device device = common_device(op, {x});
   common_float_dtype(op, {x});
+  return device;
 }
 
 }  // namespace
 
 Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("sum_dims");
-  check("sum", x);
-  return cpu::sum_dims(x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
+  return TANDEM_DISPATCH(check("sum", x), sum_dims, x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
@@ -44,38 +44,37 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 
 MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
   profiler::Scope prof_scope("max_dim");
-  check("max", x);
+  const Device device = check("max", x);
   dim = views::wrap_dim(dim, x.dim(), "max");
   if (x.dim() > 0) {
     TANDEM_CHECK(x.shape()[dim] > 0, "max: cannot reduce the empty dimension ", dim, " of ", x.str());
   }
-  return cpu::max_dim(x, dim, keepdim);
+  return TANDEM_DISPATCH(device, max_dim, x, dim, keepdim);
 }
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("amax");
-  check("amax", x);
+  const Device device = check("amax", x);
   const auto d = views::reduction_dims(dims, x.dim(), "amax");
   for (int64_t k : d) {
     TANDEM_CHECK(x.shape()[k] > 0, "amax: cannot reduce the empty dimension ", k, " of ", x.str());
   }
-  return cpu::amax(x, d, keepdim);
+  return TANDEM_DISPATCH(device, amax, x, d, keepdim);
 }
 
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   profiler::Scope prof_scope(op);
-  check(op, x);
-  return cpu::softmax_forward(x, views::wrap_dim(dim, x.dim(), op), log);
+  return TANDEM_DISPATCH(check(op, x), softmax_forward, x, views::wrap_dim(dim, x.dim(), op), log);
 }
 
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   profiler::Scope prof_scope(op);
-  require_cpu_kernel(op, {grad, y});
+  const Device device = common_device(op, {grad, y});
   common_float_dtype(op, {grad, y});
   TANDEM_CHECK(grad.shape() == y.shape(), op, " backward: gradient ", grad.str(), " vs output ", y.str());
-  return cpu::softmax_backward(grad, y, views::wrap_dim(dim, y.dim(), op), log);
+  return TANDEM_DISPATCH(device, softmax_backward, grad, y, views::wrap_dim(dim, y.dim(), op), log);
 }
 
 }  // namespace tandem::kernels

@@ -1,5 +1,5 @@
-// Reductions over dimensions and softmax on any dimension, float32 and float64 on CPU (a CUDA
-// tensor throws "<op>: no CUDA kernel yet"). `dims` lists dimensions (negative counts from the end;
+// Reductions over dimensions and softmax on any dimension, float32 and float64 on CPU, float32 on
+// CUDA (kernels/cuda/reduce.cu: sums in double without the CPU's 1024-element blocks). `dims` lists dimensions (negative counts from the end;
 // empty = all); each may appear once. Reduced dimensions are dropped, or kept with size 1 when
 // keepdim. Sums accumulate in double (over the last dimensions: blocks of 1024 summed in the
 // element type, then added in double, as kernels::sum).
@@ -34,5 +34,13 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
 }  // namespace cpu
+
+namespace cuda {
+Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim);
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
+Tensor softmax_forward(const Tensor& x, int64_t dim, bool log);
+Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
+}  // namespace cuda
 
 }  // namespace tandem::kernels

@@ -44,7 +44,7 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor* v, const Tensor& 
 // q k^T / sqrt(E) with the mask applied.
 Tensor masked_scores(const Tensor& q, const Tensor& k, const Tensor& mask, bool is_causal) {
   Tensor scores = mul(matmul(q, transpose(k, -2, -1)), 1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  Tensor m = is_causal ? causal_mask(q.size(-2), k.size(-2)) : mask;
+  Tensor m = is_causal ? causal_mask(q.size(-2), k.size(-2), scores.device()) : mask;
   if (!m.defined()) return scores;
   if (m.dtype() == kUInt8) {
     const Tensor ninf = Tensor::full({}, -std::numeric_limits<double>::infinity(), scores.dtype(), scores.device());
@@ -55,13 +55,13 @@ Tensor masked_scores(const Tensor& q, const Tensor& k, const Tensor& mask, bool 
 
 }  // namespace
 
-Tensor causal_mask(int64_t L, int64_t S) {
+Tensor causal_mask(int64_t L, int64_t S, Device device) {
   TANDEM_CHECK(L >= 0 && S >= 0, "causal_mask: sizes must be non-negative, got ", L, " and ", S);
   Tensor m = Tensor::zeros({L, S}, kUInt8);
   uint8_t* p = m.data<uint8_t>();
   for (int64_t i = 0; i < L; ++i)
     for (int64_t j = 0; j <= i && j < S; ++j) p[i * S + j] = 1;
-  return m;
+  return m.to(device);
 }
 
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask, bool is_causal) {

@@ -29,7 +29,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask = Tensor(),
                          bool is_causal = false);
 
-// The [L, S] uint8 mask of is_causal: 1 where j <= i.
-Tensor causal_mask(int64_t L, int64_t S);
+// The [L, S] uint8 mask of is_causal: 1 where j <= i (built on the host, returned on `device`).
+Tensor causal_mask(int64_t L, int64_t S, Device device = Device::cpu());
 
 }  // namespace tandem::nn::functional

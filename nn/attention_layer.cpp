@@ -17,8 +17,8 @@ namespace {
 // 1 -> -inf, 0 -> 0 for a uint8 mask; a float mask as it is (its dtype checked).
 Tensor additive(const Tensor& mask, DType dtype, const char* what) {
   if (mask.dtype() == kUInt8) {
-    const Tensor ninf = Tensor::full({}, -std::numeric_limits<double>::infinity(), dtype);
-    return F::where(mask, ninf, Tensor::zeros({}, dtype));
+    const Tensor ninf = Tensor::full({}, -std::numeric_limits<double>::infinity(), dtype, mask.device());
+    return F::where(mask, ninf, Tensor::zeros({}, dtype, mask.device()));
   }
   TANDEM_CHECK(mask.dtype() == dtype, "MultiheadAttention: ", what, " must be uint8 (1 = masked) or ",
                dtype_name(dtype), " (added to the scores), got ", dtype_name(mask.dtype()));
@@ -99,8 +99,8 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     mask = mask.defined() ? F::add(mask, m) : m;
   }
   if (is_causal) {  // causal_mask marks with 1 what may be attended: the opposite convention
-    Tensor m = F::where(F::causal_mask(L, S), Tensor::zeros({}, q.dtype()),
-                        Tensor::full({}, -std::numeric_limits<double>::infinity(), q.dtype()));
+    Tensor m = F::where(F::causal_mask(L, S, q.device()), Tensor::zeros({}, q.dtype(), q.device()),
+                        Tensor::full({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()));
     mask = mask.defined() ? F::add(mask, m) : m;
   }
 

@@ -103,6 +103,11 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, cons
     const bool plain = G == 1 && p.dilation[0] == 1 && p.dilation[1] == 1 && p.stride[0] == p.stride[1] &&
                        p.padding[0] == p.padding[1];
     if (plain) return conv2d(x, weight, bias, p.stride[0], p.padding[0]);
+    if (x.device().is_cuda()) {  // cuDNN takes dilation and groups itself: one convolution
+      const kernels::Conv2dArgs args{p.stride[0], p.stride[1], p.padding[0],   p.padding[1],
+                                     p.dilation[0], p.dilation[1], p.groups};
+      return conv_once(x, weight, bias, args);
+    }
     const Tensor w = p.dilation[0] == 1 && p.dilation[1] == 1 ? weight : dilate(weight, p.dilation[0], p.dilation[1]);
     const kernels::Conv2dArgs args{p.stride[0], p.stride[1], p.padding[0], p.padding[1]};
     if (G == 1) return conv_once(x, w, bias, args);

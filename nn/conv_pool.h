@@ -4,9 +4,10 @@
 //     dilation 1 and square stride/padding this is F::conv2d of nn/functional.h (CPU and CUDA
 //     kernels, autocast). Otherwise float32/float64: a dilated kernel is the weight spread over a
 //     (R-1)d+1 x (S-1)d+1 grid of zeros (differentiably), groups run as separate convolutions on
-//     channel slices whose outputs are concatenated (cat: CPU only).
+//     channel slices whose outputs are concatenated (CPU). On CUDA (float32) it is one cuDNN
+//     convolution taking dilation and groups itself (kernels/conv.h).
 //   avg_pool2d(x, kernel, stride (default = kernel), padding, ceil_mode, count_include_pad) and
-//   adaptive_avg_pool2d(x, {out_h, out_w}): kernels/avg_pool.h (CPU only).
+//   adaptive_avg_pool2d(x, {out_h, out_w}): kernels/avg_pool.h (CPU and CUDA).
 #pragma once
 
 #include <array>

@@ -54,6 +54,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
     kept += ignored ? 0 : 1;
   }
 
+  keep = keep.to(input.device());
+  safe = safe.to(input.device());
+
   // Log-probabilities as [M, C], the class dimension last.
   Tensor lp = log_softmax(input, class_dim);
   if (input.dim() == 1) {

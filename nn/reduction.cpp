@@ -134,9 +134,9 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims_in, bool keep
   const auto dims = views::reduction_dims(dims_in, x.dim(), "logsumexp");
   Tensor m = kernels::amax(x.detach(), dims, true);
   // An infinite maximum would make x - m NaN; shift by 0 there instead (PyTorch does the same).
-  const Tensor zero = Tensor::zeros({}, m.dtype());
+  const Tensor zero = Tensor::zeros({}, m.dtype(), m.device());
   const double inf = std::numeric_limits<double>::infinity();
-  for (double v : {inf, -inf}) m = kernels::where(kernels::compare(kernels::CompareOp::Eq, m, Tensor::full({}, v, m.dtype())), zero, m);
+  for (double v : {inf, -inf}) m = kernels::where(kernels::compare(kernels::CompareOp::Eq, m, Tensor::full({}, v, m.dtype(), m.device())), zero, m);
   Tensor y = add(log(sum(exp(sub(x, m)), dims, true)), m);
   return keepdim ? y : reshape(y, views::reduced_shape(x.shape(), dims, false));
 }

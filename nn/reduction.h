@@ -1,7 +1,7 @@
 // Differentiable reductions over dimensions, PyTorch's names and semantics. `dims` lists
 // dimensions (negative counts from the end; empty = all); each may appear once; reduced dimensions
-// are dropped unless keepdim. float32 and float64 on CPU (a CUDA tensor throws "<op>: no CUDA kernel
-// yet"; sum(x) over everything keeps its CUDA kernel).
+// are dropped unless keepdim. float32 and float64 on CPU, float32 on CUDA (kernels/reduce.h;
+// sum(x) over everything keeps its own kernel).
 //   var: sum((x - mean)^2) / max(0, N - correction), N the number of reduced elements: correction 1
 //        is PyTorch's unbiased=True (the default), 0 is unbiased=False.
 //   max(x, dim): values and int64 indices (the first maximum); the gradient goes to that index.

@@ -2,8 +2,8 @@
 // narrow, slice, select, unsqueeze, squeeze, expand; reshape when the input is contiguous) share
 // the input's storage (core/view.h, core/tensor.h); their backward maps the gradient back to the
 // input's shape: permuted back, written into zeros at the viewed positions, or summed over the
-// expanded dimensions. cat, stack, index_select and gather copy (kernels/index.h: CPU only, a
-// CUDA tensor throws "<op>: no CUDA kernel yet"); split and chunk return narrow views.
+// expanded dimensions. cat, stack, index_select and gather copy (kernels/index.h: CPU and CUDA);
+// split and chunk return narrow views.
 // Bad dimensions, sizes and indices throw tandem::Error naming the op and the argument.
 #pragma once
 

@@ -9,7 +9,7 @@
 
 namespace tandem::kernels::cpu {
 
-Tensor avg_pool_forward(const Tensor& x_in, const PoolWindows& win) {
+Tensor avg_pool_forward(const Tensor& x_in, const PoolGeometry& win) {
   const Tensor x = x_in.contiguous();
   const int64_t planes = x.size(0) * x.size(1), H = x.size(2), W = x.size(3);
   return detail::dispatch_float(x.dtype(), "avg_pool2d", [&](auto tag) {
@@ -25,7 +25,7 @@ Tensor avg_pool_forward(const Tensor& x_in, const PoolWindows& win) {
           for (int64_t j = 0; j < win.out_w; ++j) {
             int64_t h0, h1, w0, w1;
             double div;
-            win.at(i, j, h0, h1, w0, w1, div);
+            win.window(i, j, h0, h1, w0, w1, div);
             double s = 0;
             for (int64_t h = h0; h < h1; ++h)
               for (int64_t w = w0; w < w1; ++w) s += static_cast<double>(plane[h * W + w]);
@@ -37,7 +37,7 @@ Tensor avg_pool_forward(const Tensor& x_in, const PoolWindows& win) {
   });
 }
 
-Tensor avg_pool_backward(const Tensor& g_in, const Shape& input_shape, const PoolWindows& win) {
+Tensor avg_pool_backward(const Tensor& g_in, const Shape& input_shape, const PoolGeometry& win) {
   const Tensor g = g_in.contiguous();
   const int64_t planes = input_shape[0] * input_shape[1], H = input_shape[2], W = input_shape[3];
   return detail::dispatch_float(g.dtype(), "avg_pool2d", [&](auto tag) {
@@ -53,7 +53,7 @@ Tensor avg_pool_backward(const Tensor& g_in, const Shape& input_shape, const Poo
           for (int64_t j = 0; j < win.out_w; ++j) {
             int64_t h0, h1, w0, w1;
             double div;
-            win.at(i, j, h0, h1, w0, w1, div);
+            win.window(i, j, h0, h1, w0, w1, div);
             const T share = T(static_cast<double>(gpl[i * win.out_w + j]) / div);
             for (int64_t h = h0; h < h1; ++h)
               for (int64_t w = w0; w < w1; ++w) plane[h * W + w] += share;

@@ -5,25 +5,15 @@
 // on every run); bmm runs one Eigen GEMM per batch entry, batches in parallel.
 #include "kernels/index.h"
 
+#include "core/view.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
-namespace {
-
-// [outer, size(dim), inner] of a shape.
-void split_at(const Shape& shape, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
-  outer = inner = 1;
-  n = shape.empty() ? 1 : shape[dim];
-  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
-  for (int64_t d = dim + 1; d < static_cast<int64_t>(shape.size()); ++d) inner *= shape[d];
-}
-
-}  // namespace
 
 Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
   const Tensor x = x_in.contiguous();
   int64_t outer, n, inner;
-  split_at(x.shape(), dim, outer, n, inner);
+  views::split_at(x.shape(), dim, outer, n, inner);
   const int64_t k = index.numel();
   Shape shape = x.shape();
   if (!shape.empty()) shape[dim] = k;
@@ -46,7 +36,7 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src_in, int64_t skip) {
   const Tensor src = src_in.contiguous();
   int64_t outer, n, inner;
-  split_at(shape, dim, outer, n, inner);
+  views::split_at(shape, dim, outer, n, inner);
   const int64_t k = index.numel();
   return detail::dispatch_float(src.dtype(), "index_add", [&](auto tag) {
     using T = decltype(tag);

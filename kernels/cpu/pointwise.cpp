@@ -1,8 +1,7 @@
 // CPU kernels of kernels/pointwise.h under tandem::kernels::cpu.
 // Assumes: validated by kernels/pointwise.cpp (shapes broadcast, float dtypes shared).
 // Guarantees: fresh contiguous outputs of the broadcast shape; per-element math in the element
-// type (float or double), with PyTorch's formulas: gelu is x * Phi(x) (erf) or its tanh
-// approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), silu is x * sigmoid(x).
+// type (float or double), kernels/pointwise_math.h (shared with the CUDA kernels).
 #include "kernels/pointwise.h"
 
 #include <cmath>
@@ -11,117 +10,16 @@
 #include "core/view.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/strided.h"
+#include "kernels/pointwise_math.h"
 
 namespace tandem::kernels::cpu {
 namespace {
 
-template <typename T>
-T apply_binary(BinaryOp op, T a, T b) {
-  switch (op) {
-    case BinaryOp::Add: return a + b;
-    case BinaryOp::Sub: return a - b;
-    case BinaryOp::Mul: return a * b;
-    case BinaryOp::Div: return a / b;
-    case BinaryOp::Pow: return std::pow(a, b);
-    case BinaryOp::Maximum: return (std::isnan(a) || a > b) ? a : b;  // NaN propagates, as PyTorch
-    case BinaryOp::Minimum: return (std::isnan(a) || a < b) ? a : b;
-  }
-  return a;
-}
-
-// d(a op b)/da (which == 0) or /db, times g.
-template <typename T>
-T apply_binary_grad(BinaryOp op, int which, T g, T a, T b, T y) {
-  switch (op) {
-    case BinaryOp::Add: return g;
-    case BinaryOp::Sub: return which == 0 ? g : -g;
-    case BinaryOp::Mul: return which == 0 ? g * b : g * a;
-    case BinaryOp::Div: return which == 0 ? g / b : -g * y / b;
-    case BinaryOp::Pow:
-      if (which == 0) return b == T(0) ? T(0) : g * b * std::pow(a, b - T(1));
-      return (a == T(0) && b >= T(0)) ? T(0) : g * y * std::log(a);
-    case BinaryOp::Maximum:
-    case BinaryOp::Minimum: {
-      if (a == b) return g / T(2);
-      const bool a_wins = op == BinaryOp::Maximum ? a > b : a < b;
-      return (which == 0) == a_wins ? g : T(0);
-    }
-  }
-  return g;
-}
-
-template <typename T>
-bool apply_compare(CompareOp op, T a, T b) {
-  switch (op) {
-    case CompareOp::Eq: return a == b;
-    case CompareOp::Ne: return a != b;
-    case CompareOp::Lt: return a < b;
-    case CompareOp::Le: return a <= b;
-    case CompareOp::Gt: return a > b;
-    case CompareOp::Ge: return a >= b;
-  }
-  return false;
-}
-
-constexpr double kSqrt1_2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;  // 1/sqrt(2 pi)
-constexpr double kSqrt2OverPi = 0.79788456080286535588;  // sqrt(2/pi)
-constexpr double kGeluKappa = 0.044715;
-
-template <typename T>
-T sigmoid(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
-
-template <typename T>
-T apply_unary(UnaryOp op, T x) {
-  switch (op) {
-    case UnaryOp::Neg: return -x;
-    case UnaryOp::Exp: return std::exp(x);
-    case UnaryOp::Log: return std::log(x);
-    case UnaryOp::Sqrt: return std::sqrt(x);
-    case UnaryOp::Rsqrt: return T(1) / std::sqrt(x);
-    case UnaryOp::Tanh: return std::tanh(x);
-    case UnaryOp::Sigmoid: return sigmoid(x);
-    case UnaryOp::Relu: return x > T(0) ? x : (std::isnan(x) ? x : T(0));
-    case UnaryOp::Gelu: return x * T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
-    case UnaryOp::GeluTanh:
-      return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(kGeluKappa) * x * x * x)));
-    case UnaryOp::Silu: return x * sigmoid(x);
-  }
-  return x;
-}
-
-template <typename T>
-T apply_unary_grad(UnaryOp op, T g, T x, T y) {
-  switch (op) {
-    case UnaryOp::Neg: return -g;
-    case UnaryOp::Exp: return g * y;
-    case UnaryOp::Log: return g / x;
-    case UnaryOp::Sqrt: return g / (T(2) * y);
-    case UnaryOp::Rsqrt: return T(-0.5) * g * y * y * y;
-    case UnaryOp::Tanh: return g * (T(1) - y * y);
-    case UnaryOp::Sigmoid: return g * y * (T(1) - y);
-    case UnaryOp::Relu: return y > T(0) ? g : T(0);
-    case UnaryOp::Gelu: {
-      const T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
-      const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
-      return g * (cdf + x * pdf);
-    }
-    case UnaryOp::GeluTanh: {
-      const T x2 = x * x;
-      const T t = std::tanh(T(kSqrt2OverPi) * (x + T(kGeluKappa) * x2 * x));
-      const T left = T(0.5) * (T(1) + t);
-      const T right = T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * kGeluKappa) * x2);
-      return g * (left + right);
-    }
-    case UnaryOp::Silu: {
-      const T s = sigmoid(x);
-      return g * s * (T(1) + x * (T(1) - s));
-    }
-  }
-  return g;
-}
+using math::apply_binary;
+using math::apply_binary_grad;
+using math::apply_compare;
+using math::apply_unary;
+using math::apply_unary_grad;
 
 // Calls fn(std::integral_constant<BinaryOp, op>): each op gets its own loop with the switch of
 // apply_binary folded away.
@@ -264,7 +162,7 @@ Tensor dropout_mask(const Shape& shape, double p, DType dtype, Generator& gen) {
     Tensor out = Tensor::empty(shape, dtype);
     T* o = out.data<T>();
     const T keep = T(1.0 / (1.0 - p));
-    for (int64_t i = 0; i < out.numel(); ++i) o[i] = gen.uniform() < p ? T(0) : keep;
+    for (int64_t i = 0; i < out.numel(); ++i) o[i] = math::dropout_value<T>(gen.uniform(), p, keep);
     return out;
   });
 }

@@ -43,15 +43,6 @@ Rows to_rows(const Tensor& x, const std::vector<int64_t>& dims) {
   return r;
 }
 
-// Splits x into [outer, size(dim), inner] (x contiguous).
-void outer_inner(const Tensor& x, int64_t dim, int64_t& outer, int64_t& n, int64_t& inner) {
-  outer = 1;
-  inner = 1;
-  n = x.dim() == 0 ? 1 : x.shape()[dim];
-  for (int64_t d = 0; d < dim; ++d) outer *= x.shape()[d];
-  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.shape()[d];
-}
-
 // When x is contiguous and dims are one block [d0, d1] with trailing dimensions after it, x is
 // [outer, len, inner] and the sum needs no transposing copy: sets the three sizes and returns true.
 bool as_block(const Tensor& x, const std::vector<int64_t>& dims, int64_t& outer, int64_t& len, int64_t& inner) {
@@ -169,7 +160,7 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 Tensor softmax_forward(const Tensor& x_in, int64_t dim, bool log) {
   const Tensor x = x_in.contiguous();
   int64_t outer, n, inner;
-  outer_inner(x, dim, outer, n, inner);
+  views::split_at(x.shape(), dim, outer, n, inner);
   return detail::dispatch_float(x.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(x.shape(), x.dtype());
@@ -216,7 +207,7 @@ Tensor softmax_forward(const Tensor& x_in, int64_t dim, bool log) {
 Tensor softmax_backward(const Tensor& g_in, const Tensor& y_in, int64_t dim, bool log) {
   const Tensor g = g_in.contiguous(), y = y_in.contiguous();
   int64_t outer, n, inner;
-  outer_inner(y, dim, outer, n, inner);
+  views::split_at(y.shape(), dim, outer, n, inner);
   return detail::dispatch_float(y.dtype(), log ? "log_softmax" : "softmax", [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(y.shape(), y.dtype());

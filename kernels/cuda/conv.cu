@@ -1,5 +1,5 @@
-// conv2d on CUDA: cuDNN forward, backward data and backward filter (cross-correlation, groups 1,
-// dilation 1), with the per-channel bias add and bias gradient of kernels/cuda/amp.cu.
+// conv2d on CUDA: cuDNN forward, backward data and backward filter (cross-correlation, with
+// dilation and groups from Conv2dArgs: cudnnSetConvolution2dDescriptor, cudnnSetConvolutionGroupCount), with the per-channel bias add and bias gradient of kernels/cuda/amp.cu.
 // dtypes: float32, and float16 / bfloat16 for mixed precision (all operands one dtype; tensors
 // CUDNN_DATA_HALF / CUDNN_DATA_BFLOAT16 with CUDNN_DATA_FLOAT compute, tensor-core algorithms
 // allowed; outputs and gradients in the operands' dtype; bias kernels in kernels/cuda/amp.cu).
@@ -53,11 +53,12 @@ struct FilterDesc {
 
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc(int ph, int pw, int sh, int sw, bool lowp) {
+  ConvDesc(int ph, int pw, int sh, int sw, int dh, int dw, int groups, bool lowp) {
     TANDEM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
     // Float compute for every storage type (for half storage: cuDNN's "pseudo half" configuration).
     TANDEM_CUDNN_CHECK(
-        cudnnSetConvolution2dDescriptor(d, ph, pw, sh, sw, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+        cudnnSetConvolution2dDescriptor(d, ph, pw, sh, sw, dh, dw, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    if (groups > 1) TANDEM_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, groups));
     TANDEM_CUDNN_CHECK(
         cudnnSetConvolutionMathType(d, lowp || allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
   }
@@ -84,22 +85,27 @@ struct Workspace {
 // ---- shapes, descriptors and the algorithm cache ----
 
 struct ConvGeometry {
-  int n, c, h, w, k, r, s, p, q, ph, pw, sh, sw;
+  int n, c, h, w, k, r, s, p, q, ph, pw, sh, sw, dh = 1, dw = 1, groups = 1;
   DType dtype = kFloat32;
   bool lowp() const { return dtype != kFloat32; }
 };
 
 ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
   TANDEM_CHECK(x.dim() == 4, op, ": input must be 4-D [N, C, H, W], got ", x.str());
-  TANDEM_CHECK(weight.dim() == 4, op, ": weight must be 4-D [K, C, R, S], got ", weight.str());
-  TANDEM_CHECK(weight.size(1) == x.size(1), op, ": weight ", weight.str(), " expects ", weight.size(1),
-               " input channels, input ", x.str(), " has ", x.size(1));
+  TANDEM_CHECK(weight.dim() == 4, op, ": weight must be 4-D [K, C / groups, R, S], got ", weight.str());
+  TANDEM_CHECK(a.groups >= 1 && a.dilation_h >= 1 && a.dilation_w >= 1, op,
+               ": groups and dilation must be >= 1, got groups ", a.groups, ", dilation (", a.dilation_h, ", ",
+               a.dilation_w, ")");
+  TANDEM_CHECK(weight.size(1) * a.groups == x.size(1) && weight.size(0) % a.groups == 0, op, ": weight ",
+               weight.str(), " with groups ", a.groups, " expects ", weight.size(1) * a.groups,
+               " input channels (and output channels divisible by groups), input ", x.str(), " has ", x.size(1));
   TANDEM_CHECK(a.stride_h >= 1 && a.stride_w >= 1 && a.pad_h >= 0 && a.pad_w >= 0, op,
                ": stride must be >= 1 and padding >= 0, got stride (", a.stride_h, ", ", a.stride_w, "), padding (",
                a.pad_h, ", ", a.pad_w, ")");
   const int64_t hp = x.size(2) + 2 * a.pad_h, wp = x.size(3) + 2 * a.pad_w;
-  TANDEM_CHECK(hp >= weight.size(2) && wp >= weight.size(3), op, ": kernel ", weight.size(2), "x", weight.size(3),
-               " larger than the padded input ", hp, "x", wp);
+  const int64_t er = a.dilation_h * (weight.size(2) - 1) + 1, es = a.dilation_w * (weight.size(3) - 1) + 1;
+  TANDEM_CHECK(hp >= er && wp >= es, op, ": (dilated) kernel ", er, "x", es, " larger than the padded input ", hp, "x",
+               wp);
   ConvGeometry g{};
   g.n = to_int(x.size(0), op, "batch size");
   g.c = to_int(x.size(1), op, "input channels");
@@ -112,8 +118,11 @@ ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, con
   g.pw = to_int(a.pad_w, op, "pad_w");
   g.sh = to_int(a.stride_h, op, "stride_h");
   g.sw = to_int(a.stride_w, op, "stride_w");
-  g.p = static_cast<int>((hp - g.r) / g.sh + 1);
-  g.q = static_cast<int>((wp - g.s) / g.sw + 1);
+  g.dh = to_int(a.dilation_h, op, "dilation_h");
+  g.dw = to_int(a.dilation_w, op, "dilation_w");
+  g.groups = to_int(a.groups, op, "groups");
+  g.p = static_cast<int>((hp - er) / g.sh + 1);
+  g.q = static_cast<int>((wp - es) / g.sw + 1);
   to_int(x.numel(), op, "input elements");
   to_int(int64_t(g.n) * g.k * g.p * g.q, op, "output elements");
   return g;
@@ -127,7 +136,8 @@ struct AlgoChoice {
   size_t workspace;
 };
 
-using AlgoKey = std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, bool, int>;
+using AlgoKey =
+    std::tuple<int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, int, bool, int>;
 
 std::mutex g_algo_mu;
 std::map<AlgoKey, AlgoChoice>& algo_cache() {
@@ -170,13 +180,13 @@ struct Descriptors {
   explicit Descriptors(const ConvGeometry& g)
       : x(g.n, g.c, g.h, g.w, cudnn_dtype(g.dtype)),
         y(g.n, g.k, g.p, g.q, cudnn_dtype(g.dtype)),
-        w(g.k, g.c, g.r, g.s, cudnn_dtype(g.dtype)),
-        conv(g.ph, g.pw, g.sh, g.sw, g.lowp()) {}
+        w(g.k, g.c / g.groups, g.r, g.s, cudnn_dtype(g.dtype)),
+        conv(g.ph, g.pw, g.sh, g.sw, g.dh, g.dw, g.groups, g.lowp()) {}
 };
 
 AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t handle, const Descriptors& d) {
   const AlgoKey key{device, static_cast<int>(op), g.n, g.c, g.h, g.w, g.k, g.r, g.s, g.ph, g.pw, g.sh, g.sw,
-                    allow_tf32(), static_cast<int>(g.dtype)};
+                    g.dh, g.dw, g.groups, allow_tf32(), static_cast<int>(g.dtype)};
   {
     std::lock_guard<std::mutex> lock(g_algo_mu);
     auto it = algo_cache().find(key);

@@ -67,6 +67,17 @@ cublasStatus_t CUBLASWINAPI cublasSgemm_v2(cublasHandle_t handle, cublasOperatio
   TANDEM_FORWARD(cublasSgemm_v2, handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// Batched products of equal-shaped matrices at fixed strides (kernels/cuda/index.cu: bmm).
+cublasStatus_t CUBLASWINAPI cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                                      cublasOperation_t transb, int m, int n, int k,
+                                                      const float* alpha, const float* A, int lda,
+                                                      long long int strideA, const float* B, int ldb,
+                                                      long long int strideB, const float* beta, float* C, int ldc,
+                                                      long long int strideC, int batchCount) {
+  TANDEM_FORWARD(cublasSgemmStridedBatched, handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                 beta, C, ldc, strideC, batchCount);
+}
+
 // Mixed precision (kernels/cuda/linear.cu): f16/bf16 GEMM with float accumulation. cublas_api.h
 // also declares a C++ overload taking a cudaDataType compute type, so the pointer type is spelled
 // out rather than taken with decltype.

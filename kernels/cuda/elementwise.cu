@@ -41,15 +41,6 @@ __global__ void final_sum_kernel(const double* partial, int count, float* out) {
   if (threadIdx.x == 0) *out = static_cast<float>(acc);
 }
 
-// (v, i) beats (w, j) when it is the first maximum: NaN beats numbers, larger beats smaller,
-// and equal values (or two NaNs) go to the lower index.
-__device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
-  const bool vn = isnan(v), wn = isnan(w);
-  if (vn != wn) return vn;
-  if (!vn && v != w) return v > w;
-  return i < j;
-}
-
 constexpr int kWarpsPerBlock = 8;
 
 __global__ void argmax_kernel(const float* a, int64_t* out, int64_t N, int64_t C) {
@@ -65,14 +56,7 @@ __global__ void argmax_kernel(const float* a, int64_t* out, int64_t N, int64_t C
       best_i = j;
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, o);
-    const int64_t i = __shfl_xor_sync(0xffffffffu, best_i, o);
-    if (beats(v, i, best, best_i)) {
-      best = v;
-      best_i = i;
-    }
-  }
+  warp_argmax(best, best_i);
   if (lane == 0) out[row] = best_i;
 }
 

@@ -1,7 +1,9 @@
-// Internal device helpers shared by the .cu files of kernels/cuda: warp and block sums and the
-// grid-stride loop. Assumes blockDim.x is a multiple of 32 and at most 1024.
+// Internal device helpers shared by the .cu files of kernels/cuda: warp and block sums, block
+// maxima (plain, and first-maximum with its index), and the grid-stride loop. Assumes blockDim.x
+// is a multiple of 32 and at most 1024.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace tandem::kernels::cuda {
@@ -32,6 +34,75 @@ __device__ T block_sum(T v) {
     const int nwarps = (blockDim.x + 31) >> 5;
     T w = lane < nwarps ? warp_sums[lane] : T(0);
     w = warp_sum(w);
+    if (lane == 0) total = w;
+  }
+  __syncthreads();
+  return total;
+}
+
+// (v, i) beats (w, j) when it is the first maximum: NaN beats numbers, larger beats smaller,
+// and equal values (or two NaNs) go to the lower index (torch.max / torch.argmax).
+__device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
+  const bool vn = isnan(v), wn = isnan(w);
+  if (vn != wn) return vn;
+  if (!vn && v != w) return v > w;
+  return i < j;
+}
+
+// The first maximum (by beats) of the warp's (v, i) pairs, in every lane (beats is a total order,
+// so the butterfly gives each lane the same pair). All 32 lanes must call it.
+__device__ __forceinline__ void warp_argmax(float& v, int64_t& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const int64_t j = __shfl_xor_sync(0xffffffffu, i, o);
+    if (beats(w, j, v, i)) {
+      v = w;
+      i = j;
+    }
+  }
+}
+
+// The first maximum (by beats) of the block's (v, i) pairs, returned to every thread in v and i.
+// A thread without an element passes (-inf, INT64_MAX). Synchronises, as block_sum.
+__device__ inline void block_argmax(float& v, int64_t& i) {
+  __shared__ float warp_v[32];
+  __shared__ int64_t warp_i[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  warp_argmax(v, i);
+  __syncthreads();
+  if (lane == 0) {
+    warp_v[warp] = v;
+    warp_i[warp] = i;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nwarps = (blockDim.x + 31) >> 5;
+    v = lane < nwarps ? warp_v[lane] : -INFINITY;
+    i = lane < nwarps ? warp_i[lane] : INT64_MAX;
+    warp_argmax(v, i);
+    if (lane == 0) {
+      warp_v[0] = v;
+      warp_i[0] = i;
+    }
+  }
+  __syncthreads();
+  v = warp_v[0];
+  i = warp_i[0];
+}
+
+// The largest v over the block (fmaxf: NaN ignored unless all are NaN), returned to every thread.
+__device__ inline float block_max(float v) {
+  __shared__ float warp_max[32];
+  __shared__ float total;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const int nwarps = (blockDim.x + 31) >> 5;
+    float w = lane < nwarps ? warp_max[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_down_sync(0xffffffffu, w, o));
     if (lane == 0) total = w;
   }
   __syncthreads();

@@ -220,6 +220,19 @@ TEST(Conv2d, RejectsBadArguments) {
         kernels::conv2d_forward(x, Tensor::zeros({2, 3, 7, 7}), Tensor(), {});
       },
       {"smaller than the kernel"}));
+  // Dilation and groups: the CPU kernel takes plain convolutions only (nn composes the others); a
+  // dilated kernel must still fit the padded input.
+  const Tensor wg = Tensor::zeros({2, 1, 3, 3});
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, wg, Tensor(), {1, 1, 0, 0, 1, 1, 3}); },
+                          {"conv2d_forward", "groups", "expects 3"}));  // 2 output channels, 3 groups
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(Tensor::zeros({1, 2, 5, 5}), wg, Tensor(), {1, 1, 0, 0, 1, 1, 2}); },
+                          {"the CPU kernel takes dilation 1 and groups 1", "groups 2"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor(), {1, 1, 0, 0, 2, 2, 1}); },
+                          {"the CPU kernel takes dilation 1", "dilation (2, 2)"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor(), {1, 1, 0, 0, 3, 1, 1}); },
+                          {"smaller than the kernel 7x3"}));
+  EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3, Tensor(), {1, 1, 0, 0, 0, 1, 1}); },
+                          {"dilation and groups must be >= 1"}));
   EXPECT_TRUE(
       throws_with([&] { kernels::conv2d_forward(x.to(kInt64), w3.to(kInt64), Tensor(), {}); }, {"float32"}));
   EXPECT_TRUE(throws_with([&] { kernels::conv2d_forward(x, w3.to(kFloat64), Tensor(), {}); }, {"float32"}));

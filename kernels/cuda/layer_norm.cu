@@ -1,0 +1,142 @@
+// CUDA kernels of kernels/layer_norm.h (float32) under tandem::kernels::cuda.
+// Assumes: validated by kernels/layer_norm.cpp (x holds whole rows of n elements; w, b of n
+// elements or undefined; mean and rstd of one per row).
+// How: one block of 256 threads per row for the forward and the input gradient (row statistics
+// with block_sum in double, as the CPU kernel's); one thread per column for dweight and dbias,
+// walking the rows in order (neighbouring threads read neighbouring addresses; no atomics).
+// Guarantees: the CPU kernel's formulas and precision (statistics and sums in double, the rest
+// in float); fresh contiguous outputs on the input's device, on its compute stream; deterministic.
+#include <algorithm>
+#include <cmath>
+
+#include "core/cuda/launch.cuh"
+#include "kernels/cuda/common.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/layer_norm.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+const float* in_ptr(const Tensor& t) { return t.defined() ? static_cast<const float*>(t.raw_data()) : nullptr; }
+
+__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+                                  int64_t rows, int64_t n, double eps) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* row = x + r * n;
+    double s = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += static_cast<double>(row[j]);
+    const double mu = block_sum(s) / static_cast<double>(n);
+    double s2 = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const double d = static_cast<double>(row[j]) - mu;
+      s2 += d * d;
+    }
+    const double rs = 1.0 / ::sqrt(block_sum(s2) / static_cast<double>(n) + eps);
+    if (threadIdx.x == 0) {
+      mean[r] = static_cast<float>(mu);
+      rstd[r] = static_cast<float>(rs);
+    }
+    const float m = static_cast<float>(mu), rsf = static_cast<float>(rs);
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      float v = (row[j] - m) * rsf;
+      if (w) v *= w[j];
+      if (b) v += b[j];
+      y[r * n + j] = v;
+    }
+  }
+}
+
+// dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * w.
+__global__ void layer_norm_dx_kernel(const float* g, const float* x, const float* mean, const float* rstd,
+                                     const float* w, float* dx, int64_t rows, int64_t n) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* gr = g + r * n;
+    const float* xr = x + r * n;
+    const float m = mean[r], rs = rstd[r];
+    double a = 0, b = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const double dxhat = static_cast<double>(gr[j]) * (w ? static_cast<double>(w[j]) : 1.0);
+      const double xhat = (static_cast<double>(xr[j]) - m) * rs;
+      a += dxhat;
+      b += dxhat * xhat;
+    }
+    a = block_sum(a);
+    b = block_sum(b);
+    const float ma = static_cast<float>(a / static_cast<double>(n)), mb = static_cast<float>(b / static_cast<double>(n));
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const float dxhat = gr[j] * (w ? w[j] : 1.0f);
+      const float xhat = (xr[j] - m) * rs;
+      dx[r * n + j] = rs * (dxhat - ma - xhat * mb);
+    }
+  }
+}
+
+// dw[j] = sum over rows of dy * xhat, db[j] = sum of dy (either output may be null).
+__global__ void layer_norm_dwb_kernel(const float* g, const float* x, const float* mean, const float* rstd, float* dw,
+                                      float* db, int64_t rows, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(j, n) {
+    double sw = 0, sb = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      const double gv = static_cast<double>(g[i * n + j]);
+      sw += gv * (static_cast<double>(x[i * n + j]) - mean[i]) * rstd[i];
+      sb += gv;
+    }
+    if (dw) dw[j] = static_cast<float>(sw);
+    if (db) db[j] = static_cast<float>(sb);
+  }
+}
+
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535)); }
+
+}  // namespace
+
+LayerNormForward layer_norm_forward(const Tensor& x_in, int64_t n, const Tensor& w_in, const Tensor& b_in,
+                                    double eps) {
+  const int dev = check_f32_cuda("layer_norm", {x_in, w_in, b_in});
+  const Tensor x = x_in.contiguous();
+  const Tensor w = w_in.defined() ? w_in.contiguous() : Tensor(), b = b_in.defined() ? b_in.contiguous() : Tensor();
+  const int64_t rows = x.numel() / n;
+  const Device device = x.device();
+  LayerNormForward r{Tensor::empty(x.shape(), kFloat32, device), Tensor::empty({rows}, kFloat32, device),
+                     Tensor::empty({rows}, kFloat32, device)};
+  if (rows == 0) return r;
+  StreamGuard on(dev);
+  launch(on, layer_norm_kernel, row_grid(rows), kThreads, 0, in_ptr(x), in_ptr(w), in_ptr(b), f32_ptr(r.output),
+         f32_ptr(r.mean), f32_ptr(r.rstd), rows, n, eps);
+  return r;
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& g_in, const Tensor& x_in, const Tensor& mean_in,
+                                   const Tensor& rstd_in, const Tensor& w_in, bool need_input, bool need_weight,
+                                   bool need_bias) {
+  const int dev = check_f32_cuda("layer_norm", {g_in, x_in, mean_in, rstd_in, w_in});
+  const Tensor g = g_in.contiguous(), x = x_in.contiguous();
+  const Tensor mean = mean_in.contiguous(), rstd = rstd_in.contiguous();
+  const Tensor w = w_in.defined() ? w_in.contiguous() : Tensor();
+  const int64_t rows = mean.numel();
+  const int64_t n = w.defined() ? w.numel() : rows > 0 ? x.numel() / rows : 0;
+  const Device device = x.device();
+  LayerNormGrads r;
+  StreamGuard on(dev);
+  if (need_input) {
+    r.input = Tensor::empty(x.shape(), kFloat32, device);
+    if (rows > 0 && n > 0) {
+      launch(on, layer_norm_dx_kernel, row_grid(rows), kThreads, 0, in_ptr(g), in_ptr(x), in_ptr(mean), in_ptr(rstd),
+             in_ptr(w), f32_ptr(r.input), rows, n);
+    }
+  }
+  if (need_weight || need_bias) {
+    const Shape shape = w.defined() ? w.shape() : Shape{n};
+    if (need_weight) r.weight = Tensor::empty(shape, kFloat32, device);
+    if (need_bias) r.bias = Tensor::empty(shape, kFloat32, device);
+    if (n > 0) {
+      launch(on, layer_norm_dwb_kernel, grid_for(n), kThreads, 0, in_ptr(g), in_ptr(x), in_ptr(mean), in_ptr(rstd),
+             need_weight ? f32_ptr(r.weight) : nullptr, need_bias ? f32_ptr(r.bias) : nullptr, rows, n);
+    }
+  }
+  return r;
+}
+
+}  // namespace tandem::kernels::cuda

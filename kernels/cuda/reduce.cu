@@ -1,0 +1,275 @@
+// CUDA kernels of kernels/reduce.h (float32) under tandem::kernels::cuda.
+// Assumes: validated by kernels/reduce.cpp (dims wrapped, sorted and distinct; float32; no empty
+// dimension reduced by max/amax).
+// How: the input is read as a contiguous [outer, len, inner] block, len being the reduced (or
+// softmax) elements: no copy when the input is contiguous and the reduced dimensions are one run;
+// otherwise the reduced dimensions are permuted last and copied (inner = 1). With inner == 1 one
+// block of 256 threads reduces each row (block_sum, block_max, block_argmax of reduce.cuh); with
+// inner > 1 one thread per (outer, inner) column walks len serially, neighbouring threads reading
+// neighbouring addresses. Kept dimensions stay in order, so [outer, inner] is the output in
+// row-major order.
+// Guarantees: fresh contiguous outputs on the input's device, on its compute stream; sums in
+// double (the CPU's rounding differs by float32 rounding only); max/argmax take the first
+// maximum, NaN counting as the maximum (as the CPU and PyTorch); softmax subtracts the row
+// maximum first and sums its exps in double, as the CPU kernel; deterministic (no atomics).
+#include <algorithm>
+#include <vector>
+
+#include "core/cuda/launch.cuh"
+#include "core/view.h"
+#include "kernels/cuda/common.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/reduce.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// x as a contiguous [outer, len, inner] with `dims` in the middle.
+struct Blocked {
+  Tensor data;
+  int64_t outer = 1, len = 1, inner = 1;
+};
+
+Blocked blocked(const Tensor& x, const std::vector<int64_t>& dims) {
+  Blocked b;
+  if (dims.empty()) {  // a 0-D input, or nothing to reduce: every element its own row
+    b.data = x.contiguous();
+    b.outer = x.numel();
+    return b;
+  }
+  bool run = true;
+  for (size_t i = 1; i < dims.size(); ++i) run = run && dims[i] == dims[0] + static_cast<int64_t>(i);
+  if (run) {
+    b.data = x.contiguous();
+    for (int64_t d = 0; d < x.dim(); ++d) (d < dims.front() ? b.outer : d > dims.back() ? b.inner : b.len) *= x.shape()[d];
+    return b;
+  }
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+      perm.push_back(d);
+      b.outer *= x.shape()[d];
+    }
+  }
+  for (int64_t d : dims) {
+    perm.push_back(d);
+    b.len *= x.shape()[d];
+  }
+  b.data = views::permute(x, perm).contiguous();
+  return b;
+}
+
+unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535)); }
+
+const float* in_ptr(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+
+__global__ void sum_rows_kernel(const float* x, float* out, int64_t rows, int64_t len) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    double acc = 0;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) acc += x[r * len + j];
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[r] = static_cast<float>(acc);
+  }
+}
+
+__global__ void sum_cols_kernel(const float* x, float* out, int64_t outer, int64_t len, int64_t inner) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const float* p = x + (t / inner) * len * inner + t % inner;
+    double acc = 0;
+    for (int64_t j = 0; j < len; ++j) acc += p[j * inner];
+    out[t] = static_cast<float>(acc);
+  }
+}
+
+// values[r] (and indices[r] unless null) = the first maximum of row r and its position.
+__global__ void max_rows_kernel(const float* x, float* values, int64_t* indices, int64_t rows, int64_t len) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float v = -INFINITY;
+    int64_t idx = INT64_MAX;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+      const float w = x[r * len + j];
+      if (beats(w, j, v, idx)) {
+        v = w;
+        idx = j;
+      }
+    }
+    block_argmax(v, idx);
+    if (threadIdx.x == 0) {
+      values[r] = v;
+      if (indices) indices[r] = idx;
+    }
+  }
+}
+
+__global__ void max_cols_kernel(const float* x, float* values, int64_t* indices, int64_t outer, int64_t len,
+                                int64_t inner) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const float* p = x + (t / inner) * len * inner + t % inner;
+    float v = p[0];
+    int64_t idx = 0;
+    for (int64_t j = 1; j < len; ++j) {
+      if (beats(p[j * inner], j, v, idx)) {
+        v = p[j * inner];
+        idx = j;
+      }
+    }
+    values[t] = v;
+    if (indices) indices[t] = idx;
+  }
+}
+
+// softmax / log_softmax of one row or column: n elements `step` apart.
+__device__ __forceinline__ void softmax_write(const float* p, float* o, int64_t c, int64_t step, float mx, double s,
+                                              bool log) {
+  const float v = p[c * step];
+  if (log) {
+    o[c * step] = v - (mx + static_cast<float>(::log(s)));
+  } else {
+    o[c * step] = expf(v - mx) * static_cast<float>(1.0 / s);
+  }
+}
+
+__global__ void softmax_rows_kernel(const float* x, float* out, int64_t rows, int64_t n, bool log) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* p = x + r * n;
+    float mx = -INFINITY;
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) mx = fmaxf(mx, p[c]);
+    mx = block_max(mx);
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) s += expf(p[c] - mx);
+    s = block_sum(s);
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) softmax_write(p, out + r * n, c, 1, mx, s, log);
+  }
+}
+
+__global__ void softmax_cols_kernel(const float* x, float* out, int64_t outer, int64_t n, int64_t inner, bool log) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const int64_t base = (t / inner) * n * inner + t % inner;
+    const float* p = x + base;
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < n; ++c) mx = fmaxf(mx, p[c * inner]);
+    double s = 0;
+    for (int64_t c = 0; c < n; ++c) s += expf(p[c * inner] - mx);
+    for (int64_t c = 0; c < n; ++c) softmax_write(p, out + base, c, inner, mx, s, log);
+  }
+}
+
+// log_softmax: g - exp(y) * sum(g); softmax: y * (g - sum(g * y)), in double.
+__device__ __forceinline__ double softmax_grad_term(float g, float y, bool log) {
+  return log ? static_cast<double>(g) : static_cast<double>(g) * y;
+}
+__device__ __forceinline__ float softmax_grad(float g, float y, double s, bool log) {
+  return log ? static_cast<float>(g - ::exp(static_cast<double>(y)) * s) : static_cast<float>(y * (g - s));
+}
+
+__global__ void softmax_grad_rows_kernel(const float* g, const float* y, float* out, int64_t rows, int64_t n,
+                                         bool log) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * n;
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) s += softmax_grad_term(g[base + c], y[base + c], log);
+    s = block_sum(s);
+    for (int64_t c = threadIdx.x; c < n; c += blockDim.x) out[base + c] = softmax_grad(g[base + c], y[base + c], s, log);
+  }
+}
+
+__global__ void softmax_grad_cols_kernel(const float* g, const float* y, float* out, int64_t outer, int64_t n,
+                                         int64_t inner, bool log) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const int64_t base = (t / inner) * n * inner + t % inner;
+    double s = 0;
+    for (int64_t c = 0; c < n; ++c) s += softmax_grad_term(g[base + c * inner], y[base + c * inner], log);
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t k = base + c * inner;
+      out[k] = softmax_grad(g[k], y[k], s, log);
+    }
+  }
+}
+
+// The max kernels over x's `dims` into values (and indices unless undefined).
+void max_into(int dev, const Tensor& x, const std::vector<int64_t>& dims, const Tensor& values, const Tensor& indices) {
+  const Blocked b = blocked(x, dims);
+  const int64_t outputs = b.outer * b.inner;
+  if (outputs == 0) return;
+  int64_t* ip = indices.defined() ? static_cast<int64_t*>(const_cast<void*>(indices.raw_data())) : nullptr;
+  StreamGuard on(dev);
+  if (b.inner == 1) {
+    launch(on, max_rows_kernel, row_grid(b.outer), kThreads, 0, in_ptr(b.data), f32_ptr(values), ip, b.outer, b.len);
+  } else {
+    launch(on, max_cols_kernel, grid_for(outputs), kThreads, 0, in_ptr(b.data), f32_ptr(values), ip, b.outer, b.len,
+           b.inner);
+  }
+}
+
+}  // namespace
+
+Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const int dev = check_f32_cuda("sum", {x});
+  Tensor out = Tensor::empty(views::reduced_shape(x.shape(), dims, keepdim), kFloat32, x.device());
+  const Blocked b = blocked(x, dims);
+  const int64_t outputs = b.outer * b.inner;
+  if (outputs == 0) return out;
+  StreamGuard on(dev);
+  if (b.inner == 1) {
+    launch(on, sum_rows_kernel, row_grid(b.outer), kThreads, 0, in_ptr(b.data), f32_ptr(out), b.outer, b.len);
+  } else {
+    launch(on, sum_cols_kernel, grid_for(outputs), kThreads, 0, in_ptr(b.data), f32_ptr(out), b.outer, b.len,
+           b.inner);
+  }
+  return out;
+}
+
+MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  const int dev = check_f32_cuda("max", {x});
+  const std::vector<int64_t> dims = x.dim() == 0 ? std::vector<int64_t>{} : std::vector<int64_t>{dim};
+  const Shape shape = views::reduced_shape(x.shape(), dims, keepdim);
+  MaxResult r{Tensor::empty(shape, kFloat32, x.device()), Tensor::empty(shape, kInt64, x.device())};
+  max_into(dev, x, dims, r.values, r.indices);
+  return r;
+}
+
+Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  const int dev = check_f32_cuda("amax", {x});
+  Tensor out = Tensor::empty(views::reduced_shape(x.shape(), dims, keepdim), kFloat32, x.device());
+  max_into(dev, x, dims, out, Tensor());
+  return out;
+}
+
+Tensor softmax_forward(const Tensor& x_in, int64_t dim, bool log) {
+  const int dev = check_f32_cuda(log ? "log_softmax" : "softmax", {x_in});
+  const Tensor x = x_in.contiguous();
+  int64_t outer, n, inner;
+  views::split_at(x.shape(), dim, outer, n, inner);
+  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
+  if (out.numel() == 0) return out;
+  StreamGuard on(dev);
+  if (inner == 1) {
+    launch(on, softmax_rows_kernel, row_grid(outer), kThreads, 0, in_ptr(x), f32_ptr(out), outer, n, log);
+  } else {
+    launch(on, softmax_cols_kernel, grid_for(outer * inner), kThreads, 0, in_ptr(x), f32_ptr(out), outer, n, inner,
+           log);
+  }
+  return out;
+}
+
+Tensor softmax_backward(const Tensor& g_in, const Tensor& y_in, int64_t dim, bool log) {
+  const int dev = check_f32_cuda(log ? "log_softmax" : "softmax", {g_in, y_in});
+  const Tensor g = g_in.contiguous(), y = y_in.contiguous();
+  int64_t outer, n, inner;
+  views::split_at(y.shape(), dim, outer, n, inner);
+  Tensor out = Tensor::empty(y.shape(), kFloat32, y.device());
+  if (out.numel() == 0) return out;
+  StreamGuard on(dev);
+  if (inner == 1) {
+    launch(on, softmax_grad_rows_kernel, row_grid(outer), kThreads, 0, in_ptr(g), in_ptr(y), f32_ptr(out), outer, n,
+           log);
+  } else {
+    launch(on, softmax_grad_cols_kernel, grid_for(outer * inner), kThreads, 0, in_ptr(g), in_ptr(y), f32_ptr(out),
+           outer, n, inner, log);
+  }
+  return out;
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,17 +1,16 @@
 // CPU conv2d (NCHW), as im2col + Eigen GEMM. Owns the forward and backward
-// kernels declared in kernels/conv.h under tandem::kernels::cpu. The GEMMs
-// take groups of images at once (their column matrices side by side), so that
-// small maps still make wide products (group_size). Float32
+// kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
 // fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
 // direct kernels of conv_c1.h; stride-1 geometries build the column matrix
-// with permutes (Im2colPermute) and scatter it back with a gather
+// with permutes (Im2colPermute; with padding, from a zero-bordered copy of
+// the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
 // and add rows with masked loads. bench/PERF_NOTES.md has the numbers. Each
 // call is counted in simd_path_count with the level of the rows it ran.
 // Assumes: arguments were validated by kernels/conv.cpp (shapes, devices,
 // dtypes); inputs may be non-contiguous (made contiguous here).
 // Guarantees: outputs are fresh contiguous tensors; the batch is cut into at
-// most num_threads() chunks (then into fixed groups), each doing single-threaded GEMMs into its own
+// most num_threads() chunks, each doing single-threaded GEMMs into its own
 // buffers; weight/bias gradients are summed per chunk and then reduced in
 // chunk order, so results are deterministic for a given thread count.
 // Gradients that were not asked for are not computed (and cost nothing).
@@ -102,16 +101,16 @@ inline void valid_q_range(const Geometry& g, int64_t s, int64_t& lo, int64_t& hi
   hi = std::clamp(first_at_least(g.W + g.pw - s, g.sw), lo, g.Q);
 }
 
-// col[((c*R + r)*S + s) * ld + p*Q + q] = x[c][p*sh - ph + r][q*sw - pw + s] (0 outside): one
-// image's column matrix, rows ld apart (ld >= P*Q; the batched GEMMs put the images of a group
-// side by side in each row). Each row may spill kSpill<T> elements past its P*Q: callers give
-// every row that slack (ld >= P*Q + kSpill<T>) or write what follows it afterwards.
+// col[(c*R + r)*S + s][p*Q + q] = x[c][p*sh - ph + r][q*sw - pw + s] (0 outside).
+// col needs kSpill<T> elements of slack past its end; rows are written in
+// increasing address order, so every spill is overwritten by the next row.
 template <typename T>
-void im2col(const T* x, const Geometry g, T* col, int64_t ld) {  // g by value: stays in registers
+void im2col(const T* x, const Geometry g, T* col) {  // g by value: stays in registers
+  const int64_t PQ = g.pq();
   for (int64_t c = 0; c < g.C; ++c) {
     for (int64_t r = 0; r < g.R; ++r) {
       for (int64_t s = 0; s < g.S; ++s) {
-        T* dst = col + ((c * g.R + r) * g.S + s) * ld;
+        T* dst = col + ((c * g.R + r) * g.S + s) * PQ;
         int64_t lo, hi;
         valid_q_range(g, s, lo, hi);
         for (int64_t p = 0; p < g.P; ++p) {
@@ -173,11 +172,12 @@ class Im2colPermute {
     return true;
   }
 
-  void run(const float* x, const Geometry& g, float* col, int64_t ld) const {
+  void run(const float* x, const Geometry& g, float* col) const {
+    const int64_t PQ = g.pq();
     for (int64_t c = 0; c < g.C; ++c) {
       for (int64_t r = 0; r < g.R; ++r) {
         for (int64_t s = 0; s < g.S; ++s) {
-          float* dst = col + ((c * g.R + r) * g.S + s) * ld;
+          float* dst = col + ((c * g.R + r) * g.S + s) * PQ;
           const float* base = x + (c * g.H + r) * g.W + s;
           for (int64_t j = 0; j < nvec_; ++j) {
             const float* p = base + lo_[j];
@@ -248,18 +248,18 @@ class Col2imGather {
     return true;
   }
 
-  // dx[c] = sum over (r, s) of the reached dcol elements (rows ld apart), for all channels.
-  void run(const float* dcol, const Geometry& g, float* dx, int64_t ld) const {
-    const int64_t HW = g.H * g.W, RS = g.R * g.S;
+  // dx[c] = sum over (r, s) of the reached dcol elements, for all channels.
+  void run(const float* dcol, const Geometry& g, float* dx) const {
+    const int64_t PQ = g.pq(), HW = g.H * g.W, RS = g.R * g.S;
     for (int64_t c = 0; c < g.C; ++c) {
-      const float* rows = dcol + c * RS * ld;
+      const float* rows = dcol + c * RS * PQ;
       float* out = dx + c * HW;
       for (int64_t j = 0; j < nvec_; ++j) {
         __m512 acc = _mm512_setzero_ps();
         for (int64_t rs = 0; rs < RS; ++rs) {
           const Tap& t = taps_[rs * nvec_ + j];
           if (!t.lanes) continue;
-          const float* p = rows + rs * ld + t.lo;
+          const float* p = rows + rs * PQ + t.lo;
           const __m512 a = _mm512_maskz_loadu_ps(t.ma, p), b = _mm512_maskz_loadu_ps(t.mb, p + 16);
           acc = _mm512_add_ps(acc, _mm512_maskz_permutex2var_ps(t.lanes, a, t.idx, b));
         }
@@ -282,11 +282,11 @@ class Col2imGather {
 
 struct Im2colPermute {
   bool plan(const Geometry&) { return false; }
-  void run(const float*, const Geometry&, float*, int64_t) const {}
+  void run(const float*, const Geometry&, float*) const {}
 };
 struct Col2imGather {
   bool plan(const Geometry&) { return false; }
-  void run(const float*, const Geometry&, float*, int64_t) const {}
+  void run(const float*, const Geometry&, float*) const {}
 };
 
 #endif
@@ -305,14 +305,10 @@ struct Im2col {
       }
     }
   }
-  void operator()(const T* x, const Geometry& g, T* col, int64_t ld) const {
-    if (g.identity_col()) {  // the column matrix is the image: [C, H*W]
-      for (int64_t c = 0; c < g.C; ++c) std::memcpy(col + c * ld, x + c * g.pq(), g.pq() * sizeof(T));
-      return;
-    }
+  void operator()(const T* x, const Geometry& g, T* col) const {
     if constexpr (std::is_same_v<T, float>) {
       if (fast_) {
-        perm_.run(x, g, col, ld);
+        perm_.run(x, g, col);
         return;
       }
       if (pad_) {
@@ -323,11 +319,11 @@ struct Im2col {
           for (int64_t h = 0; h < g.H; ++h)
             std::memcpy(image.data() + c * HW + (h + g.ph) * padded_.W + g.pw, x + (c * g.H + h) * g.W,
                         g.W * sizeof(float));
-        perm_.run(image.data(), padded_, col, ld);
+        perm_.run(image.data(), padded_, col);
         return;
       }
     }
-    im2col(x, g, col, ld);
+    im2col(x, g, col);
   }
 
  private:
@@ -341,11 +337,12 @@ struct Im2col {
 // are visited even p first, then odd p, so that consecutive read-modify-writes
 // of one image row do not overlap while the previous store is in flight.
 template <typename T>
-void col2im(const T* col, const Geometry g, T* dx, int64_t ld) {  // g by value: stays in registers
+void col2im(const T* col, const Geometry g, T* dx) {  // g by value: stays in registers
+  const int64_t PQ = g.pq();
   for (int64_t c = 0; c < g.C; ++c) {
     for (int64_t r = 0; r < g.R; ++r) {
       for (int64_t s = 0; s < g.S; ++s) {
-        const T* src = col + ((c * g.R + r) * g.S + s) * ld;
+        const T* src = col + ((c * g.R + r) * g.S + s) * PQ;
         int64_t lo, hi;
         valid_q_range(g, s, lo, hi);
         if (hi <= lo) continue;
@@ -374,17 +371,6 @@ int64_t batch_chunks(const Geometry& g) {
   return detail::num_chunks(g.N, grain);
 }
 
-// Images per GEMM: enough that its N (images x P x Q) is about kGemmColumns, so that the small
-// maps of the deeper layers (7x7: 49 columns an image) still make wide products.
-constexpr int64_t kGemmColumns = 512;
-int64_t group_size(const Geometry& g) { return std::clamp<int64_t>((kGemmColumns + g.pq() - 1) / g.pq(), 1, g.N); }
-
-template <typename T>
-using CStridedMap = Eigen::Map<const detail::RowMat<T>, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-// The forward GEMM, y = W col, on groups of group_size images: their column matrices side by side
-// ([CRS, images * P * Q], rows ld apart), one GEMM into [K, images * P * Q], then each image's
-// [K, P * Q] block copied out with the bias (a group of one is written in place).
 template <typename T>
 Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& args) {
   const Tensor x = x_in.contiguous(), w = w_in.contiguous();
@@ -394,7 +380,8 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   detail::count_simd_path(SimdKernel::conv2d_forward, detail::simd_path<T>(kVectorRows && g.vector_rows()));
   if (y.numel() == 0) return y;
 
-  const int64_t CRS = g.crs(), PQ = g.pq(), CHW = g.C * g.H * g.W;
+  const int64_t CRS = g.crs(), PQ = g.pq();
+  const bool direct = g.identity_col();
   const int64_t chunks = batch_chunks(g);
   if constexpr (std::is_same_v<T, float>) {
     if (g.direct_c1()) {
@@ -405,41 +392,36 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
       return y;
     }
   }
-  const int64_t G = group_size(g);
-  const int64_t col_sz = CRS * (G * PQ + kSpill<T>), out_sz = G > 1 ? g.K * G * PQ : 0;
-  Tensor workspace = Tensor::empty({chunks * (col_sz + out_sz)}, x.dtype());
+  const int64_t col_stride = CRS * PQ + kSpill<T>;  // im2col spills past its end
+  Tensor workspace = direct ? Tensor() : Tensor::empty({chunks * col_stride}, x.dtype());
 
   const T* xp = x.data<T>();
   const T* wp = w.data<T>();
   const T* bp = b.defined() ? b.data<T>() : nullptr;
   T* yp = y.data<T>();
-  T* ws = workspace.data<T>();
+  T* ws = direct ? nullptr : workspace.data<T>();
 
   const Im2col<T> to_columns(g);
   detail::for_each_chunk(g.N, chunks, [&](int64_t chunk, int64_t n0, int64_t n1) {
     const CMatMap<T> wm(wp, g.K, CRS);
-    T* col = ws + chunk * (col_sz + out_sz);
-    T* ybuf = col + col_sz;
-    for (int64_t n = n0; n < n1; n += G) {
-      const int64_t gn = std::min(G, n1 - n), cols = gn * PQ, ld = cols + kSpill<T>;
-      for (int64_t j = 0; j < gn; ++j) to_columns(xp + (n + j) * CHW, g, col + j * PQ, ld);
-      MatMap<T> out(gn == 1 ? yp + n * g.K * PQ : ybuf, g.K, cols);
-      // Eigen's "=" zero-fills the destination and then accumulates into it; starting from the
-      // bias instead saves a separate pass for the bias.
-      for (int64_t k = 0; k < g.K; ++k) out.row(k).setConstant(bp ? bp[k] : T(0));
-      out.noalias() += wm * CStridedMap<T>(col, CRS, cols, Eigen::OuterStride<>(ld));
-      for (int64_t j = 0; j < gn && gn > 1; ++j) {
-        for (int64_t k = 0; k < g.K; ++k)
-          std::memcpy(yp + ((n + j) * g.K + k) * PQ, ybuf + k * cols + j * PQ, PQ * sizeof(T));
+    T* col = direct ? nullptr : ws + chunk * col_stride;
+    for (int64_t n = n0; n < n1; ++n) {
+      const T* xn = xp + n * g.C * g.H * g.W;
+      if (!direct) to_columns(xn, g, col);
+      MatMap<T> out(yp + n * g.K * PQ, g.K, PQ);
+      // Eigen's "=" zero-fills the destination and then accumulates into it;
+      // starting from the bias instead saves a separate pass for the bias.
+      if (bp) {
+        for (int64_t k = 0; k < g.K; ++k) out.row(k).setConstant(bp[k]);
+      } else {
+        out.setZero();
       }
+      out.noalias() += wm * CMatMap<T>(direct ? xn : col, CRS, PQ);
     }
   });
   return y;
 }
 
-// Per chunk, on groups of group_size images as the forward: the output gradients side by side
-// (gyb [K, images * P * Q]), dW += gyb col^T and dcol = W^T gyb, then dcol scattered back into each
-// image (Col2imGather, else col2im).
 template <typename T>
 Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor& w_in, const Conv2dArgs& args,
                           bool need_input, bool need_weight, bool need_bias) {
@@ -448,6 +430,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   const Geometry g = make_geometry(x, w, args);
   const int64_t CRS = g.crs(), PQ = g.pq(), CHW = g.C * g.H * g.W;
+  const bool direct = g.identity_col();
   // Weight and bias gradients of a one-channel 3x3 conv: direct kernels, no column matrix.
   const bool c1 = std::is_same_v<T, float> && !need_input && g.direct_c1();
   const bool rows = c1 || ((need_input || need_weight) && g.vector_rows());
@@ -463,19 +446,17 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
     return out;
   }
 
-  const int64_t chunks = batch_chunks(g), G = group_size(g);
-  const bool gemm = !c1 && (need_input || need_weight);
-  // Per-chunk buffers: the group's column matrix (weight grad, with im2col's slack), output
-  // gradients side by side (groups of more than one), column gradient and a padded image for
-  // col2im (input grad), partial weight and bias gradients for chunks after the first (chunk 0
-  // accumulates straight into the outputs).
-  const int64_t col_sz = (need_weight && !c1) ? CRS * (G * PQ + kSpill<T>) : 0;
-  const int64_t gyb_sz = gemm && G > 1 ? g.K * G * PQ : 0;
-  const int64_t dcol_sz = need_input ? CRS * G * PQ : 0;
-  const int64_t img_sz = need_input ? CHW + kSpill<T> : 0;
+  const int64_t chunks = batch_chunks(g);
+  // Per-chunk buffers: column matrix (weight grad, with im2col's slack),
+  // column gradient and a padded image for col2im to accumulate into (input
+  // grad), partial weight and bias gradients for chunks after the first
+  // (chunk 0 accumulates straight into the outputs).
+  const int64_t col_sz = (need_weight && !direct && !c1) ? CRS * PQ + kSpill<T> : 0;
+  const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
+  const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
   const int64_t dw_sz = need_weight ? g.K * CRS : 0;
   const int64_t db_sz = need_bias ? g.K : 0;
-  const int64_t partial_off = col_sz + gyb_sz + dcol_sz + img_sz;
+  const int64_t partial_off = col_sz + dcol_sz + img_sz;
   const int64_t per_chunk = partial_off + dw_sz + db_sz;
   Tensor workspace = per_chunk > 0 ? Tensor::empty({chunks * per_chunk}, x.dtype()) : Tensor();
   T* ws = per_chunk > 0 ? workspace.data<T>() : nullptr;
@@ -489,14 +470,14 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
 
   const Im2col<T> to_columns(g);
   Col2imGather gather;
-  const bool gather_ok = std::is_same_v<T, float> && need_input && !g.identity_col() && gather.plan(g);
+  const bool gather_ok = std::is_same_v<T, float> && need_input && !direct && gather.plan(g);
   detail::for_each_chunk(g.N, chunks, [&](int64_t chunk, int64_t n0, int64_t n1) {
-    T* col = ws + chunk * per_chunk;
-    T* gyb = col + col_sz;
-    T* dcol = gyb + gyb_sz;
+    T* base = ws + chunk * per_chunk;
+    T* col = base;
+    T* dcol = col + col_sz;
     T* img = dcol + dcol_sz;
-    T* dw = chunk == 0 ? gwp : col + partial_off;
-    T* db = chunk == 0 ? gbp : col + partial_off + dw_sz;
+    T* dw = chunk == 0 ? gwp : base + partial_off;
+    T* db = chunk == 0 ? gbp : base + partial_off + dw_sz;
     if (need_weight) std::fill(dw, dw + g.K * CRS, T(0));
     if (need_bias) std::fill(db, db + g.K, T(0));
     if constexpr (std::is_same_v<T, float>) {
@@ -507,43 +488,36 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
       }
     }
     const CMatMap<T> wm(wp, g.K, CRS);
-    for (int64_t n = n0; n < n1; n += G) {
-      const int64_t gn = std::min(G, n1 - n), cols = gn * PQ;
+    for (int64_t n = n0; n < n1; ++n) {
+      const CMatMap<T> gyn(gyp + n * g.K * PQ, g.K, PQ);
+      const T* xn = xp + n * CHW;
       if (need_bias) {
-        for (int64_t j = 0; j < gn; ++j)
-          for (int64_t k = 0; k < g.K; ++k) db[k] += CMatMap<T>(gyp + ((n + j) * g.K + k) * PQ, 1, PQ).sum();
+        for (int64_t k = 0; k < g.K; ++k) db[k] += gyn.row(k).sum();
       }
-      if (!gemm) continue;
-      const T* gy_group = gyp + n * g.K * PQ;
-      if (gn > 1) {
-        for (int64_t j = 0; j < gn; ++j)
-          for (int64_t k = 0; k < g.K; ++k)
-            std::memcpy(gyb + k * cols + j * PQ, gyp + ((n + j) * g.K + k) * PQ, PQ * sizeof(T));
-        gy_group = gyb;
-      }
-      const CMatMap<T> gym(gy_group, g.K, cols);
       if (need_weight) {
-        const int64_t ld = cols + kSpill<T>;
-        for (int64_t j = 0; j < gn; ++j) to_columns(xp + (n + j) * CHW, g, col + j * PQ, ld);
-        MatMap<T>(dw, g.K, CRS).noalias() += gym * CStridedMap<T>(col, CRS, cols, Eigen::OuterStride<>(ld)).transpose();
+        if (!direct) to_columns(xn, g, col);
+        MatMap<T> dwm(dw, g.K, CRS);
+        dwm.noalias() += gyn * CMatMap<T>(direct ? xn : col, CRS, PQ).transpose();
       }
-      if (!need_input) continue;
-      MatMap<T>(dcol, CRS, cols).noalias() = wm.transpose() * gym;
-      for (int64_t j = 0; j < gn; ++j) {
-        T* gxn = gxp + (n + j) * CHW;
-        if (g.identity_col()) {
-          for (int64_t c = 0; c < g.C; ++c) std::memcpy(gxn + c * PQ, dcol + c * cols + j * PQ, PQ * sizeof(T));
-          continue;
-        }
-        if constexpr (std::is_same_v<T, float>) {
-          if (gather_ok) {
-            gather.run(dcol + j * PQ, g, gxn, cols);
-            continue;
+      if (need_input) {
+        T* gxn = gxp + n * CHW;
+        if (direct) {
+          MatMap<T>(gxn, CRS, PQ).noalias() = wm.transpose() * gyn;
+        } else {
+          MatMap<T>(dcol, CRS, PQ).noalias() = wm.transpose() * gyn;
+          bool gathered = false;
+          if constexpr (std::is_same_v<T, float>) {
+            if (gather_ok) {
+              gather.run(dcol, g, gxn);
+              gathered = true;
+            }
+          }
+          if (!gathered) {
+            std::fill(img, img + img_sz, T(0));
+            col2im(dcol, g, img);
+            std::memcpy(gxn, img, CHW * sizeof(T));
           }
         }
-        std::fill(img, img + img_sz, T(0));
-        col2im(dcol + j * PQ, g, img, cols);
-        std::memcpy(gxn, img, CHW * sizeof(T));
       }
     }
   });

@@ -10,8 +10,8 @@ ru_maxrss from os.wait4), with the ratios tandem / pytorch, as a markdown table 
 as JSON (--json-out).
 Assumes: Linux; Debian's /usr/bin/python3 with PyTorch 1.13 for the reference. Only the
 standard library is used here (and compare_pytorch.py's process helpers).
-Guarantees: one child at a time; each repeat runs Tandem then PyTorch back to back, so a change
-of load hits both sides alike; samples/s is the median over --repeats, peak RSS the max; the
+Guarantees: one child at a time; each repeat runs Tandem then PyTorch (then --baseline-bin, another
+model_steps build, when given) back to back, so a change of load hits every side alike; samples/s is the median over --repeats, peak RSS the max; the
 children get OMP_NUM_THREADS / MKL_NUM_THREADS and --threads N; a child that fails or times out
 stops the script with its exit status and the tail of its output.
 
@@ -45,6 +45,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Compare the example models' training step, Tandem "
                                             "vs PyTorch: samples/s, peak RSS")
     p.add_argument("--tandem-bin", default=os.path.join(ROOT, "build", "bench", "model_steps"))
+    p.add_argument("--baseline-bin", default=None,
+                   help="another model_steps build (e.g. of an older commit), run in each repeat "
+                        "too: before/after ratios from the same run")
     p.add_argument("--pytorch-both", action="store_true",
                    help="run the PyTorch script in the tandem slot too (tests this script)")
     p.add_argument("--python", default="/usr/bin/python3", help="interpreter with PyTorch")
@@ -80,7 +83,7 @@ def command(args, side, model, threads, metrics):
              "--threads", str(threads), "--metrics-out", metrics]
     if side == "pytorch" or args.pytorch_both:
         return [args.python, args.pytorch_script] + flags
-    return [args.tandem_bin] + flags
+    return [args.baseline_bin if side == "baseline" else args.tandem_bin] + flags
 
 
 def run_once(args, side, model, threads, rep, workdir):
@@ -112,15 +115,21 @@ def summary(runs, argv):
 
 
 def measure(args, model, threads, workdir):
-    runs = {"tandem": [], "pytorch": []}
+    sides = ("tandem", "pytorch") + (("baseline",) if args.baseline_bin else ())
+    runs = {side: [] for side in sides}
     for rep in range(args.repeats):
-        for side in ("tandem", "pytorch"):
+        for side in sides:
             runs[side].append(run_once(args, side, model, threads, rep, workdir))
-    t = summary(runs["tandem"], command(args, "tandem", model, threads, "METRICS"))
-    p = summary(runs["pytorch"], command(args, "pytorch", model, threads, "METRICS"))
-    return {"model": model, "threads": threads, "tandem": t, "pytorch": p,
-            "ratio_samples_per_s": t["samples_per_s"] / p["samples_per_s"],
-            "ratio_peak_rss": t["peak_rss_bytes"] / p["peak_rss_bytes"]}
+    s = {side: summary(runs[side], command(args, side, model, threads, "METRICS")) for side in sides}
+    t, p = s["tandem"], s["pytorch"]
+    out = {"model": model, "threads": threads, "tandem": t, "pytorch": p,
+           "ratio_samples_per_s": t["samples_per_s"] / p["samples_per_s"],
+           "ratio_peak_rss": t["peak_rss_bytes"] / p["peak_rss_bytes"]}
+    if args.baseline_bin:
+        b = s["baseline"]
+        out.update(baseline=b, baseline_ratio_samples_per_s=b["samples_per_s"] / p["samples_per_s"],
+                   speedup_over_baseline=t["samples_per_s"] / b["samples_per_s"])
+    return out
 
 
 def print_table(args, results):
@@ -137,6 +146,15 @@ def print_table(args, results):
         print(f"| {r['model']} | {r['threads']} | {t['samples_per_s']:.1f} | {p['samples_per_s']:.1f} | "
               f"{r['ratio_samples_per_s']:.2f} | {fmt_mib(t['peak_rss_bytes'])} | "
               f"{fmt_mib(p['peak_rss_bytes'])} | {r['ratio_peak_rss']:.2f} |")
+    if args.baseline_bin:
+        print(f"\nbaseline: {args.baseline_bin}\n")
+        print(f"| model | threads | baseline samples/s | baseline / PyTorch | {name} / PyTorch | "
+              f"{name} / baseline |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for r in results:
+            print(f"| {r['model']} | {r['threads']} | {r['baseline']['samples_per_s']:.1f} | "
+                  f"{r['baseline_ratio_samples_per_s']:.2f} | {r['ratio_samples_per_s']:.2f} | "
+                  f"{r['speedup_over_baseline']:.2f} |")
 
 
 def main(argv=None):
@@ -144,6 +162,9 @@ def main(argv=None):
     if not args.pytorch_both and not os.access(args.tandem_bin, os.X_OK):
         sys.exit(f"--tandem-bin {args.tandem_bin} is not an executable (build the model_steps "
                  "target, or pass --pytorch-both to test this script with PyTorch on both sides)")
+    if args.baseline_bin and (args.pytorch_both or not os.access(args.baseline_bin, os.X_OK)):
+        sys.exit(f"--baseline-bin {args.baseline_bin}: expected an executable model_steps build, "
+                 "and no --pytorch-both")
     load = os.getloadavg()[0]
     if load > 0.5:
         print(f"warning: 1-minute load average is {load:.2f}: other work shares the CPUs, so "

@@ -1,7 +1,8 @@
 // CPU conv2d (NCHW), as im2col + Eigen GEMM. Owns the forward and backward
 // kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
 // fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
-// direct kernels of conv_c1.h; stride-1 geometries build the column matrix
+// direct kernels of conv_c1.h, 3x3 convs with stride 1 and padding 1 those of
+// conv3x3.h for the forward and the input gradient; stride-1 geometries build the column matrix
 // with permutes (Im2colPermute; with padding, from a zero-bordered copy of
 // the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/conv_c1.h"
 #include "kernels/cpu/simd.h"
 
@@ -39,6 +41,8 @@ struct Geometry {
   bool identity_col() const { return R == 1 && S == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
   // One input channel, 3x3, stride 1, no padding: the direct kernels of conv_c1.h (float32).
   bool direct_c1() const { return detail::conv_c1_supported(C, R, S, sh, sw, ph, pw); }
+  // 3x3, stride 1, padding 1: the direct kernels of conv3x3.h (float32 forward and input gradient).
+  bool direct_3x3() const { return detail::conv3x3_supported(R, S, sh, sw, ph, pw); }
   // A float32 column matrix is built and scattered with vector rows (copy_spill, add_spill,
   // Im2colPermute, Col2imGather) where they are compiled in: rows of stride 1. The direct kernels'
   // geometry is one of these.
@@ -384,10 +388,16 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   const bool direct = g.identity_col();
   const int64_t chunks = batch_chunks(g);
   if constexpr (std::is_same_v<T, float>) {
+    const float* bp = b.defined() ? b.data<float>() : nullptr;
     if (g.direct_c1()) {
-      const float* bp = b.defined() ? b.data<float>() : nullptr;
       detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
         detail::conv_c1_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.H, g.W, g.K);
+      });
+      return y;
+    }
+    if (g.direct_3x3()) {
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv3x3_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.C, g.H, g.W, g.K);
       });
       return y;
     }
@@ -447,6 +457,15 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   }
 
   const int64_t chunks = batch_chunks(g);
+  if constexpr (std::is_same_v<T, float>) {
+    if (need_input && g.direct_3x3()) {  // the input gradient here, the weight and bias below
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv3x3_input_grad(gy.data<float>(), w.data<float>(), out.input.data<float>(), n0, n1, g.C, g.H, g.W,
+                                   g.K);
+      });
+      need_input = false;
+    }
+  }
   // Per-chunk buffers: column matrix (weight grad, with im2col's slack),
   // column gradient and a padded image for col2im to accumulate into (input
   // grad), partial weight and bias gradients for chunks after the first

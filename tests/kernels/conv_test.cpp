@@ -234,3 +234,24 @@ TEST(Conv2dCpu, RejectsNonFloatDtypes) {
   const Tensor x = Tensor::zeros({1, 1, 3, 3}, kInt32);
   EXPECT_TRUE(throws_with([&] { kernels::cpu::conv2d_forward(x, x, Tensor(), {}); }, {"int32"}));
 }
+
+TEST(Conv2d, ThreeByThreePaddingOneDirectKernelsAndPaddedIm2col) {
+  // 3x3, stride 1, padding 1, float32: the forward and the input gradient take the direct kernels
+  // of kernels/cpu/conv3x3.cpp, the weight gradient builds its column matrix from a zero-bordered
+  // copy through the permutes. Rows of 37 columns (two vectors, then a 5-column tail), exactly 16
+  // and 17, 1 and 7; output channels in blocks of 8 and singles (11 = 8 + 3, 3, 1); one input
+  // channel; non-square images; with and without bias; strided inputs; over several threads.
+  // The ResNet's own shapes last.
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadCountGuard guard(threads);
+    check_case({3, 5, 6, 37, 11, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 70);
+    check_case({2, 3, 16, 16, 8, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 71);
+    check_case({2, 4, 5, 17, 3, 3, 3, {1, 1, 1, 1}, true}, kFloat32, true, 72);
+    check_case({3, 1, 9, 1, 1, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 73);
+    check_case({2, 2, 1, 7, 9, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 74);
+  }
+  check_case({2, 8, 28, 28, 8, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 75);
+  check_case({2, 16, 14, 14, 16, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 76);
+  check_case({2, 32, 7, 7, 32, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 77);
+}

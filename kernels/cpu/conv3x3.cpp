@@ -1,0 +1,125 @@
+// Direct 3x3 convolution, stride 1, padding 1 (kernels/cpu/conv3x3.h). Per image the input is
+// copied into a zero border (one row and column each side, plus slack so that full vector
+// loads stay inside the buffer); per block of 8 output channels, output row and 32 output
+// columns, 16 accumulators (8 channels x 2 vectors) take, for every input channel and kernel
+// tap, 2 input vectors and 8 broadcast weights (the weights are packed [block][C][9][8] first).
+// Lanes past the row's end read the next row's values and are never stored (masked stores,
+// kernels/cpu/simd.h). AVX-512 only; other levels have stubs.
+#include "kernels/cpu/conv3x3.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/simd.h"
+
+namespace tandem::kernels::cpu::detail {
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+
+bool conv3x3_supported(int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w) {
+  return R == 3 && S == 3 && stride_h == 1 && stride_w == 1 && pad_h == 1 && pad_w == 1;
+}
+
+namespace {
+
+constexpr int64_t kBlock = 8;  // output channels per block
+
+// Output channels [k0, k0 + KB) of one image, columns in vectors of 16, NV vectors at a time.
+// xp: the zero-bordered image [C][H + 2][W + 2]; wk: the block's packed weights [C][9][KB].
+template <int KB, int NV>
+void block_rows(const float* xp, const float* wk, const float* b, float* y, int64_t C, int64_t H, int64_t W,
+                int64_t q0) {
+  const int64_t Wp = W + 2, HW = H * W, plane = (H + 2) * Wp;
+  for (int64_t p = 0; p < H; ++p) {
+    __m512 acc[KB][NV];
+#pragma GCC unroll 8
+    for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[j][v] = b ? _mm512_set1_ps(b[j]) : _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const float* rows = xp + c * plane + p * Wp + q0;
+      const float* wc = wk + c * 9 * KB;
+#pragma GCC unroll 9
+      for (int t = 0; t < 9; ++t) {
+        __m512 in[NV];
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) in[v] = _mm512_loadu_ps(rows + (t / 3) * Wp + t % 3 + 16 * v);
+#pragma GCC unroll 8
+        for (int j = 0; j < KB; ++j) {
+          const __m512 wv = _mm512_set1_ps(wc[t * KB + j]);
+#pragma GCC unroll 2
+          for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(wv, in[v], acc[j][v]);
+        }
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) simd::store_first(y + j * HW + p * W + q0 + 16 * v, acc[j][v], W - q0 - 16 * v);
+    }
+  }
+}
+
+// Output channels [k0, k0 + KB) of one image over all its columns.
+template <int KB>
+void block(const float* xp, const float* wk, const float* b, float* y, int64_t C, int64_t H, int64_t W) {
+  for (int64_t q0 = 0; q0 < W; q0 += 32) {
+    if (W - q0 > 16) {
+      block_rows<KB, 2>(xp, wk, b, y, C, H, W, q0);
+    } else {
+      block_rows<KB, 1>(xp, wk, b, y, C, H, W, q0);
+    }
+  }
+}
+
+}  // namespace
+
+void conv3x3_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1, int64_t C,
+                     int64_t H, int64_t W, int64_t K) {
+  // Weights per block of output channels: packed[k0 * C * 9 + (c * 9 + t) * KB + j] = w[k0 + j][c][t].
+  std::vector<float> packed(static_cast<size_t>(K * C * 9));
+  // Blocks of kBlock channels, then single channels (as the loop below computes them).
+  for (int64_t k0 = 0; k0 < K;) {
+    const int64_t kb = k0 + kBlock <= K ? kBlock : 1;
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t t = 0; t < 9; ++t)
+        for (int64_t j = 0; j < kb; ++j) packed[k0 * C * 9 + (c * 9 + t) * kb + j] = w[((k0 + j) * C + c) * 9 + t];
+    k0 += kb;
+  }
+  const int64_t Wp = W + 2, plane = (H + 2) * Wp, HW = H * W;
+  std::vector<float> xp(static_cast<size_t>(C * plane + 64), 0.0f);  // borders stay 0
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(xp.data() + c * plane + (h + 1) * Wp + 1, x + ((n * C + c) * H + h) * W, W * sizeof(float));
+    float* yn = y + n * K * HW;
+    int64_t k0 = 0;
+    for (; k0 + kBlock <= K; k0 += kBlock)
+      block<kBlock>(xp.data(), packed.data() + k0 * C * 9, b ? b + k0 : nullptr, yn + k0 * HW, C, H, W);
+    for (; k0 < K; ++k0)
+      block<1>(xp.data(), packed.data() + k0 * C * 9, b ? b + k0 : nullptr, yn + k0 * HW, C, H, W);
+  }
+}
+
+void conv3x3_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1, int64_t C, int64_t H,
+                        int64_t W, int64_t K) {
+  // The input gradient is the convolution of gy with the weights transposed ([C, K]) and flipped.
+  std::vector<float> wt(static_cast<size_t>(C * K * 9));
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t t = 0; t < 9; ++t) wt[(c * K + k) * 9 + t] = w[(k * C + c) * 9 + 8 - t];
+  conv3x3_forward(gy, wt.data(), nullptr, gx, n0, n1, K, H, W, C);
+}
+
+#else  // no AVX-512: the im2col + GEMM path is used instead
+
+bool conv3x3_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
+void conv3x3_forward(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                     int64_t) {}
+void conv3x3_input_grad(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace tandem::kernels::cpu::detail

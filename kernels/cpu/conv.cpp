@@ -2,7 +2,7 @@
 // kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
 // fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
 // direct kernels of conv_c1.h, 3x3 convs with stride 1 and padding 1 those of
-// conv3x3.h for the forward and the input gradient; stride-1 geometries build the column matrix
+// conv3x3.h (forward, input and weight gradients); stride-1 geometries build the column matrix
 // with permutes (Im2colPermute; with padding, from a zero-bordered copy of
 // the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
@@ -470,7 +470,9 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   // column gradient and a padded image for col2im to accumulate into (input
   // grad), partial weight and bias gradients for chunks after the first
   // (chunk 0 accumulates straight into the outputs).
-  const int64_t col_sz = (need_weight && !direct && !c1) ? CRS * PQ + kSpill<T> : 0;
+  // 3x3, stride 1, padding 1: the weight gradient from the direct kernel too (the bias below).
+  const bool w3 = std::is_same_v<T, float> && need_weight && !need_input && g.direct_3x3();
+  const int64_t col_sz = (need_weight && !direct && !c1 && !w3) ? CRS * PQ + kSpill<T> : 0;
   const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
   const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
   const int64_t dw_sz = need_weight ? g.K * CRS : 0;
@@ -505,6 +507,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
                                     g.W, g.K);
         return;
       }
+      if (w3) detail::conv3x3_weight_grad(gyp, xp, dw, n0, n1, g.C, g.H, g.W, g.K);
     }
     const CMatMap<T> wm(wp, g.K, CRS);
     for (int64_t n = n0; n < n1; ++n) {
@@ -513,7 +516,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
       if (need_bias) {
         for (int64_t k = 0; k < g.K; ++k) db[k] += gyn.row(k).sum();
       }
-      if (need_weight) {
+      if (need_weight && !w3) {
         if (!direct) to_columns(xn, g, col);
         MatMap<T> dwm(dw, g.K, CRS);
         dwm.noalias() += gyn * CMatMap<T>(direct ? xn : col, CRS, PQ).transpose();

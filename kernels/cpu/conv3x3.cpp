@@ -4,7 +4,8 @@
 // columns, 16 accumulators (8 channels x 2 vectors) take, for every input channel and kernel
 // tap, 2 input vectors and 8 broadcast weights (the weights are packed [block][C][9][8] first).
 // Lanes past the row's end read the next row's values and are never stored (masked stores,
-// kernels/cpu/simd.h). AVX-512 only; other levels have stubs.
+// kernels/cpu/simd.h). The weight gradient runs over the padded image as one flat row (see
+// weight_grad_block). AVX-512 only; other levels have stubs.
 #include "kernels/cpu/conv3x3.h"
 
 #include <algorithm>
@@ -113,12 +114,72 @@ void conv3x3_input_grad(const float* gy, const float* w, float* gx, int64_t n0, 
   conv3x3_forward(gy, wt.data(), nullptr, gx, n0, n1, K, H, W, C);
 }
 
+namespace {
+
+// Weight gradient of channels [k, k + KB) and input channel c for one image, in the flat padded
+// layout: output position (p, q) is j = p * (W + 2) + q, where the padded input of tap (r, s)
+// is at j + r * (W + 2) + s; gyp holds gy there with zeros at q >= W (so the columns between
+// rows add nothing). part: [K][C][9][16] per lane partial sums, loaded and stored back.
+template <int KB>
+void weight_grad_block(const float* gyp, const float* xc, float* part, int64_t L, int64_t Wp, int64_t C, int64_t k,
+                       int64_t c) {
+  __m512 acc[KB][9];
+#pragma GCC unroll 2
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; ++t) acc[j][t] = _mm512_loadu_ps(part + (((k + j) * C + c) * 9 + t) * 16);
+  }
+  for (int64_t j0 = 0; j0 < L; j0 += 16) {
+    __m512 gv[KB];
+#pragma GCC unroll 2
+    for (int j = 0; j < KB; ++j) gv[j] = _mm512_loadu_ps(gyp + (k + j) * L + j0);
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; ++t) {
+      const __m512 xv = _mm512_loadu_ps(xc + j0 + (t / 3) * Wp + t % 3);
+#pragma GCC unroll 2
+      for (int j = 0; j < KB; ++j) acc[j][t] = _mm512_fmadd_ps(gv[j], xv, acc[j][t]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; ++t) _mm512_storeu_ps(part + (((k + j) * C + c) * 9 + t) * 16, acc[j][t]);
+  }
+}
+
+}  // namespace
+
+void conv3x3_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1, int64_t C, int64_t H,
+                         int64_t W, int64_t K) {
+  const int64_t Wp = W + 2, plane = (H + 2) * Wp, HW = H * W;
+  const int64_t L = (H * Wp + 15) / 16 * 16;  // flat output positions, whole vectors
+  std::vector<float> xp(static_cast<size_t>(C * plane + L + 64), 0.0f);  // borders and slack stay 0
+  std::vector<float> gyp(static_cast<size_t>(K * L), 0.0f);              // columns q >= W stay 0
+  std::vector<float> part(static_cast<size_t>(K * C * 9 * 16), 0.0f);
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(xp.data() + c * plane + (h + 1) * Wp + 1, x + ((n * C + c) * H + h) * W, W * sizeof(float));
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(gyp.data() + k * L + h * Wp, gy + (n * K + k) * HW + h * W, W * sizeof(float));
+    for (int64_t c = 0; c < C; ++c) {
+      const float* xc = xp.data() + c * plane;
+      int64_t k = 0;
+      for (; k + 2 <= K; k += 2) weight_grad_block<2>(gyp.data(), xc, part.data(), L, Wp, C, k, c);
+      for (; k < K; ++k) weight_grad_block<1>(gyp.data(), xc, part.data(), L, Wp, C, k, c);
+    }
+  }
+  for (int64_t i = 0; i < K * C * 9; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part.data() + i * 16));
+}
+
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
 bool conv3x3_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
 void conv3x3_forward(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
                      int64_t) {}
 void conv3x3_input_grad(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+void conv3x3_weight_grad(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {}
 
 #endif
 

@@ -1,6 +1,7 @@
 // Internal: direct float32 3x3 convolution with stride 1 and padding 1 (the output has the
-// input's size: the 3x3 layers of a ResNet), used by kernels/cpu/conv.cpp for the forward and,
-// with the weights transposed and flipped, the input gradient, instead of im2col + GEMM: with
+// input's size: the 3x3 layers of a ResNet), used by kernels/cpu/conv.cpp for the forward, the
+// input gradient (the forward with the weights transposed and flipped) and the weight gradient,
+// instead of im2col + GEMM: with
 // 8-64 channels the column matrix (9x the image) costs more to write and read than the
 // arithmetic. AVX-512 only: conv3x3_supported() is false elsewhere.
 // Assumes contiguous NCHW float tensors.
@@ -24,5 +25,11 @@ void conv3x3_forward(const float* x, const float* w, const float* b, float* y, i
 // gx [N, C, H, W] (overwritten).
 void conv3x3_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1, int64_t C, int64_t H,
                         int64_t W, int64_t K);
+
+// dw [K, C, 3, 3] += the weight gradient of that convolution summed over images [n0, n1), for
+// gy [N, K, H, W] and x [N, C, H, W]. Per lane partial sums over the images, then one horizontal
+// sum: deterministic for a given [n0, n1).
+void conv3x3_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1, int64_t C, int64_t H,
+                         int64_t W, int64_t K);
 
 }  // namespace tandem::kernels::cpu::detail

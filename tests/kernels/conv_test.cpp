@@ -235,10 +235,16 @@ TEST(Conv2dCpu, RejectsNonFloatDtypes) {
   EXPECT_TRUE(throws_with([&] { kernels::cpu::conv2d_forward(x, x, Tensor(), {}); }, {"int32"}));
 }
 
-TEST(Conv2d, ThreeByThreePaddingOneDirectKernelsAndPaddedIm2col) {
-  // 3x3, stride 1, padding 1, float32: the forward and the input gradient take the direct kernels
-  // of kernels/cpu/conv3x3.cpp, the weight gradient builds its column matrix from a zero-bordered
-  // copy through the permutes. Rows of 37 columns (two vectors, then a 5-column tail), exactly 16
+TEST(Conv2d, StrideOnePaddedIm2colThroughABorderedCopy) {
+  // Stride 1 with padding (not the 3x3 / padding 1 of the direct kernels), float32: the column
+  // matrix is built from a zero-bordered copy of the image through the permutes.
+  check_case({2, 3, 9, 11, 4, 5, 5, {1, 1, 2, 2}, true}, kFloat32, false, 80);
+  check_case({2, 2, 10, 6, 3, 3, 3, {1, 1, 2, 1}, false}, kFloat32, true, 81);
+}
+
+TEST(Conv2d, ThreeByThreePaddingOneDirectKernels) {
+  // 3x3, stride 1, padding 1, float32: the forward, the input gradient and the weight gradient
+  // take the direct kernels of kernels/cpu/conv3x3.cpp. Rows of 37 columns (two vectors, then a 5-column tail), exactly 16
   // and 17, 1 and 7; output channels in blocks of 8 and singles (11 = 8 + 3, 3, 1); one input
   // channel; non-square images; with and without bias; strided inputs; over several threads.
   // The ResNet's own shapes last.

@@ -5,7 +5,7 @@
 // evaluations:
 //   resnet: ResNet(width, blocks), images N(0, 1) [batch, 1, 28, 28], labels uniform in [0, 10),
 //           log_softmax + nll_loss, SGD lr 0.1, momentum 0.9, Nesterov, weight decay 5e-4;
-//   gpt:    GPT(vocab 99, block 64, 2 layers, 4 heads, dim 64), token windows uniform in
+//   gpt:    GPT(vocabulary 99, block 64, 2 layers, 4 heads, dim 64), token windows uniform in
 //           [0, vocab) [batch, block], cross-entropy on the next token, AdamW lr 3e-3, betas
 //           0.9/0.99, weight decay 0.1 on matrices only, gradient clipping at norm 1.
 // A step is zero_grad, forward, loss, backward, (clip,) optimizer step, loss.item(); the batches
@@ -16,8 +16,8 @@
 //    "samples_per_s":..,"tokens_per_s":..(gpt),"first_loss":..,"last_loss":..,"params":..}
 // --profile prints the per-op table of core/profiler.h over the timed steps.
 // Usage: model_steps --model resnet|gpt [--iters N] [--warmup N] [--batch-size N] [--threads N]
-//        [--width W] [--blocks B] [--layers L] [--heads H] [--dim D] [--block-size T] [--seed S]
-//        [--metrics-out FILE] [--profile]
+//        [--width W] [--blocks B] [--layers L] [--heads H] [--dim D] [--block-size T] [--vocab V]
+//        [--seed S] [--metrics-out FILE] [--profile]
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -183,6 +183,7 @@ int main(int argc, char** argv) {
   app.add_option("--heads", o.heads, "gpt: attention heads")->check(CLI::PositiveNumber);
   app.add_option("--dim", o.dim, "gpt: embedding width")->check(CLI::PositiveNumber);
   app.add_option("--block-size", o.block, "gpt: context length")->check(CLI::PositiveNumber);
+  app.add_option("--vocab", o.vocab, "gpt: vocabulary size")->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "weights and synthetic data");
   app.add_option("--metrics-out", o.metrics_out, "append the JSON line here instead of stdout");
   app.add_flag("--profile", o.profile, "per-op wall time over the timed steps");

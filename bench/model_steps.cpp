@@ -171,19 +171,19 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"Times the training step of the example ResNet or GPT on synthetic data"};
+  const auto positive = CLI::Range(int64_t{1}, int64_t{1} << 30), non_negative = CLI::Range(int64_t{0}, int64_t{1} << 30);
   app.add_option("--model", o.model, "resnet or gpt")->required()->check(CLI::IsMember({"resnet", "gpt"}));
-  app.add_option("--iters", o.iters, "timed steps")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--warmup", o.warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  app.add_option("--batch-size", o.batch, "samples a step (default: resnet 64, gpt 16)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--iters", o.iters, "timed steps")->check(positive);
+  app.add_option("--warmup", o.warmup, "untimed steps first")->check(non_negative);
+  app.add_option("--batch-size", o.batch, "samples a step (default: resnet 64, gpt 16)")->check(positive);
   app.add_option("--threads", o.threads, "kernel threads")->check(CLI::Range(1, 1024));
-  app.add_option("--width", o.width, "resnet: channels of stage 1")->check(CLI::PositiveNumber);
-  app.add_option("--blocks", o.blocks, "resnet: blocks per stage")->check(CLI::PositiveNumber);
-  app.add_option("--layers", o.layers, "gpt: blocks")->check(CLI::PositiveNumber);
-  app.add_option("--heads", o.heads, "gpt: attention heads")->check(CLI::PositiveNumber);
-  app.add_option("--dim", o.dim, "gpt: embedding width")->check(CLI::PositiveNumber);
-  app.add_option("--block-size", o.block, "gpt: context length")->check(CLI::PositiveNumber);
-  app.add_option("--vocab", o.vocab, "gpt: vocabulary size")->check(CLI::PositiveNumber);
+  app.add_option("--width", o.width, "resnet: channels of stage 1")->check(positive);
+  app.add_option("--blocks", o.blocks, "resnet: blocks per stage")->check(positive);
+  app.add_option("--layers", o.layers, "gpt: blocks")->check(positive);
+  app.add_option("--heads", o.heads, "gpt: attention heads")->check(positive);
+  app.add_option("--dim", o.dim, "gpt: embedding width")->check(positive);
+  app.add_option("--block-size", o.block, "gpt: context length")->check(positive);
+  app.add_option("--vocab", o.vocab, "gpt: vocabulary size")->check(positive);
   app.add_option("--seed", o.seed, "weights and synthetic data");
   app.add_option("--metrics-out", o.metrics_out, "append the JSON line here instead of stdout");
   app.add_flag("--profile", o.profile, "per-op wall time over the timed steps");

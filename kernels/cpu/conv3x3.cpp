@@ -19,8 +19,10 @@ namespace tandem::kernels::cpu::detail {
 
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
-bool conv3x3_supported(int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w) {
-  return R == 3 && S == 3 && stride_h == 1 && stride_w == 1 && pad_h == 1 && pad_w == 1;
+bool conv3x3_supported(int64_t C, int64_t K, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w,
+                       int64_t pad_h, int64_t pad_w) {
+  return C <= kConv3x3MaxChannels && K <= kConv3x3MaxChannels && R == 3 && S == 3 && stride_h == 1 &&
+         stride_w == 1 && pad_h == 1 && pad_w == 1;
 }
 
 namespace {
@@ -190,7 +192,7 @@ void conv3x3_weight_grad(const float* gy, const float* x, float* dw, int64_t n0,
 
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
-bool conv3x3_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
+bool conv3x3_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
 void conv3x3_forward(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
                      int64_t) {}
 void conv3x3_input_grad(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) {}

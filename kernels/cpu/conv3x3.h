@@ -14,8 +14,12 @@
 
 namespace tandem::kernels::cpu::detail {
 
-// True when this build has the direct kernels (AVX-512) and the geometry is theirs.
-bool conv3x3_supported(int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h, int64_t pad_w);
+// True when this build has the direct kernels (AVX-512) and the geometry is theirs: 3x3, stride
+// 1, padding 1, at most kConv3x3MaxChannels input and output channels (wider layers make GEMMs
+// that run near the peak anyway, and the weight gradient's per-lane partials grow as C x K).
+constexpr int64_t kConv3x3MaxChannels = 64;
+bool conv3x3_supported(int64_t C, int64_t K, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w,
+                       int64_t pad_h, int64_t pad_w);
 
 // y[n] = w * x[n] (+ b) for n in [n0, n1): x [N, C, H, W], w [K, C, 3, 3], y [N, K, H, W]; b may be null.
 void conv3x3_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1, int64_t C,

@@ -236,10 +236,12 @@ TEST(Conv2dCpu, RejectsNonFloatDtypes) {
 }
 
 TEST(Conv2d, StrideOnePaddedIm2colThroughABorderedCopy) {
-  // Stride 1 with padding (not the 3x3 / padding 1 of the direct kernels), float32: the column
-  // matrix is built from a zero-bordered copy of the image through the permutes.
+  // Stride 1 with padding (not the 3x3 / padding 1 / <= 64 channels of the direct kernels),
+  // float32: the column matrix is built from a zero-bordered copy of the image through the permutes.
   check_case({2, 3, 9, 11, 4, 5, 5, {1, 1, 2, 2}, true}, kFloat32, false, 80);
   check_case({2, 2, 10, 6, 3, 3, 3, {1, 1, 2, 1}, false}, kFloat32, true, 81);
+  // 3x3 / stride 1 / padding 1 with more output channels than the direct kernels take.
+  check_case({2, 3, 6, 6, 70, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 82);
 }
 
 TEST(Conv2d, ThreeByThreePaddingOneDirectKernels) {

@@ -116,13 +116,52 @@ void for_each_offset(const Tensor& t, Fn&& fn) {
   }
 }
 
+// Same-dtype copy between strided layouts as raw elements of type U (the dtype's size): the
+// innermost dimension is a tight loop, the outer index advances both offsets incrementally.
+template <typename U>
+void strided_copy(Tensor& dst, const Tensor& src) {
+  const int64_t nd = dst.dim(), inner = dst.shape()[nd - 1];
+  const int64_t ds = dst.strides()[nd - 1], ss = src.strides()[nd - 1];
+  U* d = static_cast<U*>(dst.storage()->data()) + dst.offset();
+  const U* s = static_cast<const U*>(src.storage()->data()) + src.offset();
+  const int64_t rows = dst.numel() / inner;
+  std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+  int64_t doff = 0, soff = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    U* dp = d + doff;
+    const U* sp = s + soff;
+    if (ds == 1 && ss == 1) {
+      std::memcpy(dp, sp, static_cast<size_t>(inner) * sizeof(U));
+    } else {
+      for (int64_t i = 0; i < inner; ++i) dp[i * ds] = sp[i * ss];
+    }
+    for (int64_t k = nd - 2; k >= 0; --k) {
+      if (++idx[k] < dst.shape()[k]) {
+        doff += dst.strides()[k], soff += src.strides()[k];
+        break;
+      }
+      doff -= dst.strides()[k] * (dst.shape()[k] - 1), soff -= src.strides()[k] * (src.shape()[k] - 1);
+      idx[k] = 0;
+    }
+  }
+}
+
 void cpu_copy(Tensor& dst, const Tensor& src) {
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
     std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
     return;
   }
+  if (dst.dtype() == src.dtype() && dst.numel() > 0 && dst.dim() > 0) {
+    switch (element_size(dst.dtype())) {
+      case 1: return strided_copy<uint8_t>(dst, src);
+      case 2: return strided_copy<uint16_t>(dst, src);
+      case 4: return strided_copy<uint32_t>(dst, src);
+      case 8: return strided_copy<uint64_t>(dst, src);
+      default: break;
+    }
+  }
   // Gather source offsets, then scatter converted values: two passes keep the
-  // element visitor simple; this path is for views and casts, not hot loops.
+  // element visitor simple; this path is for casts, not hot loops.
   std::vector<int64_t> src_offsets;
   src_offsets.reserve(src.numel());
   for_each_offset(src, [&](int64_t o) { src_offsets.push_back(o); });

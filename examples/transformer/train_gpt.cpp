@@ -10,7 +10,8 @@
 // at each evaluation, the time, and samples text at the end.
 // Guarantees: exit 0 only when the final validation loss is below --max-val-ratio times the
 // unigram entropy (default 0.75; --smoke: 150 steps, a small model, and a ratio of 1.0, i.e. the
-// model beats the best context-free guess); otherwise it says why and exits 1.
+// model beats the best context-free guess); otherwise it says why and exits 1. --profile prints
+// the per-op wall time of rank 0's training loop (core/profiler.h).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -25,12 +26,15 @@
 #include "char_data.h"
 #include "core/autograd.h"
 #include "core/error.h"
+#include "core/profiler.h"
 #include "core/random.h"
+#include "core/thread_pool.h"
 #include "dist/ddp.h"
 #include "dist/env.h"
 #include "dist/process_group_factory.h"
 #include "dist/tcp_store.h"
 #include "gpt.h"
+#include "kernels/linear.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 
@@ -43,6 +47,7 @@ struct Options {
   int64_t steps = 1500, warmup = 100, batch = 16, eval_every = 250, eval_windows = 256, sample_chars = 300;
   double lr = 3e-3, max_val_ratio = 0.75;
   uint64_t seed = 1337;
+  bool profile = false;
   gpt::Config model;
 };
 
@@ -58,7 +63,8 @@ Options parse(int argc, char** argv) {
     if (a == "--smoke") {
       o.steps = 150, o.warmup = 10, o.eval_every = 50, o.eval_windows = 32, o.sample_chars = 80;
       o.model.n_layer = 1, o.model.n_embd = 32, o.model.block_size = 32, o.max_val_ratio = 1.0;
-    } else if (a == "--corpus") o.corpus = value();
+    } else if (a == "--profile") o.profile = true;
+    else if (a == "--corpus") o.corpus = value();
     else if (a == "--steps") o.steps = std::stoll(value());
     else if (a == "--warmup") o.warmup = std::stoll(value());
     else if (a == "--batch-size") o.batch = std::stoll(value());
@@ -73,7 +79,7 @@ Options parse(int argc, char** argv) {
     else
       TANDEM_FAIL("train_gpt: unknown argument '", a,
                   "'; expected --smoke, --corpus, --steps, --warmup, --batch-size, --eval-every, --lr, --layers, "
-                  "--heads, --dim, --block-size, --seed, --max-val-ratio");
+                  "--heads, --dim, --block-size, --seed, --max-val-ratio, --profile");
   }
   TANDEM_CHECK(o.steps > 0 && o.batch > 0 && o.eval_every > 0 && o.warmup >= 0, "train_gpt: steps, batch size and "
                "eval interval must be positive");
@@ -191,6 +197,7 @@ int run(int argc, char** argv) {
   if (lead) std::printf("step %5d val loss %.4f\n", 0, initial_val);
   const auto t0 = std::chrono::steady_clock::now();
   double val = initial_val, train_loss = 0.0;
+  if (o.profile) profiler::set_enabled(true);
   for (int64_t step = 0; step < o.steps; ++step) {
     opt.set_lr(lr_at(o, step));
     const auto b = corpus.train_batch(o.batch, cfg.block_size, data_gen);
@@ -202,7 +209,9 @@ int run(int argc, char** argv) {
     opt.step();
     train_loss = loss.item<double>();
     if ((step + 1) % o.eval_every == 0 || step + 1 == o.steps) {
+      if (o.profile) profiler::set_enabled(false);  // the profile covers the training steps only
       val = evaluate(*net, corpus, o);
+      if (o.profile) profiler::set_enabled(true);
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (lead)
         std::printf("step %5lld train loss %.4f val loss %.4f lr %.2e %.1f s\n", static_cast<long long>(step + 1),
@@ -211,6 +220,12 @@ int run(int argc, char** argv) {
     }
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (o.profile) {
+    profiler::set_enabled(false);
+    if (lead)
+      std::printf("profile (wall time per op, rank 0, training steps):\n%s\n",
+                  profiler::report(kernels::measure_gemm_peak_gflops(num_threads())).c_str());
+  }
   if (lead) {
     std::printf("final val loss %.4f nats/char = %.3f x unigram entropy %.4f; %lld steps in %.1f s (%.1f ms/step)\n",
                 val, val / entropy, entropy, static_cast<long long>(o.steps), secs, 1e3 * secs / o.steps);

@@ -1,8 +1,10 @@
 // CPU conv2d (NCHW), as im2col + Eigen GEMM. Owns the forward and backward
 // kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
 // fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
-// direct kernels of conv_c1.h; stride-1 geometries build the column matrix
-// with permutes (Im2colPermute) and scatter it back with a gather
+// direct kernels of conv_c1.h, 3x3 convs with stride 1 and padding 1 those of
+// conv3x3.h (forward, input and weight gradients); stride-1 geometries build the column matrix
+// with permutes (Im2colPermute; with padding, from a zero-bordered copy of
+// the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
 // and add rows with masked loads. bench/PERF_NOTES.md has the numbers. Each
 // call is counted in simd_path_count with the level of the rows it ran.
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/conv_c1.h"
 #include "kernels/cpu/simd.h"
 
@@ -38,6 +41,8 @@ struct Geometry {
   bool identity_col() const { return R == 1 && S == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
   // One input channel, 3x3, stride 1, no padding: the direct kernels of conv_c1.h (float32).
   bool direct_c1() const { return detail::conv_c1_supported(C, R, S, sh, sw, ph, pw); }
+  // 3x3, stride 1, padding 1, up to 64 channels: the direct kernels of conv3x3.h (float32).
+  bool direct_3x3() const { return detail::conv3x3_supported(C, K, R, S, sh, sw, ph, pw); }
   // A float32 column matrix is built and scattered with vector rows (copy_spill, add_spill,
   // Im2colPermute, Col2imGather) where they are compiled in: rows of stride 1. The direct kernels'
   // geometry is one of these.
@@ -293,8 +298,16 @@ struct Col2imGather {
 // im2col through Im2colPermute when it applies, else the general loop.
 template <typename T>
 struct Im2col {
-  explicit Im2col(const Geometry& g) {
-    if constexpr (std::is_same_v<T, float>) fast_ = perm_.plan(g);
+  explicit Im2col(const Geometry& g) : padded_(g) {
+    if constexpr (std::is_same_v<T, float>) {
+      fast_ = perm_.plan(g);
+      // Stride 1 with padding: the image copied into a zero border, then the permutes of the
+      // unpadded geometry (3x3 convolutions with padding 1).
+      if (!fast_ && g.sh == 1 && g.sw == 1) {
+        padded_.H += 2 * g.ph, padded_.W += 2 * g.pw, padded_.ph = padded_.pw = 0;
+        pad_ = perm_.plan(padded_);
+      }
+    }
   }
   void operator()(const T* x, const Geometry& g, T* col) const {
     if constexpr (std::is_same_v<T, float>) {
@@ -302,12 +315,24 @@ struct Im2col {
         perm_.run(x, g, col);
         return;
       }
+      if (pad_) {
+        thread_local std::vector<float> image;
+        const int64_t HW = padded_.H * padded_.W;
+        image.assign(static_cast<size_t>(g.C * HW), 0.0f);
+        for (int64_t c = 0; c < g.C; ++c)
+          for (int64_t h = 0; h < g.H; ++h)
+            std::memcpy(image.data() + c * HW + (h + g.ph) * padded_.W + g.pw, x + (c * g.H + h) * g.W,
+                        g.W * sizeof(float));
+        perm_.run(image.data(), padded_, col);
+        return;
+      }
     }
     im2col(x, g, col);
   }
 
  private:
-  bool fast_ = false;
+  bool fast_ = false, pad_ = false;
+  Geometry padded_;
   Im2colPermute perm_;
 };
 
@@ -363,10 +388,16 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   const bool direct = g.identity_col();
   const int64_t chunks = batch_chunks(g);
   if constexpr (std::is_same_v<T, float>) {
+    const float* bp = b.defined() ? b.data<float>() : nullptr;
     if (g.direct_c1()) {
-      const float* bp = b.defined() ? b.data<float>() : nullptr;
       detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
         detail::conv_c1_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.H, g.W, g.K);
+      });
+      return y;
+    }
+    if (g.direct_3x3()) {
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv3x3_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.C, g.H, g.W, g.K);
       });
       return y;
     }
@@ -426,11 +457,22 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   }
 
   const int64_t chunks = batch_chunks(g);
+  if constexpr (std::is_same_v<T, float>) {
+    if (need_input && g.direct_3x3()) {  // the input gradient here, the weight and bias below
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv3x3_input_grad(gy.data<float>(), w.data<float>(), out.input.data<float>(), n0, n1, g.C, g.H, g.W,
+                                   g.K);
+      });
+      need_input = false;
+    }
+  }
   // Per-chunk buffers: column matrix (weight grad, with im2col's slack),
   // column gradient and a padded image for col2im to accumulate into (input
   // grad), partial weight and bias gradients for chunks after the first
   // (chunk 0 accumulates straight into the outputs).
-  const int64_t col_sz = (need_weight && !direct && !c1) ? CRS * PQ + kSpill<T> : 0;
+  // 3x3, stride 1, padding 1: the weight gradient from the direct kernel too (the bias below).
+  const bool w3 = std::is_same_v<T, float> && need_weight && !need_input && g.direct_3x3();
+  const int64_t col_sz = (need_weight && !direct && !c1 && !w3) ? CRS * PQ + kSpill<T> : 0;
   const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
   const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
   const int64_t dw_sz = need_weight ? g.K * CRS : 0;
@@ -465,6 +507,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
                                     g.W, g.K);
         return;
       }
+      if (w3) detail::conv3x3_weight_grad(gyp, xp, dw, n0, n1, g.C, g.H, g.W, g.K);
     }
     const CMatMap<T> wm(wp, g.K, CRS);
     for (int64_t n = n0; n < n1; ++n) {
@@ -473,7 +516,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
       if (need_bias) {
         for (int64_t k = 0; k < g.K; ++k) db[k] += gyn.row(k).sum();
       }
-      if (need_weight) {
+      if (need_weight && !w3) {
         if (!direct) to_columns(xn, g, col);
         MatMap<T> dwm(dw, g.K, CRS);
         dwm.noalias() += gyn * CMatMap<T>(direct ? xn : col, CRS, PQ).transpose();

@@ -108,19 +108,49 @@ Tensor scatter_add(const Shape& out_shape, int64_t dim, const Tensor& index, con
   });
 }
 
+namespace {
+
+// A [B, rows, cols] operand of bmm, read in place when each matrix is row-major (contiguous) or
+// the transpose of a row-major one (a permuted view such as the backward's b^T), else copied.
+struct BatchOperand {
+  Tensor t;
+  bool transposed = false;  // matrix i is the transpose of row-major [cols, rows] at i * rows * cols
+
+  explicit BatchOperand(const Tensor& x) {
+    const int64_t R = x.size(1), C = x.size(2);
+    const Shape& st = x.strides();
+    if (x.is_contiguous()) {
+      t = x;
+    } else if ((st[2] == R || C == 1) && (st[1] == 1 || R == 1) && (st[0] == R * C || x.size(0) == 1)) {
+      t = x, transposed = true;
+    } else {
+      t = x.contiguous();
+    }
+  }
+  template <typename T>
+  const T* matrix(int64_t i) const {
+    return t.data<T>() + i * t.size(1) * t.size(2);
+  }
+};
+
+}  // namespace
+
 Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = a_in.contiguous(), b = b_in.contiguous();
-  const int64_t B = a.size(0), M = a.size(1), K = a.size(2), N = b.size(2);
-  return detail::dispatch_float(a.dtype(), "bmm", [&](auto tag) {
+  const BatchOperand a(a_in), b(b_in);
+  const int64_t B = a_in.size(0), M = a_in.size(1), K = a_in.size(2), N = b_in.size(2);
+  return detail::dispatch_float(a_in.dtype(), "bmm", [&](auto tag) {
     using T = decltype(tag);
-    Tensor out = Tensor::empty({B, M, N}, a.dtype());
-    const T* ap = a.data<T>();
-    const T* bp = b.data<T>();
+    Tensor out = Tensor::empty({B, M, N}, a_in.dtype());
     T* o = out.data<T>();
     detail::parallel_range(B, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t i = b0; i < b1; ++i) {
-        detail::MatMap<T>(o + i * M * N, M, N).noalias() =
-            detail::CMatMap<T>(ap + i * M * K, M, K) * detail::CMatMap<T>(bp + i * K * N, K, N);
+        detail::MatMap<T> y(o + i * M * N, M, N);
+        const detail::CMatMap<T> am(a.matrix<T>(i), a.transposed ? K : M, a.transposed ? M : K);
+        const detail::CMatMap<T> bm(b.matrix<T>(i), b.transposed ? N : K, b.transposed ? K : N);
+        if (!a.transposed && !b.transposed) y.noalias() = am * bm;
+        else if (a.transposed && !b.transposed) y.noalias() = am.transpose() * bm;
+        else if (!a.transposed) y.noalias() = am * bm.transpose();
+        else y.noalias() = am.transpose() * bm.transpose();
       }
     });
     return out;

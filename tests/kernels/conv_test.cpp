@@ -247,3 +247,32 @@ TEST(Conv2dCpu, RejectsNonFloatDtypes) {
   const Tensor x = Tensor::zeros({1, 1, 3, 3}, kInt32);
   EXPECT_TRUE(throws_with([&] { kernels::cpu::conv2d_forward(x, x, Tensor(), {}); }, {"int32"}));
 }
+
+TEST(Conv2d, StrideOnePaddedIm2colThroughABorderedCopy) {
+  // Stride 1 with padding (not the 3x3 / padding 1 / <= 64 channels of the direct kernels),
+  // float32: the column matrix is built from a zero-bordered copy of the image through the permutes.
+  check_case({2, 3, 9, 11, 4, 5, 5, {1, 1, 2, 2}, true}, kFloat32, false, 80);
+  check_case({2, 2, 10, 6, 3, 3, 3, {1, 1, 2, 1}, false}, kFloat32, true, 81);
+  // 3x3 / stride 1 / padding 1 with more output channels than the direct kernels take.
+  check_case({2, 3, 6, 6, 70, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 82);
+}
+
+TEST(Conv2d, ThreeByThreePaddingOneDirectKernels) {
+  // 3x3, stride 1, padding 1, float32: the forward, the input gradient and the weight gradient
+  // take the direct kernels of kernels/cpu/conv3x3.cpp. Rows of 37 columns (two vectors, then a 5-column tail), exactly 16
+  // and 17, 1 and 7; output channels in blocks of 8 and singles (11 = 8 + 3, 3, 1); one input
+  // channel; non-square images; with and without bias; strided inputs; over several threads.
+  // The ResNet's own shapes last.
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadCountGuard guard(threads);
+    check_case({3, 5, 6, 37, 11, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 70);
+    check_case({2, 3, 16, 16, 8, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 71);
+    check_case({2, 4, 5, 17, 3, 3, 3, {1, 1, 1, 1}, true}, kFloat32, true, 72);
+    check_case({3, 1, 9, 1, 1, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 73);
+    check_case({2, 2, 1, 7, 9, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 74);
+  }
+  check_case({2, 8, 28, 28, 8, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 75);
+  check_case({2, 16, 14, 14, 16, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 76);
+  check_case({2, 32, 7, 7, 32, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 77);
+}

@@ -134,13 +134,13 @@ namespace {
 // approximates erf too. Double keeps std::erf.
 void gelu_float(const float* x, float* y, int64_t n) {
   const detail::CArrMap<float> xa(x, n);
-  detail::ArrMap<float>(y, n) = xa * 0.5f * (1.0f + (xa * float(kSqrt1_2)).erf());
+  detail::ArrMap<float>(y, n) = xa * 0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf());
 }
 
 void gelu_backward_float(const float* g, const float* x, float* out, int64_t n) {
   const detail::CArrMap<float> xa(x, n), ga(g, n);
-  detail::ArrMap<float>(out, n) = ga * (0.5f * (1.0f + (xa * float(kSqrt1_2)).erf()) +
-                                        xa * float(kInvSqrt2Pi) * (-0.5f * xa.square()).exp());
+  detail::ArrMap<float>(out, n) = ga * (0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf()) +
+                                        xa * float(math::kInvSqrt2Pi) * (-0.5f * xa.square()).exp());
 }
 
 }  // namespace

@@ -247,15 +247,21 @@ std::optional<Failure> Rendezvous::failure(int round) {
 }
 
 void Rendezvous::finish(int round, int nnodes) {
-  guarded(address(), [&] { store_->add(key(round, "done"), 1); });
-  const auto start = Clock::now();
-  while (poll_count(key(round, "done")) < nnodes && poll_count(key(round, "failures")) == 0) {
-    if (seconds_since(start) >= o_.join_timeout) {
-      say("warning: not every node reported its workers done within join_timeout=" + seconds_text(o_.join_timeout));
-      return;
+  try {
+    store_->add(key(round, "done"), 1);
+    if (!host_) return;  // nothing more is asked of the store; only its host must stay for the others
+    const auto start = Clock::now();
+    while (store_->add(key(round, "done"), 0) < nnodes && store_->add(key(round, "failures"), 0) == 0) {
+      if (seconds_since(start) >= o_.store_timeout) {
+        say("warning: not every node reported its workers done within timeout=" + seconds_text(o_.store_timeout) +
+            "; leaving the rendezvous");
+        return;
+      }
+      throw_if_signalled();
+      std::this_thread::sleep_for(kPoll);
     }
-    throw_if_signalled();
-    std::this_thread::sleep_for(kPoll);
+  } catch (const Error&) {
+    // This node's workers succeeded; a store gone now changes nothing for it.
   }
 }
 

@@ -77,7 +77,8 @@ class Rendezvous {
   void record_failure(int round, const Failure& f);
   // The failure that ends `round`: the first recorded rank killed by a signal, else the first recorded.
   std::optional<Failure> failure(int round);
-  // Counts this node done and waits (bounded) until every node of the round is, or one failed.
+  // Counts this node done; the store host then waits (bounded by the store timeout) until every node
+  // of the round is done, or one failed, so that no agent loses the store before its workers end.
   void finish(int round, int nnodes);
   // Says this agent has read the round's outcome and is leaving; the store host waits (bounded by the
   // grace period plus the store timeout) until all `nnodes` did, so that none loses the store first.

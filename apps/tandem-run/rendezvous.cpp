@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -269,8 +270,9 @@ void Rendezvous::leave(int round, int nnodes) {
   try {
     store_->add(key(round, "left"), 1);
     const auto start = Clock::now();
-    while (host_ && store_->add(key(round, "left"), 0) < nnodes &&
-           seconds_since(start) < o_.grace_seconds + o_.store_timeout)
+    // The others read the outcome once their own workers have ended: within the grace period.
+    const double bound = o_.grace_seconds + std::min(o_.store_timeout, 5.0);
+    while (host_ && store_->add(key(round, "left"), 0) < nnodes && seconds_since(start) < bound)
       std::this_thread::sleep_for(kPoll);
   } catch (const Error&) {
     // Leaving anyway: nothing more is asked of the store.

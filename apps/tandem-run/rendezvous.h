@@ -81,7 +81,7 @@ class Rendezvous {
   // of the round is done, or one failed, so that no agent loses the store before its workers end.
   void finish(int round, int nnodes);
   // Says this agent has read the round's outcome and is leaving; the store host waits (bounded by the
-  // grace period plus the store timeout) until all `nnodes` did, so that none loses the store first.
+  // grace period plus min(timeout, 5 s)) until all `nnodes` did, so that none loses the store first.
   void leave(int round, int nnodes);
 
   // Watches `round` on a thread while the workers run: stop_reason() is then non-empty once another

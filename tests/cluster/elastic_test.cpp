@@ -67,10 +67,11 @@ TEST(ElasticTwoHosts, RankKilledOnOneNodeRestartsBothNodesAndEndsBitwiseLikeAnUn
   const std::string& b = cut.second;
   EXPECT_HAS(b, "tandem-run: rank 1 (local rank 0");
   EXPECT_HAS(b, "was killed by SIGKILL (exit code 137)");
-  EXPECT_HAS(a, "round 0 failed on another node: node 1 (host ");
-  EXPECT_HAS(a, "rank 1 was killed by SIGKILL (exit code 137)");
+  // Node a's rank fails on the broken connection (or is ended by its agent first); either way the
+  // restart names the rank that was killed.
   for (const std::string* log : {&a, &b}) {
-    EXPECT_HAS(*log, "restarting the worker group with the other nodes (restart 1 of 1)");
+    EXPECT_HAS(*log, "restarting the worker group with the other nodes (restart 1 of 1) after node 1 (host ");
+    EXPECT_HAS(*log, "rank 1 was killed by SIGKILL (exit code 137)");
     EXPECT_HAS(*log, "rendezvous round 1 at tcp://10.77.0.1:");
   }
   EXPECT_HAS(a, "restart 1 of the worker group: resuming from the last checkpoint");

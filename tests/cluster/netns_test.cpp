@@ -28,6 +28,9 @@ std::vector<std::string> node(int node_rank, int port, const fs::path& work,
                                    std::to_string(port),
                                    "--nproc-per-node",
                                    "1",
+                                   // the agents' store calls: bounded like the workers' collectives
+                                   "--rdzv-conf",
+                                   "timeout=5",
                                    kTrainer,
                                    "--launcher",
                                    "pytorch",
@@ -82,7 +85,8 @@ TEST(TwoHostsOverVeth, JobCompletesThenACutLinkFailsBothSidesWithinTheTimeout) {
       ASSERT_TRUE(n0.wait_for_text("Epoch(train) [1][10/", seconds(120))) << n0.output() << n1.output();
       ASSERT_TRUE(hosts.cut_link());
       // Bound: 3 s collective timeout + diagnosis + a store call that cannot be answered
-      // (3 s + 2 s) + the launcher's grace, with margin for a loaded machine.
+      // (3 s + 2 s) + the launcher's grace + the agent's own store call about the failure (5 s + 2 s),
+      // with margin for a loaded machine.
       const auto rc0 = n0.wait_for(seconds(45)), rc1 = n1.wait_for(seconds(45));
       ASSERT_TRUE(rc0.has_value()) << "node 0 still running:\n" << n0.output();
       ASSERT_TRUE(rc1.has_value()) << "node 1 still running:\n" << n1.output();

@@ -25,6 +25,26 @@ std::string parse_count(const std::string& text, const std::string& what, int& o
   return "";
 }
 
+// --nproc-per-node N|cpu|gpu|auto into o.nproc_per_node.
+std::string parse_nproc(const std::string& nproc, RunOptions& o) {
+  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (nproc == "cpu") {
+    o.nproc_per_node = cpus;
+  } else if (nproc == "gpu") {
+    o.nproc_per_node = visible_gpu_count();
+    if (o.nproc_per_node == 0)
+      return "--nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus)";
+  } else if (nproc == "auto") {
+    const int gpus = visible_gpu_count();
+    o.nproc_per_node = gpus > 0 ? gpus : cpus;
+  } else {
+    if (!parse_count(nproc, "--nproc-per-node", o.nproc_per_node).empty())
+      return "--nproc-per-node: '" + nproc + "' is not a number, cpu, gpu or auto";
+    if (o.nproc_per_node < 1) return "--nproc-per-node must be >= 1, got " + nproc;
+  }
+  return "";
+}
+
 // --nnodes N or MIN:MAX into o.nnodes (the most) and o.min_nodes.
 std::string parse_nnodes(const std::string& nnodes, RunOptions& o) {
   const size_t colon = nnodes.find(':');
@@ -77,7 +97,8 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   CLI::App app{
       "tandem-run: start PROGRAM once per local rank with torchrun's environment (RANK, LOCAL_RANK, "
       "WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT), forward its output and "
-      "signals, and end the whole group when one worker fails.",
+      "signals, and end the whole group when one worker fails. With several nodes (--nnodes N > 1 or MIN:MAX) "
+      "the agents first meet in a rendezvous at --master-addr:--master-port and restart together.",
       "tandem-run"};
   app.footer("Usage: tandem-run [OPTIONS] PROGRAM [ARGS...]");
   app.option_defaults()->always_capture_default();
@@ -95,8 +116,8 @@ int parse_options(int argc, char** argv, RunOptions& o) {
                      "this node's index, 0 .. nnodes-1 (kept in every round; without it, a multi-node job numbers "
                      "its nodes by arrival, the rendezvous host first)")
           ->check(CLI::NonNegativeNumber);
-  app.add_option("--master-addr,--master_addr", o.master_addr, "address of node 0 (rank 0's store)");
-  app.add_option("--master-port,--master_port", o.master_port, "port of rank 0's store on node 0")
+  app.add_option("--master-addr,--master_addr", o.master_addr, "one node: rank 0's store address; several: the rendezvous host (node 0)");
+  app.add_option("--master-port,--master_port", o.master_port, "one node: rank 0's store port; several: the rendezvous store's port (the workers get another)")
       ->check(CLI::Range(1, 65535));
   app.add_flag("--standalone", o.standalone, "one node: listen on 127.0.0.1 and pick a free port");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
@@ -115,7 +136,7 @@ int parse_options(int argc, char** argv, RunOptions& o) {
                "environment, and nothing is appended to their command line");
   std::string rdzv_endpoint, rdzv_backend = "static";
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
-                 "HOST[:PORT] of rank 0's store (instead of --master-addr/--master-port)");
+                 "HOST[:PORT]: the same as --master-addr HOST --master-port PORT");
   app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the job's id, given to the workers as TORCHELASTIC_RUN_ID");
   app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
                  "c10d or static: a TCP store at the rendezvous endpoint, served by the agent on that host "
@@ -161,26 +182,7 @@ int parse_options(int argc, char** argv, RunOptions& o) {
     }
     if (o.master_addr.empty()) return usage_error("--rdzv-endpoint " + rdzv_endpoint + ": no host");
   }
-  const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (nproc == "cpu") {
-    o.nproc_per_node = cpus;
-  } else if (nproc == "gpu") {
-    o.nproc_per_node = visible_gpu_count();
-    if (o.nproc_per_node == 0)
-      return usage_error("--nproc-per-node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES, /proc/driver/nvidia/gpus)");
-  } else if (nproc == "auto") {
-    const int gpus = visible_gpu_count();
-    o.nproc_per_node = gpus > 0 ? gpus : cpus;
-  } else {
-    try {
-      size_t used = 0;
-      o.nproc_per_node = std::stoi(nproc, &used);
-      if (used != nproc.size()) throw std::invalid_argument(nproc);
-    } catch (const std::exception&) {
-      return usage_error("--nproc-per-node: '" + nproc + "' is not a number, cpu, gpu or auto");
-    }
-    if (o.nproc_per_node < 1) return usage_error("--nproc-per-node must be >= 1, got " + nproc);
-  }
+  if (std::string err = parse_nproc(nproc, o); !err.empty()) return usage_error(err);
   if (std::string err = parse_nnodes(nnodes, o); !err.empty()) return usage_error(err);
   if (std::string err = parse_rdzv_conf(rdzv_conf, o); !err.empty()) return usage_error(err);
   if (o.standalone && o.nnodes != 1)

@@ -47,7 +47,7 @@ int play(Rendezvous& rdzv, GroupSpec& spec) {
     spec.options.nnodes = r.nnodes;
     spec.master_addr = r.master_addr;
     spec.master_port = r.master_port;
-    rdzv.start_watch(round);
+    rdzv.start_watch(round, r.nnodes);
     const GroupResult g = run_worker_group(spec, round);
     rdzv.stop_watch();
     switch (g.kind) {
@@ -65,6 +65,12 @@ int play(Rendezvous& rdzv, GroupSpec& spec) {
         break;
       case GroupResult::Kind::kStopped:
         if (rdzv.store_lost()) return 1;  // the supervisor said why
+        if (!rdzv.failure(round)) {       // a node waits to join: a new round takes it in
+          say("restarting the worker group to take in the waiting node(s) (restart " + std::to_string(round + 1) +
+              " of " + std::to_string(o.max_restarts) + ")");
+          ++round;
+          continue;
+        }
         break;
     }
     const Failure f = rdzv.failure(round).value_or(failure_of(g, r.node_rank, false));

@@ -279,7 +279,7 @@ void Rendezvous::leave(int round, int nnodes) {
   }
 }
 
-void Rendezvous::start_watch(int round) {
+void Rendezvous::start_watch(int round, int nnodes) {
   stop_watch();
   {
     std::lock_guard<std::mutex> lk(reason_mu_);
@@ -287,7 +287,7 @@ void Rendezvous::start_watch(int round) {
     lost_ = false;
   }
   watching_ = true;
-  watcher_ = std::thread([this, round] { watch_loop(round); });
+  watcher_ = std::thread([this, round, nnodes] { watch_loop(round, nnodes); });
 }
 
 void Rendezvous::stop_watch() {
@@ -305,8 +305,9 @@ bool Rendezvous::store_lost() {
   return lost_;
 }
 
-void Rendezvous::watch_loop(int round) {
+void Rendezvous::watch_loop(int round, int nnodes) {
   const std::string first_failure = key(round, "failure1");
+  const bool may_grow = nnodes < o_.nnodes && round < o_.max_restarts;
   std::optional<Clock::time_point> failing_since;
   while (watching_) {
     try {
@@ -315,6 +316,16 @@ void Rendezvous::watch_loop(int round) {
         std::lock_guard<std::mutex> lk(reason_mu_);
         reason_ = "round " + std::to_string(round) + " failed on another node: " + failure_from(f).line();
         return;
+      }
+      if (may_grow) {
+        const int64_t waiting = store_->add(key(round + 1, "joined"), 0);
+        if (waiting > 0) {
+          std::lock_guard<std::mutex> lk(reason_mu_);
+          reason_ = std::to_string(waiting) + " agent(s) wait in rendezvous round " + std::to_string(round + 1) +
+                    " while round " + std::to_string(round) + " runs " + std::to_string(nnodes) + " of at most " +
+                    std::to_string(o_.nnodes) + " node(s): restarting the group with them";
+          return;
+        }
       }
       failing_since.reset();
     } catch (const Error& e) {

@@ -84,9 +84,11 @@ class Rendezvous {
   // grace period plus min(timeout, 5 s)) until all `nnodes` did, so that none loses the store first.
   void leave(int round, int nnodes);
 
-  // Watches `round` on a thread while the workers run: stop_reason() is then non-empty once another
-  // node recorded a failure, or once the store stayed unreachable for the store timeout.
-  void start_watch(int round);
+  // Watches `round` (of `nnodes` nodes) on a thread while the workers run: stop_reason() is then
+  // non-empty once another node recorded a failure, once the store stayed unreachable for the store
+  // timeout, or (with fewer than MAX nodes and restarts left) once an agent waits in the next round,
+  // so that the group restarts with it, as torchrun's scale-up.
+  void start_watch(int round, int nnodes);
   void stop_watch();
   std::string stop_reason();
   bool store_lost();
@@ -95,7 +97,7 @@ class Rendezvous {
   std::string key(int round, const std::string& name) const;
   void close_round(int round);
   int64_t poll_count(const std::string& key);
-  void watch_loop(int round);
+  void watch_loop(int round, int nnodes);
 
   RunOptions o_;
   std::string prefix_;

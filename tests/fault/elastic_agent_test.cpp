@@ -82,3 +82,24 @@ TEST(ElasticAgents, OneToTwoNodesStartsAloneAfterTheLastCall) {
   EXPECT_EQ(*rc, 0) << n0.output();
   EXPECT_HAS(n0.output(), "world 1 group 0 of 1");
 }
+
+// --nnodes 1:2: node 0 runs alone; a node arriving later waits in round 1, and node 0's agent restarts
+// its group so that round 1 takes both (a restart, counted against --max-restarts).
+TEST(ElasticAgents, ANodeArrivingLateIsTakenInByTheNextRound) {
+  TempDir tmp("elastic-late");
+  const int port = free_port();
+  const std::string script = "echo round $TORCHELASTIC_RESTART_COUNT world $WORLD_SIZE; "
+                             "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then sleep 60; fi";
+  const std::vector<std::string> extra = {"--max-restarts", "1", "--rdzv-conf", "last_call_timeout=0.5"};
+  Process n0(agent("1:2", port, extra, script), tmp / "n0.log");
+  ASSERT_TRUE(n0.wait_for_text("round 0 world 1", seconds(30))) << n0.output();
+  Process n1(agent("1:2", port, extra, script), tmp / "n1.log");
+  const auto r1 = n1.wait_for(seconds(60)), r0 = n0.wait_for(seconds(30));
+  ASSERT_TRUE(r0 && r1) << n0.output() << "\n---\n" << n1.output();
+  EXPECT_EQ(*r0, 0) << n0.output();
+  EXPECT_EQ(*r1, 0) << n1.output();
+  EXPECT_HAS(n0.output(), "1 agent(s) wait in rendezvous round 1 while round 0 runs 1 of at most 2 node(s)");
+  EXPECT_HAS(n0.output(), "round 1 world 2");
+  EXPECT_HAS(n1.output(), "rendezvous round 0 closed before this node joined; waiting for round 1");
+  EXPECT_HAS(n1.output(), "node rank 1 of 2 node(s), world size 2");
+}

@@ -56,8 +56,12 @@ int play(Rendezvous& rdzv, GroupSpec& spec) {
         return 0;
       case GroupResult::Kind::kInterrupted:
       case GroupResult::Kind::kSpawnFailed:
-        rdzv.record_failure(round, failure_of(g, r.node_rank, /*final=*/true));
-        rdzv.leave(round, r.nnodes);
+        try {  // tell the others, if the store can still be reached: this agent ends either way
+          rdzv.record_failure(round, failure_of(g, r.node_rank, /*final=*/true));
+          rdzv.leave(round, r.nnodes);
+        } catch (const RendezvousError& e) {
+          say(std::string("warning: ") + e.what());
+        }
         return g.exit_code;
       case GroupResult::Kind::kWorkerFailed:
         if (g.signal == 0) wait_for_earlier_failure(rdzv, round);

@@ -114,3 +114,61 @@ TEST(ElasticTwoHosts, LosingANodeOfOneToTwoGoesOnAloneFromTheLastCheckpoint) {
   EXPECT_HAS(out, "Epoch(test) [12]");
   EXPECT_TRUE(b.wait_for(seconds(10)).has_value()) << b.output();
 }
+
+// --nnodes 2 --max-restarts 1: the rank on node b is SIGSTOPped mid-run (alive, connected, silent).
+// Node a's rank fails at its collective timeout (3 s); node b's agent sees the failure recorded, ends
+// its stopped worker (SIGKILL after the grace: SIGTERM waits while it is stopped), and both nodes
+// go on together in round 1 to the end.
+TEST(ElasticTwoHosts, ARankStoppedOnOneNodeEndsAtTheCollectiveTimeoutAndBothNodesRestart) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("elastic-stop");
+  TwoHosts hosts(tmp.path());
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.error();
+  const int port = 29600 + ::getpid() % 300 + 7;
+  const std::vector<std::string> train = {"--epochs", "20", "--dist-timeout", "3"};
+  Process a(hosts.in(hosts.a(), agent("2", port, {"--max-restarts", "1"}, tmp / "w", train)), tmp / "a.log",
+            {"OMP_NUM_THREADS=1"});
+  Process b(hosts.in(hosts.b(), agent("2", port, {"--max-restarts", "1"}, tmp / "w", train)), tmp / "b.log",
+            {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << b.output();
+  const pid_t rank1 = worker_pid(b.pid(), 1);
+  ASSERT_GT(rank1, 0) << "no worker with RANK=1 under node b's tandem-run";
+  ASSERT_EQ(::kill(rank1, SIGSTOP), 0);
+  const auto ra = a.wait_for(seconds(240)), rb = b.wait_for(seconds(60));
+  ASSERT_TRUE(ra && rb) << a.output() << "\n---\n" << b.output();
+  EXPECT_EQ(*ra, 0) << a.output();
+  EXPECT_EQ(*rb, 0) << b.output();
+  EXPECT_HAS(a.output(), "Timed out waiting 3000ms");
+  EXPECT_HAS(b.output(), "round 0 failed on another node: node 0 (host ");
+  EXPECT_HAS(b.output(), "workers still running 2 s after the request to stop; sending SIGKILL");
+  for (const std::string& log : {a.output(), b.output()})
+    EXPECT_HAS(log, "rendezvous round 1 at tcp://10.77.0.1:" + std::to_string(port));
+  EXPECT_HAS(a.output(), "Epoch(test) [20]");
+}
+
+// The agent that serves the rendezvous store (node a's tandem-run) SIGKILLed mid-run: its workers die
+// with it (parent-death signal); node b's rank fails on the broken connection, and node b's agent,
+// unable to reach the store to record it, exits 1 naming the store's address within the bound.
+TEST(ElasticTwoHosts, TheStoreHostsAgentKilledEndsTheOtherAgentNamingTheStore) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("elastic-store");
+  TwoHosts hosts(tmp.path());
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.error();
+  const int port = 29600 + ::getpid() % 300 + 9;
+  const std::vector<std::string> train = {"--epochs", "20", "--dist-timeout", "5"};
+  Process a(hosts.in(hosts.a(), agent("2", port, {"--max-restarts", "1"}, tmp / "w", train)), tmp / "a.log",
+            {"OMP_NUM_THREADS=1"});
+  Process b(hosts.in(hosts.b(), agent("2", port, {"--max-restarts", "1"}, tmp / "w", train)), tmp / "b.log",
+            {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << b.output();
+  ASSERT_EQ(::kill(a.pid(), SIGKILL), 0);
+  // Bound: the broken connection (at once) or the 5 s collective timeout, then the agent's store
+  // calls (timeout=20 in agent(): a connect that cannot succeed), with margin.
+  const auto rb = b.wait_for(seconds(90));
+  ASSERT_TRUE(rb.has_value()) << "node b still running:\n" << b.output();
+  EXPECT_EQ(*rb, 1) << b.output();
+  EXPECT_HAS(b.output(), "tandem-run: error: cannot reach the rendezvous store at tcp://10.77.0.1:" +
+                             std::to_string(port));
+}

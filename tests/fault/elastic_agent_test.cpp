@@ -103,3 +103,15 @@ TEST(ElasticAgents, ANodeArrivingLateIsTakenInByTheNextRound) {
   EXPECT_HAS(n1.output(), "rendezvous round 0 closed before this node joined; waiting for round 1");
   EXPECT_HAS(n1.output(), "node rank 1 of 2 node(s), world size 2");
 }
+
+// SIGTERM to an agent that waits in the rendezvous ends the wait at once: exit 128 + 15.
+TEST(ElasticAgents, SigtermWhileWaitingInTheRendezvousEndsTheAgent) {
+  TempDir tmp("elastic-sigterm");
+  Process n0(agent("2", free_port(), {"--rdzv-conf", "join_timeout=60"}, "true"), tmp / "n0.log");
+  ASSERT_TRUE(n0.wait_for_text("serving the rendezvous at", seconds(30))) << n0.output();
+  ASSERT_EQ(::kill(n0.pid(), SIGTERM), 0);
+  const auto rc = n0.wait_for(seconds(10));
+  ASSERT_TRUE(rc.has_value()) << n0.output();
+  EXPECT_EQ(*rc, 143) << n0.output();
+  EXPECT_HAS(n0.output(), "received signal 15 during the rendezvous; stopping");
+}

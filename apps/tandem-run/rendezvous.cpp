@@ -200,7 +200,8 @@ Round Rendezvous::join(int round) {
       if (seconds_since(start) >= limit)
         throw RendezvousError("rendezvous round " + std::to_string(round) + " at " + address() +
                               " did not close within " + seconds_text(limit) +
-                              " (join_timeout + last_call_timeout + timeout); is the host's agent running?");
+                              " (join_timeout + last_call_timeout + timeout); is the host's agent running (a job already at its "
+                              "most nodes takes no more)?");
       std::this_thread::sleep_for(kPoll);
     }
     const Json closed = Json::parse(guarded(address(), [&] { return store_->get_string(key(round, "closed")); }));

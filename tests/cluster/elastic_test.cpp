@@ -4,6 +4,8 @@
 // on a shared file system would). Every run is bounded; nothing is timed.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "cluster/two_hosts.h"
 #include "core/safetensors.h"
 
@@ -171,4 +173,34 @@ TEST(ElasticTwoHosts, TheStoreHostsAgentKilledEndsTheOtherAgentNamingTheStore) {
   EXPECT_EQ(*rb, 1) << b.output();
   EXPECT_HAS(b.output(), "tandem-run: error: cannot reach the rendezvous store at tcp://10.77.0.1:" +
                              std::to_string(port));
+}
+
+// --nnodes 2 --max-restarts 2: the link goes down mid-run for 4 s and comes back. The ranks fail at
+// their collective timeout (3 s); the agents' store calls wait out the cut (timeout=20), agree on
+// the restart, and both nodes finish the job from the last checkpoint.
+TEST(ElasticTwoHosts, ALinkCutAndRestoredRestartsBothNodesTogether) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("elastic-cut");
+  TwoHosts hosts(tmp.path());
+  if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.error();
+  const int port = 29600 + ::getpid() % 300 + 11;
+  const std::vector<std::string> train = {"--epochs", "20", "--dist-timeout", "3"};
+  Process a(hosts.in(hosts.a(), agent("2", port, {"--max-restarts", "2"}, tmp / "w", train)), tmp / "a.log",
+            {"OMP_NUM_THREADS=1"});
+  Process b(hosts.in(hosts.b(), agent("2", port, {"--max-restarts", "2"}, tmp / "w", train)), tmp / "b.log",
+            {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << b.output();
+  ASSERT_TRUE(hosts.cut_link());
+  std::this_thread::sleep_for(seconds(4));  // the outage itself; no result depends on its length
+  ASSERT_TRUE(hosts.restore_link());
+  const auto ra = a.wait_for(seconds(240)), rb = b.wait_for(seconds(60));
+  ASSERT_TRUE(ra && rb) << a.output() << "\n---\n" << b.output();
+  EXPECT_EQ(*ra, 0) << a.output();
+  EXPECT_EQ(*rb, 0) << b.output();
+  for (const std::string& log : {a.output(), b.output()}) {
+    EXPECT_HAS(log, "restarting the worker group with the other nodes (restart 1 of 2)");
+    EXPECT_HAS(log, "rendezvous round 1 at tcp://10.77.0.1:" + std::to_string(port));
+  }
+  EXPECT_HAS(a.output(), "Epoch(test) [20]");
 }

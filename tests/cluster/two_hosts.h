@@ -53,6 +53,9 @@ class TwoHosts {
   bool cut_link() const {
     return sh("ip -n " + a_ + " link set " + link_a_ + " down", dir_ / "cut.log") == 0;
   }
+  bool restore_link() const {
+    return sh("ip -n " + a_ + " link set " + link_a_ + " up", dir_ / "restore.log") == 0;
+  }
   // SIGKILLs every process inside namespace `ns` (a whole "host" lost at once).
   bool kill_all(const std::string& ns) const {
     return sh("ip netns pids " + ns + " | xargs -r kill -9", dir_ / ("kill-" + ns + ".log")) == 0;

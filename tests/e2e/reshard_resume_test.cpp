@@ -85,3 +85,43 @@ TEST(ReshardResume, TwoRanksToOneVisitsExactlyTheRestOfTheEpoch) {
   std::sort(epoch2.begin(), epoch2.end());
   EXPECT_EQ(epoch2, all) << "epoch 2 is a whole epoch";
 }
+
+// A checkpoint taken inside the re-sharded epoch (it saves where that sharding began) resumes on the
+// same world size exactly where it stopped: the epoch still visits each sample once.
+TEST(ReshardResume, ACheckpointInsideTheReshardedEpochResumesItExactly) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("reshard-twice");
+  const std::vector<std::string> f = {"--data-dir", kDigits, "--epochs", "1", "--limit", "640", "--test-limit", "128",
+                                      "--threads", "1", "--log-interval", "1", "--checkpoint-interval", "3",
+                                      "--batch-size", "64", "--work-dir", tmp.file("w")};
+  auto with = [&](std::vector<std::string> argv, const std::vector<std::string>& extra) {
+    argv.insert(argv.end(), f.begin(), f.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  };
+  ASSERT_EQ(run_process(with({kRun, "--standalone", "--nproc-per-node", "2", kTrainer, "--launcher", "pytorch",
+                              "--device", "cpu", "--dist-timeout", "60"},
+                             {"--debug-sigkill-at", "3", "--debug-samples-out", tmp.file("two")}),
+                        tmp / "two.log"),
+            137)
+      << read_file(tmp / "two.log");
+  // One process: the 256 left are 4 iterations (global 4..7); killed after global 6 (checkpoint iter_6).
+  ASSERT_EQ(run_process(with({kTrainer}, {"--resume", "--resume-reshard", "--debug-sigkill-at", "6",
+                                          "--debug-samples-out", tmp.file("one")}),
+                        tmp / "one.log"),
+            137)
+      << read_file(tmp / "one.log");
+  ASSERT_EQ(run_process(with({kTrainer}, {"--resume", "--debug-samples-out", tmp.file("again")}), tmp / "again.log"), 0)
+      << read_file(tmp / "again.log");
+  EXPECT_HAS(read_file(tmp / "again.log"), "resumed from " + tmp.file("w") + "/iter_6.safetensors: epoch 1, 3 of");
+  std::vector<int64_t> epoch1 = samples({tmp / "two.rank0", tmp / "two.rank1"}, 3).at(1);
+  const auto one = samples({tmp / "one.rank0"}, 3), again = samples({tmp / "again.rank0"});
+  ASSERT_EQ(one.at(1).size(), 192u);
+  ASSERT_EQ(again.at(1).size(), 64u);
+  epoch1.insert(epoch1.end(), one.at(1).begin(), one.at(1).end());
+  epoch1.insert(epoch1.end(), again.at(1).begin(), again.at(1).end());
+  std::sort(epoch1.begin(), epoch1.end());
+  std::vector<int64_t> all(640);
+  for (int64_t i = 0; i < 640; ++i) all[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(epoch1, all) << "epoch 1 over three runs: a sample twice, or one lost";
+}

@@ -37,7 +37,7 @@ void announce(const Rendezvous& rdzv, const Round& r, const RunOptions& o) {
 
 // Plays the rounds; returns the exit code.
 int play(Rendezvous& rdzv, GroupSpec& spec) {
-  const RunOptions& o = spec.options;
+  const RunOptions o = spec.options;  // as given: spec.options takes each round's node rank and count
   spec.stop_reason = [&rdzv] { return rdzv.stop_reason(); };
   for (int round = rdzv.first_round();;) {
     const Round r = rdzv.join(round);

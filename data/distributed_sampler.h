@@ -11,6 +11,9 @@
 // pad false (MMEngine's DefaultSampler round_up=False): no repeated indices; rank r
 // keeps order[r], order[r + R], ... below n, so the first n mod R ranks have one
 // index more (uneven inputs: train them under dist::Join).
+// resume_epoch_after(e, c): epoch e visits only positions c..n-1 of its common order (the rest of an
+// epoch that other ranks, possibly another number of them, began), dealt out over this sampler's ranks
+// as a whole order of that length would be; every other epoch is unchanged.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +31,12 @@ class DistributedSampler : public Sampler {
   // This rank's indices for the current epoch, in visiting order.
   std::vector<int64_t> indices() const override;
   // Indices per rank and epoch: ceil(n / R), or floor(n / R) with drop_last; without
-  // padding this rank's share of n.
-  int64_t size() const override { return num_samples_; }
+  // padding this rank's share of n. For the resumed epoch, the same of the n - consumed left.
+  int64_t size() const override { return epoch_ == resume_epoch_ ? resume_samples_ : num_samples_; }
+
+  // The next time epoch `epoch` is visited, it starts after the first `consumed` positions of its
+  // common order (0 <= consumed; at most n are skipped).
+  void resume_epoch_after(int64_t epoch, int64_t consumed);
 
   int64_t num_samples() const { return num_samples_; }
   // num_samples() * num_replicas(): the length of the padded/truncated common order.
@@ -50,6 +57,11 @@ class DistributedSampler : public Sampler {
   bool drop_last_;
   bool pad_;
   int64_t num_samples_;
+  int64_t resume_epoch_ = -1;  // the epoch resume_epoch_after() applies to, -1: none
+  int64_t resume_consumed_ = 0;
+  int64_t resume_samples_ = 0;
+  // This rank's count among `n` positions dealt out over the ranks.
+  int64_t samples_for(int64_t n) const;
 };
 
 }  // namespace tandem::data

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tandem::train {
 
@@ -32,6 +33,7 @@ struct IterOutputs {
   bool updated = false;     // the optimizer stepped (false inside an accumulation group)
   double grad_norm = -1;    // total gradient norm before clipping; -1 when not clipped
   bool joined = false;      // this rank ran out of batches (pad false) and shadowed the others' iteration
+  std::vector<int64_t> indices;  // the dataset indices of this rank's batch (empty when joined)
 };
 
 // What one validation pass measured (summed over every rank's shard).

@@ -241,6 +241,7 @@ int Runner::train() {
 
 void Runner::run_epoch() {
   const int64_t first = epoch_ == start_epoch_ ? skip_ : 0;
+  if (epoch_ != start_epoch_) epoch_offset_ = 0;
   epoch_samples_ = 0;
   call_hooks([&](Hook& h) { h.before_train_epoch(*this); });
   train_loader_->begin_epoch(sampler_epoch_, first);
@@ -258,7 +259,8 @@ void Runner::train_batches(int64_t first) {
     auto batch = train_loader_->next();
     if (!batch) break;
     call_hooks([&](Hook& h) { h.before_train_iter(*this); });
-    const IterOutputs out = run_iter(*batch);
+    IterOutputs out = run_iter(*batch);
+    out.indices = batch->indices;
     ++global_iter_;
     epoch_samples_ += out.batch_size;
     call_hooks([&](Hook& h) { h.after_train_iter(*this, out); });

@@ -91,6 +91,10 @@ struct RunnerOptions {
   std::string save_best;                   // "" | "accuracy" | "loss": also keep the best checkpoint
   std::string metrics_out;                 // extra JSON-lines file
   std::string resume;     // "": no; "auto": the work dir's last checkpoint; else a checkpoint path
+  // Resume a checkpoint written by another number of ranks: the samples its epoch already consumed
+  // (iterations x batch x its world size) stay consumed, the rest of that epoch's order is sharded over
+  // this run's ranks, later epochs shard normally. Off: such a checkpoint is refused.
+  bool reshard_resume = false;
   std::string load_from;  // initial weights (safetensors), when not resuming
   std::string data_description;  // logged at the start
   std::vector<HookSpec> default_hooks;  // empty: the defaults above
@@ -165,6 +169,7 @@ class Runner {
   void setup_hooks();
   void load_resume_checkpoint();
   void resume_or_load();
+  void reshard_epoch(const Checkpoint& c);  // applies a resumed epoch's offset (epoch_offset_) to the sampler
   void run_epoch();
   IterOutputs run_iter(const data::Batch& batch);
   IterOutputs eager_step(const Tensor& x, const Tensor& y);
@@ -198,6 +203,9 @@ class Runner {
   std::unique_ptr<Checkpoint> resume_ckpt_;  // the checkpoint being resumed from, until applied
   int64_t epoch_ = 1, iter_ = 0, global_iter_ = 0, iters_ = 0, start_epoch_ = 1, skip_ = 0;
   int64_t epoch_samples_ = 0, sampler_epoch_ = 0;
+  // Positions of the current epoch's common order consumed before this run's sharding of it (a
+  // re-sharded resume; 0 otherwise). Saved with a mid-epoch checkpoint.
+  int64_t epoch_offset_ = 0;
   int64_t inner_count_ = 0;  // OptimWrapper's: backward passes in the whole run
   double data_time_ = 0, iter_time_ = 0;
   int stop_ = 0;

@@ -2,7 +2,11 @@
 // training state in the metadata) and how a run resumes from one or starts from given weights.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "core/random.h"
+#include "data/data_loader.h"
+#include "data/distributed_sampler.h"
 #include "train/checkpoint.h"
 #include "train/runner.h"
 #include "train/runner_internal.h"
@@ -24,6 +28,7 @@ Json identity(const RunnerOptions& o, int64_t train_samples) {
 
 void check_resumable(const Checkpoint& c, const std::string& path, const RunnerOptions& o, const Json& now_id,
                      int world, int64_t iters) {
+  const int saved_world = c.meta.at("world_size").get<int>();
   const Json saved = c.meta.value("config", Json::object());
   const Json now = o.config_json.empty() ? Json::object() : Json::parse(o.config_json);
   for (const std::string& key : o.resume_keys) {
@@ -38,9 +43,11 @@ void check_resumable(const Checkpoint& c, const std::string& path, const RunnerO
       TANDEM_CHECK(then_v == value, "checkpoint '", path, "' was written with ", key, " = ", then_v.dump(),
                    " but this run has ", value.dump(), "; resume with the checkpoint's settings");
     }
-  const int saved_world = c.meta.at("world_size").get<int>();
+  if (saved_world != world && o.reshard_resume) return;  // its epoch is re-sharded (reshard_epoch)
   TANDEM_CHECK(saved_world == world, "checkpoint '", path, "' was written by ", saved_world,
-               " rank(s) but this run has ", world, "; resume with the same number of ranks");
+               " rank(s) but this run has ", world,
+               "; resume with the same number of ranks, or let the rest of its epoch be re-sharded over this run's "
+               "ranks (tandem-mnist --resume-reshard; automatic when tandem-run restarted the workers)");
   const int64_t saved_iters = c.meta.at("iters_per_epoch").get<int64_t>();
   TANDEM_CHECK(saved_iters == iters, "checkpoint '", path, "' has ", saved_iters,
                " iterations per epoch but this run has ", iters, "; resume with the same data and batch size");
@@ -62,7 +69,8 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
             {"rng", default_generator().state()},
             {"schedule", {{"type", o_.param_scheduler},
                           {"state", scheduler_ ? Json(scheduler_->state_dict()) : Json::object()}}},
-            {"sampler", {{"epoch", sampler_epoch_}, {"batches_done", done}, {"seed", o_.seed}, {"shuffle", o_.shuffle}}},
+            {"sampler", {{"epoch", sampler_epoch_}, {"batches_done", done}, {"seed", o_.seed}, {"shuffle", o_.shuffle},
+                         {"offset", done > 0 ? epoch_offset_ : 0}}},
             {"amp", o_.amp},
             {"runner", identity(o_, o_.train_dataset->size())},
             {"config", o_.config_json.empty() ? Json::object() : Json::parse(o_.config_json)}};
@@ -97,6 +105,7 @@ void Runner::resume_or_load() {
     start_epoch_ = c.meta.at("epoch").get<int64_t>();
     skip_ = c.meta.at("iter").get<int64_t>();
     global_iter_ = c.meta.at("global_iter").get<int64_t>();
+    reshard_epoch(c);
   } catch (const Error& e) {
     TANDEM_FAIL("checkpoint '", resume_path_, "': ", e.what());
   } catch (const nlohmann::json::exception& e) {
@@ -107,6 +116,36 @@ void Runner::resume_or_load() {
                  "gradients accumulated before the checkpoint are not in it", global_iter_, o_.accumulative_counts);
   spdlog::info("resumed from {}: epoch {}, {} of {} iterations done (global iteration {})", resume_path_, start_epoch_,
                skip_, iters_, global_iter_);
+}
+
+void Runner::reshard_epoch(const Checkpoint& c) {
+  const int saved_world = c.meta.at("world_size").get<int>();
+  const Json sampler = c.meta.value("sampler", Json::object());
+  const int64_t saved_offset = sampler.value("offset", int64_t{0});
+  const int64_t n = o_.train_dataset->size();
+  if (saved_world == world_) {
+    epoch_offset_ = saved_offset;  // 0 but after a re-sharded resume: the same sharding goes on
+  } else {
+    // Positions 0 .. iter x batch x ranks of the epoch's common order were visited (all batches before a
+    // mid-epoch checkpoint are full); the rest is dealt out anew over this run's ranks.
+    epoch_offset_ = std::min(n, saved_offset + skip_ * o_.batch_size * saved_world);
+    skip_ = 0;
+  }
+  if (epoch_offset_ == 0 && saved_world == world_) return;
+  auto dist_sampler = std::dynamic_pointer_cast<data::DistributedSampler>(train_sampler_);
+  if (!dist_sampler) {  // one rank now: the same order as a DistributedSampler of one replica
+    dist_sampler = std::make_shared<data::DistributedSampler>(n, 1, 0, o_.shuffle, o_.seed, false, o_.pad);
+    train_sampler_ = dist_sampler;
+    train_loader_ = std::make_unique<data::DataLoader>(o_.train_dataset, train_sampler_, o_.batch_size);
+  }
+  dist_sampler->resume_epoch_after(start_epoch_ - 1, epoch_offset_);
+  if (saved_world != world_) {
+    dist_sampler->set_epoch(start_epoch_ - 1);
+    spdlog::info("world size changed from {} to {}: resuming epoch {} after {} of its {} samples; the {} left are "
+                 "sharded over {} rank(s), {} iteration(s) each (global iteration {})",
+                 saved_world, world_, start_epoch_, epoch_offset_, n, n - epoch_offset_, world_,
+                 train_loader_->num_batches(), global_iter_);
+  }
 }
 
 }  // namespace tandem::train

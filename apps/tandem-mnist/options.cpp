@@ -123,10 +123,16 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--resume", o.resume,
                  "continue a run exactly: with no value from the work dir's last_checkpoint, or from this checkpoint")
       ->expected(0, 1);
+  app.add_flag("--resume-reshard", o.resume_reshard,
+               "resume a checkpoint written by another number of ranks: the samples its epoch consumed stay "
+               "consumed, the rest of the epoch is sharded over this run's ranks (not bitwise an uninterrupted run; "
+               "automatic in a group tandem-run restarted)");
   app.add_flag("--print-config", o.print_config, "print the resolved config (JSON) and exit");
   app.add_flag("--profile", o.profile, "time every op and print a table at the end");
   app.add_option("--debug-sigterm-at", o.debug_sigterm_at, "")->group("");  // test hook
   app.add_option("--debug-sigkill-at", o.debug_sigkill_at, "")->group("");  // test hook
+  app.add_option("--debug-sigkill-rank", o.debug_sigkill_rank, "")->group("");  // test hook
+  app.add_option("--debug-samples-out", o.debug_samples_out, "")->group("");    // test hook
   app.add_option("--debug-hold-at", o.debug_hold_at, "")->group("");        // test hook
   try {
     app.parse(argc, argv);

@@ -79,11 +79,16 @@ struct TrainOptions {
   std::vector<std::string> cfg_options;  // --cfg-options a.b=value ...
   std::set<std::string> given_keys;      // config keys set by flags the user gave
   std::string resume;                    // "": no; "auto": <work_dir>/last_checkpoint; else a path
+  // Resume a checkpoint of another world size, re-sharding the rest of its epoch (train::RunnerOptions::
+  // reshard_resume); always on in a group tandem-run restarted (TORCHELASTIC_RESTART_COUNT > 0).
+  bool resume_reshard = false;
   int local_rank = -1;                   // --local_rank/--local-rank (LOCAL_RANK wins); -1: not given
   bool profile = false;
   bool print_config = false;  // print the resolved config as JSON and exit
   int64_t debug_sigterm_at = 0;  // test hook: rank 0 raises SIGTERM after this global iteration
   int64_t debug_sigkill_at = 0;  // test hook: rank 0 raises SIGKILL after this global iteration
+  int debug_sigkill_rank = 0;    // test hook: the rank --debug-sigkill-at kills
+  std::string debug_samples_out;  // test hook: each rank appends "epoch iter index..." lines to this path + ".rank<r>"
   // Test hook: every rank holds after this global iteration until SIGTERM/SIGINT arrives (at most
   // 120 s), so a test's external signal lands mid-run however loaded the machine is.
   int64_t debug_hold_at = 0;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "core/profiler.h"
@@ -43,7 +44,7 @@ class DebugSignalHook : public train::Hook {
   void after_train_iter(train::Runner& r, const train::IterOutputs&) override {
     const int64_t g = r.global_iter();
     if (late_) {
-      if (r.rank() == 0 && o_.debug_sigkill_at == g && restart_count() == 0) ::raise(SIGKILL);
+      if (r.rank() == o_.debug_sigkill_rank && o_.debug_sigkill_at == g && restart_count() == 0) ::raise(SIGKILL);
       return;
     }
     if (r.rank() == 0 && o_.debug_sigterm_at == g) ::raise(SIGTERM);
@@ -57,6 +58,23 @@ class DebugSignalHook : public train::Hook {
  private:
   const TrainOptions& o_;
   bool late_;
+};
+
+// --debug-samples-out: every rank appends "epoch iter index..." for each batch it trained on.
+class DebugSamplesHook : public train::Hook {
+ public:
+  explicit DebugSamplesHook(std::string path) : path_(std::move(path)) {}
+  std::string name() const override { return "DebugSamplesHook"; }
+  void after_train_iter(train::Runner& r, const train::IterOutputs& out) override {
+    if (!file_.is_open()) file_.open(path_ + ".rank" + std::to_string(r.rank()), std::ios::app);
+    file_ << r.epoch() << ' ' << r.iter_in_epoch();
+    for (int64_t i : out.indices) file_ << ' ' << i;
+    file_ << std::endl;
+  }
+
+ private:
+  std::string path_;
+  std::ofstream file_;
 };
 
 // Why --cuda-graph cannot run with these settings ("" when it can). `world` is the launcher's world size.
@@ -162,6 +180,8 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
                  r.work_dir);
     r.resume = "auto";
   }
+  // A restarted group may have another world size (tandem-run --nnodes MIN:MAX after a node was lost).
+  r.reshard_resume = o.resume_reshard || restart_count() > 0;
   r.load_from = o.init_weights;
   r.data_description = describe_data(o.data_dir);
   for (const auto& h : train::Json::parse(o.custom_hooks)) {
@@ -198,6 +218,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   train::Runner runner(std::move(r));
   runner.register_hook(std::make_shared<DebugSignalHook>(o, false));
   runner.register_hook(std::make_shared<DebugSignalHook>(o, true));
+  if (!o.debug_samples_out.empty()) runner.register_hook(std::make_shared<DebugSamplesHook>(o.debug_samples_out));
   const int code = runner.train();
   if (code != 0) return code;
   if (!o.save_weights.empty() && runner.rank() == 0) {

@@ -1,7 +1,8 @@
 // tandem-run: torchrun-compatible launcher. Starts PROGRAM once per local rank
 // with torchrun's variables, forwards output and SIGINT/SIGTERM, ends the group
 // when a worker fails and exits with that worker's code (128+signal when a
-// signal killed it), restarting the whole group up to --max-restarts times.
+// signal killed it), restarting the whole group up to --max-restarts times. With several nodes
+// the agents meet in a rendezvous and restart together (agent.h).
 // Its own messages are single lines on stderr starting "tandem-run: ".
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <exception>
 #include <string>
 
+#include "agent.h"
 #include "console.h"
 #include "options.h"
 #include "port.h"
@@ -48,6 +50,7 @@ int run(int argc, char** argv) {
     spec.base_env.emplace_back("OMP_NUM_THREADS=1");
   }
   if (!o.log_dir.empty()) say("worker output goes to " + o.log_dir + "/rank_<r>.log");
+  if (o.rendezvous()) return run_agent(spec);
 
   for (int attempt = 0;; ++attempt) {
     if (o.node_rank == 0) {
@@ -64,6 +67,7 @@ int run(int argc, char** argv) {
         return 0;
       case GroupResult::Kind::kInterrupted:
       case GroupResult::Kind::kSpawnFailed:
+      case GroupResult::Kind::kStopped:  // no stop_reason on one node
         return r.exit_code;
       case GroupResult::Kind::kWorkerFailed:
         if (attempt >= o.max_restarts) {

@@ -3,8 +3,11 @@
 // (--use_env is a no-op: the workers always get the environment, and nothing is ever
 // appended to their command line, so they read LOCAL_RANK). --nproc-per-node takes a
 // number, cpu, gpu or auto (GPUs if any, else CPUs), as torchrun's. Rendezvous:
-// --rdzv-endpoint HOST[:PORT] is rank 0's store (MASTER_ADDR/MASTER_PORT), --rdzv-id the
-// run id, --rdzv-backend c10d or static (both mean that store). The first positional
+// --rdzv-endpoint HOST[:PORT] is the same as --master-addr HOST --master-port PORT. With
+// --nnodes 1 that is rank 0's store (the workers' MASTER_ADDR/MASTER_PORT); with --nnodes N > 1
+// or MIN:MAX the agents meet there first (rendezvous.h) and node rank 0 picks the workers'
+// port for each round. --rdzv-id is the run id, --rdzv-backend c10d or static (both mean
+// that store), --rdzv-conf KEY=VALUE,... the rendezvous' timeouts. The first positional
 // argument is the PROGRAM; it and everything after it are the worker's command line.
 #pragma once
 
@@ -15,8 +18,10 @@ namespace tandem::run {
 
 struct RunOptions {
   int nproc_per_node = 1;
-  int nnodes = 1;
+  int nnodes = 1;        // the most nodes (MAX of --nnodes MIN:MAX)
+  int min_nodes = 1;     // MIN of --nnodes MIN:MAX (= nnodes for a single number)
   int node_rank = 0;
+  bool node_rank_given = false;  // --node-rank on the command line: keep it in every round
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   bool standalone = false;
@@ -25,6 +30,13 @@ struct RunOptions {
   double grace_seconds = 5.0;        // SIGTERM -> SIGKILL grace when ending workers
   std::vector<std::string> command;  // PROGRAM ARGS...
   std::string run_id = "none";       // --rdzv-id: the workers' TORCHELASTIC_RUN_ID, as torchrun's
+  // --rdzv-conf (seconds): how long agents may take to form a round, the window for more agents once
+  // MIN joined, and the bound on each call to the rendezvous store (and on being unable to reach it).
+  double join_timeout = 600.0;
+  double last_call_timeout = 2.0;
+  double store_timeout = 60.0;
+  // Whether the agents meet in a rendezvous (every --nnodes but a plain 1).
+  bool rendezvous() const { return nnodes > 1 || min_nodes != nnodes; }
 };
 
 // Visible NVIDIA GPUs without the CUDA runtime: CUDA_VISIBLE_DEVICES when set ("-1" or empty: none;

@@ -73,22 +73,29 @@ PortCheck check_port_free(const std::string& addr, int port) {
                     "on that host"};
 }
 
-int pick_free_port() {
+namespace {
+
+int pick_port(uint32_t addr, const char* where) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = 0;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_addr.s_addr = htonl(addr);
   socklen_t len = sizeof(sa);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
     const int err = errno;
     ::close(fd);
-    throw std::runtime_error(std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(err));
+    throw std::runtime_error(std::string("cannot find a free port on ") + where + ": " + std::strerror(err));
   }
   ::close(fd);
   return ntohs(sa.sin_port);
 }
+
+}  // namespace
+
+int pick_free_port() { return pick_port(INADDR_LOOPBACK, "127.0.0.1"); }
+int pick_free_port_any() { return pick_port(INADDR_ANY, "0.0.0.0"); }
 
 }  // namespace tandem::run

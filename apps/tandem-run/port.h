@@ -17,5 +17,7 @@ PortCheck check_port_free(const std::string& addr, int port);
 
 // A port on 127.0.0.1 that was free a moment ago; throws std::runtime_error on failure.
 int pick_free_port();
+// The same on every interface (0.0.0.0): for the workers' store of a multi-node round.
+int pick_free_port_any();
 
 }  // namespace tandem::run

@@ -343,6 +343,8 @@ class Supervisor {
         result.kind = GroupResult::Kind::kWorkerFailed;
         result.exit_code = exit_code_of(w->status);
         result.failed_rank = w->rank;
+        result.signal = WIFSIGNALED(w->status) ? WTERMSIG(w->status) : 0;
+        result.what = describe_status(w->status);
         std::string also;
         for (Worker* f : failed)
           if (f != w) also += "; rank " + std::to_string(f->rank) + " also " + describe_status(f->status);
@@ -352,6 +354,13 @@ class Supervisor {
             (others > 0 ? "; ending the other " + std::to_string(others) + " worker(s)" : ""));
         begin_ending(SIGTERM);
       }
+      if (!ending && !received && spec_.stop_reason && alive_count() > 0)
+        if (const std::string why = spec_.stop_reason(); !why.empty()) {
+          say(why + "; ending this node's " + std::to_string(alive_count()) + " worker(s)");
+          result.kind = GroupResult::Kind::kStopped;
+          result.exit_code = 1;
+          begin_ending(SIGTERM);
+        }
       if (ending && !killed && Clock::now() >= kill_at && alive_count() > 0) {
         std::ostringstream grace_text;
         grace_text << spec_.options.grace_seconds;

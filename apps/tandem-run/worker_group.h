@@ -10,6 +10,7 @@
 // each worker's process group has been sent SIGKILL unless all succeeded.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,10 +19,13 @@
 namespace tandem::run {
 
 struct GroupResult {
-  enum class Kind { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed };
+  // kStopped: GroupSpec::stop_reason asked the group to end (another node's failure).
+  enum class Kind { kSucceeded, kWorkerFailed, kInterrupted, kSpawnFailed, kStopped };
   Kind kind = Kind::kSucceeded;
   int exit_code = 0;     // what tandem-run should exit with
   int failed_rank = -1;  // kWorkerFailed / kSpawnFailed
+  int signal = 0;        // kWorkerFailed: the signal that killed the rank, 0 when it exited
+  std::string what;      // kWorkerFailed: "was killed by SIGKILL (exit code 137)", "failed with exit code 1"
 };
 
 // Everything needed to start the workers of one attempt.
@@ -31,6 +35,9 @@ struct GroupSpec {
   std::string master_addr;
   int master_port = 0;
   std::vector<std::string> base_env;  // "KEY=VALUE" inherited by every worker
+  // Polled by the supervisor every 50 ms while the workers run (must not block): a non-empty
+  // answer is said once, and the workers are ended (SIGTERM, SIGKILL after the grace): kStopped.
+  std::function<std::string()> stop_reason;
 };
 
 // Runs one attempt (0 = first) to completion.

@@ -8,67 +8,12 @@
 // cut run (to see the messages).
 #include <gtest/gtest.h>
 
-#include "fault/fault_util.h"
+#include "cluster/two_hosts.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
 
 namespace {
-
-// Runs a command through /bin/sh; returns its exit code, its output in *out.
-int sh(const std::string& cmd, const fs::path& log, std::string* out = nullptr) {
-  const int rc = run_shell(cmd, log);
-  if (out) *out = read_file(log);
-  return rc;
-}
-
-// Two namespaces "<tag>a"/"<tag>b" joined by veth "<tag>x"/"<tag>y"; removed on destruction.
-class TwoHosts {
- public:
-  explicit TwoHosts(const fs::path& dir) : dir_(dir) {
-    const std::string t = "td" + std::to_string(::getpid() % 100000);
-    a_ = t + "a";
-    b_ = t + "b";
-    const std::string x = t + "x", y = t + "y";
-    const std::string script =
-        "set -e; ip netns add " + a_ + "; ip netns add " + b_ + "; ip link add " + x +
-        " type veth peer name " + y + "; ip link set " + x + " netns " + a_ + "; ip link set " + y +
-        " netns " + b_ + "; ip -n " + a_ + " addr add " + kAddrA + "/24 dev " + x + "; ip -n " + b_ +
-        " addr add " + kAddrB + "/24 dev " + y + "; ip -n " + a_ + " link set lo up; ip -n " + b_ +
-        " link set lo up; ip -n " + a_ + " link set " + x + " up; ip -n " + b_ + " link set " + y + " up";
-    ok_ = sh(script, dir / "netns-setup.log", &error_) == 0;
-    link_a_ = x;
-  }
-  ~TwoHosts() {
-    // Deleting a namespace deletes the veth end inside it, and with it the pair.
-    sh("ip netns del " + a_ + " 2>/dev/null; ip netns del " + b_ + " 2>/dev/null; true",
-       dir_ / "netns-del.log");
-  }
-  bool ok() const { return ok_; }
-  const std::string& error() const { return error_; }
-  std::vector<std::string> in(const std::string& ns, std::vector<std::string> argv) const {
-    argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", ns});
-    return argv;
-  }
-  const std::string& a() const { return a_; }
-  const std::string& b() const { return b_; }
-  bool cut_link() const {
-    return sh("ip -n " + a_ + " link set " + link_a_ + " down", dir_ / "cut.log") == 0;
-  }
-  bool exists() const {
-    std::string out;
-    sh("ip netns list", dir_ / "list.log", &out);
-    return out.find(a_) != std::string::npos || out.find(b_) != std::string::npos;
-  }
-
-  static constexpr const char* kAddrA = "10.77.0.1";
-  static constexpr const char* kAddrB = "10.77.0.2";
-
- private:
-  fs::path dir_;
-  std::string a_, b_, link_a_, error_;
-  bool ok_ = false;
-};
 
 std::vector<std::string> node(int node_rank, int port, const fs::path& work,
                               const std::vector<std::string>& train) {
@@ -83,6 +28,9 @@ std::vector<std::string> node(int node_rank, int port, const fs::path& work,
                                    std::to_string(port),
                                    "--nproc-per-node",
                                    "1",
+                                   // the agents' store calls: bounded like the workers' collectives
+                                   "--rdzv-conf",
+                                   "timeout=5",
                                    kTrainer,
                                    "--launcher",
                                    "pytorch",
@@ -137,7 +85,8 @@ TEST(TwoHostsOverVeth, JobCompletesThenACutLinkFailsBothSidesWithinTheTimeout) {
       ASSERT_TRUE(n0.wait_for_text("Epoch(train) [1][10/", seconds(120))) << n0.output() << n1.output();
       ASSERT_TRUE(hosts.cut_link());
       // Bound: 3 s collective timeout + diagnosis + a store call that cannot be answered
-      // (3 s + 2 s) + the launcher's grace, with margin for a loaded machine.
+      // (3 s + 2 s) + the launcher's grace + the agent's own store call about the failure (5 s + 2 s),
+      // with margin for a loaded machine.
       const auto rc0 = n0.wait_for(seconds(45)), rc1 = n1.wait_for(seconds(45));
       ASSERT_TRUE(rc0.has_value()) << "node 0 still running:\n" << n0.output();
       ASSERT_TRUE(rc1.has_value()) << "node 1 still running:\n" << n1.output();
@@ -198,6 +147,8 @@ TEST(TwoHostsOverVeth, DistTrainShWithTwoNodes) {
   EXPECT_EQ(*rc0, 0) << n0.output();
   EXPECT_EQ(*rc1, 0) << n1.output();
   EXPECT_HAS(n0.output(), "distributed: 2 ranks over gloo");
-  EXPECT_HAS(n0.output(), std::string("store ") + TwoHosts::kAddrA + ":" + std::to_string(port));
+  // The agents meet at PORT; node 0 hands its workers a free port of its own for their store.
+  EXPECT_HAS(n0.output(), std::string("rendezvous round 0 at tcp://") + TwoHosts::kAddrA + ":" + std::to_string(port));
+  EXPECT_HAS(n0.output(), std::string("store ") + TwoHosts::kAddrA + ":");
   EXPECT_HAS(n0.output(), "Epoch(test) [1]");
 }

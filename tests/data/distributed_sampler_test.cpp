@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 
@@ -183,5 +185,34 @@ TEST(DistributedSampler, WithoutPaddingEveryIndexOnceAndSharesDifferByAtMostOne)
       EXPECT_EQ(static_cast<int64_t>(count.size()), n) << "n=" << n << " R=" << R;
       for (const auto& [i, c] : count) EXPECT_EQ(c, 1) << "index " << i;
     }
+  }
+}
+
+// resume_epoch_after: old world A consumed k batches of B per rank (positions 0 .. k*B*A of the common
+// order); the new world's ranks together visit exactly the remaining positions, each once (plus the
+// padding repeats), and the next epoch is the ordinary one.
+TEST(DistributedSampler, ResumedEpochCoversExactlyTheRestOfItsOrder) {
+  for (const auto& [n, old_world, new_world, batches] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{640, 2, 1, 3}, {100, 4, 3, 2}, {97, 1, 2, 5},
+                                                                   {50, 3, 2, 0}}) {
+    const int64_t batch = 8, consumed = batches * batch * old_world, epoch = 2;
+    std::vector<int64_t> common = shares(n, 1, true, 7, false, epoch)[0];  // the epoch's common order
+    std::vector<int64_t> seen;
+    for (int64_t r = 0; r < new_world; ++r) {
+      DistributedSampler s(n, new_world, r, true, 7);
+      s.resume_epoch_after(epoch, consumed);
+      s.set_epoch(epoch);
+      const std::vector<int64_t> mine = s.indices();
+      EXPECT_EQ(static_cast<int64_t>(mine.size()), s.size());
+      EXPECT_EQ(s.size(), (n - consumed + new_world - 1) / new_world);
+      seen.insert(seen.end(), mine.begin(), mine.end());
+      s.set_epoch(epoch + 1);  // later epochs are untouched
+      EXPECT_EQ(s.indices(), shares(n, new_world, true, 7, false, epoch + 1)[static_cast<size_t>(r)]);
+    }
+    std::vector<int64_t> rest(common.begin() + consumed, common.end());
+    std::sort(rest.begin(), rest.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());  // padding repeats some
+    EXPECT_EQ(seen, rest) << "n " << n << " " << old_world << " -> " << new_world;
   }
 }

@@ -102,15 +102,26 @@ TEST_F(LauncherTest, WorkersSeeTorchrunsVariables) {
       "$MASTER_PORT ${OMP_NUM_THREADS:-unset}\" > " +
       path("env_") + "$RANK";
   // Node 1 of 2, three workers per node; OMP_NUM_THREADS unset, so the launcher sets it to 1 (with a notice).
-  Result r = run(with_script({"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-                              "127.0.0.1", "--master-port", "29555"},
-                             script),
-                 {}, {"OMP_NUM_THREADS"});
+  // The agents meet at the rendezvous port; node 0 hands the workers a free port of its own.
+  const int rdzv = free_port();
+  auto node = [&](int rank) {
+    return with_script({"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", std::to_string(rank),
+                        "--master-addr", "127.0.0.1", "--master-port", std::to_string(rdzv)},
+                       script);
+  };
+  Launch node0 = start(node(0), {}, {"OMP_NUM_THREADS"}, "node0");
+  Result r = run(node(1), {}, {"OMP_NUM_THREADS"});
   ASSERT_EQ(r.code, 0) << r.err;
-  for (int rank = 3; rank < 6; ++rank)
+  ASSERT_EQ(finish(node0).code, 0);
+  const std::string env0 = read_file(path("env_0"));
+  std::string workers_port;  // the 7th field: MASTER_PORT
+  std::istringstream fields(env0);
+  for (int i = 0; i < 7; ++i) fields >> workers_port;
+  EXPECT_NE(workers_port, std::to_string(rdzv)) << env0;
+  for (int rank = 0; rank < 6; ++rank)
     EXPECT_EQ(read_file(path("env_" + std::to_string(rank))),
-              std::to_string(rank) + " " + std::to_string(rank - 3) + " 6 3 1 127.0.0.1 29555 1\n");
-  EXPECT_FALSE(fs::exists(path("env_0")));
+              std::to_string(rank) + " " + std::to_string(rank % 3) + " 6 3 " + std::to_string(rank / 3) +
+                  " 127.0.0.1 " + workers_port + " 1\n");
   int notices = 0;
   for (const std::string& line : lines(r.err)) notices += contains(line, "OMP_NUM_THREADS") ? 1 : 0;
   EXPECT_EQ(notices, 1) << r.err;
@@ -311,9 +322,18 @@ TEST_F(LauncherTest, UsageErrors) {
   r = run({"--nproc-per-node", "zero", "true"});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "--nproc-per-node")) << r.err;
-  r = run({"--nnodes", "1:4", "true"});
+  r = run({"--nnodes", "4:1", "true"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(contains(r.err, "elastic")) << r.err;
+  EXPECT_TRUE(contains(r.err, "expected N or MIN:MAX with 1 <= MIN <= MAX")) << r.err;
+  r = run({"--nnodes", "1:4", "--node-rank", "1", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "numbers its nodes by arrival")) << r.err;
+  r = run({"--nnodes", "2", "--rdzv-conf", "join_timeout=soon", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "expected join_timeout=SECONDS")) << r.err;
+  r = run({"--nnodes", "2", "--rdzv-conf", "patience=3", "true"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "unknown key 'patience'")) << r.err;
   r = run({"--nnodes", "2", "--node-rank", "2", "true"});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "--node-rank")) << r.err;

@@ -1,0 +1,78 @@
+// Two network namespaces joined by a veth pair, as two "hosts" for multi-node tests without a second
+// machine (10.77.0.1/24 in the first, 10.77.0.2/24 in the second; the addresses exist only inside the
+// namespaces). Needs root and iproute2; ok() says whether they could be made. Removed on destruction.
+#pragma once
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fault/fault_util.h"
+
+namespace tandem::test {
+
+// Runs a command through /bin/sh; returns its exit code, its output in *out.
+inline int sh(const std::string& cmd, const std::filesystem::path& log, std::string* out = nullptr) {
+  const int rc = run_shell(cmd, log);
+  if (out) *out = read_file(log);
+  return rc;
+}
+
+// Two namespaces "<tag>a"/"<tag>b" joined by veth "<tag>x"/"<tag>y"; removed on destruction.
+class TwoHosts {
+ public:
+  explicit TwoHosts(const std::filesystem::path& dir) : dir_(dir) {
+    const std::string t = "td" + std::to_string(::getpid() % 100000);
+    a_ = t + "a";
+    b_ = t + "b";
+    const std::string x = t + "x", y = t + "y";
+    const std::string script =
+        "set -e; ip netns add " + a_ + "; ip netns add " + b_ + "; ip link add " + x +
+        " type veth peer name " + y + "; ip link set " + x + " netns " + a_ + "; ip link set " + y +
+        " netns " + b_ + "; ip -n " + a_ + " addr add " + kAddrA + "/24 dev " + x + "; ip -n " + b_ +
+        " addr add " + kAddrB + "/24 dev " + y + "; ip -n " + a_ + " link set lo up; ip -n " + b_ +
+        " link set lo up; ip -n " + a_ + " link set " + x + " up; ip -n " + b_ + " link set " + y + " up";
+    ok_ = sh(script, dir / "netns-setup.log", &error_) == 0;
+    link_a_ = x;
+  }
+  ~TwoHosts() {
+    // Deleting a namespace deletes the veth end inside it, and with it the pair.
+    sh("ip netns del " + a_ + " 2>/dev/null; ip netns del " + b_ + " 2>/dev/null; true",
+       dir_ / "netns-del.log");
+  }
+  bool ok() const { return ok_; }
+  const std::string& error() const { return error_; }
+  std::vector<std::string> in(const std::string& ns, std::vector<std::string> argv) const {
+    argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", ns});
+    return argv;
+  }
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+  bool cut_link() const {
+    return sh("ip -n " + a_ + " link set " + link_a_ + " down", dir_ / "cut.log") == 0;
+  }
+  bool restore_link() const {
+    return sh("ip -n " + a_ + " link set " + link_a_ + " up", dir_ / "restore.log") == 0;
+  }
+  // SIGKILLs every process inside namespace `ns` (a whole "host" lost at once).
+  bool kill_all(const std::string& ns) const {
+    return sh("ip netns pids " + ns + " | xargs -r kill -9", dir_ / ("kill-" + ns + ".log")) == 0;
+  }
+  bool exists() const {
+    std::string out;
+    sh("ip netns list", dir_ / "list.log", &out);
+    return out.find(a_) != std::string::npos || out.find(b_) != std::string::npos;
+  }
+
+  static constexpr const char* kAddrA = "10.77.0.1";
+  static constexpr const char* kAddrB = "10.77.0.2";
+
+ private:
+  std::filesystem::path dir_;
+  std::string a_, b_, link_a_, error_;
+  bool ok_ = false;
+};
+
+}  // namespace tandem::test

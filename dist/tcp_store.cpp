@@ -110,6 +110,7 @@ TCPStore::TCPStore(std::string host, int port, bool is_server, TCPStoreOptions o
                ": num_workers must be >= 1, got ", options.num_workers.value_or(0));
   const char* env_token = std::getenv("TANDEM_STORE_TOKEN");
   token_ = options.token ? *options.token : std::string(env_token ? env_token : "");
+  unreachable_hint_ = options.unreachable_hint;
   TANDEM_CHECK(token_.size() <= kMaxTokenBytes, "TCPStore ", address(), ": the store token (TANDEM_STORE_TOKEN) has ",
                token_.size(), " bytes, more than the limit of ", kMaxTokenBytes);
   if (is_server) {
@@ -216,7 +217,7 @@ void TCPStore::connect_locked(Millis timeout) {
     auto now = Clock::now();
     if (now >= deadline)
       TANDEM_FAIL("TCPStore: could not connect to ", address(), " within ", timeout.count(),
-                  " ms (last error: ", last, "); is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?");
+                  " ms (last error: ", last, "); ", unreachable_hint_);
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }

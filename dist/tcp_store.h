@@ -117,6 +117,8 @@ struct TCPStoreOptions {
   std::optional<std::string> token;
   // Server: how long a new connection may take to complete the handshake.
   Millis hello_timeout = std::chrono::seconds(30);
+  // Client: what a failure to connect suggests checking (names who serves this store).
+  std::string unreachable_hint = "is rank 0 running, and are MASTER_ADDR/MASTER_PORT right?";
   // Server: called on the server thread with one line for each refused client
   // (wrong token, wrong magic, handshake timeout); unset = spdlog warning, rate-limited.
   std::function<void(const std::string&)> on_refused;
@@ -154,6 +156,7 @@ class TCPStore : public Store {
   std::string host_;
   int port_;
   std::string token_;  // what this client presents in the handshake
+  std::string unreachable_hint_;
   std::unique_ptr<TCPStoreServer> server_;
   std::mutex mu_;
   int fd_ = -1;

@@ -81,6 +81,8 @@ Rendezvous::Rendezvous(const RunOptions& o) : o_(o), prefix_("tandem-run/" + o.r
   so.timeout = millis(o.store_timeout);
   so.bind_host = o.master_addr;  // only the agent on that host may serve it
   so.on_refused = [](const std::string& line) { say("rendezvous store: " + line); };
+  so.unreachable_hint =
+      "is node rank 0's tandem-run (the rendezvous host) running, and are --master-addr/--master-port right?";
   const bool may_host = !o.node_rank_given || o.node_rank == 0;
   if (may_host) {
     try {

@@ -1,17 +1,70 @@
 // nn/attention.h: scaled dot-product attention as a composition of matmul, mul, where/add, softmax
 // and dropout, each of which records its own backward. The masked scores are filled with -inf
 // through `where`, so masked positions get exactly zero probability and zero gradient.
+// On the CPU, without dropout and with no mask or the causal one, the op runs instead as the fused
+// kernel of kernels/attention.h under its own node (FusedAttentionBackward), unless switched off
+// with set_fused_attention(false); batch dimensions are broadcast before it by expand + reshape,
+// whose own nodes sum the gradients back.
 #include "nn/attention.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <string>
 
+#include "core/autograd.h"
 #include "core/error.h"
+#include "core/view.h"
+#include "kernels/attention.h"
 #include "nn/functional.h"
 
 namespace tandem::nn::functional {
 namespace {
+
+std::atomic<bool> g_fused_attention{true};
+
+struct FusedAttentionBackward final : Node {
+  Tensor q, k, v, out, lse;
+  double scale = 1.0;
+  bool is_causal = false;
+  std::string name() const override { return "FusedAttentionBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::attention_backward(g[0], q, k, v, out, lse, scale, is_causal);
+    return {needs_input_grad(0) ? r.q : Tensor(), needs_input_grad(1) ? r.k : Tensor(),
+            needs_input_grad(2) ? r.v : Tensor()};
+  }
+};
+
+// x [..., rows, cols] expanded to the batch dimensions `batch` and flattened to [B, rows, cols].
+Tensor as_batch3(const Tensor& x, const Shape& batch) {
+  Shape full = batch;
+  full.insert(full.end(), {x.size(-2), x.size(-1)});
+  return reshape(expand(x, full), {shape_numel(batch), x.size(-2), x.size(-1)});
+}
+
+Shape batch_of(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); }
+
+// The fused kernel with its node; shapes already checked by check_qkv.
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal) {
+  Shape batch = views::broadcast_shapes(views::broadcast_shapes(batch_of(q), batch_of(k), "scaled_dot_product_attention"),
+                                        batch_of(v), "scaled_dot_product_attention");
+  const Tensor q3 = as_batch3(q, batch), k3 = as_batch3(k, batch), v3 = as_batch3(v, batch);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto r = kernels::attention_forward(q3, k3, v3, scale, is_causal);
+  if (autograd::any_requires_grad({q3, k3, v3})) {
+    auto n = std::make_shared<FusedAttentionBackward>();
+    n->q = q3.detach();
+    n->k = k3.detach();
+    n->v = v3.detach();
+    n->out = r.output;
+    n->lse = r.lse;
+    n->scale = scale;
+    n->is_causal = is_causal;
+    autograd::record(n, {q3, k3, v3}, {&r.output});
+  }
+  batch.insert(batch.end(), {q.size(-2), v.size(-1)});
+  return reshape(r.output, batch);
+}
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor* v, const Tensor& mask, bool is_causal,
                const char* op) {
@@ -55,6 +108,15 @@ Tensor masked_scores(const Tensor& q, const Tensor& k, const Tensor& mask, bool 
 
 }  // namespace
 
+void set_fused_attention(bool enabled) { g_fused_attention.store(enabled, std::memory_order_relaxed); }
+
+bool fused_attention_enabled() { return g_fused_attention.load(std::memory_order_relaxed); }
+
+bool fused_attention_path(const Tensor& q, const Tensor& k, const Tensor& attn_mask, double dropout_p) {
+  return fused_attention_enabled() && q.device().is_cpu() && !attn_mask.defined() && dropout_p == 0.0 &&
+         q.size(-2) > 0 && k.size(-2) > 0;
+}
+
 Tensor causal_mask(int64_t L, int64_t S, Device device) {
   TANDEM_CHECK(L >= 0 && S >= 0, "causal_mask: sizes must be non-negative, got ", L, " and ", S);
   Tensor m = Tensor::zeros({L, S}, kUInt8);
@@ -74,6 +136,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   check_qkv(q, k, &v, attn_mask, is_causal, "scaled_dot_product_attention");
   TANDEM_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1], got ",
                dropout_p);
+  if (fused_attention_path(q, k, attn_mask, dropout_p)) return fused_attention(q, k, v, is_causal);
   Tensor probs = softmax(masked_scores(q, k, attn_mask, is_causal), -1);
   if (dropout_p > 0.0) probs = dropout(probs, dropout_p, /*training=*/true, gen);
   return matmul(probs, v);

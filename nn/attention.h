@@ -9,6 +9,10 @@
 //       is_causal: position i attends to j <= i (the upper-left lower triangle, as PyTorch); it
 //       cannot be combined with attn_mask. A row with no allowed position gives NaN, as PyTorch.
 //       The dropout mask comes from `gen` (default_generator() in the overload without it).
+//       On the CPU with dropout_p == 0 and no attn_mask (is_causal or not) it runs as one fused
+//       kernel (kernels/attention.h: no [L, S] probabilities kept for the backward, which
+//       recomputes them); elsewhere (CUDA, dropout, masks) as the composition. Both agree to
+//       rounding; set_fused_attention(false) forces the composition.
 //   MultiheadAttention: nn::MultiheadAttention in nn/attention_layer.h.
 // Bad shapes, dtypes and arguments throw tandem::Error naming the argument.
 #pragma once
@@ -23,6 +27,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false);
+
+// Whether the CPU fused kernel may be used (default true; process-wide, read at each call), and
+// whether a call with these arguments takes it.
+void set_fused_attention(bool enabled);
+bool fused_attention_enabled();
+bool fused_attention_path(const Tensor& q, const Tensor& k, const Tensor& attn_mask, double dropout_p);
 
 // The attention probabilities alone: softmax(q k^T / sqrt(E) + mask, -1), [..., L, S], masks as
 // above (no dropout). MultiheadAttention's need_weights returns their mean over the heads.

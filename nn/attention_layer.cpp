@@ -98,7 +98,10 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     Tensor m = F::reshape(additive(key_padding_mask, q.dtype(), "key_padding_mask"), {N, 1, 1, S});
     mask = mask.defined() ? F::add(mask, m) : m;
   }
-  if (is_causal) {  // causal_mask marks with 1 what may be attended: the opposite convention
+  // The causal mask alone (and no weights asked for) goes to scaled_dot_product_attention as
+  // is_causal, which can take its fused CPU kernel; combined with other masks it is added to them.
+  const bool causal_only = is_causal && !mask.defined() && !need_weights;
+  if (is_causal && !causal_only) {  // causal_mask marks with 1 what may be attended: the opposite convention
     Tensor m = F::where(F::causal_mask(L, S, q.device()), Tensor::zeros({}, q.dtype(), q.device()),
                         Tensor::full({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()));
     mask = mask.defined() ? F::add(mask, m) : m;
@@ -113,7 +116,7 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     weights = average_attn_weights ? F::mean(probs, {1}) : probs;
     if (!batched) weights = F::squeeze(weights, 0);
   } else {
-    heads = F::scaled_dot_product_attention(q, k, v, mask, p, false);
+    heads = F::scaled_dot_product_attention(q, k, v, mask, p, causal_only);
   }
   Tensor out = out_proj->forward(F::reshape(F::permute(heads, {0, 2, 1, 3}), {N, L, E}));
   if (!batched) {

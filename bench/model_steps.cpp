@@ -13,11 +13,12 @@
 // Guarantees: --warmup steps run first and are not timed; then --iters steps are timed as one
 // interval; one JSON line goes to --metrics-out (or stdout):
 //   {"type":"bench","model":..,"threads":..,"batch_size":..,"iters":..,"seconds":..,
-//    "samples_per_s":..,"tokens_per_s":..(gpt),"first_loss":..,"last_loss":..,"params":..}
+//    "samples_per_s":..,"tokens_per_s":..(gpt),"first_loss":..,"last_loss":..,"params":..,
+//    "fused_attention":"on"|"off"(gpt)}
 // --profile prints the per-op table of core/profiler.h over the timed steps.
 // Usage: model_steps --model resnet|gpt [--iters N] [--warmup N] [--batch-size N] [--threads N]
 //        [--width W] [--blocks B] [--layers L] [--heads H] [--dim D] [--block-size T] [--vocab V]
-//        [--seed S] [--metrics-out FILE] [--profile]
+//        [--seed S] [--metrics-out FILE] [--profile] [--fused-attention on|off]
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +35,7 @@
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "kernels/linear.h"
+#include "nn/attention.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 #include "resnet/resnet.h"
@@ -50,6 +52,7 @@ struct Options {
   int threads = 1;
   uint64_t seed = 1;
   bool profile = false;
+  std::string fused_attention = "on";
 };
 
 struct Batch {
@@ -128,6 +131,7 @@ Recipe gpt_recipe(const Options& o, std::mt19937& rng) {
 
 int run(const Options& o) {
   set_num_threads(o.threads);
+  nn::functional::set_fused_attention(o.fused_attention == "on");
   manual_seed(o.seed);
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
   Recipe r = o.model == "resnet" ? resnet_recipe(o, rng) : gpt_recipe(o, rng);
@@ -152,6 +156,7 @@ int run(const Options& o) {
                       {"batch_size", o.batch},  {"iters", o.iters},        {"warmup", o.warmup},
                       {"seconds", seconds},     {"samples_per_s", samples / seconds},
                       {"first_loss", first},    {"last_loss", last},       {"params", params}};
+  if (o.model == "gpt") j["fused_attention"] = o.fused_attention;
   if (o.model == "gpt") j["tokens_per_s"] = samples * static_cast<double>(o.block) / seconds;
   if (o.metrics_out.empty()) {
     std::cout << j.dump() << "\n";
@@ -186,6 +191,10 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", o.vocab, "gpt: vocabulary size")->check(positive);
   app.add_option("--seed", o.seed, "weights and synthetic data");
   app.add_option("--metrics-out", o.metrics_out, "append the JSON line here instead of stdout");
+  app.add_option("--fused-attention", o.fused_attention,
+                 "gpt: on: attention runs as the fused CPU kernel (nn/attention.h); off: composed of matmul and "
+                 "softmax")
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_flag("--profile", o.profile, "per-op wall time over the timed steps");
   CLI11_PARSE(app, argc, argv);
   if (o.batch == 0) o.batch = o.model == "resnet" ? 64 : 16;

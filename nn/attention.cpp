@@ -56,7 +56,7 @@ Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool i
     n->q = q3.detach();
     n->k = k3.detach();
     n->v = v3.detach();
-    n->out = r.output;
+    n->out = r.output.detach();  // detached: the node must not own its own output (a cycle)
     n->lse = r.lse;
     n->scale = scale;
     n->is_causal = is_causal;

@@ -98,16 +98,17 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     Tensor m = F::reshape(additive(key_padding_mask, q.dtype(), "key_padding_mask"), {N, 1, 1, S});
     mask = mask.defined() ? F::add(mask, m) : m;
   }
-  // The causal mask alone (and no weights asked for) goes to scaled_dot_product_attention as
-  // is_causal, which can take its fused CPU kernel; combined with other masks it is added to them.
-  const bool causal_only = is_causal && !mask.defined() && !need_weights;
+  // The causal mask alone, where scaled_dot_product_attention takes its fused CPU kernel, goes to it
+  // as is_causal; otherwise it is an additive mask (added to any other).
+  const double p = is_training() ? dropout : 0.0;
+  const bool causal_only =
+      is_causal && !mask.defined() && !need_weights && F::fused_attention_path(q, k, Tensor(), p);
   if (is_causal && !causal_only) {  // causal_mask marks with 1 what may be attended: the opposite convention
     Tensor m = F::where(F::causal_mask(L, S, q.device()), Tensor::zeros({}, q.dtype(), q.device()),
                         Tensor::full({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()));
     mask = mask.defined() ? F::add(mask, m) : m;
   }
 
-  const double p = is_training() ? dropout : 0.0;
   Tensor heads, weights;
   if (need_weights) {
     Tensor probs = F::attention_weights(q, k, mask);

@@ -4,13 +4,15 @@
 // and float32 to 1e-5 relative, for shapes that cross the kernel's 64-row and 64-column blocks,
 // L != S, Ev != E and broadcast batch dimensions; the kernel's profiler entries prove which path
 // ran; thread counts 1..3 give the same bits; float64 finite-difference gradients through the fused
-// path; masks and dropout fall back (a row with nothing to attend gives NaN, as PyTorch).
+// path; the graph is freed with its output; masks and dropout fall back (a row with nothing to attend gives NaN, as PyTorch).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "core/autograd.h"
 #include "core/profiler.h"
 #include "core/thread_pool.h"
 #include "nn/attention.h"
@@ -145,6 +147,27 @@ TEST(FusedAttention, GradcheckThroughTheFusedPath) {
   SCOPED_TRACE("plain, broadcast batch");
   gradcheck([](const V& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2]); },
             {random_f64({2, 1, 4, 3}, g), random_f64({3, 5, 3}, g), random_f64({3, 5, 2}, g)}, {0, 1, 2});
+}
+
+// The fused node must not own its output (a reference cycle would keep every step's graph alive).
+TEST(FusedAttention, GraphIsFreedWithItsOutput) {
+  Generator g(2);
+  std::weak_ptr<Node> fused_node;
+  {
+    Tensor q = random_f64({2, 6, 4}, g).set_requires_grad(true), k = random_f64({2, 6, 4}, g), v = random_f64({2, 6, 4}, g);
+    Tensor y = F::scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true);
+    // Find the node below the reshape that restores the batch dimensions.
+    std::vector<std::shared_ptr<Node>> todo = {y.grad_fn()};
+    while (!todo.empty() && fused_node.expired()) {
+      std::shared_ptr<Node> n = todo.back();
+      todo.pop_back();
+      if (!n) continue;
+      if (n->name() == "FusedAttentionBackward") fused_node = n;
+      for (const auto& e : n->next_edges) todo.push_back(e.fn);
+    }
+    ASSERT_FALSE(fused_node.expired()) << "no FusedAttentionBackward in the graph";
+  }
+  EXPECT_TRUE(fused_node.expired()) << "the graph outlived its output";
 }
 
 TEST(FusedAttention, MasksAndDropoutTakeTheComposedPath) {

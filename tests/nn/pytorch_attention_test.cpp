@@ -6,7 +6,8 @@
 // Tolerance |actual - expected| <= 1e-5 + 1e-4 |expected| per element, as
 // pytorch_general_ops_test.cpp: references are float64 rounded to float32, PyTorch's own float32
 // results use at most 2.8% of the budget (the script prints it); a wrong mask, scale or head split
-// gives errors of order 1e-2..1.
+// gives errors of order 1e-2..1. The scaled_dot_product_attention cases without a mask run through
+// the fused CPU kernel (kernels/attention.h) and through the composition.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
+#include "nn/attention.h"
 #include "nn/attention_layer.h"
 #include "nn/functional.h"
 #include "nn/pytorch_fixture.h"
@@ -35,8 +37,7 @@ void expect_close(const Tensor& actual, const Tensor& expected, const std::strin
   tandem::testing::expect_close_to_pytorch(actual, expected, what);
 }
 
-void check_sdpa(const std::string& c, const Tensor& mask, bool is_causal) {
-  SCOPED_TRACE("case " + c);
+void check_sdpa_once(const std::string& c, const Tensor& mask, bool is_causal) {
   Tensor q = get(c + ".q").set_requires_grad(true), k = get(c + ".k").set_requires_grad(true),
          v = get(c + ".v").set_requires_grad(true);
   Tensor y = Fn::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal);
@@ -45,6 +46,17 @@ void check_sdpa(const std::string& c, const Tensor& mask, bool is_causal) {
   expect_close(q.grad(), get(c + ".grad_q"), c + ".grad_q");
   expect_close(k.grad(), get(c + ".grad_k"), c + ".grad_k");
   expect_close(v.grad(), get(c + ".grad_v"), c + ".grad_v");
+}
+
+// Through the fused CPU kernel where the case qualifies (no mask) and through the composition.
+void check_sdpa(const std::string& c, const Tensor& mask, bool is_causal) {
+  for (const bool fused : {true, false}) {
+    SCOPED_TRACE("case " + c + (fused ? " (fused where it applies)" : " (composed)"));
+    Fn::set_fused_attention(fused);
+    EXPECT_EQ(Fn::fused_attention_path(get(c + ".q"), get(c + ".k"), mask, 0.0), fused && !mask.defined());
+    check_sdpa_once(c, mask, is_causal);
+  }
+  Fn::set_fused_attention(true);
 }
 
 TEST(PytorchAttention, ScaledDotProductAttention) {
@@ -94,6 +106,15 @@ TEST(PytorchAttention, MultiheadAttentionCausalPerHeadWeights) {
   expect_close(r.weights, get("mha_causal.weights"), "mha_causal.weights");
   r.output.backward(get("mha_causal.R"));
   expect_close(x.grad(), get("mha_causal.grad_x"), "mha_causal.grad_x");
+  check_param_grads("mha_causal", m);
+  // Without the weights the causal mask alone goes to the fused CPU kernel: same output and gradients.
+  m.zero_grad();
+  Tensor x2 = get("mha_causal.x").set_requires_grad(true);
+  auto r2 = m.forward(x2, x2, x2, Tensor(), /*need_weights=*/false, Tensor(), false, /*is_causal=*/true);
+  EXPECT_FALSE(r2.weights.defined());
+  expect_close(r2.output, get("mha_causal.y"), "mha_causal.y (fused)");
+  r2.output.backward(get("mha_causal.R"));
+  expect_close(x2.grad(), get("mha_causal.grad_x"), "mha_causal.grad_x (fused)");
   check_param_grads("mha_causal", m);
 }
 

@@ -98,11 +98,11 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     Tensor m = F::reshape(additive(key_padding_mask, q.dtype(), "key_padding_mask"), {N, 1, 1, S});
     mask = mask.defined() ? F::add(mask, m) : m;
   }
-  // The causal mask alone, where scaled_dot_product_attention takes its fused CPU kernel, goes to it
-  // as is_causal; otherwise it is an additive mask (added to any other).
+  // The causal mask alone goes to scaled_dot_product_attention as is_causal (which may then take the
+  // fused CPU kernel); with another mask, or for the weights, it is an additive mask (added to any
+  // other). Both give the same values: 0 added where attended, -inf where not.
   const double p = is_training() ? dropout : 0.0;
-  const bool causal_only =
-      is_causal && !mask.defined() && !need_weights && F::fused_attention_path(q, k, Tensor(), p);
+  const bool causal_only = is_causal && !mask.defined() && !need_weights;
   if (is_causal && !causal_only) {  // causal_mask marks with 1 what may be attended: the opposite convention
     Tensor m = F::where(F::causal_mask(L, S, q.device()), Tensor::zeros({}, q.dtype(), q.device()),
                         Tensor::full({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()));

@@ -134,18 +134,21 @@ int64_t Rendezvous::poll_count(const std::string& k) {
   return guarded(address(), [&] { return store_->add(k, 0); });
 }
 
-int Rendezvous::first_round() {
-  if (host_) return 0;
-  const std::string open = prefix_ + "open";
-  const auto start = Clock::now();
-  while (!guarded(address(), [&] { return store_->check({open}); })) {
+std::string Rendezvous::await_key(const std::string& k, Clock::time_point start, double limit,
+                                  const std::string& why_not) {
+  while (!guarded(address(), [&] { return store_->check({k}); })) {
     throw_if_signalled();
-    if (seconds_since(start) >= o_.join_timeout)
-      throw RendezvousError("the rendezvous host at " + address() + " opened no round within join_timeout=" +
-                            seconds_text(o_.join_timeout));
+    if (seconds_since(start) >= limit) throw RendezvousError(why_not);
     std::this_thread::sleep_for(kPoll);
   }
-  return std::stoi(guarded(address(), [&] { return store_->get_string(open); }));
+  return guarded(address(), [&] { return store_->get_string(k); });
+}
+
+int Rendezvous::first_round() {
+  if (host_) return 0;
+  return std::stoi(await_key(prefix_ + "open", Clock::now(), o_.join_timeout,
+                             "the rendezvous host at " + address() + " opened no round within join_timeout=" +
+                                 seconds_text(o_.join_timeout)));
 }
 
 void Rendezvous::close_round(int round) {
@@ -197,16 +200,12 @@ Round Rendezvous::join(int round) {
     // Everyone else waits for the host's decision (its own wait is bounded by join_timeout, plus the
     // last-call window and a store call's time to tell).
     const double limit = o_.join_timeout + o_.last_call_timeout + o_.store_timeout;
-    while (!guarded(address(), [&] { return store_->check({key(round, "closed")}); })) {
-      throw_if_signalled();
-      if (seconds_since(start) >= limit)
-        throw RendezvousError("rendezvous round " + std::to_string(round) + " at " + address() +
-                              " did not close within " + seconds_text(limit) +
-                              " (join_timeout + last_call_timeout + timeout); is the host's agent running (a job already at its "
-                              "most nodes takes no more)?");
-      std::this_thread::sleep_for(kPoll);
-    }
-    const Json closed = Json::parse(guarded(address(), [&] { return store_->get_string(key(round, "closed")); }));
+    const Json closed = Json::parse(await_key(
+        key(round, "closed"), start, limit,
+        "rendezvous round " + std::to_string(round) + " at " + address() + " did not close within " +
+            seconds_text(limit) +
+            " (join_timeout + last_call_timeout + timeout); is the host's agent running (a job already at its "
+            "most nodes takes no more)?"));
     if (closed.contains("error")) throw RendezvousError(closed["error"].get<std::string>());
     const std::vector<int> ranks = closed["ranks"].get<std::vector<int>>();
     if (index >= static_cast<int>(ranks.size())) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -97,6 +98,9 @@ class Rendezvous {
   std::string key(int round, const std::string& name) const;
   void close_round(int round);
   int64_t poll_count(const std::string& key);
+  // The value of `k` once it exists (polled, stop signals honoured); `why_not` is thrown when it does not
+  // by `limit` seconds after `start`.
+  std::string await_key(const std::string& k, std::chrono::steady_clock::time_point start, double limit, const std::string& why_not);
   void watch_loop(int round, int nnodes);
 
   RunOptions o_;

@@ -36,25 +36,43 @@ std::map<int, std::vector<int64_t>> samples(const std::vector<fs::path>& files, 
   return out;
 }
 
+// The trainer's flags for `epochs` epochs of 640 samples in <tmp>/w, then `extra`, after `argv`.
+std::vector<std::string> with_flags(const TempDir& tmp, int epochs, std::vector<std::string> argv,
+                                    const std::vector<std::string>& extra) {
+  const std::vector<std::string> f = {"--data-dir", kDigits, "--epochs", std::to_string(epochs), "--limit", "640",
+                                      "--test-limit", "128", "--threads", "1", "--log-interval", "1",
+                                      "--checkpoint-interval", "3", "--batch-size", "64", "--work-dir", tmp.file("w")};
+  argv.insert(argv.end(), f.begin(), f.end());
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return argv;
+}
+
+// Two ranks under tandem-run, rank 0 SIGKILLed after global iteration 3 (right after checkpoint iter_3:
+// 3 x 64 x 2 = 384 samples consumed); each rank's batches go to <tmp>/two.rank<r>. Returns the exit code.
+int two_ranks_killed_after_iteration_3(const TempDir& tmp, int epochs) {
+  return run_process(with_flags(tmp, epochs,
+                                {kRun, "--standalone", "--nproc-per-node", "2", kTrainer, "--launcher", "pytorch",
+                                 "--device", "cpu", "--dist-timeout", "60"},
+                                {"--debug-sigkill-at", "3", "--debug-samples-out", tmp.file("two")}),
+                     tmp / "two.log");
+}
+
+// Every index of the 640 samples once, sorted.
+std::vector<int64_t> every_sample() {
+  std::vector<int64_t> all(640);
+  for (int64_t i = 0; i < 640; ++i) all[static_cast<size_t>(i)] = i;
+  return all;
+}
+
 }  // namespace
 
 TEST(ReshardResume, TwoRanksToOneVisitsExactlyTheRestOfTheEpoch) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("reshard");
-  const std::vector<std::string> f = {"--data-dir", kDigits, "--epochs", "2", "--limit", "640", "--test-limit", "128",
-                                      "--threads", "1", "--log-interval", "1", "--checkpoint-interval", "3",
-                                      "--batch-size", "64", "--work-dir", tmp.file("w")};
   auto with = [&](std::vector<std::string> argv, const std::vector<std::string>& extra) {
-    argv.insert(argv.end(), f.begin(), f.end());
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return argv;
+    return with_flags(tmp, 2, std::move(argv), extra);
   };
-  // Rank 0 is killed after global iteration 3, right after checkpoint iter_3: 3 x 64 x 2 = 384 consumed.
-  const int killed = run_process(with({kRun, "--standalone", "--nproc-per-node", "2", kTrainer, "--launcher",
-                                       "pytorch", "--device", "cpu", "--dist-timeout", "60"},
-                                      {"--debug-sigkill-at", "3", "--debug-samples-out", tmp.file("two")}),
-                                 tmp / "two.log");
-  ASSERT_EQ(killed, 137) << read_file(tmp / "two.log");
+  ASSERT_EQ(two_ranks_killed_after_iteration_3(tmp, 2), 137) << read_file(tmp / "two.log");
 
   ASSERT_EQ(run_process(with({kTrainer}, {"--resume"}), tmp / "refused.log"), 1) << read_file(tmp / "refused.log");
   EXPECT_HAS(read_file(tmp / "refused.log"), "was written by 2 rank(s) but this run has 1; resume with the same "
@@ -77,8 +95,7 @@ TEST(ReshardResume, TwoRanksToOneVisitsExactlyTheRestOfTheEpoch) {
   std::vector<int64_t> epoch1 = before.at(1);
   epoch1.insert(epoch1.end(), after.at(1).begin(), after.at(1).end());
   std::sort(epoch1.begin(), epoch1.end());
-  std::vector<int64_t> all(640);
-  for (int64_t i = 0; i < 640; ++i) all[static_cast<size_t>(i)] = i;
+  const std::vector<int64_t> all = every_sample();
   EXPECT_EQ(epoch1, all) << "epoch 1: a sample twice, or one lost";
   ASSERT_EQ(after.count(2), 1u);
   std::vector<int64_t> epoch2 = after.at(2);
@@ -91,20 +108,10 @@ TEST(ReshardResume, TwoRanksToOneVisitsExactlyTheRestOfTheEpoch) {
 TEST(ReshardResume, ACheckpointInsideTheReshardedEpochResumesItExactly) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("reshard-twice");
-  const std::vector<std::string> f = {"--data-dir", kDigits, "--epochs", "1", "--limit", "640", "--test-limit", "128",
-                                      "--threads", "1", "--log-interval", "1", "--checkpoint-interval", "3",
-                                      "--batch-size", "64", "--work-dir", tmp.file("w")};
   auto with = [&](std::vector<std::string> argv, const std::vector<std::string>& extra) {
-    argv.insert(argv.end(), f.begin(), f.end());
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    return argv;
+    return with_flags(tmp, 1, std::move(argv), extra);
   };
-  ASSERT_EQ(run_process(with({kRun, "--standalone", "--nproc-per-node", "2", kTrainer, "--launcher", "pytorch",
-                              "--device", "cpu", "--dist-timeout", "60"},
-                             {"--debug-sigkill-at", "3", "--debug-samples-out", tmp.file("two")}),
-                        tmp / "two.log"),
-            137)
-      << read_file(tmp / "two.log");
+  ASSERT_EQ(two_ranks_killed_after_iteration_3(tmp, 1), 137) << read_file(tmp / "two.log");
   // One process: the 256 left are 4 iterations (global 4..7); killed after global 6 (checkpoint iter_6).
   ASSERT_EQ(run_process(with({kTrainer}, {"--resume", "--resume-reshard", "--debug-sigkill-at", "6",
                                           "--debug-samples-out", tmp.file("one")}),
@@ -121,7 +128,5 @@ TEST(ReshardResume, ACheckpointInsideTheReshardedEpochResumesItExactly) {
   epoch1.insert(epoch1.end(), one.at(1).begin(), one.at(1).end());
   epoch1.insert(epoch1.end(), again.at(1).begin(), again.at(1).end());
   std::sort(epoch1.begin(), epoch1.end());
-  std::vector<int64_t> all(640);
-  for (int64_t i = 0; i < 640; ++i) all[static_cast<size_t>(i)] = i;
-  EXPECT_EQ(epoch1, all) << "epoch 1 over three runs: a sample twice, or one lost";
+  EXPECT_EQ(epoch1, every_sample()) << "epoch 1 over three runs: a sample twice, or one lost";
 }

@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per (program, model, threads); samples/s is the median, RSS the max")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N: both sides train there (the GPU check uses cuda; the PyTorch "
+                        "side then needs --python with a CUDA-enabled torch)")
     p.add_argument("--json-out", default=None)
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     args = p.parse_args(argv)
@@ -80,7 +83,7 @@ def parse_args(argv=None):
 
 def command(args, side, model, threads, metrics):
     flags = ["--model", model, "--iters", str(args.iters), "--warmup", str(args.warmup),
-             "--threads", str(threads), "--metrics-out", metrics]
+             "--threads", str(threads), "--metrics-out", metrics, "--device", args.device]
     if side == "pytorch" or args.pytorch_both:
         return [args.python, args.pytorch_script] + flags
     return [args.baseline_bin if side == "baseline" else args.tandem_bin] + flags
@@ -134,7 +137,7 @@ def measure(args, model, threads, workdir):
 
 def print_table(args, results):
     name = "pytorch(as tandem)" if args.pytorch_both else "tandem"
-    print(f"\n{name} vs PyTorch on {cpu_model()} ({os.cpu_count()} CPUs); {args.iters} timed steps "
+    print(f"\n{name} vs PyTorch on {args.device}, host {cpu_model()} ({os.cpu_count()} CPUs); {args.iters} timed steps "
           f"after {args.warmup}, median of {args.repeats}\n")
     for m in args.model_list:
         print(f"- {m}: {RECIPES[m]}")
@@ -180,7 +183,7 @@ def main(argv=None):
     if args.json_out:
         out = {
             "what": "training step of examples/resnet and examples/transformer, Tandem "
-                    "(bench/model_steps) vs PyTorch 1.13 (bench/pytorch_models.py), CPU",
+                    f"(bench/model_steps) vs PyTorch (bench/pytorch_models.py), {args.device}",
             "tandem_side": "pytorch_models.py" if args.pytorch_both else args.tandem_bin,
             "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
             "config": {k: v for k, v in vars(args).items()

@@ -18,7 +18,9 @@
 // --profile prints the per-op table of core/profiler.h over the timed steps.
 // Usage: model_steps --model resnet|gpt [--iters N] [--warmup N] [--batch-size N] [--threads N]
 //        [--width W] [--blocks B] [--layers L] [--heads H] [--dim D] [--block-size T] [--vocab V]
-//        [--seed S] [--metrics-out FILE] [--profile] [--fused-attention on|off]
+//        [--seed S] [--metrics-out FILE] [--profile] [--fused-attention on|off] [--device cpu|cuda[:N]]
+// --device: the model and the pool of batches are moved there before the clock starts; each step's
+// loss.item() waits for the device, so the timed interval covers the device's work.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -53,6 +55,7 @@ struct Options {
   uint64_t seed = 1;
   bool profile = false;
   std::string fused_attention = "on";
+  std::string device = "cpu";
 };
 
 struct Batch {
@@ -67,9 +70,10 @@ struct Recipe {
   std::function<double(const Batch&)> step;
 };
 
-Recipe resnet_recipe(const Options& o, std::mt19937& rng) {
+Recipe resnet_recipe(const Options& o, std::mt19937& rng, Device device) {
   Recipe r;
   auto net = std::make_shared<resnet::ResNet>(o.width, o.blocks);
+  net->to(device);
   r.model = net;
   r.opt = std::make_unique<optim::SGD>(
       net->parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
@@ -80,7 +84,7 @@ Recipe resnet_recipe(const Options& o, std::mt19937& rng) {
     std::vector<int64_t> y(static_cast<size_t>(o.batch));
     for (float& v : x) v = pixel(rng);
     for (int64_t& v : y) v = label(rng);
-    r.batches.push_back({Tensor::from_vector(x, {o.batch, 1, 28, 28}), Tensor::from_vector(y, {o.batch})});
+    r.batches.push_back({Tensor::from_vector(x, {o.batch, 1, 28, 28}).to(device), Tensor::from_vector(y, {o.batch}).to(device)});
   }
   optim::Optimizer* opt = r.opt.get();
   r.step = [net, opt](const Batch& b) {
@@ -93,11 +97,12 @@ Recipe resnet_recipe(const Options& o, std::mt19937& rng) {
   return r;
 }
 
-Recipe gpt_recipe(const Options& o, std::mt19937& rng) {
+Recipe gpt_recipe(const Options& o, std::mt19937& rng, Device device) {
   Recipe r;
   gpt::Config c;
   c.vocab_size = o.vocab, c.block_size = o.block, c.n_layer = o.layers, c.n_head = o.heads, c.n_embd = o.dim;
   auto net = std::make_shared<gpt::GPT>(c);
+  net->to(device);
   r.model = net;
   optim::ParamGroup decay{{}, 3e-3, 0.1}, no_decay{{}, 3e-3, 0.0};
   for (const auto& [name, p] : net->named_parameters()) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
@@ -113,7 +118,8 @@ Recipe gpt_recipe(const Options& o, std::mt19937& rng) {
       x.insert(x.end(), s, s + o.block);
       y.insert(y.end(), s + 1, s + o.block + 1);
     }
-    r.batches.push_back({Tensor::from_vector(x, {o.batch, o.block}), Tensor::from_vector(y, {o.batch, o.block})});
+    r.batches.push_back(
+        {Tensor::from_vector(x, {o.batch, o.block}).to(device), Tensor::from_vector(y, {o.batch, o.block}).to(device)});
   }
   optim::Optimizer* opt = r.opt.get();
   const int64_t vocab = o.vocab;
@@ -134,7 +140,8 @@ int run(const Options& o) {
   nn::functional::set_fused_attention(o.fused_attention == "on");
   manual_seed(o.seed);
   std::mt19937 rng(static_cast<uint32_t>(o.seed));
-  Recipe r = o.model == "resnet" ? resnet_recipe(o, rng) : gpt_recipe(o, rng);
+  const Device device = Device::parse(o.device);
+  Recipe r = o.model == "resnet" ? resnet_recipe(o, rng, device) : gpt_recipe(o, rng, device);
   int64_t params = 0;
   for (const Tensor& p : r.model->parameters()) params += p.numel();
   double first = 0, last = 0;
@@ -155,7 +162,8 @@ int run(const Options& o) {
   nlohmann::json j = {{"type", "bench"},        {"model", o.model},        {"threads", o.threads},
                       {"batch_size", o.batch},  {"iters", o.iters},        {"warmup", o.warmup},
                       {"seconds", seconds},     {"samples_per_s", samples / seconds},
-                      {"first_loss", first},    {"last_loss", last},       {"params", params}};
+                      {"first_loss", first},    {"last_loss", last},       {"params", params},
+                      {"device", o.device}};
   if (o.model == "gpt") j["fused_attention"] = o.fused_attention;
   if (o.model == "gpt") j["tokens_per_s"] = samples * static_cast<double>(o.block) / seconds;
   if (o.metrics_out.empty()) {
@@ -195,6 +203,7 @@ int main(int argc, char** argv) {
                  "gpt: on: attention runs as the fused CPU kernel (nn/attention.h); off: composed of matmul and "
                  "softmax")
       ->check(CLI::IsMember({"on", "off"}));
+  app.add_option("--device", o.device, "cpu (default), cuda or cuda:N");
   app.add_flag("--profile", o.profile, "per-op wall time over the timed steps");
   CLI11_PARSE(app, argc, argv);
   if (o.batch == 0) o.batch = o.model == "resnet" ? 64 : 16;

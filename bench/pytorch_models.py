@@ -17,7 +17,8 @@ then --iters steps are timed as one interval; one line
    "samples_per_s":..,"tokens_per_s":..(gpt),"first_loss":..,"last_loss":..,"params":..}
 is appended to --metrics-out (or printed). --profile prints torch.autograd.profiler's table of
 the timed steps, sorted by self CPU time.
-Assumes: Debian's /usr/bin/python3 with PyTorch 1.13 (CPU).
+Assumes: Debian's /usr/bin/python3 with PyTorch 1.13 (CPU); with --device cuda, a python whose torch has CUDA
+(the GPU check passes the GPU machine's own).
 """
 import argparse
 import json
@@ -129,6 +130,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--metrics-out", default=None)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: model and batches live there")
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.batch_size < 0 or args.threads < 1:
         p.error("--iters and --threads must be >= 1, --warmup and --batch-size >= 0")
@@ -138,10 +140,11 @@ def parse_args(argv=None):
 
 
 def resnet_recipe(a, gen):
-    net = ResNet(a.width, a.blocks)
+    net = ResNet(a.width, a.blocks).to(a.device)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
     batches = [(torch.randn(a.batch_size, 1, 28, 28, generator=gen),
                 torch.randint(0, 10, (a.batch_size,), generator=gen)) for _ in range(8)]
+    batches = [(x.to(a.device), y.to(a.device)) for x, y in batches]
 
     def step(b):
         opt.zero_grad()
@@ -153,7 +156,7 @@ def resnet_recipe(a, gen):
 
 
 def gpt_recipe(a, gen):
-    net = GPT(a.vocab, a.block_size, a.layers, a.heads, a.dim)
+    net = GPT(a.vocab, a.block_size, a.layers, a.heads, a.dim).to(a.device)
     decay = [p for p in net.parameters() if p.dim() >= 2]
     no_decay = [p for p in net.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
@@ -161,7 +164,7 @@ def gpt_recipe(a, gen):
     batches = []
     for _ in range(8):
         seq = torch.randint(0, a.vocab, (a.batch_size, a.block_size + 1), generator=gen)
-        batches.append((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()))
+        batches.append((seq[:, :-1].contiguous().to(a.device), seq[:, 1:].contiguous().to(a.device)))
 
     def step(b):
         logits = net(b[0])
@@ -187,6 +190,8 @@ def main(argv=None):
     prof = torch.autograd.profiler.profile() if a.profile else None
     if prof:
         prof.__enter__()
+    if torch.device(a.device).type == "cuda":
+        torch.cuda.synchronize(a.device)
     start = time.perf_counter()
     for i in range(a.iters):
         last = step(batches[(a.warmup + i) % len(batches)])
@@ -200,7 +205,8 @@ def main(argv=None):
     rec = {"type": "bench", "model": a.model, "threads": a.threads, "batch_size": a.batch_size,
            "iters": a.iters, "warmup": a.warmup, "seconds": seconds,
            "samples_per_s": samples / seconds, "first_loss": first, "last_loss": last,
-           "params": sum(p.numel() for p in net.parameters())}
+           "params": sum(p.numel() for p in net.parameters()), "device": a.device,
+           "torch": torch.__version__}
     if a.model == "gpt":
         rec["tokens_per_s"] = samples * a.block_size / seconds
     line = json.dumps(rec)

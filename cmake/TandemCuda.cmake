@@ -9,9 +9,11 @@ if(NOT TANDEM_CUDA STREQUAL "OFF")
   include(CheckLanguage)
   check_language(CUDA)
   find_package(CUDAToolkit QUIET)
-  find_library(TANDEM_CUDNN_LIB cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  # The versioned names too: a toolkit or a Python wheel (nvidia/cudnn/lib, nvidia/nccl/lib) often ships
+  # only libcudnn.so.9 and libnccl.so.2, without the unversioned development link.
+  find_library(TANDEM_CUDNN_LIB NAMES cudnn libcudnn.so.9 NAMES_PER_DIR HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   find_path(TANDEM_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-  find_library(TANDEM_NCCL_LIB nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  find_library(TANDEM_NCCL_LIB NAMES nccl libnccl.so.2 NAMES_PER_DIR HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
   find_path(TANDEM_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
   set(_missing "")
   if(NOT CMAKE_CUDA_COMPILER)

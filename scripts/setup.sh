@@ -47,6 +47,7 @@ if [ "$FOR" = test ]; then
     nodejs npm
     python3 python3-torch libopenblas0-pthread python3-matplotlib
     clang libclang-rt-14-dev munge iproute2
+    patchelf  # scripts/gpu/bundle.sh (CI's cuda stage)
   )
 fi
 if [ "${TANDEM_SKIP_APT:-0}" != 1 ]; then

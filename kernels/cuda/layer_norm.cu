@@ -2,8 +2,9 @@
 // Assumes: validated by kernels/layer_norm.cpp (x holds whole rows of n elements; w, b of n
 // elements or undefined; mean and rstd of one per row).
 // How: one block of 256 threads per row for the forward and the input gradient (row statistics
-// with block_sum in double, as the CPU kernel's); one thread per column for dweight and dbias,
-// walking the rows in order (neighbouring threads read neighbouring addresses; no atomics).
+// with block_sum in double, as the CPU kernel's); dweight and dbias by column tiles, a block of 32
+// neighbouring columns x 8 row lanes whose sums are added in lane order (column_tile_sum of
+// reduce.cuh; neighbouring threads read neighbouring addresses; no atomics).
 // Guarantees: the CPU kernel's formulas and precision (statistics and sums in double, the rest
 // in float); fresh contiguous outputs on the input's device, on its compute stream; deterministic.
 #include <algorithm>
@@ -73,18 +74,23 @@ __global__ void layer_norm_dx_kernel(const float* g, const float* x, const float
   }
 }
 
-// dw[j] = sum over rows of dy * xhat, db[j] = sum of dy (either output may be null).
+// dw[j] = sum over rows of dy * xhat, db[j] = sum of dy (either output may be null). A block per tile of
+// kColumnTile columns, its kColumnLanes row lanes added in order (column_tile_sum).
 __global__ void layer_norm_dwb_kernel(const float* g, const float* x, const float* mean, const float* rstd, float* dw,
                                       float* db, int64_t rows, int64_t n) {
-  TANDEM_GRID_STRIDE_LOOP(j, n) {
-    double sw = 0, sb = 0;
-    for (int64_t i = 0; i < rows; ++i) {
+  const int64_t j = int64_t(blockIdx.x) * kColumnTile + threadIdx.x;
+  double acc[2] = {0, 0};
+  if (j < n) {
+    for (int64_t i = threadIdx.y; i < rows; i += kColumnLanes) {
       const double gv = static_cast<double>(g[i * n + j]);
-      sw += gv * (static_cast<double>(x[i * n + j]) - mean[i]) * rstd[i];
-      sb += gv;
+      acc[0] += gv * (static_cast<double>(x[i * n + j]) - mean[i]) * rstd[i];
+      acc[1] += gv;
     }
-    if (dw) dw[j] = static_cast<float>(sw);
-    if (db) db[j] = static_cast<float>(sb);
+  }
+  column_tile_sum(acc);
+  if (threadIdx.y == 0 && j < n) {
+    if (dw) dw[j] = static_cast<float>(acc[0]);
+    if (db) db[j] = static_cast<float>(acc[1]);
   }
 }
 
@@ -132,7 +138,8 @@ LayerNormGrads layer_norm_backward(const Tensor& g_in, const Tensor& x_in, const
     if (need_weight) r.weight = Tensor::empty(shape, kFloat32, device);
     if (need_bias) r.bias = Tensor::empty(shape, kFloat32, device);
     if (n > 0) {
-      launch(on, layer_norm_dwb_kernel, grid_for(n), kThreads, 0, in_ptr(g), in_ptr(x), in_ptr(mean), in_ptr(rstd),
+      launch(on, layer_norm_dwb_kernel, dim3(static_cast<unsigned>((n + kColumnTile - 1) / kColumnTile)),
+             dim3(kColumnTile, kColumnLanes), 0, in_ptr(g), in_ptr(x), in_ptr(mean), in_ptr(rstd),
              need_weight ? f32_ptr(r.weight) : nullptr, need_bias ? f32_ptr(r.bias) : nullptr, rows, n);
     }
   }

@@ -5,8 +5,9 @@
 // softmax) elements: no copy when the input is contiguous and the reduced dimensions are one run;
 // otherwise the reduced dimensions are permuted last and copied (inner = 1). With inner == 1 one
 // block of 256 threads reduces each row (block_sum, block_max, block_argmax of reduce.cuh); with
-// inner > 1 one thread per (outer, inner) column walks len serially, neighbouring threads reading
-// neighbouring addresses. Kept dimensions stay in order, so [outer, inner] is the output in
+// inner > 1 sums go by column tiles (a block of 32 columns x 8 row lanes, column_tile_sum), and the
+// max and softmax kernels take one thread per (outer, inner) column walking len serially,
+// neighbouring threads reading neighbouring addresses. Kept dimensions stay in order, so [outer, inner] is the output in
 // row-major order.
 // Guarantees: fresh contiguous outputs on the input's device, on its compute stream; sums in
 // double (the CPU's rounding differs by float32 rounding only); max/argmax take the first
@@ -74,13 +75,23 @@ __global__ void sum_rows_kernel(const float* x, float* out, int64_t rows, int64_
   }
 }
 
+// Grid: x over column tiles, y over the outer index (grid-stride); block kColumnTile x kColumnLanes.
 __global__ void sum_cols_kernel(const float* x, float* out, int64_t outer, int64_t len, int64_t inner) {
-  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
-    const float* p = x + (t / inner) * len * inner + t % inner;
-    double acc = 0;
-    for (int64_t j = 0; j < len; ++j) acc += p[j * inner];
-    out[t] = static_cast<float>(acc);
+  const int64_t col = int64_t(blockIdx.x) * kColumnTile + threadIdx.x;
+  for (int64_t o = blockIdx.y; o < outer; o += gridDim.y) {
+    double acc[1] = {0};
+    if (col < inner) {
+      const float* p = x + o * len * inner + col;
+      for (int64_t j = threadIdx.y; j < len; j += kColumnLanes) acc[0] += p[j * inner];
+    }
+    column_tile_sum(acc);
+    if (threadIdx.y == 0 && col < inner) out[o * inner + col] = static_cast<float>(acc[0]);
   }
+}
+
+dim3 column_tiles(int64_t outer, int64_t inner) {
+  return dim3(static_cast<unsigned>((inner + kColumnTile - 1) / kColumnTile),
+              static_cast<unsigned>(std::min<int64_t>(outer, 65535)));
 }
 
 // values[r] (and indices[r] unless null) = the first maximum of row r and its position.
@@ -215,8 +226,8 @@ Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim)
   if (b.inner == 1) {
     launch(on, sum_rows_kernel, row_grid(b.outer), kThreads, 0, in_ptr(b.data), f32_ptr(out), b.outer, b.len);
   } else {
-    launch(on, sum_cols_kernel, grid_for(outputs), kThreads, 0, in_ptr(b.data), f32_ptr(out), b.outer, b.len,
-           b.inner);
+    launch(on, sum_cols_kernel, column_tiles(b.outer, b.inner), dim3(kColumnTile, kColumnLanes), 0, in_ptr(b.data),
+           f32_ptr(out), b.outer, b.len, b.inner);
   }
   return out;
 }

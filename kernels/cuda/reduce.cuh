@@ -109,4 +109,27 @@ __device__ inline float block_max(float v) {
   return total;
 }
 
+// Column sums of [len, inner] slabs in tiles: a block of kColumnTile x kColumnLanes threads owns kColumnTile
+// neighbouring columns (threadIdx.x: neighbouring addresses), and its threadIdx.y-th lane walks the rows
+// y, y + kColumnLanes, ...; column_tile_sum() then adds the lanes' K partial sums in lane order through shared
+// memory, so the result depends only on the shape (no atomics). The sums come back complete in lane 0
+// (threadIdx.y == 0). Every thread of the block must call it (it synchronises). A thread per column walking
+// all rows, as before, left a 768-wide LayerNorm with 3 blocks.
+constexpr int kColumnTile = 32, kColumnLanes = 8;
+
+template <int K>
+__device__ void column_tile_sum(double (&acc)[K]) {
+  __shared__ double lanes[K][kColumnLanes][kColumnTile];
+  __syncthreads();  // a previous call's readers are done
+  for (int k = 0; k < K; ++k) lanes[k][threadIdx.y][threadIdx.x] = acc[k];
+  __syncthreads();
+  if (threadIdx.y == 0) {
+    for (int k = 0; k < K; ++k) {
+      double s = 0;
+      for (int l = 0; l < kColumnLanes; ++l) s += lanes[k][l][threadIdx.x];
+      acc[k] = s;
+    }
+  }
+}
+
 }  // namespace tandem::kernels::cuda

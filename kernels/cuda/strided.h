@@ -1,12 +1,12 @@
 // Internal to kernels/cuda (plain C++, so the host tests check it too: tests/kernels/
-// strided_layout_test.cpp): the strided, broadcasting element walk of the general op set's CUDA
+// cuda_index_math_test.cpp): the strided, broadcasting element walk of the general op set's CUDA
 // kernels (pointwise.cu, index.cu). An operand is its element pointer (Tensor::raw_data, offset
 // included) and its element strides over the output's shape: 0 on broadcast dimensions, so
 // broadcast, transposed and sliced operands are read in place, with no copy.
 // Host side: strided_layout() drops size-1 dimensions and merges neighbours that every operand
 // walks contiguously (all-contiguous operands become one dimension); at most kMaxDims remain, or
 // it throws naming the op. Device side: offsets() maps a flat output index (row-major over the
-// output's shape) to each operand's element offset.
+// output's shape, below the output's element count) to each operand's element offset.
 #pragma once
 
 #include <array>
@@ -27,13 +27,17 @@ struct StridedLayout {
   int64_t size[kMaxDims] = {};
   int64_t stride[N][kMaxDims] = {};
 
+  // One division per dimension but the outermost (whose coordinate is what is left of i): none at all when
+  // every operand walks contiguously (one merged dimension), the common case.
   TANDEM_HD void offsets(int64_t i, int64_t (&off)[N]) const {
     for (int k = 0; k < N; ++k) off[k] = 0;
-    for (int d = ndim - 1; d >= 0; --d) {
-      const int64_t c = i % size[d];
-      i /= size[d];
+    for (int d = ndim - 1; d > 0; --d) {
+      const int64_t q = i / size[d], c = i - q * size[d];
+      i = q;
       for (int k = 0; k < N; ++k) off[k] += c * stride[k][d];
     }
+    if (ndim > 0)
+      for (int k = 0; k < N; ++k) off[k] += i * stride[k][0];
   }
 };
 

@@ -6,6 +6,7 @@
 #                         RPATH $ORIGIN/../lib, old-style so that it also serves the bundled libraries' own needs)
 #   gpu-bundle/lib/       libtandem.so (CUDA backend for sm_90) and every library the programs need that a GPU
 #                         image does not bring: Gloo and its own needs, spdlog, fmt, zlib, the CUDA runtime, ...
+#                         (RPATH $ORIGIN, set with patchelf, so that each also finds its own needs there)
 #                         Left out, on purpose (the GPU machine has them, in its toolkit or its PyTorch's
 #                         wheels): the glibc family, libstdc++, libgcc_s, libcuda (the driver), cuDNN 9,
 #                         cuBLAS 13 and NCCL 2. scripts/gpu/libs.sh finds those there.
@@ -39,6 +40,7 @@ T0=$SECONDS
 say() { printf '[bundle %3ds] %s\n' "$((SECONDS - T0))" "$*"; }
 fail() { echo "bundle.sh: FAILED: $*" >&2; exit 1; }
 
+command -v patchelf >/dev/null || fail "patchelf not found (Debian's patchelf: bash scripts/setup.sh installs it)"
 NVCC=$CUDA_HOME/bin/nvcc
 [[ -x "$NVCC" ]] || NVCC=$(command -v nvcc || true)
 [[ -n "$NVCC" ]] || fail "nvcc not found ($CUDA_HOME/bin/nvcc, PATH): the bundle needs the CUDA toolkit"
@@ -104,9 +106,15 @@ while ((${#pending[@]})); do
     pending+=("$OUTDIR/lib/$soname")
   done < <(needs_of "$elf")
 done
-ldd "$OUTDIR/bin/tandem-mnist" | grep -q "$OUTDIR/lib/$tandem_soname" ||
+loaded=$(ldd "$OUTDIR/bin/tandem-mnist" | awk -v s="$tandem_soname" '$1 == s {print $3}')
+[[ -n "$loaded" && "$(readlink -f "$loaded")" == "$OUTDIR/lib/$tandem_soname" ]] ||
   fail "bin/tandem-mnist does not load the bundle's $tandem_soname (built against a static libtandem?)"
-strip --strip-unneeded "$OUTDIR"/bin/* "$OUTDIR"/lib/*.so* 2>/dev/null || strip --strip-unneeded "$OUTDIR"/bin/*
+strip --strip-unneeded "$OUTDIR"/bin/* "$OUTDIR"/lib/*.so*
+# Each copied library finds its own needs beside it too (libibverbs needs libnl-route-3, ...), not only through
+# the programs' RPATH: an ldd of the library alone resolves as the loader does for the program.
+for f in "$OUTDIR"/lib/*.so*; do
+  [[ "$(basename "$f")" == "$tandem_soname" ]] || patchelf --force-rpath --set-rpath '$ORIGIN' "$f"
+done
 say "libraries: $(cd "$OUTDIR/lib" && ls | grep -v ALLOWLIST | paste -sd ' ')"
 
 cp "$FASHION"/*-ubyte.gz "$OUTDIR/data/fashion-mnist/"

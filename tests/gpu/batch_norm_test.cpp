@@ -101,6 +101,15 @@ TEST(CudaBatchNorm, Training2dAffineOrNotWithOrWithoutRunningStats) {
   check({6, 4, 3}, false, false, true, 6);
 }
 
+// Each channel's values split over several blocks (kernels/cuda/batch_norm.cu's parts): many rows with few
+// channels, a spatial size that does not divide the block (the (n, s) walk wraps unevenly), and S = 1.
+TEST(CudaBatchNorm, ManyValuesPerChannelSplitOverBlocks) {
+  TANDEM_NEED_GPUS(1);
+  check({5000, 3}, true, true, true, 10);
+  check({300, 2, 7}, true, true, true, 11);
+  check({64, 4, 33, 31}, false, true, true, 12);
+}
+
 TEST(CudaBatchNorm, Eval) {
   TANDEM_NEED_GPUS(1);
   check({4, 3, 5, 6}, true, true, false, 7);

@@ -190,6 +190,9 @@ TEST(CudaGeneralOps, SumsOverEveryDimensionSubsetMatchCpu) {
   const Tensor wide = random_cpu({3, 5000}, gen), tall = random_cpu({5000, 3}, gen);
   EXPECT_TRUE(near_sum(K::sum_dims(wide.to(gpu()), {1}, false), K::sum_dims(wide, {1}, false), 5000));
   EXPECT_TRUE(near_sum(K::sum_dims(tall.to(gpu()), {0}, false), K::sum_dims(tall, {0}, false), 5000));
+  // Column tiles: inner wider than a tile and not a multiple of it, an outer index, rows not a multiple of the lanes.
+  const Tensor slab = random_cpu({3, 203, 100}, gen);
+  EXPECT_TRUE(near_sum(K::sum_dims(slab.to(gpu()), {1}, false), K::sum_dims(slab, {1}, false), 203));
   const Tensor one = random_cpu({4, 1, 3}, gen), empty = random_cpu({2, 0, 3}, gen);
   EXPECT_TRUE(near(K::sum_dims(one.to(gpu()), {1}, true), K::sum_dims(one, {1}, true)));
   EXPECT_TRUE(near(K::sum_dims(empty.to(gpu()), {1}, false), K::sum_dims(empty, {1}, false)));  // zeros
@@ -377,7 +380,8 @@ TEST(CudaGeneralOps, LayerNormForwardAndBackwardMatchCpu) {
     bool affine;
   };
   for (const Case& c : {Case{{4, 7, 33}, 33, true}, Case{{4, 7, 33}, 7 * 33, true}, Case{{5, 600}, 600, false},
-                        Case{{1, 1}, 1, true}, Case{{3, 2, 1000}, 1000, true}}) {
+                        Case{{1, 1}, 1, true}, Case{{3, 2, 1000}, 1000, true},
+                        Case{{300, 70}, 70, true}, Case{{16, 64, 768}, 768, true}}) {  // column tiles, many rows
     SCOPED_TRACE(shape_str(c.x) + " over " + std::to_string(c.n));
     const Tensor x = random_cpu(c.x, gen, -3.0, 5.0);
     const Tensor w = c.affine ? random_cpu({c.n}, gen) : Tensor(), b = c.affine ? random_cpu({c.n}, gen) : Tensor();

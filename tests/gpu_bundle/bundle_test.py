@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,42 @@ def stripped(script, timeout=300, env=None):
     return p.returncode, p.stdout + p.stderr
 
 
+def fatbin_entries(path):
+    """{(kind, arch)} of the CUDA fat binary in an ELF's .nv_fatbin section (kind "ptx" or "cubin"; arch 90 for
+    sm_90), read from the container's own headers: magic 0xBA55ED50, then entries with their kind at offset 0
+    and their architecture at offset 28."""
+    sections = subprocess.run(["objdump", "-h", path], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"^\s*\d+\s+\.nv_fatbin\s+([0-9a-f]+)\s+[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)", sections, re.M)
+    if not m:
+        return set()
+    size, off = int(m.group(1), 16), int(m.group(2), 16)
+    with open(path, "rb") as f:
+        f.seek(off)
+        sec = f.read(size)
+    found, pos = set(), 0
+    while pos + 16 <= len(sec):
+        magic, _, hsize, fsize = struct.unpack_from("<IHHQ", sec, pos)
+        if magic != 0xBA55ED50:
+            break
+        e, end = pos + hsize, pos + hsize + fsize
+        while e < end:
+            kind, _, ehsize, psize = struct.unpack_from("<HHIQ", sec, e)
+            found.add(({1: "ptx", 2: "cubin"}.get(kind, str(kind)), struct.unpack_from("<I", sec, e + 28)[0]))
+            e += ehsize + psize
+        pos = end
+    return found
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
 def is_elf(path):
     with open(path, "rb") as f:
         return f.read(4) == b"\x7fELF"
@@ -57,7 +94,7 @@ class Bundle(unittest.TestCase):
                 files[os.path.relpath(p, BUNDLE)] = os.path.getsize(p)
         total = sum(files.values())
         self.assertLessEqual(total, MAX_BYTES, f"the bundle is {total / 2**20:.1f} MiB, over 56 MiB")
-        manifest = json.load(open(os.path.join(BUNDLE, "bundle.json")))
+        manifest = load_json(os.path.join(BUNDLE, "bundle.json"))
         listed = set(manifest["files"]) | {"bundle.json"}
         self.assertEqual(set(files) ^ listed, set(), "bundle.json and the bundle's files disagree")
         for prog in ("tandem_gpu_tests", "tandem-mnist", "tandem-run", "model_steps", "allreduce_bench"):
@@ -70,9 +107,8 @@ class Bundle(unittest.TestCase):
     def test_programs_carry_the_cuda_backend_for_sm90(self):
         lib = [n for n in os.listdir(os.path.join(BUNDLE, "lib")) if n.startswith("libtandem.so")]
         self.assertEqual(len(lib), 1, os.listdir(os.path.join(BUNDLE, "lib")))
-        out = subprocess.run(["/usr/local/cuda/bin/cuobjdump", "--list-elf", os.path.join(BUNDLE, "lib", lib[0])],
-                             capture_output=True, text=True).stdout
-        self.assertIn("sm_90", out, "libtandem.so holds no sm_90 code")
+        path = os.path.join(BUNDLE, "lib", lib[0])
+        self.assertEqual(fatbin_entries(path), {("ptx", 90), ("cubin", 90)}, "libtandem.so's device code")
 
     def test_every_elf_resolves_from_the_bundle_or_the_allowlist(self):
         elfs = [os.path.join(d, n) for sub in ("bin", "lib") for d, _, ns in os.walk(os.path.join(BUNDLE, sub))
@@ -93,6 +129,7 @@ class Bundle(unittest.TestCase):
             if not m or current is None:
                 continue
             soname, path = m.groups()
+            path = os.path.realpath(path) if path.startswith("/") else path
             seen += 1
             self.assertNotIn("not found", path, f"{current}: {soname} not found")
             if path.startswith(os.path.join(BUNDLE, "lib") + "/"):
@@ -122,11 +159,11 @@ class Bundle(unittest.TestCase):
             if expect_copy:
                 got = sorted(os.listdir(out_dir))
                 self.assertEqual(got, ["logs.tar.gz", "results.json", "results.md"], out[-2000:])
-                res = json.load(open(os.path.join(out_dir, "results.json")))
+                res = load_json(os.path.join(out_dir, "results.json"))
                 steps = {s["name"]: s["status"] for s in res["steps"]}
                 self.assertEqual(steps, {"detect_gpu": "fail"})
-                self.assertEqual(res["meta"]["bundle"]["commit"],
-                                 json.load(open(os.path.join(BUNDLE, "bundle.json")))["commit"])
+                self.assertEqual(res["bundle"]["commit"],
+                                 load_json(os.path.join(BUNDLE, "bundle.json"))["commit"])
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -136,6 +173,42 @@ class Bundle(unittest.TestCase):
     def test_the_bundles_own_check_stops_without_a_gpu(self):
         self.check_without_gpu(os.path.join(BUNDLE, "scripts/gpu/check.sh"), expect_copy=True)
 
+    def test_with_a_gpu_reported_every_step_runs_from_the_bundle(self):
+        # nvidia-smi answers as an H100 does, but there is no device: every step must still be reached, find its
+        # programs and data in the bundle and be recorded; the libraries step passes (the wheels' cuDNN, cuBLAS,
+        # NCCL), the steps that need the device fail, and nothing is left unrecorded. The CPU epoch is skipped
+        # for time.
+        work = tempfile.mkdtemp(prefix="bundle-check-")
+        try:
+            os.chmod(work, 0o755)
+            fake = os.path.join(work, "bin")
+            os.makedirs(fake)
+            with open(os.path.join(fake, "nvidia-smi"), "w") as f:
+                f.write("#!/bin/sh\necho '0, NVIDIA H100 80GB HBM3, 9.0, 81559 MiB, 580.159.04'\n")
+            os.chmod(os.path.join(fake, "nvidia-smi"), 0o755)
+            out_dir = os.path.join(work, "out")
+            rc, out = stripped(f"export PATH={fake}:$PATH GPU_CHECK_OUT={out_dir} GPU_CHECK_SKIP=epochs "
+                               f"GPU_CHECK_BUDGET_S=240; bash scripts/gpu/check.sh --bundle {BUNDLE}", timeout=400)
+            self.assertEqual(rc, 1, out[-3000:])
+            res = load_json(os.path.join(out_dir, "results.json"))
+            steps = {s["name"]: s for s in res["steps"]}
+            self.assertEqual(steps["detect_gpu"]["status"], "pass", out[-2000:])
+            self.assertIn("sm_90", steps["detect_gpu"]["note"])
+            self.assertEqual(steps["libraries"]["status"], "pass", steps["libraries"])
+            for name in ("gpu_tests", "ddp_nccl_1rank", "ddp_gloo_2ranks_1gpu", "ddp_nccl_syncbn_hook", "amp_fp16",
+                         "amp_bf16", "bench_tandem"):
+                self.assertEqual(steps[name]["status"], "fail", steps.get(name))
+                self.assertNotIn("not run", steps[name].get("note", ""), steps[name])
+            # The test binary ran its tests from the bundle (each fails for want of a device, none is skipped).
+            self.assertGreater(steps["gpu_tests"]["numbers"]["tests_run"], 50, steps["gpu_tests"])
+            self.assertEqual(steps["gpu_tests"]["numbers"]["skipped"], 0)
+            self.assertEqual(steps["epochs"]["status"], "skipped")
+            for name in ("bench_pytorch", "bench_models", "multi_gpu_tests", "memcheck", "racecheck"):
+                self.assertIn(name, steps)
+            self.assertNotIn("not found", read(os.path.join(out_dir, "logs", "ddp_nccl_1rank.log")))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
     def test_check_refuses_a_folder_that_is_no_bundle(self):
         p = subprocess.run(["bash", "scripts/gpu/check.sh", "--bundle", "/tmp"], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
@@ -143,7 +216,7 @@ class Bundle(unittest.TestCase):
         self.assertIn("bundle.sh", p.stderr)
 
     def test_docs_give_the_call_for_the_gpu_machine(self):
-        doc = open(os.path.join(ROOT, "docs", "gpu.md")).read()
+        doc = read(os.path.join(ROOT, "docs", "gpu.md"))
         cmd = re.search(r"^- `command`: `([^`]+)`$", doc, re.M)
         carry = re.search(r"^- `carry`: `(\[[^`]+\])`", doc, re.M)
         limit = re.search(r"^- `timeout_s`: `(\d+)`$", doc, re.M)
@@ -154,7 +227,7 @@ class Bundle(unittest.TestCase):
         self.assertLessEqual(int(limit.group(1)), 600)
         # The check's own budget ends well inside the call's limit.
         budget = re.search(r'GPU_CHECK_BUDGET_S:-\$\(\[\[ -n "\$BUNDLE" \]\] && echo (\d+)',
-                           open(os.path.join(ROOT, "scripts", "gpu", "check.sh")).read())
+                           read(os.path.join(ROOT, "scripts", "gpu", "check.sh")))
         self.assertTrue(budget, "check.sh's bundle budget not found")
         self.assertLessEqual(int(budget.group(1)) + 60, int(limit.group(1)))
 

@@ -27,8 +27,10 @@ std::array<PerDevice, kMaxDevices>& per_device() {
   return *state;
 }
 
-// The stream and the error record of `device`, made once (under a guard, synchronously: the record
-// is zeroed before anything can be queued behind it).
+// The stream and the error record of `device`, made once under a guard. The record is zeroed by
+// the first work queued on the compute stream itself, so every kernel queued there after it sees
+// the zeros: a plain cudaMemset would run on the legacy default stream, which the non-blocking
+// compute stream does not wait for.
 PerDevice& ready_device(int device) {
   check_device_index(device);
   PerDevice& pd = per_device()[device];
@@ -38,7 +40,7 @@ PerDevice& ready_device(int device) {
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     void* p = nullptr;
     TANDEM_CUDA_CHECK(cudaMalloc(&p, sizeof(KernelErrorRecord)));
-    TANDEM_CUDA_CHECK(cudaMemset(p, 0, sizeof(KernelErrorRecord)));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(KernelErrorRecord), s));
     pd.record = static_cast<KernelErrorRecord*>(p);
     pd.stream = s;
   });

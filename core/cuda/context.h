@@ -96,9 +96,10 @@ struct KernelErrorRecord {
   long long a, b, c;
 };
 
-// The device's record (device memory, zeroed on creation; create it outside any graph capture,
-// e.g. with prepare_kernel_error_record). Call mark_kernel_error_check_pending after queueing a
-// kernel that may write it.
+// The device's record (device memory, zeroed on the compute stream when both are created, so ahead
+// of every kernel queued there; create it outside any graph capture, e.g. with
+// prepare_kernel_error_record). Call mark_kernel_error_check_pending after queueing a kernel that
+// may write it.
 KernelErrorRecord* kernel_error_record(int device);
 void prepare_kernel_error_record(int device);
 void mark_kernel_error_check_pending(int device);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/functors.h"
 #include "kernels/pointwise.h"
@@ -138,6 +139,30 @@ TANDEM_HD T apply_unary_grad(UnaryOp op, T g, T x, T y) {
 template <typename T>
 TANDEM_HD T dropout_value(double u, double p, T keep) {
   return u < p ? T(0) : keep;
+}
+
+// The CUDA dropout's counter-based generator. splitmix64's output function: a bijective mix of a
+// 64-bit counter, so (seed + k * gamma) gives each k its own independent-looking 64 bits (Steele,
+// Lea, Flood: SplittableRandom).
+constexpr uint64_t kSplitmixGamma = 0x9e3779b97f4a7c15ull;
+TANDEM_HD uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// The seed of one mask. Eager (`replay` null): the Generator's draw itself. Replayed from a CUDA
+// graph (`replay` points at the graph's replay counter, core/cuda/context.h): the draw made at
+// capture starts a splitmix64 sequence and replay r takes its element r, so each replay draws a
+// new mask, every seed as well mixed as a Generator draw.
+TANDEM_HD uint64_t dropout_seed(uint64_t draw, const uint64_t* replay) {
+  return replay == nullptr ? draw : mix64(draw + (*replay + 1) * kSplitmixGamma);
+}
+
+// Element i's uniform draw in [0, 1) under `seed`: 53 bits, as Generator::uniform.
+TANDEM_HD double dropout_uniform(uint64_t seed, int64_t i) {
+  const uint64_t bits = mix64(seed + (static_cast<uint64_t>(i) + 1) * kSplitmixGamma);
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
 }  // namespace tandem::kernels::math

@@ -87,9 +87,10 @@ std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int
            "kernels); use param_scheduler StepLR, not " + o.param_scheduler;
   if (o.accumulative_counts > 1 || o.clip_max_norm > 0)
     return "cuda_graph cannot capture optim_wrapper.accumulative_counts > 1 or clip_grad; drop one or the other";
-  if (o.launcher != "none" && world > 1)
-    return "cuda_graph does not support DDP (" + std::to_string(world) +
-           " ranks): the reducer's bucket hooks are host logic that a replayed graph skips";
+  if (o.launcher != "none")  // DDP, even of one rank
+    return "cuda_graph does not support DDP (launcher " + o.launcher + ", " + std::to_string(world) +
+           (world == 1 ? " rank" : " ranks") + "): the reducer's bucket hooks are host logic that a replayed graph "
+           "skips; use launcher none";
   if (!device.is_cuda()) return "cuda_graph needs a CUDA device, got device " + device.str();
   return "";
 }

@@ -73,8 +73,7 @@ void Runner::setup() {
   if (o_.port > 0) env_.master_port = o_.port;  // dist_params.port
   device_ = dist::resolve_device(o_.device, env_.local_rank);
   if (device_.is_cuda()) set_cuda_device(device_.index);
-  const std::string why = o_.cuda_graph ? cuda_graph_refusal(o_, device_, o_.launcher == "none" ? 1 : env_.world_size)
-                                        : "";
+  const std::string why = o_.cuda_graph ? cuda_graph_refusal(o_, device_, env_.world_size) : "";
   TANDEM_CHECK(why.empty(), why);
   if (env_.rank == 0) {  // rank 0 writes the job's files
     create_work_dir(o_.work_dir);
@@ -102,7 +101,9 @@ void Runner::setup() {
 
 void Runner::setup_distributed() {
   dist_ = std::make_unique<Distributed>();
-  if (o_.launcher == "none" || env_.world_size == 1) return;
+  // A launched job is distributed whatever its size: one rank too gets its group, the model
+  // wrapper (DDP's reducer) and SyncBatchNorm, as PyTorch DDP with world size 1.
+  if (o_.launcher == "none") return;
   std::string backend = o_.backend;
   if (backend == "auto") backend = device_.is_cuda() ? "nccl" : "gloo";
   TANDEM_CHECK(backend != "nccl" || device_.is_cuda(), "backend nccl needs a CUDA device, got device ",

@@ -13,7 +13,7 @@
 
 namespace tandem::train {
 
-// The job's place in a distributed run; inactive (no group) with one process.
+// The job's place in a distributed run; inactive (no group) without a launcher (launcher none).
 struct Distributed {
   std::shared_ptr<dist::Store> store;
   std::shared_ptr<dist::ProcessGroup> group;
@@ -26,6 +26,7 @@ struct Distributed {
 // Adds a log file to the default logger (the same lines as the console).
 void log_to_file(const std::string& file);
 // Why the CUDA-graph step cannot run with these options ("" when it can), naming config keys.
+// `world`: the launcher's world size (any launcher but none means DDP, even with one rank).
 std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int world);
 // The default hooks for RunnerOptions' plain settings (MMEngine's default_hooks + Tandem's).
 std::vector<HookSpec> default_hook_specs(const RunnerOptions& o);

@@ -77,7 +77,8 @@ class DebugSamplesHook : public train::Hook {
   std::ofstream file_;
 };
 
-// Why --cuda-graph cannot run with these settings ("" when it can). `world` is the launcher's world size.
+// Why --cuda-graph cannot run with these settings ("" when it can). `world` is the launcher's world
+// size; any launcher but none means DDP, even with one rank.
 std::string cuda_graph_refusal(const TrainOptions& o, const Device& device, int world) {
   if (o.amp == "fp16")
     return "--cuda-graph cannot capture --amp fp16: the loss scaler reads found_inf on the host every step; "
@@ -88,11 +89,11 @@ std::string cuda_graph_refusal(const TrainOptions& o, const Device& device, int 
   if (o.lr_schedule == "cosine")
     return "--cuda-graph needs an lr that is constant within an epoch (the lr is frozen in the captured "
            "optimizer kernels); use --lr-schedule step, not cosine";
-  if (o.launcher != "none" && world > 1) {
+  if (o.launcher != "none") {
     const std::string backend = o.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : o.backend;
-    return "--cuda-graph does not support DDP (" + std::to_string(world) + " ranks over " + backend +
-           "): the reducer's bucket hooks are host logic that a replayed graph skips; run one rank or drop "
-           "--cuda-graph";
+    return "--cuda-graph does not support DDP (" + std::to_string(world) + (world == 1 ? " rank" : " ranks") +
+           " over " + backend + ", --launcher " + o.launcher + "): the reducer's bucket hooks are host logic that "
+           "a replayed graph skips; run without a launcher (--launcher none) or drop --cuda-graph";
   }
   if (!device.is_cuda())
     return "--cuda-graph needs a CUDA device, got --device " + o.device + " (resolved to " + device.str() + ")";
@@ -201,7 +202,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   if (o.cuda_graph) {
     const dist::DistEnv env = o.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o.launcher);
     const Device device = dist::resolve_device(o.device, env.local_rank);
-    const std::string why = cuda_graph_refusal(o, device, o.launcher == "none" ? 1 : env.world_size);
+    const std::string why = cuda_graph_refusal(o, device, env.world_size);
     TANDEM_CHECK(why.empty(), why);
   }
   // --amp alone: fp16 on CUDA (with loss scaling), bf16 on CPU, as torch.autocast's defaults.

@@ -1,4 +1,5 @@
-// Per-device CUDA state: compute streams, the device guards and the deferred kernel-error record.
+// Per-device CUDA state: compute streams, the device guards, the deferred kernel-error record and the
+// replay counter of the graph being captured.
 // See context.h for the contract. Streams and records live for the whole process on purpose:
 // destroying them from static destructors would race the CUDA runtime's own teardown.
 #include "core/cuda/context.h"
@@ -20,6 +21,8 @@ struct PerDevice {
   KernelErrorRecord* record = nullptr;  // made with the stream: never inside a graph capture
   std::atomic<bool> error_check_pending{false};
   std::atomic<uint64_t> error_marks{0};
+  std::atomic<uint64_t*> replay_counter{nullptr};  // of the cuda::Graph capturing on the device
+  std::atomic<bool> replay_counter_read{false};     // handed out during that capture
 };
 
 std::array<PerDevice, kMaxDevices>& per_device() {
@@ -27,8 +30,10 @@ std::array<PerDevice, kMaxDevices>& per_device() {
   return *state;
 }
 
-// The stream and the error record of `device`, made once (under a guard, synchronously: the record
-// is zeroed before anything can be queued behind it).
+// The stream and the error record of `device`, made once under a guard. The record is zeroed by
+// the first work queued on the compute stream itself, so every kernel queued there after it sees
+// the zeros: a plain cudaMemset would run on the legacy default stream, which the non-blocking
+// compute stream does not wait for.
 PerDevice& ready_device(int device) {
   check_device_index(device);
   PerDevice& pd = per_device()[device];
@@ -38,7 +43,7 @@ PerDevice& ready_device(int device) {
     TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     void* p = nullptr;
     TANDEM_CUDA_CHECK(cudaMalloc(&p, sizeof(KernelErrorRecord)));
-    TANDEM_CUDA_CHECK(cudaMemset(p, 0, sizeof(KernelErrorRecord)));
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(KernelErrorRecord), s));
     pd.record = static_cast<KernelErrorRecord*>(p);
     pd.stream = s;
   });
@@ -93,6 +98,25 @@ void mark_kernel_error_check_pending(int device) {
 uint64_t kernel_error_marks(int device) {
   if (device < 0 || device >= kMaxDevices) return 0;
   return per_device()[device].error_marks.load(std::memory_order_relaxed);
+}
+
+const uint64_t* capture_replay_counter(int device) {
+  PerDevice& pd = ready_device(device);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_CHECK(cudaStreamIsCapturing(pd.stream, &status));
+  if (status != cudaStreamCaptureStatusActive) return nullptr;
+  uint64_t* counter = pd.replay_counter.load(std::memory_order_acquire);
+  TANDEM_CHECK(counter != nullptr, "a random kernel (dropout) is being captured on cuda:", device,
+               " by a CUDA graph capture that cuda::Graph did not open: nothing would advance its seed between "
+               "replays, so every replay would repeat one mask; capture with cuda::Graph (as --cuda-graph does)");
+  pd.replay_counter_read.store(true, std::memory_order_release);
+  return counter;
+}
+
+bool set_capture_replay_counter(int device, uint64_t* counter) {
+  PerDevice& pd = per_device()[device];
+  pd.replay_counter.store(counter, std::memory_order_release);
+  return pd.replay_counter_read.exchange(false, std::memory_order_acq_rel);
 }
 
 void check_kernel_errors(int device) {

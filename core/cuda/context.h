@@ -13,7 +13,9 @@
 //    tandem::Error carrying file:line, the failing expression and the runtime's error name and text;
 //  - a small device-side error record for kernels that find bad input (an out-of-range nll_loss
 //    target) without a host synchronisation: it is read, and thrown as tandem::Error, the next
-//    time the host waits for the compute stream (any device-to-host copy, e.g. loss.item()).
+//    time the host waits for the compute stream (any device-to-host copy, e.g. loss.item());
+//  - the replay counter of the cuda::Graph capturing on a device, which random kernels (dropout)
+//    read their seed with, so that each replay of a graph draws new numbers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -96,9 +98,10 @@ struct KernelErrorRecord {
   long long a, b, c;
 };
 
-// The device's record (device memory, zeroed on creation; create it outside any graph capture,
-// e.g. with prepare_kernel_error_record). Call mark_kernel_error_check_pending after queueing a
-// kernel that may write it.
+// The device's record (device memory, zeroed on the compute stream when both are created, so ahead
+// of every kernel queued there; create it outside any graph capture, e.g. with
+// prepare_kernel_error_record). Call mark_kernel_error_check_pending after queueing a kernel that
+// may write it.
 KernelErrorRecord* kernel_error_record(int device);
 void prepare_kernel_error_record(int device);
 void mark_kernel_error_check_pending(int device);
@@ -111,5 +114,25 @@ uint64_t kernel_error_marks(int device);
 // describing the first error found. Called by every device-to-host copy after its own wait, and by
 // cuda::Graph::replay's callers through the same copies (a replay re-arms the check).
 void check_kernel_errors(int device);
+
+// ---- random kernels under graph capture ----
+
+// A replayed graph reruns its kernels with the arguments they were captured with, so a random
+// kernel captured with its seed as an argument would repeat one draw on every replay. Instead, as
+// PyTorch's philox seed and offset read by at::cuda::philox::unpack, a cuda::Graph keeps a replay
+// counter in device memory (0 before the first replay), which the graph's last kernel advances by
+// one on every replay, and registers it while it captures; a random kernel captured then takes the
+// counter's address and mixes the value it reads with its captured draw
+// (kernels/pointwise_math.h: dropout_seed).
+// The counter of the cuda::Graph capturing on `device`'s compute stream (marking it read, so the
+// graph adds the advancing kernel); null when that stream is not capturing. Throws when the stream
+// is capturing but not for a cuda::Graph: nothing would advance a counter between replays.
+const uint64_t* capture_replay_counter(int device);
+// cuda::Graph's side: registers `counter` for the capture it opens (null: the capture ended).
+// Returns whether capture_replay_counter handed out the counter being replaced.
+bool set_capture_replay_counter(int device, uint64_t* counter);
+// Queues on `device`'s compute stream one single-thread kernel that adds 1 to *counter (the last
+// node of a graph whose captured work read the counter).
+void queue_replay_counter_advance(int device, uint64_t* counter);
 
 }  // namespace tandem::cuda

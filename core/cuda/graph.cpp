@@ -5,10 +5,15 @@
 // after the stream has drained every replay; a miss inside the capture calls cudaMalloc in relaxed
 // capture mode (core/cuda/runtime.cpp). Kernels that may write the deferred error record
 // (core/cuda/context.h) mark it during capture; the graph remembers that and re-arms the check
-// after each replay, so the next device-to-host copy reports an error a replay found.
+// after each replay, so the next device-to-host copy reports an error a replay found. Random
+// kernels (dropout) captured read their seed through the graph's replay counter (context.h),
+// registered while the capture is open; when one did, end_capture adds the kernel that advances
+// the counter as the graph's last node, so every replay draws new numbers.
 #include "core/cuda/graph.h"
 
 #include <cuda_runtime.h>
+
+#include <string>
 
 #include "core/allocator.h"
 #include "core/cuda/context.h"
@@ -22,6 +27,7 @@ struct Graph::Impl {
   CachingAllocator::PoolId pool = 0;  // the capture's private pool, 0 if none
   uint64_t marks_at_begin = 0;        // kernel_error_marks when the capture began
   bool may_report = false;            // the captured work may write the deferred error record
+  uint64_t* replay_counter = nullptr;  // device memory, made by the first capture, zeroed once
   void clear() {
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);
@@ -38,13 +44,15 @@ Graph::~Graph() {
   try {
     DeviceGuard guard(device_);
     if (impl_->capturing) {  // abandon a capture left open by an exception
+      (void)set_capture_replay_counter(device_, nullptr);
       cudaGraph_t g = nullptr;
       (void)cudaStreamEndCapture(compute_stream(device_), &g);
       if (g) cudaGraphDestroy(g);
       (void)cudaGetLastError();
       cuda_allocator(device_).end_private_pool();
     }
-    release_memory();
+    release_memory();  // waits for the replays, which read the counter
+    if (impl_->replay_counter && cudaFree(impl_->replay_counter) != cudaSuccess) (void)cudaGetLastError();
   } catch (...) {
     // A destructor never throws; at worst the pool's blocks stay reserved.
   }
@@ -66,6 +74,12 @@ void Graph::begin_capture() {
   // Made before the capture: their first use allocates and synchronises, which a capture forbids.
   prepare_kernel_error_record(device_);
   DeviceGuard guard(device_);
+  if (impl_->replay_counter == nullptr) {  // zeroed on the compute stream, so ahead of every replay
+    void* p = nullptr;
+    TANDEM_CUDA_CHECK(cudaMalloc(&p, sizeof(uint64_t)));
+    impl_->replay_counter = static_cast<uint64_t*>(p);
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(uint64_t), compute_stream(device_)));
+  }
   CachingAllocator& alloc = cuda_allocator(device_);
   impl_->pool = alloc.begin_private_pool();
   impl_->marks_at_begin = kernel_error_marks(device_);
@@ -75,6 +89,7 @@ void Graph::begin_capture() {
     TANDEM_CUDA_CHECK(err);
   }
   impl_->capturing = true;
+  (void)set_capture_replay_counter(device_, impl_->replay_counter);
 }
 
 void Graph::end_capture() {
@@ -82,6 +97,15 @@ void Graph::end_capture() {
                " (call begin_capture first)");
   DeviceGuard guard(device_);
   impl_->capturing = false;
+  // The counter's advance comes last, after every captured kernel that reads it.
+  std::string advance_error;
+  if (set_capture_replay_counter(device_, nullptr)) {
+    try {
+      queue_replay_counter_advance(device_, impl_->replay_counter);
+    } catch (const Error& e) {
+      advance_error = e.what();
+    }
+  }
   const cudaError_t err = cudaStreamEndCapture(compute_stream(device_), &impl_->graph);
   cuda_allocator(device_).end_private_pool();
   impl_->may_report = kernel_error_marks(device_) != impl_->marks_at_begin;
@@ -91,6 +115,11 @@ void Graph::end_capture() {
     TANDEM_FAIL("cuda::Graph::end_capture on cuda:", device_, " failed: ", cudaGetErrorString(err),
                 " (the captured step synchronised with the host or allocated memory outside the cache: run "
                 "warm-up steps first and keep .item() and GradScaler::step out of the captured region)");
+  }
+  if (!advance_error.empty()) {
+    impl_->clear();
+    TANDEM_FAIL("cuda::Graph::end_capture on cuda:", device_, ": the kernel advancing the random kernels' replay "
+                "counter could not be captured: ", advance_error);
   }
   TANDEM_CUDA_CHECK(cudaGraphInstantiate(&impl_->exec, impl_->graph, 0));
 }

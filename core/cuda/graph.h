@@ -17,7 +17,10 @@
 //    outputs, parameters, gradients and optimizer state alive, and never set grads to none;
 //  - capture runs on the thread that later replays (capture mode thread-local).
 // Guarantees: replay() queues the captured work on the compute stream, ordered after what is
-// already queued there, and returns without waiting. Without the CUDA backend every call but
+// already queued there, and returns without waiting. A random kernel captured (dropout) draws new
+// numbers on every replay, from the distribution it draws from eagerly: it reads the graph's
+// replay counter, which the graph advances on the device (core/cuda/context.h); the host
+// Generator is drawn at capture only. Without the CUDA backend every call but
 // supported() throws "built without CUDA".
 #pragma once
 

@@ -5,7 +5,10 @@
 // kept alive until the event is reached); the watchdog thread; the group's error record.
 // Streams and ordering: a collective records `ready` on the device's compute stream
 // (core/cuda/context.h) and makes the communication stream wait on it, launches the NCCL call
-// on the communication stream and records `done` there. No host wait anywhere unless asked for:
+// on the communication stream, lets the non-blocking communicator settle (the NCCL kernel is
+// enqueued only once ncclCommGetAsyncError stops reporting ncclInProgress), queues whatever reads
+// the collective's result on that stream (allgather's copies out of its flat buffer) and records
+// `done` there after it. No host wait anywhere unless asked for:
 // Work::wait() makes the compute stream wait on `done` (cudaStreamWaitEvent) and returns, so
 // later compute is ordered after the collective while the host keeps queueing work;
 // Work::synchronize() (and barrier()'s wait()) then also polls `done` on the host. Never
@@ -135,9 +138,13 @@ struct ProcessGroupNccl::Impl {
     }
   }
 
-  // Queues one collective (see the file comment); `call` issues the NCCL call(s) on `stream`.
+  // Queues one collective (see the file comment); `call` issues the NCCL call(s) on `stream`;
+  // `then`, when given, queues on `stream` what reads the result, once the call has settled (before
+  // that a non-blocking communicator may not have enqueued its kernel yet, and work queued now
+  // would run ahead of it).
   std::shared_ptr<Work> launch(const std::string& description, std::vector<Tensor> keep, bool host_wait,
-                               const std::function<void(ncclComm_t, cudaStream_t)>& call) {
+                               const std::function<void(ncclComm_t, cudaStream_t)>& call,
+                               const std::function<void(cudaStream_t)>& then = {}) {
     NcclState& s = *state;
     s.throw_if_failed();
     kc::DeviceGuard guard(s.device);
@@ -153,6 +160,7 @@ struct ProcessGroupNccl::Impl {
       call(s.comm, s.stream);
       // A non-blocking communicator may still be enqueuing: settle before the next call.
       s.settle_locked(description, s.timeout, /*init=*/false);
+      if (then) then(s.stream);
       TANDEM_CUDA_CHECK(cudaEventRecord(done->get(), s.stream));
       std::lock_guard<std::mutex> list_lock(s.inflight_mu);
       s.inflight.push_back(Inflight{done, description, Clock::now(), std::move(keep)});
@@ -344,7 +352,8 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor>& outputs, 
                            " x " + std::to_string(size_) + ") on cuda:" + std::to_string(dev);
   const size_t nbytes = input.nbytes();
   const int world = size_;
-  // NCCL gathers into one buffer; the slices are then copied out on the communication stream.
+  // NCCL gathers into one buffer; the slices are copied out on the communication stream once the
+  // gather has settled, and the Work's `done` is recorded after the copies.
   Tensor flat = Tensor::empty({static_cast<int64_t>(nbytes) * world}, kUInt8, Device::cuda(dev));
   std::vector<Tensor> keep = outputs;
   keep.push_back(input);
@@ -353,13 +362,18 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(std::vector<Tensor>& outputs, 
   auto* gathered = static_cast<uint8_t*>(flat.raw_data());
   std::vector<void*> outs;
   for (auto& o : outputs) outs.push_back(o.raw_data());
-  return impl_->launch(desc, std::move(keep), /*host_wait=*/false, [=](ncclComm_t comm, cudaStream_t stream) {
-    if (nbytes == 0) return;
-    TANDEM_NCCL_CHECK(ncclAllGather(in, gathered, nbytes, ncclUint8, comm, stream));
-    for (int r = 0; r < world; ++r)
-      TANDEM_CUDA_CHECK(
-          cudaMemcpyAsync(outs[r], gathered + r * nbytes, nbytes, cudaMemcpyDeviceToDevice, stream));
-  });
+  return impl_->launch(
+      desc, std::move(keep), /*host_wait=*/false,
+      [=](ncclComm_t comm, cudaStream_t stream) {
+        if (nbytes == 0) return;
+        TANDEM_NCCL_CHECK(ncclAllGather(in, gathered, nbytes, ncclUint8, comm, stream));
+      },
+      [=](cudaStream_t stream) {
+        if (nbytes == 0) return;
+        for (int r = 0; r < world; ++r)
+          TANDEM_CUDA_CHECK(
+              cudaMemcpyAsync(outs[r], gathered + r * nbytes, nbytes, cudaMemcpyDeviceToDevice, stream));
+      });
 }
 
 std::shared_ptr<Work> ProcessGroupNccl::barrier() {

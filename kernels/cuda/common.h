@@ -41,6 +41,7 @@
 
 namespace tandem::kernels::cuda {
 
+using tandem::cuda::capture_replay_counter;
 using tandem::cuda::check_device_index;
 using tandem::cuda::check_kernel_errors;
 using tandem::cuda::compute_stream;

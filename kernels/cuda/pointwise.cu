@@ -4,9 +4,11 @@
 // their broadcast strides (kernels/cuda/strided.h), so broadcast and strided views need no
 // copy; the per-element math is kernels/pointwise_math.h, the same code the CPU kernels run.
 // Guarantees: fresh contiguous outputs of the broadcast shape on the operands' device; all work on
-// the device's compute stream. The dropout mask is drawn from a counter-based generator (below),
-// not from the Generator's own sequence, so it differs from the CPU kernel's mask for one seed;
-// its distribution is the same (0 with probability p, else 1 / (1 - p), independently per element).
+// the device's compute stream. The dropout mask is drawn from a counter-based generator
+// (kernels/pointwise_math.h), not from the Generator's own sequence, so it differs from the CPU
+// kernel's mask for one seed; its distribution is the same (0 with probability p, else 1 / (1 - p),
+// independently per element). Captured into a cuda::Graph, the kernel reads the graph's replay
+// counter from device memory, so every replay draws a new mask from that distribution.
 #include <array>
 
 #include "core/cuda/launch.cuh"
@@ -72,20 +74,11 @@ __global__ void unary_grad_kernel(UnaryOp op, const float* g, const float* x, co
   }
 }
 
-// splitmix64's output function: a bijective mix of a 64-bit counter, so (seed + i * gamma) gives
-// each element its own independent-looking 64 bits (Steele, Lea, Flood: SplittableRandom).
-__device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-__global__ void dropout_kernel(uint64_t seed, double p, float keep, float* out, int64_t n) {
-  TANDEM_GRID_STRIDE_LOOP(i, n) {
-    const uint64_t bits = mix64(seed + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ull);
-    const double u = static_cast<double>(bits >> 11) * 0x1.0p-53;  // 53 bits in [0, 1), as Generator::uniform
-    out[i] = math::dropout_value<float>(u, p, keep);
-  }
+// `replay`: null eagerly; under a cuda::Graph capture its replay counter, read at run time, so a
+// replayed graph draws a new mask each time (math::dropout_seed).
+__global__ void dropout_kernel(uint64_t draw, const uint64_t* replay, double p, float keep, float* out, int64_t n) {
+  const uint64_t seed = math::dropout_seed(draw, replay);
+  TANDEM_GRID_STRIDE_LOOP(i, n) { out[i] = math::dropout_value<float>(math::dropout_uniform(seed, i), p, keep); }
 }
 
 const float* in_ptr(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
@@ -178,10 +171,12 @@ Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Ge
   check_device_index(device.index);
   Tensor out = Tensor::empty(shape, kFloat32, device);
   const int64_t n = out.numel();
-  const uint64_t seed = gen.next_u64();  // one draw per mask, whatever its size
+  const uint64_t draw = gen.next_u64();  // one draw per mask, whatever its size (at capture: one per graph)
   if (n == 0) return out;
   StreamGuard on(device.index);
-  launch(on, dropout_kernel, grid_for(n), 256, 0, seed, p, static_cast<float>(1.0 / (1.0 - p)), f32_ptr(out), n);
+  const uint64_t* replay = capture_replay_counter(device.index);
+  launch(on, dropout_kernel, grid_for(n), 256, 0, draw, replay, p, static_cast<float>(1.0 / (1.0 - p)), f32_ptr(out),
+         n);
   return out;
 }
 

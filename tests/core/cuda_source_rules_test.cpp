@@ -3,7 +3,9 @@
 //  - every kernel launch goes through tandem::cuda::launch (core/cuda/launch.cuh), which takes a
 //    StreamGuard, so no launch runs without a guard for its device: no `<<<` anywhere else;
 //  - core/ (the device layer, as PyTorch's c10/cuda) includes nothing from the layers above it;
-//  - the cuBLAS loader opens only the major version the build compiled against.
+//  - the cuBLAS loader opens only the major version the build compiled against;
+//  - no device memset or copy runs on the legacy default stream (cudaMemset, cudaMemcpy...): the
+//    compute stream is non-blocking, so nothing would order such a call with the kernels.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -61,6 +63,24 @@ TEST(CudaSourceRules, CoreIncludesNothingAboveIt) {
         << fs::relative(p, kRoot).string() << " includes " << m.str() << "...: core/ must not depend on the layers above it";
   }
   EXPECT_GT(files, 10);
+}
+
+TEST(CudaSourceRules, NoMemsetOrCopyOnTheLegacyDefaultStream) {
+  // The synchronous-looking forms take no stream: they run on the legacy default stream.
+  const std::regex legacy(R"re(\b(cudaMemset|cudaMemset[23]D|cudaMemcpy|cudaMemcpy2D|cudaMemcpyPeer)\s*\()re");
+  int files = 0;
+  for (const std::string dir : {"core", "kernels", "dist", "nn", "optim", "train", "apps"}) {
+    for (const fs::path& p : sources_under(dir)) {
+      ++files;
+      const std::string text = read(p);
+      std::smatch m;
+      EXPECT_FALSE(std::regex_search(text, m, legacy))
+          << fs::relative(p, kRoot).string() << " calls " << m.str()
+          << "...: it runs on the legacy default stream, which the non-blocking compute stream does not "
+             "wait for; use the Async form on compute_stream(device)";
+    }
+  }
+  EXPECT_GT(files, 50) << "the source tree was not found at " << kRoot;
 }
 
 TEST(CudaSourceRules, TheCublasLoaderOpensOnlyTheCompiledMajorVersion) {

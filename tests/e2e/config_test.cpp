@@ -188,8 +188,17 @@ TEST(CudaGraph, RefusesCpuFp16AdamCosineAndDdpInOneLine) {
   for (auto& [k, v] : env) ::setenv(k, v, 1);
   const int rc = run_process(
       {kTrainer, "--cuda-graph", "--launcher", "pytorch", "--backend", "gloo", "--work-dir", wd}, tmp / "log");
-  for (auto& [k, v] : env) ::unsetenv(k);
   EXPECT_EQ(rc, 1);
-  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph does not support DDP (2 ranks over gloo)");
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph does not support DDP (2 ranks over gloo");
+  // One launched rank is DDP too (a group and a reducer, as PyTorch's world size 1).
+  ::setenv("WORLD_SIZE", "1", 1);
+  ::setenv("LOCAL_WORLD_SIZE", "1", 1);
+  const int rc1 = run_process(
+      {kTrainer, "--cuda-graph", "--launcher", "pytorch", "--backend", "gloo", "--work-dir", wd}, tmp / "log");
+  for (auto& [k, v] : env) ::unsetenv(k);
+  EXPECT_EQ(rc1, 1);
+  expect_one_line_error(read_file(tmp / "log"),
+                        "--cuda-graph does not support DDP (1 rank over gloo, --launcher pytorch)");
+  EXPECT_NE(read_file(tmp / "log").find("--launcher none"), std::string::npos);
   EXPECT_FALSE(fs::exists(wd)) << "a refused run leaves no work dir";
 }

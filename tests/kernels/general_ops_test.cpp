@@ -3,11 +3,15 @@
 // dimensions, softmax on an inner dimension, bmm, indexing; then their errors: bad indices, shapes
 // that do not broadcast, operands on two devices, and (built without CUDA) the error for a tensor
 // on a CUDA device (a host buffer labelled as CUDA memory: the checks must fire before any memory
-// is touched). The CUDA kernels are checked against these CPU kernels in tests/gpu.
+// is touched). The CUDA kernels are checked against these CPU kernels in tests/gpu. The CUDA
+// dropout's counter-based generator (kernels/pointwise_math.h, host-device) is checked here on the
+// host: eager seeds are the Generator's draws, and a graph replay's seed changes with the replay
+// counter, each replay's mask an independent Bernoulli draw.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "core/storage.h"
 #include "core/view.h"
@@ -15,6 +19,7 @@
 #include "kernels/index.h"
 #include "kernels/layer_norm.h"
 #include "kernels/pointwise.h"
+#include "kernels/pointwise_math.h"
 #include "kernels/reduce.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -187,6 +192,36 @@ TEST(GeneralKernels, DropoutMaskStatisticsAndSeeding) {
   }
   // Binomial(1e5, 0.3): sd = 145; 5 sd either side (this seed's count is fixed, so this never flakes).
   EXPECT_NEAR(static_cast<double>(zeros), 30000.0, 725.0);
+}
+
+TEST(GeneralKernels, CudaDropoutSeedTakesANewMaskForEachGraphReplay) {
+  namespace math = kernels::math;
+  const uint64_t draw = Generator(9).next_u64();
+  EXPECT_EQ(math::dropout_seed(draw, nullptr), draw) << "an eager mask's seed is the Generator's draw";
+  const double p = 0.3;
+  const int64_t n = 100000;
+  // The mask the CUDA kernel computes for replay r of a graph captured with `draw`.
+  auto mask = [&](uint64_t r) {
+    const uint64_t seed = math::dropout_seed(draw, &r);
+    std::vector<bool> dropped(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) dropped[i] = math::dropout_value(math::dropout_uniform(seed, i), p, 1.0) == 0.0;
+    return dropped;
+  };
+  std::vector<std::vector<bool>> replays;
+  for (uint64_t r = 0; r < 3; ++r) {
+    EXPECT_NE(math::dropout_seed(draw, &r), draw);
+    replays.push_back(mask(r));
+    int64_t zeros = 0;
+    for (bool d : replays.back()) zeros += d;
+    EXPECT_NEAR(static_cast<double>(zeros), 30000.0, 725.0) << "replay " << r;  // 5 sd of Binomial(1e5, 0.3)
+  }
+  EXPECT_NE(replays[0], replays[1]);
+  EXPECT_NE(replays[1], replays[2]);
+  int64_t both = 0;  // independent replays: dropped in both with probability p^2 (Binomial(1e5, 0.09): sd 90)
+  for (int64_t i = 0; i < n; ++i) both += replays[0][i] && replays[1][i];
+  EXPECT_NEAR(static_cast<double>(both), 9000.0, 650.0);
+  uint64_t zero = 0;
+  EXPECT_EQ(math::dropout_seed(draw, &zero), math::dropout_seed(draw, &zero)) << "replay r's seed is fixed by r";
 }
 
 TEST(GeneralKernels, BadInputsGetOneClearError) {

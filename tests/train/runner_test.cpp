@@ -2,7 +2,9 @@
 // arguments are type-checked), hooks called at MMEngine's points in priority order, gradient
 // accumulation equal to one big batch, best-checkpoint saving, and under 2-rank DDP a wrapper
 // registered from outside (MODEL_WRAPPERS.register_module) that the Runner trains with, its backward
-// passes inside no_sync() for all but the last iteration of each accumulation group.
+// passes inside no_sync() for all but the last iteration of each accumulation group; a launched job
+// of one rank builds its group, DDP (with its reducer) and SyncBatchNorm as PyTorch does with
+// world size 1, and trains bitwise as the same job without a launcher.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -298,6 +300,89 @@ TEST(RunnerDdp, RegisteredWrapperTrainsWithNoSyncInsideAccumulationGroups) {
     return;
   }
   test::run_ranks(2, std::to_string(test::free_port()));
+}
+
+// TinyNet with a BatchNorm2d over its 6 features (as [N, 6, 1, 1]) before the classifier.
+class TinyBnNet : public nn::Module {
+ public:
+  TinyBnNet() {
+    bn = register_module("bn", std::make_shared<nn::BatchNorm2d>(kIn));
+    fc_ = register_module("fc", std::make_shared<nn::Linear>(kIn, kClasses));
+  }
+  Tensor forward(const Tensor& x) override {
+    return F::log_softmax(fc_->forward(F::reshape(bn->forward(x.view({x.size(0), kIn, 1, 1})), {x.size(0), kIn})));
+  }
+  std::shared_ptr<nn::BatchNorm2d> bn;
+
+ private:
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+// Every iteration's loss, bit for bit.
+class LossLog : public Hook {
+ public:
+  explicit LossLog(std::vector<double>& out) : out_(out) {}
+  std::string name() const override { return "LossLog"; }
+  void after_train_iter(Runner&, const IterOutputs& o) override { out_.push_back(o.loss); }
+
+ private:
+  std::vector<double>& out_;
+};
+
+TEST(RunnerDdp, OneLaunchedRankBuildsGroupReducerAndSyncBnAndTrainsAsThePlainRun) {
+  if (auto rank = test::child_rank()) {  // one rank, in its own process: the launcher's variables
+    if (!models().contains("TinyBnNet"))
+      models().register_module("TinyBnNet", [](const Kwargs&) { return std::make_shared<TinyBnNet>(); });
+    auto run = [&](const std::string& launcher, std::vector<double>& losses, std::vector<double>& state) {
+      RunnerOptions o = tiny_options(std::string(std::getenv("TANDEM_TEST_STORE")) + "." + launcher);
+      o.model = "TinyBnNet";
+      o.launcher = launcher;
+      o.backend = "gloo";
+      o.sync_bn = true;
+      o.shuffle = true;
+      o.max_epochs = 2;
+      o.dist_timeout_s = 30;
+      auto r = std::make_unique<Runner>(o);
+      r->register_hook(std::make_shared<LossLog>(losses));
+      EXPECT_EQ(r->train(), 0);
+      for (auto& [name, t] : r->model().state_dict())
+        for (double v : t.to(kFloat64).to_vector<double>()) state.push_back(v);
+      return r;
+    };
+    std::vector<double> plain_losses, ddp_losses;
+    std::vector<double> plain_state, ddp_state;
+    auto plain = run("none", plain_losses, plain_state);
+    EXPECT_EQ(plain->ddp(), nullptr) << "launcher none: no DDP";
+    EXPECT_EQ(plain->host_group(), nullptr) << "launcher none: no process group";
+    EXPECT_EQ(dynamic_cast<TinyBnNet&>(plain->model()).bn->stats_sync(), nullptr) << "launcher none: no SyncBN";
+
+    ::setenv("RANK", "0", 1);
+    ::setenv("LOCAL_RANK", "0", 1);
+    ::setenv("WORLD_SIZE", "1", 1);
+    ::setenv("LOCAL_WORLD_SIZE", "1", 1);
+    ::setenv("GROUP_RANK", "0", 1);
+    ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+    ::setenv("MASTER_PORT", rank->param.c_str(), 1);
+    auto ddp = run("pytorch", ddp_losses, ddp_state);
+    EXPECT_EQ(ddp->world_size(), 1);
+    ASSERT_NE(ddp->ddp(), nullptr) << "one launched rank: the model is wrapped in DistributedDataParallel";
+    const dist::ReducerStats& reduced = ddp->ddp()->reducer().stats();
+    EXPECT_GT(reduced.buckets, 0) << "the reducer all-reduced no bucket in the last backward";
+    EXPECT_GT(reduced.bucket_bytes, 0);
+    ASSERT_NE(ddp->host_group(), nullptr) << "one launched rank: a process group";
+    EXPECT_EQ(ddp->host_group()->size(), 1);
+    EXPECT_EQ(ddp->host_group()->backend(), "gloo");
+    const auto& sync = dynamic_cast<TinyBnNet&>(ddp->model()).bn->stats_sync();
+    ASSERT_NE(sync, nullptr) << "one launched rank with sync_bn: the BatchNorm is synced";
+    EXPECT_EQ(sync->name(), "SyncBatchNorm(gloo, 1 ranks)");
+    // World size 1: the all-reduces average over one rank and SyncBatchNorm is BatchNorm, so
+    // every loss and every weight and buffer equals the plain run's, bit for bit.
+    ASSERT_EQ(plain_losses.size(), 8u);  // 2 epochs x 32 / 8
+    EXPECT_EQ(ddp_losses, plain_losses);
+    EXPECT_EQ(ddp_state, plain_state);
+    return;
+  }
+  test::run_ranks(1, std::to_string(test::free_port()));
 }
 
 }  // namespace

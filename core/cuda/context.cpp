@@ -7,7 +7,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "core/device.h"
+#include "core/device.h"  // host_sync_count, host_upload_count
 
 namespace tandem::cuda {
 namespace {
@@ -21,6 +21,9 @@ struct PerDevice {
   std::atomic<bool> error_check_pending{false};
   std::atomic<uint64_t> error_marks{0};
 };
+
+std::atomic<uint64_t> g_host_syncs{0};
+std::atomic<uint64_t> g_host_uploads{0};
 
 std::array<PerDevice, kMaxDevices>& per_device() {
   static auto* state = new std::array<PerDevice, kMaxDevices>();  // leaked, see the file comment
@@ -78,6 +81,24 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
 }
 
+void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+
+void note_host_upload() { g_host_uploads.fetch_add(1, std::memory_order_relaxed); }
+
+void stream_synchronize(cudaStream_t stream) {
+  note_host_sync();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void device_synchronize() {
+  note_host_sync();
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+uint64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
+
+uint64_t host_upload_count() { return g_host_uploads.load(std::memory_order_relaxed); }
+
 cudaStream_t compute_stream(int device) { return ready_device(device).stream; }
 
 KernelErrorRecord* kernel_error_record(int device) { return ready_device(device).record; }
@@ -102,7 +123,7 @@ void check_kernel_errors(int device) {
   StreamGuard on(device);
   KernelErrorRecord host{};
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(&host, pd.record, sizeof(host), cudaMemcpyDeviceToHost, on.stream()));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+  stream_synchronize(on.stream());
   if (host.code == kNoKernelError) return;
   TANDEM_CUDA_CHECK(cudaMemsetAsync(pd.record, 0, sizeof(KernelErrorRecord), on.stream()));
   switch (host.code) {

@@ -6,6 +6,8 @@
 //    driver stages the data before the call returns, so the host buffer may be reused at once.
 //    From pinned (page-locked) host memory the copy is truly asynchronous, and nothing tells us
 //    how long the caller keeps the buffer, so we wait for the stream then.
+//  Each upload is counted (host_upload_count), and each wait below is a counted host
+//  synchronisation (core/cuda/context.h's stream_synchronize).
 //  - device -> host: cudaMemcpyAsync, then wait for the source's stream; that wait also surfaces
 //    deferred kernel errors (check_kernel_errors), e.g. an out-of-range nll_loss target.
 //  - device -> other device: the source stream waits for the destination stream's queued work
@@ -186,7 +188,8 @@ void copy_host_to_device(Tensor& dst, const Tensor& src) {
   StreamGuard on(dev);
   TANDEM_CUDA_CHECK(
       cudaMemcpyAsync(target.raw_data(), host.raw_data(), target.nbytes(), cudaMemcpyHostToDevice, on.stream()));
-  if (is_pinned_host(host.raw_data())) TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+  cuda::note_host_upload();
+  if (is_pinned_host(host.raw_data())) cuda::stream_synchronize(on.stream());
   if (!target.is_same(dst)) copy_same_device(dst, target);
 }
 
@@ -200,7 +203,7 @@ void copy_device_to_host(Tensor& dst, const Tensor& src) {
     StreamGuard on(dev);
     TANDEM_CUDA_CHECK(
         cudaMemcpyAsync(host.raw_data(), packed.raw_data(), host.nbytes(), cudaMemcpyDeviceToHost, on.stream()));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+    cuda::stream_synchronize(on.stream());
   }
   check_kernel_errors(dev);
   if (!direct) dst.copy_(host);  // host-to-host: the CPU path casts and handles dst's layout

@@ -284,8 +284,8 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   TANDEM_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(), "add_: ",
                src.str(), " into ", dst.str());
   TANDEM_CHECK(dst.is_contiguous(), "add_: destination must be contiguous, got ", dst.str());
-  TANDEM_CHECK(dst.dtype() == kFloat32 || dst.dtype() == kFloat64, "add_: unsupported dtype ",
-               dtype_name(dst.dtype()), " on CUDA (float32 or float64 expected)");
+  TANDEM_CHECK(dst.dtype() == kFloat32 || dst.dtype() == kFloat64 || dst.dtype() == kInt64, "add_: unsupported dtype ",
+               dtype_name(dst.dtype()), " on CUDA (float32, float64 or int64 expected)");
   const int64_t n = dst.numel();
   if (n == 0) return;
   Tensor s = src.contiguous();
@@ -293,6 +293,9 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   if (dst.dtype() == kFloat32) {
     // The CPU path computes float(alpha) * src in float; so does this.
     launch(on, axpy_kernel<float>, grid_for(n), 256, 0, static_cast<float*>(dst.raw_data()), static_cast<const float*>(s.raw_data()), static_cast<float>(alpha), n);
+  } else if (dst.dtype() == kInt64) {  // alpha is whole (checked by Tensor::add_)
+    launch(on, axpy_kernel<int64_t>, grid_for(n), 256, 0, static_cast<int64_t*>(dst.raw_data()),
+           static_cast<const int64_t*>(s.raw_data()), static_cast<int64_t>(alpha), n);
   } else {
     launch(on, axpy_kernel<double>, grid_for(n), 256, 0, static_cast<double*>(dst.raw_data()), static_cast<const double*>(s.raw_data()), alpha, n);
   }

@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <string>
 
 #include "core/device.h"  // host_sync_count, host_upload_count
 
@@ -126,11 +127,21 @@ void check_kernel_errors(int device) {
   stream_synchronize(on.stream());
   if (host.code == kNoKernelError) return;
   TANDEM_CUDA_CHECK(cudaMemsetAsync(pd.record, 0, sizeof(KernelErrorRecord), on.stream()));
+  const std::string where = " (found by a CUDA kernel on cuda:" + std::to_string(device) +
+                            "; reported at the next read of a result from that device)";
   switch (host.code) {
     case kNllTargetOutOfRange:
       TANDEM_FAIL("nll_loss: target ", host.b, " at row ", host.a, " is out of range, expected a class in [0, ",
-                  host.c, ") (found by the CUDA kernel on cuda:", device,
-                  "; reported at the next read of a result from that device)");
+                  host.c, ")", where);
+    case kIndexOutOfRange: {
+      static const char* const names[] = {"index_select", "index_add", "gather", "scatter_add"};
+      const char* op = host.op >= 0 && host.op < 4 ? names[host.op] : "an index op";
+      TANDEM_FAIL(op, ": index ", host.b, " at position ", host.a, " is out of range for a dimension of size ",
+                  host.c, " (expected 0 <= index < ", host.c, ")", where);
+    }
+    case kClassTargetOutOfRange:
+      TANDEM_FAIL("cross_entropy: target ", host.b, " at position ", host.a, " is out of range for ", host.c,
+                  " classes (expected 0 <= target < ", host.c, " or ignore_index)", where);
     default:
       TANDEM_FAIL("a CUDA kernel on cuda:", device, " reported error code ", host.code);
   }

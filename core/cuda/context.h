@@ -98,13 +98,21 @@ inline unsigned grid_for(int64_t n, int block = 256) {
 
 // ---- deferred kernel errors ----
 
-enum KernelErrorCode : int { kNoKernelError = 0, kNllTargetOutOfRange = 1 };
+enum KernelErrorCode : int {
+  kNoKernelError = 0,
+  kNllTargetOutOfRange = 1,    // a: row, b: target value, c: number of classes
+  kIndexOutOfRange = 2,        // op: a KernelErrorOp; a: position in the index, b: value, c: size
+  kClassTargetOutOfRange = 3,  // cross_entropy; a: position, b: target value, c: number of classes
+};
+
+// Which op wrote a kIndexOutOfRange record (names in check_kernel_errors).
+enum KernelErrorOp : int { kOpIndexSelect = 0, kOpIndexAdd = 1, kOpGather = 2, kOpScatterAdd = 3 };
 
 // Written by a kernel that detects bad input: the first writer claims `code` with atomicCAS and
-// fills a, b, c (for kNllTargetOutOfRange: row, target value, number of classes).
+// fills op, a, b, c (see KernelErrorCode). report_kernel_error (core/cuda/launch.cuh) writes it.
 struct KernelErrorRecord {
   int code;
-  int pad_;
+  int op;
   long long a, b, c;
 };
 

@@ -1,6 +1,7 @@
 // Where a tensor's memory lives: the host, or one CUDA device by index.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace tandem {
@@ -41,5 +42,18 @@ void set_cuda_device(int index);
 // Blocks the host until the work queued on `device`'s compute stream has run (as
 // torch.cuda.synchronize), then reports a deferred kernel error if one was found. Nothing for the CPU.
 void synchronize(Device device);
+
+namespace cuda {
+// How many times this process has blocked the host on a CUDA device: every stream or device
+// synchronisation the engine issues (synchronize above, device-to-host copies and so .item(), the
+// wait after a pinned upload, the read of the deferred kernel-error record, empty_cache, the
+// release of a graph's pool, waiting on an NCCL work). All of them go through one counter in
+// core/cuda/context.cpp. Always 0 in a build without CUDA. Monotonic; compare two readings.
+uint64_t host_sync_count();
+// How many host-to-device copies the engine has queued (Tensor::copy_ / to(cuda) from host
+// memory). They need not block the host, but each is work in a step that could stay on the
+// device. Always 0 in a build without CUDA.
+uint64_t host_upload_count();
+}  // namespace cuda
 
 }  // namespace tandem

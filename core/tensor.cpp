@@ -380,6 +380,8 @@ Tensor& Tensor::fill_(double value) {
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   TANDEM_CHECK(shape() == other.shape() && dtype() == other.dtype() && device() == other.device(),
                "add_: ", other.str(), " into ", str());
+  TANDEM_CHECK(dtype() != kInt64 || alpha == static_cast<double>(static_cast<int64_t>(alpha)),
+               "add_: alpha must be a whole number for int64 tensors, got ", alpha);
   if (device().is_cuda()) {
     cuda_detail::add_(*this, other, alpha);
     return *this;
@@ -393,8 +395,12 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   } else if (dtype() == kFloat64) {
     Eigen::Map<Eigen::ArrayXd> d(data<double>(), n);
     d += alpha * Eigen::Map<const Eigen::ArrayXd>(src.data<double>(), n);
+  } else if (dtype() == kInt64) {  // counters (BatchNorm's num_batches_tracked)
+    using ArrayXl = Eigen::Array<int64_t, Eigen::Dynamic, 1>;
+    Eigen::Map<ArrayXl> d(data<int64_t>(), n);
+    d += static_cast<int64_t>(alpha) * Eigen::Map<const ArrayXl>(src.data<int64_t>(), n);
   } else {
-    TANDEM_FAIL("add_: unsupported dtype ", dtype_name(dtype()));
+    TANDEM_FAIL("add_: unsupported dtype ", dtype_name(dtype()), " (float32, float64 or int64 expected)");
   }
   return *this;
 }

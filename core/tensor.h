@@ -109,7 +109,7 @@ class Tensor {
   Tensor& copy_(const Tensor& src);  // same shape; any dtype/device pair
   Tensor& fill_(double value);
   Tensor& zero_() { return fill_(0.0); }
-  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape and dtype
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // same shape and dtype: float32, float64, int64
 
   // ---- autograd ----
   bool requires_grad() const { return impl().autograd && impl().autograd->requires_grad; }

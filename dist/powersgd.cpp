@@ -1,19 +1,22 @@
+// PowerSGD (dist/powersgd.h). P and Q are orthonormalised where they live: a host bucket's on the
+// host in double (the results the PyTorch fixtures were checked with), a CUDA bucket's with the
+// engine's tensor ops on its device, so backward never waits for the GPU here.
 #include "dist/powersgd.h"
 
 #include <cmath>
 #include <vector>
 
 #include "kernels/linear.h"
+#include "kernels/pointwise.h"
+#include "kernels/reduce.h"
 
 namespace tandem::dist {
 namespace {
 
-// Gram-Schmidt on the columns of a [rows, cols] matrix, in place (a zero column stays zero). On a
-// device the matrix crosses to the host and back: P and Q are small.
-void orthogonalize(Tensor& m) {
-  Tensor host = m.device().is_cpu() ? m : m.to(Device::cpu());
-  const int64_t rows = host.size(0), cols = host.size(1);
-  float* a = host.data<float>();
+// Gram-Schmidt on the columns of a [rows, cols] host matrix, in place, accumulating in double.
+void orthogonalize_on_host(Tensor& m) {
+  const int64_t rows = m.size(0), cols = m.size(1);
+  float* a = m.data<float>();
   for (int64_t c = 0; c < cols; ++c) {
     double norm = 0;
     for (int64_t i = 0; i < rows; ++i) norm += double(a[i * cols + c]) * a[i * cols + c];
@@ -26,7 +29,14 @@ void orthogonalize(Tensor& m) {
       for (int64_t i = 0; i < rows; ++i) a[i * cols + k] = static_cast<float>(a[i * cols + k] - dot * a[i * cols + c]);
     }
   }
-  if (!m.device().is_cpu()) m.copy_(host);
+}
+
+void orthogonalize(Tensor& m) {
+  if (m.device().is_cpu()) {
+    orthogonalize_on_host(m);
+  } else {
+    orthogonalize_with_tensor_ops(m);
+  }
 }
 
 struct Compressed {
@@ -90,6 +100,27 @@ class PowerSGDWork final : public Work {
 };
 
 }  // namespace
+
+void orthogonalize_with_tensor_ops(Tensor& m) {
+  using kernels::BinaryOp;
+  TANDEM_CHECK(m.dim() == 2 && m.dtype() == kFloat32,
+               "PowerSGD: orthogonalize expects a float32 [rows, cols] matrix, got ", m.str());
+  const int64_t cols = m.size(1);
+  const Tensor zero = Tensor::zeros({}, kFloat32, m.device()), one = Tensor::ones({}, kFloat32, m.device());
+  for (int64_t c = 0; c < cols; ++c) {
+    Tensor col = m.slice(1, c, c + 1);  // [rows, 1], a view of m
+    const Tensor norm = kernels::unary(kernels::UnaryOp::Sqrt,
+                                       kernels::sum_dims(kernels::binary(BinaryOp::Mul, col, col), {0}, true));
+    // A zero column stays zero (divided by 1).
+    const Tensor denom = kernels::where(kernels::compare(kernels::CompareOp::Gt, norm, zero), norm, one);
+    const Tensor unit = kernels::binary(BinaryOp::Div, col, denom);
+    col.copy_(unit);
+    if (c + 1 == cols) break;
+    Tensor rest = m.slice(1, c + 1, cols);  // [rows, cols - c - 1]: each loses its part along `unit`
+    const Tensor dots = kernels::sum_dims(kernels::binary(BinaryOp::Mul, unit, rest), {0}, true);
+    rest.copy_(kernels::binary(BinaryOp::Sub, rest, kernels::binary(BinaryOp::Mul, unit, dots)));
+  }
+}
 
 std::shared_ptr<Work> powersgd(PowerSGDState& state, ProcessGroup& group, GradBucket& bucket) {
   const PowerSGDOptions& o = state.options;

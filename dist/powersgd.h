@@ -11,8 +11,9 @@
 // Differences from PyTorch: the bucket arrives divided by the world size, so no sum is divided
 // again; a bucket whose layout changed (the reducer's one rebuild) drops its error and warm start,
 // so any start_iter is safe (PyTorch asks for start_iter > 1 instead); the random Qs come from Tandem's generator, not torch.randn, so runs agree with PyTorch
-// in distribution only. Orthonormalisation runs on the host (P and Q are small); on a GPU that is
-// one copy each way per bucket.
+// in distribution only. Orthonormalisation of a host bucket's P and Q runs on the host in double; a
+// CUDA bucket's runs on its device with tensor ops in float32 (orthogonalize_with_tensor_ops), so
+// nothing is copied to the host or waited for in the middle of backward.
 // Threads: the hook and its Work's wait() run on the reducer's thread; one state per DDP model.
 #pragma once
 
@@ -50,6 +51,12 @@ struct PowerSGDState {
 };
 
 std::shared_ptr<Work> powersgd(PowerSGDState& state, ProcessGroup& group, GradBucket& bucket);
+
+// Gram-Schmidt on the columns of a float32 [rows, cols] matrix (a view is fine), in place, with
+// tensor ops on the matrix's device (PyTorch's _orthogonalize_gram_schmidt with epsilon 0: each
+// column divided by its norm, a zero column left zero, then removed from the columns after it).
+// The hook's way for CUDA buckets; callable on the host too (tests compare it with the host way).
+void orthogonalize_with_tensor_ops(Tensor& m);
 
 // A hook over a fresh state with these options.
 CommHook powersgd_hook(const PowerSGDOptions& options);

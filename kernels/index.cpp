@@ -1,5 +1,5 @@
 // Device-neutral entry points of kernels/index.h: operands defined and on one device, dtypes,
-// ranks, shapes and index values checked; then cpu:: or cuda:: by that device. cat is a copy into
+// ranks, shapes and (host) index values checked; then cpu:: or cuda:: by that device. cat is a copy into
 // slices of the output (Tensor::copy_, on either device), so it has no kernel of its own.
 #include "kernels/index.h"
 
@@ -10,19 +10,22 @@
 namespace tandem::kernels {
 namespace {
 
-// index as contiguous int64 on its own device, every value in [0, size) (checked on the host: a
-// CUDA index is copied there, and the checked copy uploaded); `op` names the op.
+// index as contiguous int64 on its own device; `op` names the op. A host index has every value
+// checked here to be in [0, size), throwing at once. A CUDA index is not read here (that would wait
+// for the device): the CUDA kernels check each value they read and report a bad one through the
+// deferred kernel-error record (kernels/cuda/index.cu).
 Tensor checked_index(const char* op, const Tensor& index, int64_t size) {
   TANDEM_CHECK(index.defined(), op, ": index is undefined");
   TANDEM_CHECK(index.dtype() == kInt64 || index.dtype() == kInt32, op, ": index must be int64 (or int32), got ",
                index.str());
-  const Tensor idx = index.to(Device::cpu()).to(kInt64).contiguous();
+  if (index.device().is_cuda()) return index.to(kInt64).contiguous();
+  const Tensor idx = index.to(kInt64).contiguous();
   const int64_t* p = idx.data<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     TANDEM_CHECK(p[i] >= 0 && p[i] < size, op, ": index ", p[i], " at position ", i,
                  " is out of range for a dimension of size ", size, " (expected 0 <= index < ", size, ")");
   }
-  return idx.to(index.device());
+  return idx;
 }
 
 }  // namespace

@@ -67,4 +67,14 @@ Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const 
   return TANDEM_DISPATCH(device, nll_loss_backward, grad_out, log_probs, target);
 }
 
+ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype) {
+  constexpr const char* op = "class_targets";
+  profiler::Scope prof_scope(op);
+  TANDEM_CHECK(target.defined() && target.dtype() == kInt64, op, ": expected int64 class indices, got ",
+               target.defined() ? target.str() : "undefined tensor");
+  TANDEM_CHECK(keep_dtype == kFloat32 || keep_dtype == kFloat64, op, ": keep must be float32 or float64, got ",
+               dtype_name(keep_dtype));
+  return TANDEM_DISPATCH(target.device(), class_targets, target, C, ignore_index, keep_dtype);
+}
+
 }  // namespace tandem::kernels

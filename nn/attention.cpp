@@ -10,7 +10,10 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 
 #include "core/autograd.h"
 #include "core/error.h"
@@ -119,11 +122,25 @@ bool fused_attention_path(const Tensor& q, const Tensor& k, const Tensor& attn_m
 
 Tensor causal_mask(int64_t L, int64_t S, Device device) {
   TANDEM_CHECK(L >= 0 && S >= 0, "causal_mask: sizes must be non-negative, got ", L, " and ", S);
+  // A device's masks are uploaded once per (L, S, device) and shared: an upload on every forward
+  // would be host work in every step. A handful of sizes at most are live (the cache is emptied
+  // when it grows past kMaxCached).
+  constexpr size_t kMaxCached = 16;
+  static std::mutex mu;
+  static auto* cached = new std::map<std::tuple<int64_t, int64_t, int>, Tensor>();  // leaked: see core/cuda
+  std::unique_lock<std::mutex> lock(mu, std::defer_lock);
+  if (device.is_cuda()) {
+    lock.lock();
+    const auto it = cached->find({L, S, device.index});
+    if (it != cached->end()) return it->second;
+  }
   Tensor m = Tensor::zeros({L, S}, kUInt8);
   uint8_t* p = m.data<uint8_t>();
   for (int64_t i = 0; i < L; ++i)
     for (int64_t j = 0; j <= i && j < S; ++j) p[i * S + j] = 1;
-  return m.to(device);
+  if (device.is_cpu()) return m;
+  if (cached->size() >= kMaxCached) cached->clear();
+  return cached->emplace(std::make_tuple(L, S, device.index), m.to(device)).first->second;
 }
 
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask, bool is_causal) {

@@ -39,7 +39,8 @@ bool fused_attention_path(const Tensor& q, const Tensor& k, const Tensor& attn_m
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask = Tensor(),
                          bool is_causal = false);
 
-// The [L, S] uint8 mask of is_causal: 1 where j <= i (built on the host, returned on `device`).
+// The [L, S] uint8 mask of is_causal: 1 where j <= i. Built on the host; on a CUDA device it is
+// uploaded once per (L, S, device) and the same tensor returned after (read it, never write it).
 Tensor causal_mask(int64_t L, int64_t S, Device device = Device::cpu());
 
 }  // namespace tandem::nn::functional

@@ -173,9 +173,10 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
     pad = *padding_idx < 0 ? *padding_idx + rows : *padding_idx;
   }
   const Tensor flat = indices.to(kInt64).reshape({indices.numel()});
-  {
-    const Tensor host = flat.to(Device::cpu());
-    const int64_t* p = host.data<int64_t>();
+  // A host index is checked here; a CUDA one by index_select's kernel (a deferred kernel error, so
+  // the host never waits for the device here).
+  if (flat.device().is_cpu()) {
+    const int64_t* p = flat.data<int64_t>();  // reshape made it contiguous
     for (int64_t i = 0; i < flat.numel(); ++i) {
       TANDEM_CHECK(p[i] >= 0 && p[i] < rows, "embedding: index ", p[i], " at position ", i,
                    " is out of range for ", rows, " embeddings (expected 0 <= index < ", rows, ")");

@@ -142,8 +142,9 @@ struct SumBackward final : Node {
   Shape input_shape;
   std::string name() const override { return "SumBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    // The 0-D gradient broadcast on its own device (a stride-0 view copied): never read by the host.
     Tensor out = Tensor::empty(input_shape, g[0].dtype(), g[0].device());
-    out.fill_(g[0].to(Device::cpu()).to(kFloat64).item<double>());
+    out.copy_(views::expand(g[0].reshape({}), input_shape));
     return {out};
   }
 };

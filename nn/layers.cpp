@@ -38,10 +38,9 @@ void BatchNorm2d::count_batch(const Tensor& x) {
   TANDEM_CHECK(x.dim() == 4 && x.size(1) == num_features, "BatchNorm2d(", num_features,
                "): expected input [N, ", num_features, ", H, W], got ", x.str());
   if (is_training()) {
-    // A host-side counter; kept as a tensor so state_dict carries it.
-    Tensor host = num_batches_tracked.to(Device::cpu());
-    host.data<int64_t>()[0] += 1;
-    if (!host.is_same(num_batches_tracked)) num_batches_tracked.copy_(host);
+    // Counted where the buffer lives (an in-place add on its device): reading it back would make
+    // every training forward wait for the device.
+    num_batches_tracked.add_(Tensor::ones({}, kInt64, num_batches_tracked.device()));
   }
 }
 

@@ -1,10 +1,13 @@
 // nn/losses.h, composed of differentiable ops (log_softmax, gather, sum, mul): the gradients follow
-// from theirs. The target is read on the host once to check it and build the keep mask.
+// from theirs. The target is checked and turned into a keep mask by kernels::class_targets on its
+// device: a host target throws at once, a CUDA one reports through the deferred kernel-error record.
 #include "nn/losses.h"
 
 #include <vector>
 
 #include "core/view.h"
+#include "kernels/elementwise.h"
+#include "kernels/loss.h"
 #include "nn/functional.h"
 
 namespace tandem::nn::functional {
@@ -33,29 +36,13 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   TANDEM_CHECK(target.shape() == expected, "cross_entropy: target ", target.str(), " does not match input ",
                input.str(), " (expected target shape ", shape_str(expected), ")");
 
-  // Host pass over the target: validity, the keep mask, and safe (in-range) gather indices.
+  // The target pass (kernels::class_targets): the keep mask, safe (in-range) gather indices, and
+  // the range check, which on CUDA is a deferred kernel error so the host never waits here.
   const int64_t M = target.numel();
-  const std::vector<int64_t> t = target.to_vector<int64_t>();
   const DType keep_dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32;  // low precision: log_softmax's f32
-  Tensor keep = Tensor::empty({M}, keep_dtype);
-  Tensor safe = Tensor::empty({M, 1}, kInt64);
-  int64_t kept = 0;
-  for (int64_t i = 0; i < M; ++i) {
-    const bool ignored = t[i] == ignore_index;
-    TANDEM_CHECK(ignored || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i], " at position ", i,
-                 " is out of range for ", C, " classes (expected 0 <= target < ", C, " or ignore_index ",
-                 ignore_index, ")");
-    if (keep_dtype == kFloat64) {
-      keep.data<double>()[i] = ignored ? 0.0 : 1.0;
-    } else {
-      keep.data<float>()[i] = ignored ? 0.0f : 1.0f;
-    }
-    safe.data<int64_t>()[i] = ignored ? 0 : t[i];
-    kept += ignored ? 0 : 1;
-  }
-
-  keep = keep.to(input.device());
-  safe = safe.to(input.device());
+  const kernels::ClassTargets targets = kernels::class_targets(target.to(input.device()), C, ignore_index, keep_dtype);
+  const Tensor& keep = targets.keep;
+  const Tensor& safe = targets.safe;
 
   // Log-probabilities as [M, C], the class dimension last.
   Tensor lp = log_softmax(input, class_dim);
@@ -76,7 +63,12 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   }
   if (reduction == "none") return reshape(loss, target.shape());
   if (reduction == "sum") return sum(loss);
-  return div(sum(loss), static_cast<double>(kept));
+  // The mean over the kept targets: their count is read on the host only when it lives there.
+  if (keep.device().is_cpu()) {
+    const Tensor kept = kernels::sum(keep);
+    return div(sum(loss), kept.dtype() == kFloat64 ? kept.item<double>() : kept.item<float>());
+  }
+  return div(sum(loss), kernels::sum(keep));
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {

@@ -78,7 +78,8 @@ void Runner::step_optimizer(IterOutputs& out, bool to_none) {
   out.updated = true;
   if (o_.clip_max_norm > 0) {
     if (scaler_->enabled()) scaler_->unscale(*optimizer_);
-    out.grad_norm = optim::clip_grad_norm_(wrapped_->parameters(), o_.clip_max_norm, o_.clip_norm_type);
+    // The norm is read for the log line (on a GPU a second wait per update, after the loss's).
+    out.grad_norm = optim::clip_grad_norm_(wrapped_->parameters(), o_.clip_max_norm, o_.clip_norm_type).item<double>();
   }
   if (scaler_->enabled()) {
     scaler_->step(*optimizer_);  // skipped when a gradient is inf/NaN

@@ -7,8 +7,9 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <string>
 
-#include "core/device.h"
+#include "core/device.h"  // host_sync_count, host_upload_count
 
 namespace tandem::cuda {
 namespace {
@@ -24,6 +25,9 @@ struct PerDevice {
   std::atomic<uint64_t*> replay_counter{nullptr};  // of the cuda::Graph capturing on the device
   std::atomic<bool> replay_counter_read{false};     // handed out during that capture
 };
+
+std::atomic<uint64_t> g_host_syncs{0};
+std::atomic<uint64_t> g_host_uploads{0};
 
 std::array<PerDevice, kMaxDevices>& per_device() {
   static auto* state = new std::array<PerDevice, kMaxDevices>();  // leaked, see the file comment
@@ -83,6 +87,24 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) (void)cudaGetLastError();
 }
 
+void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+
+void note_host_upload() { g_host_uploads.fetch_add(1, std::memory_order_relaxed); }
+
+void stream_synchronize(cudaStream_t stream) {
+  note_host_sync();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+void device_synchronize() {
+  note_host_sync();
+  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+uint64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
+
+uint64_t host_upload_count() { return g_host_uploads.load(std::memory_order_relaxed); }
+
 cudaStream_t compute_stream(int device) { return ready_device(device).stream; }
 
 KernelErrorRecord* kernel_error_record(int device) { return ready_device(device).record; }
@@ -126,14 +148,24 @@ void check_kernel_errors(int device) {
   StreamGuard on(device);
   KernelErrorRecord host{};
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(&host, pd.record, sizeof(host), cudaMemcpyDeviceToHost, on.stream()));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+  stream_synchronize(on.stream());
   if (host.code == kNoKernelError) return;
   TANDEM_CUDA_CHECK(cudaMemsetAsync(pd.record, 0, sizeof(KernelErrorRecord), on.stream()));
+  const std::string where = " (found by a CUDA kernel on cuda:" + std::to_string(device) +
+                            "; reported at the next read of a result from that device)";
   switch (host.code) {
     case kNllTargetOutOfRange:
       TANDEM_FAIL("nll_loss: target ", host.b, " at row ", host.a, " is out of range, expected a class in [0, ",
-                  host.c, ") (found by the CUDA kernel on cuda:", device,
-                  "; reported at the next read of a result from that device)");
+                  host.c, ")", where);
+    case kIndexOutOfRange: {
+      static const char* const names[] = {"index_select", "index_add", "gather", "scatter_add"};
+      const char* op = host.op >= 0 && host.op < 4 ? names[host.op] : "an index op";
+      TANDEM_FAIL(op, ": index ", host.b, " at position ", host.a, " is out of range for a dimension of size ",
+                  host.c, " (expected 0 <= index < ", host.c, ")", where);
+    }
+    case kClassTargetOutOfRange:
+      TANDEM_FAIL("cross_entropy: target ", host.b, " at position ", host.a, " is out of range for ", host.c,
+                  " classes (expected 0 <= target < ", host.c, " or ignore_index)", where);
     default:
       TANDEM_FAIL("a CUDA kernel on cuda:", device, " reported error code ", host.code);
   }

@@ -11,6 +11,9 @@
 //    which makes that device current for its scope (launch() in core/cuda/launch.cuh takes one);
 //  - the check macro: every CUDA runtime call goes through TANDEM_CUDA_CHECK, and a failure throws
 //    tandem::Error carrying file:line, the failing expression and the runtime's error name and text;
+//  - the host-sync counter (host_sync_count in core/device.h): every place in the engine that blocks
+//    the host on the device calls stream_synchronize / device_synchronize / note_host_sync here,
+//    so one counter sees them all; uploads are counted by note_host_upload;
 //  - a small device-side error record for kernels that find bad input (an out-of-range nll_loss
 //    target) without a host synchronisation: it is read, and thrown as tandem::Error, the next
 //    time the host waits for the compute stream (any device-to-host copy, e.g. loss.item());
@@ -80,6 +83,15 @@ class StreamGuard {
   cudaStream_t stream_;
 };
 
+// Blocks the host until `stream` (or the current device) has finished its queued work, counting one
+// host synchronisation. The only callers of cudaStreamSynchronize / cudaDeviceSynchronize.
+void stream_synchronize(cudaStream_t stream);
+void device_synchronize();
+// Counts one host synchronisation made some other way (e.g. polling an event until it completes).
+void note_host_sync();
+// Counts one host-to-device copy.
+void note_host_upload();
+
 // Grid for a grid-stride loop over n elements (n > 0) with `block` threads per block.
 inline unsigned grid_for(int64_t n, int block = 256) {
   const int64_t blocks = (n + block - 1) / block;
@@ -88,13 +100,21 @@ inline unsigned grid_for(int64_t n, int block = 256) {
 
 // ---- deferred kernel errors ----
 
-enum KernelErrorCode : int { kNoKernelError = 0, kNllTargetOutOfRange = 1 };
+enum KernelErrorCode : int {
+  kNoKernelError = 0,
+  kNllTargetOutOfRange = 1,    // a: row, b: target value, c: number of classes
+  kIndexOutOfRange = 2,        // op: a KernelErrorOp; a: position in the index, b: value, c: size
+  kClassTargetOutOfRange = 3,  // cross_entropy; a: position, b: target value, c: number of classes
+};
+
+// Which op wrote a kIndexOutOfRange record (names in check_kernel_errors).
+enum KernelErrorOp : int { kOpIndexSelect = 0, kOpIndexAdd = 1, kOpGather = 2, kOpScatterAdd = 3 };
 
 // Written by a kernel that detects bad input: the first writer claims `code` with atomicCAS and
-// fills a, b, c (for kNllTargetOutOfRange: row, target value, number of classes).
+// fills op, a, b, c (see KernelErrorCode). report_kernel_error (core/cuda/launch.cuh) writes it.
 struct KernelErrorRecord {
   int code;
-  int pad_;
+  int op;
   long long a, b, c;
 };
 

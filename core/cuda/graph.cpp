@@ -63,7 +63,7 @@ void Graph::release_memory() {
   impl_->clear();
   if (impl_->pool == 0) return;
   DeviceGuard guard(device_);
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(compute_stream(device_)));
+  stream_synchronize(compute_stream(device_));
   cuda_allocator(device_).release_private_pool(impl_->pool);
   impl_->pool = 0;
 }

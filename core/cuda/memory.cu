@@ -6,6 +6,8 @@
 //    driver stages the data before the call returns, so the host buffer may be reused at once.
 //    From pinned (page-locked) host memory the copy is truly asynchronous, and nothing tells us
 //    how long the caller keeps the buffer, so we wait for the stream then.
+//  Each upload is counted (host_upload_count), and each wait below is a counted host
+//  synchronisation (core/cuda/context.h's stream_synchronize).
 //  - device -> host: cudaMemcpyAsync, then wait for the source's stream; that wait also surfaces
 //    deferred kernel errors (check_kernel_errors), e.g. an out-of-range nll_loss target.
 //  - device -> other device: the source stream waits for the destination stream's queued work
@@ -186,7 +188,8 @@ void copy_host_to_device(Tensor& dst, const Tensor& src) {
   StreamGuard on(dev);
   TANDEM_CUDA_CHECK(
       cudaMemcpyAsync(target.raw_data(), host.raw_data(), target.nbytes(), cudaMemcpyHostToDevice, on.stream()));
-  if (is_pinned_host(host.raw_data())) TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+  cuda::note_host_upload();
+  if (is_pinned_host(host.raw_data())) cuda::stream_synchronize(on.stream());
   if (!target.is_same(dst)) copy_same_device(dst, target);
 }
 
@@ -200,7 +203,7 @@ void copy_device_to_host(Tensor& dst, const Tensor& src) {
     StreamGuard on(dev);
     TANDEM_CUDA_CHECK(
         cudaMemcpyAsync(host.raw_data(), packed.raw_data(), host.nbytes(), cudaMemcpyDeviceToHost, on.stream()));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+    cuda::stream_synchronize(on.stream());
   }
   check_kernel_errors(dev);
   if (!direct) dst.copy_(host);  // host-to-host: the CPU path casts and handles dst's layout
@@ -281,8 +284,8 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   TANDEM_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(), "add_: ",
                src.str(), " into ", dst.str());
   TANDEM_CHECK(dst.is_contiguous(), "add_: destination must be contiguous, got ", dst.str());
-  TANDEM_CHECK(dst.dtype() == kFloat32 || dst.dtype() == kFloat64, "add_: unsupported dtype ",
-               dtype_name(dst.dtype()), " on CUDA (float32 or float64 expected)");
+  TANDEM_CHECK(dst.dtype() == kFloat32 || dst.dtype() == kFloat64 || dst.dtype() == kInt64, "add_: unsupported dtype ",
+               dtype_name(dst.dtype()), " on CUDA (float32, float64 or int64 expected)");
   const int64_t n = dst.numel();
   if (n == 0) return;
   Tensor s = src.contiguous();
@@ -290,6 +293,9 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   if (dst.dtype() == kFloat32) {
     // The CPU path computes float(alpha) * src in float; so does this.
     launch(on, axpy_kernel<float>, grid_for(n), 256, 0, static_cast<float*>(dst.raw_data()), static_cast<const float*>(s.raw_data()), static_cast<float>(alpha), n);
+  } else if (dst.dtype() == kInt64) {  // alpha is whole (checked by Tensor::add_)
+    launch(on, axpy_kernel<int64_t>, grid_for(n), 256, 0, static_cast<int64_t*>(dst.raw_data()),
+           static_cast<const int64_t*>(s.raw_data()), static_cast<int64_t>(alpha), n);
   } else {
     launch(on, axpy_kernel<double>, grid_for(n), 256, 0, static_cast<double*>(dst.raw_data()), static_cast<const double*>(s.raw_data()), alpha, n);
   }

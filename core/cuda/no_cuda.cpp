@@ -22,6 +22,10 @@ void synchronize(Device device) {
   if (device.is_cuda()) no_cuda("synchronize(cuda)");
 }
 CachingAllocator& cuda_allocator(int) { no_cuda("cuda_allocator"); }
+namespace cuda {
+uint64_t host_sync_count() { return 0; }
+uint64_t host_upload_count() { return 0; }
+}  // namespace cuda
 
 namespace cuda_detail {
 void copy(Tensor&, const Tensor&) { no_cuda("copy to or from a CUDA tensor"); }

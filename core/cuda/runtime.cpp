@@ -58,7 +58,7 @@ class CudaCachingAllocator final : public CachingAllocator {
 
   void backend_release(const std::vector<void*>& blocks) override {
     DeviceGuard guard(device_);
-    TANDEM_CUDA_CHECK(cudaDeviceSynchronize());  // queued work may still use cached blocks
+    cuda::device_synchronize();  // queued work may still use cached blocks
     for (void* p : blocks) TANDEM_CUDA_CHECK(cudaFree(p));
   }
 
@@ -118,7 +118,7 @@ void synchronize(Device device) {
   if (device.is_cpu()) return;
   {
     cuda::StreamGuard on(device.index);
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(on.stream()));
+    cuda::stream_synchronize(on.stream());
   }
   cuda::check_kernel_errors(device.index);
 }

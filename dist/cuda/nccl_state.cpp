@@ -165,6 +165,7 @@ class NcclWork final : public Work {
     order_compute_stream();
     NcclState& s = *state_;
     kc::DeviceGuard guard(s.device);
+    kc::note_host_sync();  // the host waits below until the collective has run
     const auto deadline = Clock::now() + timeout;
     for (int spins = 0;; ++spins) {
       const cudaError_t q = cudaEventQuery(done_->get());

@@ -76,6 +76,9 @@ class GPT : public nn::Module {
   Tensor forward(const Tensor& idx) override {
     const int64_t T = idx.size(1);
     TANDEM_CHECK(T <= config.block_size, "GPT: sequence length ", T, " exceeds block_size ", config.block_size);
+    // The position ids move to the tokens' device once (a module's to() moves only its parameters
+    // and buffers), not on every forward.
+    if (positions_.device() != idx.device()) positions_ = positions_.to(idx.device());
     Tensor x = F::add(wte->forward(idx), wpe->forward(F::narrow(positions_, 0, 0, T)));  // [B, T, C]
     for (size_t i = 0; i < h->size(); ++i) x = (*h)[i]->forward(x);
     return F::linear(ln_f->forward(x), wte->weight, Tensor());  // tied: logits = x wte^T

@@ -3,6 +3,7 @@
 // Assumes: validated by kernels/loss.cpp (ranks, shapes, int64 targets);
 // inputs may be non-contiguous. Target values are checked here, where the
 // data is readable: a value outside [0, C) throws naming the row and value.
+// class_targets: cross_entropy's target pass (kernels/loss.h), throwing at the first bad target.
 // Guarantees: PyTorch's semantics (max-shifted log-sum-exp, NaN rows for +-inf maxima; loss = -mean of
 // the picked log-probabilities, a 0-D tensor of the input's dtype). Rows are
 // split across the pool only when there are many of them.
@@ -120,6 +121,25 @@ Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const 
   return detail::dispatch_float(log_probs.dtype(), "nll_loss_backward", [&](auto t) {
     return nll_backward_impl<decltype(t)>(grad_out, log_probs, target);
   });
+}
+
+ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype) {
+  const int64_t M = target.numel();
+  const std::vector<int64_t> t = target.to_vector<int64_t>();
+  ClassTargets r{Tensor::empty({M}, keep_dtype), Tensor::empty({M, 1}, kInt64)};
+  for (int64_t i = 0; i < M; ++i) {
+    const bool ignored = t[i] == ignore_index;
+    TANDEM_CHECK(ignored || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i], " at position ", i,
+                 " is out of range for ", C, " classes (expected 0 <= target < ", C, " or ignore_index ",
+                 ignore_index, ")");
+    if (keep_dtype == kFloat64) {
+      r.keep.data<double>()[i] = ignored ? 0.0 : 1.0;
+    } else {
+      r.keep.data<float>()[i] = ignored ? 0.0f : 1.0f;
+    }
+    r.safe.data<int64_t>()[i] = ignored ? 0 : t[i];
+  }
+  return r;
 }
 
 }  // namespace tandem::kernels::cpu

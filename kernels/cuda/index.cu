@@ -1,6 +1,9 @@
 // CUDA kernels of kernels/index.h (float32) under tandem::kernels::cuda.
-// Assumes: validated by kernels/index.cpp (indices int64, contiguous, on the operands' device and
-// in range, checked on the host; shapes match).
+// Assumes: validated by kernels/index.cpp (indices int64, contiguous, on the operands' device;
+// shapes match). Index values are NOT checked on the host (that would wait for the device): each
+// kernel checks the index it reads, skips an out-of-range one (writing 0 where it selects) and
+// records it in the device's deferred error record (core/cuda/context.h), thrown at the next
+// read of a result from the device, naming the op, the position, the value and the size.
 // How: index_select and gather run one thread per output element; index_add and scatter_add one
 // thread per source element, adding with atomicAdd into a zeroed output (so the order of the
 // additions into one element, and its float rounding, may change from run to run: results match
@@ -55,29 +58,42 @@ IndexWalk index_walk(const char* op, const Shape& index_shape, const Shape& targ
   return w;
 }
 
+// True when index value j (at `position` of the index) is in [0, size); else reports it for `op`.
+__device__ __forceinline__ bool index_ok(KernelErrorRecord* rec, int op, int64_t position, int64_t j, int64_t size) {
+  if (j >= 0 && j < size) return true;
+  tandem::cuda::report_kernel_error(rec, kIndexOutOfRange, op, position, j, size);
+  return false;
+}
+
 __global__ void index_select_kernel(const float* x, const int64_t* ix, float* out, int64_t n, int64_t k, int64_t inner,
-                                    int64_t total) {
+                                    int64_t total, KernelErrorRecord* rec) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
-    const int64_t i = t % inner, r = t / inner;
-    out[t] = x[((r / k) * n + ix[r % k]) * inner + i];
+    const int64_t i = t % inner, r = t / inner, j = ix[r % k];
+    out[t] = index_ok(rec, tandem::cuda::kOpIndexSelect, r % k, j, n) ? x[((r / k) * n + j) * inner + i] : 0.0f;
   }
 }
 
 __global__ void index_add_kernel(const float* src, const int64_t* ix, float* out, int64_t n, int64_t k, int64_t inner,
-                                 int64_t skip, int64_t total) {
+                                 int64_t skip, int64_t total, KernelErrorRecord* rec) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
     const int64_t i = t % inner, r = t / inner, j = ix[r % k];
-    if (j == skip) continue;
+    if (j == skip || !index_ok(rec, tandem::cuda::kOpIndexAdd, r % k, j, n)) continue;
     atomicAdd(out + ((r / k) * n + j) * inner + i, src[t]);
   }
 }
 
-__global__ void gather_kernel(const float* x, const int64_t* ix, float* out, IndexWalk w, int64_t total) {
-  TANDEM_GRID_STRIDE_LOOP(t, total) { out[t] = x[w.offset(t, ix[t])]; }
+__global__ void gather_kernel(const float* x, const int64_t* ix, float* out, IndexWalk w, int64_t size, int64_t total,
+                              KernelErrorRecord* rec) {
+  TANDEM_GRID_STRIDE_LOOP(t, total) {
+    out[t] = index_ok(rec, tandem::cuda::kOpGather, t, ix[t], size) ? x[w.offset(t, ix[t])] : 0.0f;
+  }
 }
 
-__global__ void scatter_add_kernel(const float* src, const int64_t* ix, float* out, IndexWalk w, int64_t total) {
-  TANDEM_GRID_STRIDE_LOOP(t, total) { atomicAdd(out + w.offset(t, ix[t]), src[t]); }
+__global__ void scatter_add_kernel(const float* src, const int64_t* ix, float* out, IndexWalk w, int64_t size,
+                                   int64_t total, KernelErrorRecord* rec) {
+  TANDEM_GRID_STRIDE_LOOP(t, total) {
+    if (index_ok(rec, tandem::cuda::kOpScatterAdd, t, ix[t], size)) atomicAdd(out + w.offset(t, ix[t]), src[t]);
+  }
 }
 
 // One bmm operand [B, R, C] as cuBLAS reads it: row-major matrices (op N, ld = row stride) or
@@ -120,9 +136,11 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
   Tensor out = Tensor::empty(shape, kFloat32, x.device());
   const int64_t total = out.numel();
   if (total == 0 || k == 0) return out;  // (k == 0 with a 0-D x: nothing selected)
+  KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
   launch(on, index_select_kernel, grid_for(total), 256, 0, in_ptr(x), idx_ptr(index), f32_ptr(out), n, k, inner,
-         total);
+         total, rec);
+  mark_kernel_error_check_pending(dev);
   return out;
 }
 
@@ -134,9 +152,11 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Ten
   Tensor out = Tensor::zeros(shape, kFloat32, src.device());
   const int64_t total = src.numel();
   if (total == 0 || index.numel() == 0) return out;
+  KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
   launch(on, index_add_kernel, grid_for(total), 256, 0, in_ptr(src), idx_ptr(index), f32_ptr(out), n, index.numel(),
-         inner, skip, total);
+         inner, skip, total, rec);
+  mark_kernel_error_check_pending(dev);
   return out;
 }
 
@@ -146,9 +166,11 @@ Tensor gather(const Tensor& x_in, int64_t dim, const Tensor& index) {
   Tensor out = Tensor::empty(index.shape(), kFloat32, x.device());
   const int64_t total = out.numel();
   if (total == 0) return out;
+  KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
   launch(on, gather_kernel, grid_for(total), 256, 0, in_ptr(x), idx_ptr(index), f32_ptr(out),
-         index_walk("gather", index.shape(), x.shape(), dim), total);
+         index_walk("gather", index.shape(), x.shape(), dim), x.dim() == 0 ? int64_t{1} : x.size(dim), total, rec);
+  mark_kernel_error_check_pending(dev);
   return out;
 }
 
@@ -158,9 +180,11 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
   Tensor out = Tensor::zeros(shape, kFloat32, src.device());
   const int64_t total = src.numel();
   if (total == 0) return out;
+  KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
   launch(on, scatter_add_kernel, grid_for(total), 256, 0, in_ptr(src), idx_ptr(index), f32_ptr(out),
-         index_walk("scatter_add", index.shape(), shape, dim), total);
+         index_walk("scatter_add", index.shape(), shape, dim), shape.empty() ? int64_t{1} : shape[dim], total, rec);
+  mark_kernel_error_check_pending(dev);
   return out;
 }
 

@@ -7,7 +7,7 @@
 // kernels skip such rows (never reading or writing out of bounds) and record the first one in the
 // device's kernel-error record (core/cuda/context.h). The error is thrown, naming the row and the value, at
 // the next read of any result from that device (e.g. loss.item()); the loss value itself is then
-// never seen by the caller.
+// never seen by the caller. class_targets (cross_entropy's target pass) reports the same way.
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
@@ -58,11 +58,7 @@ __global__ void log_softmax_backward_kernel(const float* g, const float* y, floa
 }
 
 __device__ void report_bad_target(KernelErrorRecord* rec, int64_t row, int64_t value, int64_t C) {
-  if (atomicCAS(&rec->code, int(kNoKernelError), int(kNllTargetOutOfRange)) == int(kNoKernelError)) {
-    rec->a = row;
-    rec->b = value;
-    rec->c = C;
-  }
+  tandem::cuda::report_kernel_error(rec, kNllTargetOutOfRange, 0, row, value, C);
 }
 
 __global__ void nll_forward_kernel(const float* lp, const int64_t* target, int64_t N, int64_t C, float* out,
@@ -108,7 +104,42 @@ void check_target(const char* op, const Tensor& log_probs, const Tensor& target)
                log_probs.size(0), "], got ", target.str());
 }
 
+template <typename K>
+__global__ void class_targets_kernel(const int64_t* target, int64_t M, int64_t C, int64_t ignore_index, K* keep,
+                                     int64_t* safe, KernelErrorRecord* rec) {
+  TANDEM_GRID_STRIDE_LOOP(i, M) {
+    const int64_t t = target[i];
+    const bool ok = t != ignore_index && t >= 0 && t < C;
+    if (t != ignore_index && !ok) tandem::cuda::report_kernel_error(rec, kClassTargetOutOfRange, 0, i, t, C);
+    keep[i] = ok ? K(1) : K(0);
+    safe[i] = ok ? t : 0;
+  }
+}
+
 }  // namespace
+
+ClassTargets class_targets(const Tensor& target_in, int64_t C, int64_t ignore_index, DType keep_dtype) {
+  const int dev = target_in.device().index;
+  check_device_index(dev);
+  const Tensor target = target_in.contiguous();
+  const int64_t M = target.numel();
+  ClassTargets r{Tensor::empty({M}, keep_dtype, target.device()), Tensor::empty({M, 1}, kInt64, target.device())};
+  if (M == 0) return r;
+  KernelErrorRecord* rec = kernel_error_record(dev);
+  StreamGuard on(dev);
+  const auto* t = static_cast<const int64_t*>(target.raw_data());
+  auto* safe = static_cast<int64_t*>(const_cast<void*>(r.safe.raw_data()));
+  void* keep = const_cast<void*>(r.keep.raw_data());
+  if (keep_dtype == kFloat64) {
+    launch(on, class_targets_kernel<double>, grid_for(M), 256, 0, t, M, C, ignore_index, static_cast<double*>(keep),
+           safe, rec);
+  } else {
+    launch(on, class_targets_kernel<float>, grid_for(M), 256, 0, t, M, C, ignore_index, static_cast<float*>(keep),
+           safe, rec);
+  }
+  mark_kernel_error_check_pending(dev);
+  return r;
+}
 
 Tensor log_softmax_forward(const Tensor& x_in) {
   const char* op = "log_softmax_forward";

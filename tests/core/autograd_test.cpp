@@ -16,6 +16,16 @@ TEST(Autograd, GradientsAccumulateAcrossUses) {
   EXPECT_EQ(a.grad().to_vector<double>(), (std::vector<double>{4, 6, 8}));
 }
 
+// sum's backward broadcasts the incoming 0-D gradient over the input's shape on the gradient's own
+// device (a stride-0 view copied, never read by the host): every element gets exactly that value.
+TEST(Autograd, SumBackwardBroadcastsTheGradient) {
+  Tensor a = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).set_requires_grad(true);
+  F::scale(F::sum(a), 0.1f).backward();
+  ASSERT_EQ(a.grad().shape(), (Shape{2, 3}));
+  EXPECT_TRUE(a.grad().is_contiguous());
+  EXPECT_EQ(a.grad().to_vector<float>(), std::vector<float>(6, 0.1f));
+}
+
 TEST(Autograd, NoGradGuardRecordsNothing) {
   Tensor a = Tensor::ones({2}, kFloat64).set_requires_grad(true);
   NoGradGuard guard;

@@ -5,7 +5,10 @@
 //  - core/ (the device layer, as PyTorch's c10/cuda) includes nothing from the layers above it;
 //  - the cuBLAS loader opens only the major version the build compiled against;
 //  - no device memset or copy runs on the legacy default stream (cudaMemset, cudaMemcpy...): the
-//    compute stream is non-blocking, so nothing would order such a call with the kernels.
+//    compute stream is non-blocking, so nothing would order such a call with the kernels;
+//  - every host synchronisation goes through core/cuda/context.cpp's counted wrappers
+//    (cuda::host_sync_count sees them all): no cudaStreamSynchronize, cudaDeviceSynchronize,
+//    cudaEventSynchronize or synchronous cudaMemcpy anywhere else.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -81,6 +84,28 @@ TEST(CudaSourceRules, NoMemsetOrCopyOnTheLegacyDefaultStream) {
     }
   }
   EXPECT_GT(files, 50) << "the source tree was not found at " << kRoot;
+}
+
+TEST(CudaSourceRules, EveryHostSynchronisationIsCounted) {
+  const std::regex blocking(R"re(\b(cudaStreamSynchronize|cudaDeviceSynchronize|cudaEventSynchronize|cudaMemcpy)\s*\()re");
+  int files = 0;
+  for (const std::string dir : {"core", "kernels", "dist", "nn", "optim", "train", "apps"}) {
+    for (const fs::path& p : sources_under(dir)) {
+      ++files;
+      if (p == kRoot / "core/cuda/context.cpp") continue;
+      std::string text = read(p);
+      text = std::regex_replace(text, std::regex("//[^\n]*"), "");  // comments may name them
+      std::smatch m;
+      EXPECT_FALSE(std::regex_search(text, m, blocking))
+          << fs::relative(p, kRoot).string() << " calls " << m.str()
+          << "...: block the host through cuda::stream_synchronize / device_synchronize (core/cuda/context.h), "
+             "which count it";
+    }
+  }
+  EXPECT_GT(files, 50);
+  const std::string context = read(kRoot / "core/cuda/context.cpp");
+  EXPECT_NE(context.find("cudaStreamSynchronize(stream)"), std::string::npos);
+  EXPECT_NE(context.find("cudaDeviceSynchronize()"), std::string::npos);
 }
 
 TEST(CudaSourceRules, TheCublasLoaderOpensOnlyTheCompiledMajorVersion) {

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "core/allocator.h"
+#include "core/device.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 using namespace tandem;
@@ -14,6 +16,37 @@ TEST(Tensor, ViewsShareStorage) {
   EXPECT_EQ(s.to_vector<float>(), (std::vector<float>{2, 3, 5, 6}));
   s.fill_(0);
   EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 0, 0, 4, 0, 0}));
+}
+
+// int64 counters add in place (BatchNorm's num_batches_tracked counts this way on any device); a
+// fractional alpha has no int64 meaning and is refused, naming it.
+TEST(Tensor, AddInPlaceOnInt64) {
+  Tensor t = Tensor::from_vector<int64_t>({5, -2}, {2});
+  const void* before = t.raw_data();
+  t.add_(Tensor::from_vector<int64_t>({1, 3}, {2}), 2.0);
+  EXPECT_EQ(t.to_vector<int64_t>(), (std::vector<int64_t>{7, 4}));
+  EXPECT_EQ(t.raw_data(), before);
+  try {
+    t.add_(Tensor::from_vector<int64_t>({1, 1}, {2}), 0.5);
+    ADD_FAILURE() << "a fractional alpha on int64 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("alpha must be a whole number for int64 tensors, got 0.5"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Host tensors never block on a device: reading values, copies and synchronize(cpu) leave the
+// host-sync and upload counters where they were.
+TEST(Tensor, HostWorkNeverCountsAsADeviceSynchronisation) {
+  const uint64_t syncs = cuda::host_sync_count(), uploads = cuda::host_upload_count();
+  Tensor t = Tensor::ones({3});
+  Tensor u = t.to(Device::cpu()).clone();
+  u.copy_(t);
+  EXPECT_EQ(u.to_vector<float>(), (std::vector<float>{1, 1, 1}));
+  EXPECT_EQ(Tensor::scalar(2.5).item<double>(), 2.5);
+  synchronize(Device::cpu());
+  EXPECT_EQ(cuda::host_sync_count(), syncs);
+  EXPECT_EQ(cuda::host_upload_count(), uploads);
 }
 
 TEST(CachingAllocator, ASmallerRequestReusesACachedBlockUpToTwiceItsSize) {

@@ -201,3 +201,39 @@ TEST(PowerSgd, FullRankEqualsPlainAllReduceStepAfterStep) {
   }
   run_ranks(2);
 }
+
+// PowerSGD's Gram-Schmidt with tensor ops (the way of CUDA buckets), run on the host: on a slice of
+// a larger buffer (as the hook's P and Q are) the columns come out orthonormal, each spans what the
+// input's first columns spanned (Q^T M is upper triangular), a zero column stays zero, and the
+// buffer around the slice is untouched.
+TEST(PowerSgd, TensorOpOrthogonalisationGivesOrthonormalColumns) {
+  const int64_t rows = 7, cols = 4;
+  std::vector<float> v(rows * cols + 3);
+  Generator gen(21);
+  for (float& x : v) x = static_cast<float>(gen.normal());
+  for (int64_t i = 0; i < rows; ++i) v[1 + i * cols + 2] = 0.0f;  // column 2 is zero
+  const Tensor buffer = Tensor::from_vector(v, {rows * cols + 3});
+  Tensor m = buffer.slice(0, 1, 1 + rows * cols).view({rows, cols});
+  const Tensor before = m.clone();
+  dist::orthogonalize_with_tensor_ops(m);
+  const std::vector<float> q = m.to_vector<float>(), in = before.to_vector<float>(), all = buffer.to_vector<float>();
+  EXPECT_EQ(all.front(), v.front());
+  EXPECT_EQ(all[rows * cols + 1], v[rows * cols + 1]);
+  EXPECT_EQ(all.back(), v.back());
+  auto at = [&](const std::vector<float>& a, int64_t i, int64_t c) { return static_cast<double>(a[i * cols + c]); };
+  for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t k = 0; k < cols; ++k) {
+      double dot = 0, proj = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        dot += at(q, i, c) * at(q, i, k);
+        proj += at(q, i, c) * at(in, i, k);
+      }
+      const double want = (c == k && c != 2) ? 1.0 : 0.0;
+      EXPECT_NEAR(dot, want, 1e-5) << "columns " << c << ", " << k;
+      if (k < c) {
+        EXPECT_NEAR(proj, 0.0, 1e-5) << "column " << c << " against input column " << k;
+      }
+    }
+  }
+  for (int64_t i = 0; i < rows; ++i) EXPECT_EQ(at(q, i, 2), 0.0) << "row " << i;
+}

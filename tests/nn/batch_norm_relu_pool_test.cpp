@@ -162,3 +162,27 @@ TEST(BatchNormReluPoolOp, MnistNetStepMatchesTheUnfusedComposition) {
     EXPECT_LT(max_rel_diff(pf[i].second.grad(), pp[i].second.grad()), 1e-5) << pf[i].first;
   }
 }
+
+// num_batches_tracked counts every training forward (plain, relu, relu + pool) by an in-place add
+// on the buffer itself: the same storage, the count in state_dict, nothing counted in eval.
+TEST(BatchNormReluPoolOp, BatchCounterAddsInPlaceOnTheBuffer) {
+  Generator gen(13);
+  const Tensor x = random_t({2, 3, 4, 4}, gen, -1, 1);
+  nn::BatchNorm2d bn(3);
+  const void* storage = bn.num_batches_tracked.raw_data();
+  bn.forward(x);
+  bn.forward_relu(x);
+  bn.forward_relu_pool2(x);
+  EXPECT_EQ(bn.num_batches_tracked.raw_data(), storage);
+  EXPECT_EQ(bn.num_batches_tracked.dtype(), kInt64);
+  EXPECT_EQ(bn.num_batches_tracked.to_vector<int64_t>(), std::vector<int64_t>{3});
+  bn.eval();
+  bn.forward(x);
+  int found = 0;
+  for (const auto& [name, t] : bn.state_dict()) {
+    if (name != "num_batches_tracked") continue;
+    ++found;
+    EXPECT_EQ(t.to_vector<int64_t>(), std::vector<int64_t>{3});
+  }
+  EXPECT_EQ(found, 1);
+}

@@ -98,6 +98,11 @@ WITH_TESTS=OFF
 [ "$FOR" = test ] && WITH_TESTS=ON
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
+# ccache when installed (it is not required): paths relative to the clone, so that clones share the cache.
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
+  GEN+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
 cached=""
 [ -f "$BUILD_DIR/CMakeCache.txt" ] && cached=$(sed -n 's/^TANDEM_BUILD_TESTS:BOOL=//p' "$BUILD_DIR/CMakeCache.txt")
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ] || { [ "$WITH_TESTS" = ON ] && [ "$cached" != ON ]; }; then

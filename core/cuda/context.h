@@ -131,9 +131,16 @@ void mark_kernel_error_check_pending(int device);
 uint64_t kernel_error_marks(int device);
 // If a kernel that may report was queued since the last check: reads the record after the
 // compute stream's queued work (this waits for the stream), clears it, and throws tandem::Error
-// describing the first error found. Called by every device-to-host copy after its own wait, and by
-// cuda::Graph::replay's callers through the same copies (a replay re-arms the check).
+// describing the first error found. cuda::Graph::replay's callers reach it through the reads below
+// (a replay re-arms the check).
 void check_kernel_errors(int device);
+// The same in two halves, so that a read of a result and the read of the record share one wait:
+// queue_kernel_error_read queues, on `stream` (the device's compute stream), the copy of the record
+// into *out when a check is pending and says whether it did; after the caller's one wait on the
+// stream, raise_kernel_error clears a non-empty record and throws as check_kernel_errors does. Every
+// device-to-host copy and synchronize(device) read the record this way.
+bool queue_kernel_error_read(int device, cudaStream_t stream, KernelErrorRecord* out);
+void raise_kernel_error(int device, const KernelErrorRecord& record);
 
 // ---- random kernels under graph capture ----
 

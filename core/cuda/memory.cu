@@ -199,13 +199,16 @@ void copy_device_to_host(Tensor& dst, const Tensor& src) {
   Tensor packed = src.is_contiguous() ? src : src.contiguous();  // same dtype, on the device
   const bool direct = dst.dtype() == src.dtype() && dst.is_contiguous();
   Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype(), Device::cpu());
+  cuda::KernelErrorRecord record{};
+  bool record_read = false;
   {
     StreamGuard on(dev);
     TANDEM_CUDA_CHECK(
         cudaMemcpyAsync(host.raw_data(), packed.raw_data(), host.nbytes(), cudaMemcpyDeviceToHost, on.stream()));
+    record_read = cuda::queue_kernel_error_read(dev, on.stream(), &record);  // read in the same wait
     cuda::stream_synchronize(on.stream());
   }
-  check_kernel_errors(dev);
+  if (record_read) cuda::raise_kernel_error(dev, record);
   if (!direct) dst.copy_(host);  // host-to-host: the CPU path casts and handles dst's layout
 }
 

@@ -412,8 +412,16 @@ train() {
   fi
   acc=$("$PY" -c 'import json,sys; v=json.loads(sys.argv[1]).get("test_accuracy"); print(v if isinstance(v, (int, float)) else -1)' \
         "$nums" 2>/dev/null || echo -1)
-  if ((RC == 0)) && awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }'; then
-    record "$name" pass "$(since "$t")" "$CMDLINE" "test accuracy $acc (>= $min_acc)" "$nums"
+  local missing=""  # LOG_MUST: regular expressions the run's log must match (one a line), e.g. what DDP built
+  if [[ -n "${LOG_MUST:-}" ]]; then
+    while read -r re; do
+      [[ -z "$re" ]] || grep -qE "$re" "$OUT/logs/$name.log" || missing+="${missing:+; }no log line /$re/"
+    done <<<"$LOG_MUST"
+  fi
+  if ((RC == 0)) && [[ -n "$missing" ]]; then
+    record "$name" fail "$(since "$t")" "$CMDLINE" "$missing" "$nums"
+  elif ((RC == 0)) && awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }'; then
+    record "$name" pass "$(since "$t")" "$CMDLINE" "test accuracy $acc (>= $min_acc)${LOG_MUST:+; log shows $(paste -sd ',' <<<"$LOG_MUST")}" "$nums"
   elif ((RC == 0)); then
     record "$name" fail "$(since "$t")" "$CMDLINE" "test accuracy $acc below $min_acc (or no eval line)" "$nums"
   else
@@ -425,13 +433,17 @@ train() {
 
 COMMON=(--data-dir "$DATA" --seed 1 --log-interval 50)
 DDP=(--epochs 1 --limit 6400 --test-limit 2000 --dist-timeout 60)
+# Each DDP run must show, in its log, the process group it built (one rank included: the trainer builds the
+# group, DDP's reducer and SyncBN for any launched run).
 step_ddp() {
-  train ddp_nccl_1rank 90 0.5 "$RUN" --standalone --nproc-per-node 1 "$MNIST" --launcher pytorch \
-    --device cuda --backend nccl "${DDP[@]}" "${COMMON[@]}"
-  train ddp_gloo_2ranks_1gpu 120 0.5 "$RUN" --standalone --nproc-per-node 2 "$MNIST" --launcher pytorch \
-    --device cuda:0 --backend gloo "${DDP[@]}" "${COMMON[@]}"
-  train ddp_nccl_syncbn_hook 90 0.5 "$RUN" --standalone --nproc-per-node "$NGPU" "$MNIST" --launcher pytorch \
-    --device cuda --backend nccl --sync-bn --comm-hook fp16 "${DDP[@]}" "${COMMON[@]}"
+  LOG_MUST="distributed: 1 ranks over nccl" train ddp_nccl_1rank 90 0.5 "$RUN" --standalone --nproc-per-node 1 \
+    "$MNIST" --launcher pytorch --device cuda --backend nccl "${DDP[@]}" "${COMMON[@]}"
+  LOG_MUST="distributed: 2 ranks over gloo" train ddp_gloo_2ranks_1gpu 120 0.5 "$RUN" --standalone \
+    --nproc-per-node 2 "$MNIST" --launcher pytorch --device cuda:0 --backend gloo "${DDP[@]}" "${COMMON[@]}"
+  LOG_MUST="distributed: $NGPU ranks over nccl
+sync_bn: [0-9]+ BatchNorm layer\(s\) synchronised across $NGPU ranks" train ddp_nccl_syncbn_hook 90 0.5 "$RUN" \
+    --standalone --nproc-per-node "$NGPU" "$MNIST" --launcher pytorch --device cuda --backend nccl --sync-bn \
+    --comm-hook fp16 "${DDP[@]}" "${COMMON[@]}"
 }
 
 step_epochs() {
@@ -609,7 +621,7 @@ step_bench_models() {
     return
   fi
   run bench_models 120 "$PY" "$SRC/bench/compare_models.py" --tandem-bin "$steps" --python "$tp" \
-    --pytorch-script "$SRC/bench/pytorch_models.py" --device cuda --threads 1 --repeats 2 --iters 50 --warmup 10 \
+    --pytorch-script "$SRC/bench/pytorch_models.py" --device cuda --threads 1 --repeats 1 --iters 50 --warmup 10 \
     --timeout 50 --json-out "$OUT/compare_models_gpu.json"
   nums=$("$PY" - "$OUT/compare_models_gpu.json" <<'PY'
 import json, sys
@@ -627,7 +639,7 @@ print(json.dumps(out))
 PY
 )
   if ((RC == 0)); then
-    record bench_models pass "$(since "$t")" "$CMDLINE" "ResNet and GPT steps, median of 2, PyTorch eager ($tp)" "$nums"
+    record bench_models pass "$(since "$t")" "$CMDLINE" "ResNet and GPT steps, 50 timed after 10, one run each side, PyTorch eager ($tp)" "$nums"
   else
     show_tail bench_models
     record bench_models fail "$(since "$t")" "$CMDLINE" "$(why bench_models)" "$nums"

@@ -279,6 +279,8 @@ TEST(DdpOneRank, LaunchedOneRankBuildsGroupReducerAndSyncBnAndMatchesThePlainRun
     read_metrics(tmp / "plain.jsonl", a);
     read_metrics(tmp / (name + ".jsonl"), b);
     ASSERT_EQ(a.losses.size(), 10u);
-    if (!sync_bn) EXPECT_EQ(b.losses, a.losses) << "one launched rank must train bitwise as no launcher";
+    if (!sync_bn) {
+      EXPECT_EQ(b.losses, a.losses) << "one launched rank must train bitwise as no launcher";
+    }
   }
 }

@@ -18,12 +18,14 @@ namespace tandem::kernels {
 TANDEM_HD float tsqrt(float x) { return sqrtf(x); }
 TANDEM_HD double tsqrt(double x) { return sqrt(x); }
 
+// relu as PyTorch's: NaN stays NaN (x != x), so a diverging run shows; the gradient is zero only where
+// the output is <= 0 (threshold_backward's rule), so a NaN passes its gradient on.
 struct ReluForward {
-  template <typename T> TANDEM_HD T operator()(T x) const { return x > T(0) ? x : T(0); }
+  template <typename T> TANDEM_HD T operator()(T x) const { return x > T(0) || x != x ? x : T(0); }
 };
 
-struct ReluBackward {  // from the output: relu'(x) = y > 0
-  template <typename T> TANDEM_HD T operator()(T grad, T y) const { return y > T(0) ? grad : T(0); }
+struct ReluBackward {  // from the output: relu'(x) = !(y <= 0)
+  template <typename T> TANDEM_HD T operator()(T grad, T y) const { return y <= T(0) ? T(0) : grad; }
 };
 
 // torch.optim.SGD: d = g + wd*p; buf = first ? d : momentum*buf + (1-dampening)*d;

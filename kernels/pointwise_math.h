@@ -114,7 +114,7 @@ TANDEM_HD T apply_unary_grad(UnaryOp op, T g, T x, T y) {
     case UnaryOp::Rsqrt: return T(-0.5) * g * y * y * y;
     case UnaryOp::Tanh: return g * (T(1) - y * y);
     case UnaryOp::Sigmoid: return g * y * (T(1) - y);
-    case UnaryOp::Relu: return y > T(0) ? g : T(0);
+    case UnaryOp::Relu: return y <= T(0) ? T(0) : g;  // NaN passes its gradient, as threshold_backward
     case UnaryOp::Gelu: {
       const T cdf = T(0.5) * (T(1) + terf(x * T(kSqrt1_2)));
       const T pdf = T(kInvSqrt2Pi) * texp(T(-0.5) * x * x);

@@ -3,6 +3,7 @@
 // device: a host target throws at once, a CUDA one reports through the deferred kernel-error record.
 #include "nn/losses.h"
 
+#include <limits>
 #include <vector>
 
 #include "core/view.h"
@@ -63,12 +64,20 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_i
   }
   if (reduction == "none") return reshape(loss, target.shape());
   if (reduction == "sum") return sum(loss);
-  // The mean over the kept targets: their count is read on the host only when it lives there.
+  // The mean over the kept targets: their count is read on the host only when it lives there. With
+  // every target ignored the mean is NaN (0 / 0) but the gradient is zero, as PyTorch's: the
+  // division is by max(count, 1), whose gradient reaches no kept row, and the NaN is added as a
+  // constant (no gradient), so one batch of padding cannot poison the weights.
   if (keep.device().is_cpu()) {
     const Tensor kept = kernels::sum(keep);
-    return div(sum(loss), kept.dtype() == kFloat64 ? kept.item<double>() : kept.item<float>());
+    const double k = kept.dtype() == kFloat64 ? kept.item<double>() : kept.item<float>();
+    if (k == 0) return add(sum(loss), std::numeric_limits<double>::quiet_NaN());
+    return div(sum(loss), k);
   }
-  return div(sum(loss), kernels::sum(keep));
+  const Tensor kept = kernels::sum(keep);
+  const Tensor none_kept = eq(kept, 0.0).to(kept.dtype());  // 1 when nothing is kept, else 0
+  const Tensor nan_if_none = sub(div(kept, kept), 1.0);      // kept / kept: 1, or NaN for 0 / 0
+  return add(div(sum(loss), add(kept, none_kept)), nan_if_none);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {

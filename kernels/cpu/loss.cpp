@@ -34,8 +34,8 @@ Tensor log_softmax_impl(const Tensor& x_in) {
       for (int64_t c = 1; c < C; ++c) m = xr[c] > m ? xr[c] : m;
       T s = 0;
       for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
-      const T shift = m + std::log(s);
-      for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] - shift;
+      const T ls = std::log(s);
+      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) - ls;  // (x - max) first, as PyTorch
     }
   });
   return y;

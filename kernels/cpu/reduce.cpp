@@ -175,7 +175,7 @@ Tensor softmax_forward(const Tensor& x_in, int64_t dim, bool log) {
           out_row = (row - mx).exp();
           const double s = out_row.template cast<double>().sum();
           if (log) {
-            out_row = row - (mx + T(std::log(s)));
+            out_row = (row - mx) - T(std::log(s));  // (x - max) first: exact, whatever max's size
           } else {
             out_row *= T(1.0 / s);
           }
@@ -192,8 +192,8 @@ Tensor softmax_forward(const Tensor& x_in, int64_t dim, bool log) {
           s += static_cast<double>(e);
         }
         if (log) {
-          const T lse = mx + T(std::log(s));
-          for (int64_t c = 0; c < n; ++c) o[base + c * inner] = p[base + c * inner] - lse;
+          const T ls = T(std::log(s));
+          for (int64_t c = 0; c < n; ++c) o[base + c * inner] = (p[base + c * inner] - mx) - ls;
         } else {
           const T inv = T(1.0 / s);
           for (int64_t c = 0; c < n; ++c) o[base + c * inner] *= inv;

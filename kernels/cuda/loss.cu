@@ -39,9 +39,9 @@ __global__ void log_softmax_forward_kernel(const float* x, float* y, int64_t N, 
   float s = 0.0f;
   for (int64_t j = lane; j < C; j += 32) s += expf(xr[j] - m);
   s = warp_all_sum(s);
-  const float lse = m + logf(s);
+  const float ls = logf(s);
   float* yr = y + row * C;
-  for (int64_t j = lane; j < C; j += 32) yr[j] = xr[j] - lse;
+  for (int64_t j = lane; j < C; j += 32) yr[j] = (xr[j] - m) - ls;  // (x - max) first, as PyTorch
 }
 
 __global__ void log_softmax_backward_kernel(const float* g, const float* y, float* dx, int64_t N, int64_t C) {

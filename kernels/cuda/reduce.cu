@@ -136,7 +136,7 @@ __device__ __forceinline__ void softmax_write(const float* p, float* o, int64_t 
                                               bool log) {
   const float v = p[c * step];
   if (log) {
-    o[c * step] = v - (mx + static_cast<float>(::log(s)));
+    o[c * step] = (v - mx) - static_cast<float>(::log(s));  // (x - max) first, as PyTorch
   } else {
     o[c * step] = expf(v - mx) * static_cast<float>(1.0 / s);
   }

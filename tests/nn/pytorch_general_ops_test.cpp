@@ -151,6 +151,19 @@ TEST(PytorchGeneralOps, SoftmaxAndLosses) {
   check_case("mse_mean", {"a", "b"}, {}, [](In& in) { return Fn::mse_loss(in["a"], in["b"]); });
 }
 
+// The three places where Tandem departed from PyTorch: relu of NaN, log_softmax of large logits (the
+// max must be subtracted before log(sum) is), and cross_entropy with every target ignored (NaN mean,
+// zero gradient, not NaN gradients).
+TEST(PytorchGeneralOps, NanLargeLogitsAndAllIgnoredTargetsAsPytorch) {
+  check_case("relu_nan", {"x"}, {}, [](In& in) { return Fn::relu(in["x"]); });
+  check_case("log_softmax_large", {"x"}, {}, [](In& in) { return Fn::log_softmax(in["x"], 1); });
+  check_case("ce_large_logits", {"x"}, {"target"}, [](In& in) { return Fn::cross_entropy(in["x"], in["target"]); });
+  check_case("ce_all_ignored_mean", {"x"}, {"target"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.1); });
+  check_case("ce_all_ignored_sum", {"x"}, {"target"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.0, "sum"); });
+}
+
 TEST(PytorchGeneralOps, LayerNormAndEmbedding) {
   check_case("layer_norm_affine", {"x", "w", "b"}, {},
              [](In& in) { return Fn::layer_norm(in["x"], {3, 4}, in["w"], in["b"]); });

@@ -55,9 +55,9 @@ void bn_relu_row_vec(const float* x, float* y, int64_t n, float a, float b) {
   }
 }
 
-// The relu mask of the lanes m: fma(x, a, b) > 0.
+// The relu mask of the lanes m: !(fma(x, a, b) <= 0), so a NaN passes its gradient (threshold_backward's rule).
 inline __mmask16 relu_mask(__mmask16 m, __m512 xv, __m512 va, __m512 vb) {
-  return _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), _mm512_setzero_ps(), _CMP_GT_OQ);
+  return _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), _mm512_setzero_ps(), _CMP_NLE_UQ);
 }
 
 void bn_relu_sums_row_vec(const float* dy, const float* x, int64_t n, float a, float b, float mean,
@@ -109,7 +109,7 @@ void bn_relu_row(const T* x, T* y, int64_t n, T a, T b) {
   }
 }
 
-// With d = (fma(x, a, b) > 0 ? dy : 0): s_dy += sum d, s_dy_xmu += sum d * (x - mean).
+// With d = (fma(x, a, b) <= 0 ? 0 : dy): s_dy += sum d, s_dy_xmu += sum d * (x - mean).
 template <typename T>
 void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, double& s_dy, double& s_dy_xmu) {
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
@@ -117,7 +117,7 @@ void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, doub
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T d = bn_affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
+    const T d = bn_affine_value(x[i], a, b) <= T(0) ? T(0) : dy[i];
     t1 += d;
     t2 += d * (x[i] - mean);
   }
@@ -125,15 +125,21 @@ void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, doub
   s_dy_xmu += t2;
 }
 
-// gx = (d - grad_mean - (x - mean) * k) * scale with d as above (training); gx = d * scale (eval,
-// where grad_mean = k = 0 gives the same formula).
+// gx = (d - grad_mean - (x - mean) * k) * scale with d as above (training); gx = d * scale (eval: x
+// takes no part, so a NaN x that passes its gradient gives dy * scale there, as PyTorch's eval
+// backward; for finite x the training formula with grad_mean = k = 0 has the same bits).
 template <typename T>
-void bn_relu_grad_row(const T* dy, const T* x, T* gx, int64_t n, T a, T b, T mean, T grad_mean, T k, T scale) {
+void bn_relu_grad_row(const T* dy, const T* x, T* gx, int64_t n, T a, T b, T mean, T grad_mean, T k, T scale,
+                      bool eval = false) {
+  if (eval) {
+    for (int64_t i = 0; i < n; ++i) gx[i] = (bn_affine_value(x[i], a, b) <= T(0) ? T(0) : dy[i]) * scale;
+    return;
+  }
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
   if constexpr (std::is_same_v<T, float>) return bn_relu_grad_row_vec(dy, x, gx, n, a, b, mean, grad_mean, k, scale);
 #endif
   for (int64_t i = 0; i < n; ++i) {
-    const T d = bn_affine_value(x[i], a, b) > T(0) ? dy[i] : T(0);
+    const T d = bn_affine_value(x[i], a, b) <= T(0) ? T(0) : dy[i];
     gx[i] = (d - grad_mean - (x[i] - mean) * k) * scale;
   }
 }
@@ -244,7 +250,8 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         for (int64_t n = 0; n < l.N; ++n) {
           if (relu) {
             const int64_t off = (n * l.C + c) * l.HW;
-            bn_relu_grad_row<T>(gyp + off, xp + off, gxp + off, l.HW, alpha, beta, mean, T(0), T(0), scale);
+            bn_relu_grad_row<T>(gyp + off, xp + off, gxp + off, l.HW, alpha, beta, mean, T(0), T(0), scale,
+                                /*eval=*/true);
             continue;
           }
           const int64_t off = (n * l.C + c) * l.HW;

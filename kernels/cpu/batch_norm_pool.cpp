@@ -10,7 +10,8 @@
 //   max_pool2d(batch_norm_relu(x)). Written: the pooled output, the codes and the winning x values
 //   (pooled size each); the full-size activations never exist.
 // - backward, per channel, two passes: (1) over the pooled elements only (winner, dy): d = dy where
-//   fma(x_win, a, b) > 0 (relu'(0) = 0, NaN masks out, as batch_norm_relu_backward), else 0, kept in
+//   !(fma(x_win, a, b) <= 0) (relu'(0) = 0, a NaN passes dy, as batch_norm_relu_backward and
+//   PyTorch's threshold_backward), else 0, kept in
 //   a pooled-size scratch, with the sums of d and d * (x_win - mean); (2) over every x element:
 //   gx = (d_here - grad_mean - (x - mean) * k) * scale, d_here being d at the winning position (the
 //   code) and 0 elsewhere (also on the last row/column an odd H/W leaves out of pooling). Same
@@ -135,7 +136,7 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
     const __mmask16 m = lane_mask(n - i);
     const __m512 xv = _mm512_maskz_loadu_ps(m, xw + i);
     // The relu mask as batch_norm_relu_backward computes it at that position.
-    const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+    const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_NLE_UQ);
     const __m512 dv = _mm512_maskz_loadu_ps(pos, dy + i);
     _mm512_mask_storeu_ps(d + i, m, dv);
     s1 = _mm512_add_ps(s1, dv);
@@ -252,8 +253,8 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
   __m256 s1 = z, s2 = z;
   for (int64_t i = 0; i < n; i += kFloatLanes) {
     const __m256 xv = load_first(xw + i, n - i);
-    // The relu mask as the scalar rows compute it: fma(x, a, b) > 0; dy is 0 past the end.
-    const __m256 pos = _mm256_cmp_ps(_mm256_fmadd_ps(xv, va, vb), z, _CMP_GT_OQ);
+    // The relu mask as the scalar rows compute it: !(fma(x, a, b) <= 0); dy is 0 past the end.
+    const __m256 pos = _mm256_cmp_ps(_mm256_fmadd_ps(xv, va, vb), z, _CMP_NLE_UQ);
     const __m256 dv = _mm256_and_ps(load_first(dy + i, n - i), pos);
     store_first(d + i, dv, n - i);
     s1 = _mm256_add_ps(s1, dv);
@@ -321,7 +322,7 @@ void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* 
   }
 }
 
-// ---- backward pass 1: one pooled plane of n values. d = dy where fma(xw, a, b) > 0 (xw: x at the
+// ---- backward pass 1: one pooled plane of n values. d = dy where !(fma(xw, a, b) <= 0) (xw: x at the
 // winning position), else 0, into d; adds the plane's sums into s. ----
 template <typename T>
 void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* d, GradSums<T>& s) {
@@ -330,7 +331,7 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T dv = bn_affine_value(xw[i], a, b) > T(0) ? dy[i] : T(0);
+    const T dv = bn_affine_value(xw[i], a, b) <= T(0) ? T(0) : dy[i];
     d[i] = dv;
     t1 += dv;
     t2 += dv * (xw[i] - mean);
@@ -341,11 +342,15 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
 
 // ---- backward pass 2: one plane. gx[h, w] = (d_here - grad_mean - (x - mean) * k) * scale with
 // d_here = d[h / 2, w / 2] where code[h / 2, w / 2] == 2 * (h & 1) + (w & 1), h < 2P and w < 2Q; else 0. ----
+// Eval (grad_mean = k = 0): gx = d_here * scale, x taking no part (a NaN x whose window it won gets
+// dy * scale, as PyTorch's eval backward; finite x give the same bits either way).
 template <typename T>
 void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g, T mean, T grad_mean, T k,
-                      T scale, T* gx) {
+                      T scale, T* gx, bool eval) {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
-  if constexpr (std::is_same_v<T, float>) return input_grad_plane_vec(x, d, code, g, mean, grad_mean, k, scale, gx);
+  if constexpr (std::is_same_v<T, float>) {
+    if (!eval) return input_grad_plane_vec(x, d, code, g, mean, grad_mean, k, scale, gx);
+  }
 #endif
   const int64_t W = g.W, Q = g.Q;
   for (int64_t h = 0; h < g.H; ++h) {
@@ -354,7 +359,7 @@ void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g
       const int64_t i = (h / 2) * Q + w / 2;
       T dv = T(0);
       if (pooled && w < 2 * Q && code[i] == 2 * (h & 1) + (w & 1)) dv = d[i];
-      gx[h * W + w] = (dv - grad_mean - (x[h * W + w] - mean) * k) * scale;
+      gx[h * W + w] = eval ? dv * scale : (dv - grad_mean - (x[h * W + w] - mean) * k) * scale;
     }
   }
 }
@@ -454,7 +459,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const int64_t off = (n * l.C + c) * l.HW, o = (n * l.C + c) * PQ;
         prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
         prefetch_next_plane(kp + c * PQ, n, l.N, l.C * PQ, PQ);
-        input_grad_plane<T>(xp + off, dp + o, kp + o, g, mean, grad_mean, k, scale, gxp + off);
+        input_grad_plane<T>(xp + off, dp + o, kp + o, g, mean, grad_mean, k, scale, gxp + off, !training);
       }
     }
   });

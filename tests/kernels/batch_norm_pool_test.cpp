@@ -237,6 +237,10 @@ TEST(BatchNormReluPool, NaNCountsAsTheMaximum) {
         EXPECT_EQ(k[3 + 1], 2);
         EXPECT_EQ(k[3 * 9], 3);
         EXPECT_TRUE(std::isnan(values(got.f.output)[0]));
+        // A NaN that wins its window passes its gradient on through relu, as PyTorch's threshold_backward
+        // (zero only where the output is <= 0): eval's input gradient there is dy * invstd * weight.
+        const double g_nan = values(got.grads.input)[1];
+        EXPECT_TRUE(std::isfinite(g_nan) && g_nan != 0.0) << g_nan;
       }
       EXPECT_TRUE(close_or_both_nan(got.grads.input, ref.grads.input, grad_tol(dtype)));
       EXPECT_TRUE(close_or_both_nan(got.grads.weight, ref.grads.weight, grad_tol(dtype)));

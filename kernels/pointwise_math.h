@@ -53,9 +53,12 @@ TANDEM_HD T apply_binary_grad(BinaryOp op, int which, T g, T a, T b, T y) {
       return (a == T(0) && b >= T(0)) ? T(0) : g * y * tlog(a);
     case BinaryOp::Maximum:
     case BinaryOp::Minimum: {
+      // PyTorch's rule: ties split the gradient; an operand gets none only where it strictly loses, so
+      // where a NaN is involved (no order) both operands get all of it.
       if (a == b) return g / T(2);
-      const bool a_wins = op == BinaryOp::Maximum ? a > b : a < b;
-      return (which == 0) == a_wins ? g : T(0);
+      const T mine = which == 0 ? a : b, other = which == 0 ? b : a;
+      const bool loses = op == BinaryOp::Maximum ? mine < other : mine > other;
+      return loses ? T(0) : g;
     }
   }
   return g;

@@ -162,6 +162,8 @@ TEST(PytorchGeneralOps, NanLargeLogitsAndAllIgnoredTargetsAsPytorch) {
              [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.1); });
   check_case("ce_all_ignored_sum", {"x"}, {"target"},
              [](In& in) { return Fn::cross_entropy(in["x"], in["target"], -100, 0.0, "sum"); });
+  check_case("maximum_nan", {"a", "b"}, {}, [](In& in) { return Fn::maximum(in["a"], in["b"]); });
+  check_case("minimum_nan", {"a", "b"}, {}, [](In& in) { return Fn::minimum(in["a"], in["b"]); });
 }
 
 TEST(PytorchGeneralOps, LayerNormAndEmbedding) {

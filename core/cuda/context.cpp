@@ -141,28 +141,18 @@ bool set_capture_replay_counter(int device, uint64_t* counter) {
   return pd.replay_counter_read.exchange(false, std::memory_order_acq_rel);
 }
 
-bool queue_kernel_error_read(int device, cudaStream_t stream, KernelErrorRecord* out) {
-  if (device < 0 || device >= kMaxDevices) return false;
-  PerDevice& pd = per_device()[device];
-  if (!pd.error_check_pending.exchange(false, std::memory_order_acq_rel)) return false;
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(out, pd.record, sizeof(*out), cudaMemcpyDeviceToHost, stream));
-  return true;
-}
-
-void check_kernel_errors(int device) {
-  if (device < 0 || device >= kMaxDevices) return;
+void wait_and_check_kernel_errors(int device) {
   KernelErrorRecord host{};
-  StreamGuard on(device);
-  if (!queue_kernel_error_read(device, on.stream(), &host)) return;
-  stream_synchronize(on.stream());
-  raise_kernel_error(device, host);
-}
-
-void raise_kernel_error(int device, const KernelErrorRecord& host) {
-  if (host.code == kNoKernelError) return;
   {
     StreamGuard on(device);
-    TANDEM_CUDA_CHECK(cudaMemsetAsync(per_device()[device].record, 0, sizeof(KernelErrorRecord), on.stream()));
+    PerDevice& pd = per_device()[device];
+    const bool pending = pd.error_check_pending.exchange(false, std::memory_order_acq_rel);
+    if (pending) {  // queued behind the caller's work, so read in the same wait
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(&host, pd.record, sizeof(host), cudaMemcpyDeviceToHost, on.stream()));
+    }
+    stream_synchronize(on.stream());
+    if (!pending || host.code == kNoKernelError) return;
+    TANDEM_CUDA_CHECK(cudaMemsetAsync(pd.record, 0, sizeof(KernelErrorRecord), on.stream()));
   }
   const std::string where = " (found by a CUDA kernel on cuda:" + std::to_string(device) +
                             "; reported at the next read of a result from that device)";

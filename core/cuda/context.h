@@ -107,7 +107,7 @@ enum KernelErrorCode : int {
   kClassTargetOutOfRange = 3,  // cross_entropy; a: position, b: target value, c: number of classes
 };
 
-// Which op wrote a kIndexOutOfRange record (names in check_kernel_errors).
+// Which op wrote a kIndexOutOfRange record (names in wait_and_check_kernel_errors).
 enum KernelErrorOp : int { kOpIndexSelect = 0, kOpIndexAdd = 1, kOpGather = 2, kOpScatterAdd = 3 };
 
 // Written by a kernel that detects bad input: the first writer claims `code` with atomicCAS and
@@ -129,18 +129,12 @@ void mark_kernel_error_check_pending(int device);
 // before and after a capture to learn whether the captured work may report, and if so re-arms the
 // check after every replay.
 uint64_t kernel_error_marks(int device);
-// If a kernel that may report was queued since the last check: reads the record after the
-// compute stream's queued work (this waits for the stream), clears it, and throws tandem::Error
-// describing the first error found. cuda::Graph::replay's callers reach it through the reads below
-// (a replay re-arms the check).
-void check_kernel_errors(int device);
-// The same in two halves, so that a read of a result and the read of the record share one wait:
-// queue_kernel_error_read queues, on `stream` (the device's compute stream), the copy of the record
-// into *out when a check is pending and says whether it did; after the caller's one wait on the
-// stream, raise_kernel_error clears a non-empty record and throws as check_kernel_errors does. Every
-// device-to-host copy and synchronize(device) read the record this way.
-bool queue_kernel_error_read(int device, cudaStream_t stream, KernelErrorRecord* out);
-void raise_kernel_error(int device, const KernelErrorRecord& record);
+// Waits for the device's compute stream (one counted host synchronisation) and, if a kernel that may
+// report was queued since the last check, reads the record in that same wait, clears it, and throws
+// tandem::Error describing the first error found. Every device-to-host copy (after queueing its copy)
+// and synchronize(device) end with it; cuda::Graph::replay's callers reach it through them (a replay
+// re-arms the check).
+void wait_and_check_kernel_errors(int device);
 
 // ---- random kernels under graph capture ----
 

@@ -9,7 +9,7 @@
 //  Each upload is counted (host_upload_count), and each wait below is a counted host
 //  synchronisation (core/cuda/context.h's stream_synchronize).
 //  - device -> host: cudaMemcpyAsync, then wait for the source's stream; that wait also surfaces
-//    deferred kernel errors (check_kernel_errors), e.g. an out-of-range nll_loss target.
+//    deferred kernel errors (wait_and_check_kernel_errors), e.g. an out-of-range nll_loss target.
 //  - device -> other device: the source stream waits for the destination stream's queued work
 //    (an event), copies peer-to-peer, and the destination stream waits for the copy (an event).
 // Layouts and dtypes: same-dtype contiguous copies are one memcpy. Anything else (strided views,
@@ -29,7 +29,7 @@
 namespace tandem::cuda_detail {
 namespace {
 
-using cuda::check_kernel_errors;
+using cuda::wait_and_check_kernel_errors;
 using cuda::compute_stream;
 using cuda::DeviceGuard;
 using cuda::grid_for;
@@ -199,16 +199,12 @@ void copy_device_to_host(Tensor& dst, const Tensor& src) {
   Tensor packed = src.is_contiguous() ? src : src.contiguous();  // same dtype, on the device
   const bool direct = dst.dtype() == src.dtype() && dst.is_contiguous();
   Tensor host = direct ? dst : Tensor::empty(src.shape(), src.dtype(), Device::cpu());
-  cuda::KernelErrorRecord record{};
-  bool record_read = false;
   {
     StreamGuard on(dev);
     TANDEM_CUDA_CHECK(
         cudaMemcpyAsync(host.raw_data(), packed.raw_data(), host.nbytes(), cudaMemcpyDeviceToHost, on.stream()));
-    record_read = cuda::queue_kernel_error_read(dev, on.stream(), &record);  // read in the same wait
-    cuda::stream_synchronize(on.stream());
   }
-  if (record_read) cuda::raise_kernel_error(dev, record);
+  wait_and_check_kernel_errors(dev);  // the copy and the error record's read in one wait
   if (!direct) dst.copy_(host);  // host-to-host: the CPU path casts and handles dst's layout
 }
 

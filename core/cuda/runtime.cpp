@@ -116,14 +116,7 @@ void set_cuda_device(int index) { cuda::set_device(index); }
 
 void synchronize(Device device) {
   if (device.is_cpu()) return;
-  cuda::KernelErrorRecord record{};
-  bool record_read = false;
-  {
-    cuda::StreamGuard on(device.index);
-    record_read = cuda::queue_kernel_error_read(device.index, on.stream(), &record);  // one wait for both
-    cuda::stream_synchronize(on.stream());
-  }
-  if (record_read) cuda::raise_kernel_error(device.index, record);
+  cuda::wait_and_check_kernel_errors(device.index);
 }
 
 CachingAllocator& cuda_allocator(int device) {

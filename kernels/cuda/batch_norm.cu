@@ -56,6 +56,13 @@ __device__ __forceinline__ void for_channel_range(int64_t c, int64_t C, int64_t 
 
 __device__ __forceinline__ int64_t range_start(int64_t part, int64_t parts, int64_t m) { return part * m / parts; }
 
+// Channel c's parts added in order: partial[(c * parts + p) * width + k] over p.
+__device__ __forceinline__ double sum_parts(const double* partial, int64_t c, int64_t parts, int width = 1, int k = 0) {
+  double s = 0;
+  for (int64_t p = 0; p < parts; ++p) s += partial[(c * parts + p) * width + k];
+  return s;
+}
+
 // partial[c * parts + p] = sum over part p of channel c of (x - shift[c])^k, k = 1 without shift, 2 with it.
 __global__ void channel_partials_kernel(const float* x, const double* shift, int64_t C, int64_t S, int64_t m,
                                         int64_t parts, double* partial) {
@@ -72,11 +79,7 @@ __global__ void channel_partials_kernel(const float* x, const double* shift, int
 
 // mean[c] = the parts' sum / M.
 __global__ void channel_mean_kernel(const double* partial, int64_t parts, int64_t C, int64_t m, double* mean) {
-  TANDEM_GRID_STRIDE_LOOP(c, C) {
-    double s = 0;
-    for (int64_t p = 0; p < parts; ++p) s += partial[c * parts + p];
-    mean[c] = s / double(m);
-  }
+  TANDEM_GRID_STRIDE_LOOP(c, C) { mean[c] = sum_parts(partial, c, parts) / double(m); }
 }
 
 // From the parts of the squared deviations: the saved statistics and the running ones.
@@ -84,9 +87,7 @@ __global__ void channel_stats_kernel(const double* partial, const double* mean_d
                                      double eps, double momentum, float* save_mean, float* save_invstd,
                                      float* running_mean, float* running_var) {
   TANDEM_GRID_STRIDE_LOOP(c, C) {
-    double s = 0;
-    for (int64_t p = 0; p < parts; ++p) s += partial[c * parts + p];
-    const double mean = mean_d[c], var = s / double(m);
+    const double mean = mean_d[c], var = sum_parts(partial, c, parts) / double(m);
     save_mean[c] = static_cast<float>(mean);
     save_invstd[c] = static_cast<float>(1.0 / sqrt(var + eps));
     if (running_mean) running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * mean);
@@ -135,13 +136,8 @@ __global__ void grad_partials_kernel(const float* dy, const float* x, const floa
 // sum_dy[c], sum_dy_xmu[c]: the parts added in order.
 __global__ void grad_sums_kernel(const double* partial, int64_t parts, int64_t C, float* sum_dy, float* sum_dy_xmu) {
   TANDEM_GRID_STRIDE_LOOP(c, C) {
-    double a = 0, b = 0;
-    for (int64_t p = 0; p < parts; ++p) {
-      a += partial[(c * parts + p) * 2];
-      b += partial[(c * parts + p) * 2 + 1];
-    }
-    sum_dy[c] = static_cast<float>(a);
-    sum_dy_xmu[c] = static_cast<float>(b);
+    sum_dy[c] = static_cast<float>(sum_parts(partial, c, parts, 2, 0));
+    sum_dy_xmu[c] = static_cast<float>(sum_parts(partial, c, parts, 2, 1));
   }
 }
 

@@ -43,7 +43,6 @@ namespace tandem::kernels::cuda {
 
 using tandem::cuda::capture_replay_counter;
 using tandem::cuda::check_device_index;
-using tandem::cuda::check_kernel_errors;
 using tandem::cuda::compute_stream;
 using tandem::cuda::DeviceGuard;
 using tandem::cuda::grid_for;

@@ -332,11 +332,10 @@ step_libraries() {
     return 1
   fi
   export LD_LIBRARY_PATH=$dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  bad=$(for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/*.so*; do
-          ldd "$f" 2>&1 | grep -E 'not found|No such file' | sed "s|^|$(basename "$f"): |"
-        done)
-  { echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; for f in "$BUNDLE"/bin/*; do echo "== $f"; ldd "$f"; done; } \
-    >>"$OUT/logs/libraries.log" 2>&1
+  local ldd_log=$OUT/logs/libraries.ldd.log
+  { echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"; for f in "$BUNDLE"/bin/* "$BUNDLE"/lib/*.so*; do
+      echo "== $(basename "$f")"; ldd "$f" 2>&1; done; } >"$ldd_log"
+  bad=$(awk '/^== / {f = $2} /not found|No such file/ {print f ": " $0}' "$ldd_log")
   if [[ -n "$bad" ]]; then
     record libraries fail "$(since "$t")" "$CMDLINE; ldd bin/* lib/*" "$(head -c 600 <<<"$bad" | paste -sd ';')"
     return 1

@@ -19,6 +19,12 @@
 //                     AllreduceHalvingDoubling<float> (constructed once per size, run() per iteration)
 //   nccl              ProcessGroupNccl via make_process_group("nccl"), registered only when this build has
 //                     CUDA and a device is visible
+// The collectives of sharding, on the engine's groups (engine, engine_tcp, nccl as above); <bytes> is
+// the full buffer (reduce-scatter's input, all-gather's output), each rank's shard is bytes/world:
+//   rs_engine, rs_engine_tcp, rs_nccl   ProcessGroup::reduce_scatter_tensor (sum) then Work::wait
+//   ag_engine, ag_engine_tcp, ag_nccl   ProcessGroup::all_gather_into_tensor then Work::wait
+// Their bus bandwidth is (n-1)/n * bytes / time (each rank sends and receives that much at best, as
+// nccl-tests counts it); all-reduce's is 2(n-1)/n * bytes / time.
 // Every iteration starts after a barrier (not timed) so each rank times the collective itself; the
 // time is rank 0's (manual time). Iteration counts are fixed per size (not adaptive), so every rank
 // runs the same collectives: pass the same flags to every rank. Counters: bytes, busbw_GBps =
@@ -54,11 +60,11 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
-#include "dist/env.h"
-#include "dist/gloo_store_adapter.h"
-#include "dist/process_group_factory.h"
-#include "dist/process_group_gloo.h"
-#include "dist/tcp_store.h"
+#include "dist/store/env.h"
+#include "dist/group/gloo_store_adapter.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/group/process_group_gloo.h"
+#include "dist/store/tcp_store.h"
 
 namespace {
 
@@ -93,9 +99,17 @@ int64_t iterations_for(int64_t bytes) {
   return std::clamp<int64_t>(g_budget_bytes / bytes, 3, g_max_iterations);
 }
 
-void set_counters(benchmark::State& state, int64_t bytes, std::vector<double> times) {
+// How many times the buffer's bytes each rank must move at best: 2(n-1)/n for an all-reduce,
+// (n-1)/n for a reduce-scatter or an all-gather.
+double bus_factor(bool allreduce) {
   const int n = job().world;
-  const double bus = n > 1 ? 2.0 * (n - 1) / n : 1.0;
+  if (n <= 1) return 1.0;
+  return (allreduce ? 2.0 : 1.0) * (n - 1) / n;
+}
+
+void set_counters(benchmark::State& state, int64_t bytes, std::vector<double> times, bool allreduce) {
+  const int n = job().world;
+  const double bus = bus_factor(allreduce);
   const auto iters = static_cast<int64_t>(times.size());
   double seconds = 0;
   for (double t : times) seconds += t;
@@ -114,12 +128,13 @@ void set_counters(benchmark::State& state, int64_t bytes, std::vector<double> ti
 // Runs `op` once untimed (checking `check` afterwards), then once per iteration after a barrier,
 // timing each run.
 void time_loop(benchmark::State& state, int64_t bytes, const std::function<void()>& reset,
-               const std::function<void()>& op, const std::function<bool()> check) {
+               const std::function<void()>& op, const std::function<bool()> check, bool allreduce = true) {
   reset();
   raw_barrier();
   op();
   if (!check()) {
-    state.SkipWithError("wrong result: ones summed over the ranks did not give the world size");
+    state.SkipWithError(allreduce ? "wrong result: ones summed over the ranks did not give the world size"
+                                  : "wrong result: a shard did not hold what its ranks sent");
     for (auto _ : state) {
     }
     return;
@@ -134,16 +149,20 @@ void time_loop(benchmark::State& state, int64_t bytes, const std::function<void(
     state.SetIterationTime(s);
     times.push_back(s);
   }
-  set_counters(state, bytes, std::move(times));
+  set_counters(state, bytes, std::move(times), allreduce);
 }
 
 bool all_equal(const float* p, size_t n, float v) {
   return n > 0 && p[0] == v && p[n / 2] == v && p[n - 1] == v;
 }
 
+Device device_of(dist::ProcessGroup& pg) {
+  return &pg == job().nccl.get() ? Device::cuda(job().local_rank) : Device::cpu();
+}
+
 void bm_engine(benchmark::State& state, dist::ProcessGroup& pg) {
   const int64_t bytes = state.range(0), n = bytes / 4;
-  const Device dev = &pg == job().nccl.get() ? Device::cuda(job().local_rank) : Device::cpu();
+  const Device dev = device_of(pg);
   Tensor t = Tensor::ones({n}, kFloat32, dev);
   time_loop(
       state, bytes, [&] { t = Tensor::ones({n}, kFloat32, dev); },
@@ -152,6 +171,34 @@ void bm_engine(benchmark::State& state, dist::ProcessGroup& pg) {
         Tensor c = t.to(Device::cpu());
         return all_equal(c.data<float>(), static_cast<size_t>(n), static_cast<float>(job().world));
       });
+}
+
+// reduce_scatter_tensor of `bytes` (ones everywhere: every element of the shard is the world size).
+void bm_reduce_scatter(benchmark::State& state, dist::ProcessGroup& pg) {
+  const int64_t bytes = state.range(0), w = job().world, n = bytes / 4 / w;
+  const Device dev = device_of(pg);
+  Tensor in = Tensor::ones({n * w}, kFloat32, dev), out = Tensor::zeros({n}, kFloat32, dev);
+  time_loop(
+      state, n * w * 4, [&] { out.fill_(0.0); }, [&] { pg.reduce_scatter_tensor(out, in)->wait(pg.timeout()); },
+      [&] {
+        Tensor c = out.to(Device::cpu());
+        return all_equal(c.data<float>(), static_cast<size_t>(n), static_cast<float>(w));
+      },
+      /*allreduce=*/false);
+}
+
+// all_gather_into_tensor into `bytes` (rank r sends r + 1: the last shard holds the world size).
+void bm_all_gather(benchmark::State& state, dist::ProcessGroup& pg) {
+  const int64_t bytes = state.range(0), w = job().world, n = bytes / 4 / w;
+  const Device dev = device_of(pg);
+  Tensor in = Tensor::full({n}, job().rank + 1.0, kFloat32, dev), out = Tensor::zeros({n * w}, kFloat32, dev);
+  time_loop(
+      state, n * w * 4, [&] { out.fill_(0.0); }, [&] { pg.all_gather_into_tensor(out, in)->wait(pg.timeout()); },
+      [&] {
+        Tensor c = out.to(Device::cpu());
+        return all_equal(c.data<float>() + (w - 1) * n, static_cast<size_t>(n), static_cast<float>(w));
+      },
+      /*allreduce=*/false);
 }
 
 // The engine on a tensor in the group's comm_buffer, as DDP's buckets are (in place in shared memory
@@ -285,7 +332,15 @@ int main(int argc, char** argv) {
       {"ring_chunked", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceRingChunked<float>>(s); }},
       {"halving_doubling", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceHalvingDoubling<float>>(s); }},
   };
-  if (job().nccl) variants.push_back({"nccl", [](benchmark::State& s) { bm_engine(s, *job().nccl); }});
+  variants.push_back({"rs_engine", [](benchmark::State& s) { bm_reduce_scatter(s, *job().engine); }});
+  variants.push_back({"rs_engine_tcp", [](benchmark::State& s) { bm_reduce_scatter(s, *job().engine_tcp); }});
+  variants.push_back({"ag_engine", [](benchmark::State& s) { bm_all_gather(s, *job().engine); }});
+  variants.push_back({"ag_engine_tcp", [](benchmark::State& s) { bm_all_gather(s, *job().engine_tcp); }});
+  if (job().nccl) {
+    variants.push_back({"nccl", [](benchmark::State& s) { bm_engine(s, *job().nccl); }});
+    variants.push_back({"rs_nccl", [](benchmark::State& s) { bm_reduce_scatter(s, *job().nccl); }});
+    variants.push_back({"ag_nccl", [](benchmark::State& s) { bm_all_gather(s, *job().nccl); }});
+  }
   for (int64_t b : sizes)
     for (auto& [name, fn] : variants)
       benchmark::RegisterBenchmark(name.c_str(), fn)

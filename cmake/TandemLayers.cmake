@@ -17,11 +17,15 @@ set(TANDEM_LAYERS "")
 
 # tandem_layer(<folder> [<folder it may use>...]): the object library tandem_<folder> of
 # <folder>/*.cpp and <folder>/<sub>/*.cpp; <folder>/cuda/ (.cu and .cpp) only in a CUDA build, and
-# core/cuda/no_cuda.cpp only without one.
+# core/cuda/no_cuda.cpp only without one. A folder may be nested (dist/store): its library is then
+# tandem_dist_store, and it sees exactly the nested folders it names (a view holds dist/store, not
+# all of dist/), so the layers inside one folder are kept apart as the folders are.
 function(tandem_layer layer)
   set(uses ${ARGN})
+  string(REPLACE "/" "_" name ${layer})
   foreach(dep IN LISTS uses)
-    if(NOT TARGET tandem_${dep})
+    string(REPLACE "/" "_" dep_name ${dep})
+    if(NOT TARGET tandem_${dep_name})
       message(FATAL_ERROR "tandem_layer(${layer}): '${dep}' is not a layer declared before it")
     endif()
   endforeach()
@@ -38,16 +42,17 @@ function(tandem_layer layer)
     endif()
   endif()
 
-  set(view ${PROJECT_BINARY_DIR}/layers/${layer})
+  set(view ${PROJECT_BINARY_DIR}/layers/${name})
   file(REMOVE_RECURSE ${view})
-  file(MAKE_DIRECTORY ${view})
   foreach(folder IN LISTS uses ITEMS ${layer})
+    get_filename_component(parent ${view}/${folder} DIRECTORY)
+    file(MAKE_DIRECTORY ${parent})
     file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${folder} ${view}/${folder} SYMBOLIC)
   endforeach()
 
-  add_library(tandem_${layer} OBJECT ${srcs})
-  target_include_directories(tandem_${layer} PRIVATE ${view})
-  tandem_engine_dependencies(tandem_${layer})
-  set_target_properties(tandem_${layer} PROPERTIES TANDEM_LAYER_USES "${uses}")
-  set(TANDEM_LAYERS ${TANDEM_LAYERS} tandem_${layer} PARENT_SCOPE)
+  add_library(tandem_${name} OBJECT ${srcs})
+  target_include_directories(tandem_${name} PRIVATE ${view})
+  tandem_engine_dependencies(tandem_${name})
+  set_target_properties(tandem_${name} PROPERTIES TANDEM_LAYER_USES "${uses}")
+  set(TANDEM_LAYERS ${TANDEM_LAYERS} tandem_${name} PARENT_SCOPE)
 endfunction()

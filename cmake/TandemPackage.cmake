@@ -17,12 +17,12 @@
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(TANDEM_PUBLIC_HEADER_DIRS core data dist kernels nn nn/models optim train)
+set(TANDEM_PUBLIC_HEADER_DIRS core data dist/store dist/group dist/parallel kernels nn nn/models optim train)
 # Not installed: internal, or their API names a private dependency's types (train/config.h is
 # built on nlohmann::json, and train/checkpoint.h includes it), which would make that dependency
 # public. scripts/ci/embed.sh fails when an installed header pulls in CUDA, NCCL, Gloo, spdlog,
 # fmt, nlohmann-json or zlib headers, so a new header of that kind must be listed here.
-set(TANDEM_INTERNAL_HEADERS kernels/dispatch.h dist/gloo_store_adapter.h dist/shm_allreduce.h train/config.h train/checkpoint.h
+set(TANDEM_INTERNAL_HEADERS kernels/dispatch.h dist/group/gloo_store_adapter.h dist/group/shm_allreduce.h train/config.h train/checkpoint.h
   train/metrics_writer.h train/runner_internal.h train/cuda_graph_step.h)
 foreach(dir IN LISTS TANDEM_PUBLIC_HEADER_DIRS)
   file(GLOB _headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/${dir}/*.h)

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "core/error.h"
-#include "dist/tcp_store.h"
+#include "dist/store/tcp_store.h"
 
 namespace proto = tandem::dist::tcp_store_protocol;
 

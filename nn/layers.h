@@ -3,7 +3,7 @@
 // num_batches_tracked) and initialises them as PyTorch's reset_parameters.
 // BatchNorm2d may be given a BatchNormStatsSync: then its training forward
 // normalises with statistics shared beyond this process (SyncBatchNorm, which
-// dist/sync_batch_norm.h implements; nn itself never communicates).
+// dist/parallel/sync_batch_norm.h implements; nn itself never communicates).
 #pragma once
 
 #include <initializer_list>

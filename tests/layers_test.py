@@ -2,7 +2,7 @@
 """The engine's layering rule, checked against the build's own compile commands.
 
 The rule (docs/architecture.md): core <- kernels <- {nn, optim} <- dist <- train, and data uses only
-core. Each folder is the object library tandem_<folder> (cmake/TandemLayers.cmake), which sees only
+core. Inside dist/: store <- group <- parallel (a store cannot include a process group or a wrapper). Each folder is the object library tandem_<folder> (cmake/TandemLayers.cmake), which sees only
 the folders it may use. This test states the rule independently of the CMake code and proves it:
 
 1. every engine source is compiled by its own folder's library, and by nothing else;
@@ -38,8 +38,10 @@ MAY_USE = {
     "nn": {"core", "kernels"},
     "optim": {"core", "kernels"},
     "data": {"core"},
-    "dist": {"core", "kernels", "nn", "optim"},
-    "train": {"core", "kernels", "nn", "optim", "data", "dist"},
+    "dist/store": {"core"},
+    "dist/group": {"core", "dist/store"},
+    "dist/parallel": {"core", "kernels", "nn", "optim", "dist/store", "dist/group"},
+    "train": {"core", "kernels", "nn", "optim", "data", "dist/store", "dist/group", "dist/parallel"},
 }
 # One header per folder to include (any would do; these are small).
 PROBE = {
@@ -48,9 +50,22 @@ PROBE = {
     "nn": "nn/module.h",
     "optim": "optim/optimizer.h",
     "data": "data/sampler.h",
-    "dist": "dist/store.h",
+    "dist/store": "dist/store/store.h",
+    "dist/group": "dist/group/process_group.h",
+    "dist/parallel": "dist/parallel/comm_hook.h",
     "train": "train/work_dir.h",
 }
+
+
+def layer_of(rel):
+    """The layer a source file belongs to: the longest MAY_USE folder that holds it (dist/store/x.cpp
+    belongs to dist/store), or None for a file outside the engine."""
+    parts = rel.split(os.sep)
+    for n in range(len(parts) - 1, 0, -1):
+        folder = "/".join(parts[:n])
+        if folder in MAY_USE:
+            return folder
+    return None
 
 
 def arguments(entry):
@@ -163,16 +178,16 @@ def main():
     for e in db:
         f = os.path.realpath(os.path.join(e["directory"], e["file"]))
         rel = os.path.relpath(f, src)
-        folder = rel.split(os.sep)[0]
-        if folder not in MAY_USE:
+        folder = layer_of(rel)
+        if folder is None:
             continue
-        target = f"tandem_{folder}.dir"
+        target = f"tandem_{folder.replace('/', '_')}.dir"
         output = e.get("output", "")
         if not output:
             args = arguments(e)
             output = args[args.index("-o") + 1] if "-o" in args else ""
         if f"/{target}/" not in "/" + output.replace(os.sep, "/"):
-            failures.append(f"{rel} is compiled by {output}, not by tandem_{folder}")
+            failures.append(f"{rel} is compiled by {output}, not by {target[:-4]}")
         elif rel.endswith(".cpp"):
             commands.setdefault(folder, (e, f))
     for folder in MAY_USE:
@@ -189,7 +204,7 @@ def main():
     jobs = []
     for layer, (entry, source) in commands.items():
         for folder, header in PROBE.items():
-            probe = os.path.join(tmp, f"{layer}_includes_{folder}.cpp")
+            probe = os.path.join(tmp, f"{layer}_includes_{folder}.cpp".replace("/", "_"))
             with open(probe, "w") as f:
                 f.write(f'#include "{header}"\n')
             args = syntax_only(arguments(entry), entry["file"], probe)

@@ -3,7 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "dist/comm_hook.h"
+#include "dist/parallel/comm_hook.h"
 #include "nn/models/mnist_net.h"
 #include "train/hooks/builtin_hooks.h"
 

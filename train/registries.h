@@ -15,8 +15,8 @@
 #include <memory>
 #include <vector>
 
-#include "dist/ddp.h"
-#include "dist/process_group.h"
+#include "dist/parallel/ddp.h"
+#include "dist/group/process_group.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "train/hook.h"

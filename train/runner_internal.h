@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/process_group.h"
-#include "dist/store.h"
+#include "dist/group/process_group.h"
+#include "dist/store/store.h"
 #include "train/config.h"
 #include "train/runner.h"
 

@@ -17,7 +17,7 @@
 #include "core/profiler.h"
 #include "core/thread_pool.h"
 #include "data/mnist.h"
-#include "dist/env.h"
+#include "dist/store/env.h"
 #include "kernels/linear.h"
 #include "train/registries.h"
 #include "train/runner.h"

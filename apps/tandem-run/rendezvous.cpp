@@ -13,7 +13,7 @@
 
 #include "console.h"
 #include "core/error.h"
-#include "dist/tcp_store.h"
+#include "dist/store/tcp_store.h"
 #include "port.h"
 #include "round_rules.h"
 

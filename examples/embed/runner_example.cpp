@@ -22,7 +22,7 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
-#include "dist/ddp.h"
+#include "dist/parallel/ddp.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/module.h"

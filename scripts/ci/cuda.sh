@@ -3,7 +3,7 @@
 # installed. Nothing here runs CUDA code (that is scripts/gpu/check.sh, on a GPU machine).
 #   1. Every engine .cu file (core/cuda, kernels/cuda) compiled for sm_$CUDA_CHECK_ARCH (default 90)
 #      with nvcc's warnings as errors (-Werror all-warnings) and the host compiler's -Wall -Wextra
-#      -Werror; the CUDA side's C++ files (core/cuda, kernels/cuda, dist/cuda) with -Werror too
+#      -Werror; the CUDA side's C++ files (core/cuda, kernels/cuda, dist/group/cuda) with -Werror too
 #      (scripts/ci/cuda_werror.cmake). Only those objects are built first, all of them even when one
 #      fails (ninja -k 0), so one run reports every file that does not compile.
 #   3. (below 2.) The GPU bundle, scripts/gpu/bundle.sh, built into gpu-bundle/ (own build dir build-bundle), and
@@ -56,12 +56,13 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 
 # The objects of the CUDA side, from ninja's own list; each source file must have one.
 mapfile -t objects < <(ninja -C "$BUILD" -t targets all |
-  grep -oE '^CMakeFiles/tandem_(core|kernels|dist)\.dir/((core|kernels)/cuda/[^:]+\.cu|(core|kernels|dist)/cuda/[^:]+\.cpp)\.o' |
+  grep -oE '^CMakeFiles/tandem_(core|kernels|dist_group)\.dir/((core|kernels)/cuda/[^:]+\.cu|(core|kernels|dist/group)/cuda/[^:]+\.cpp)\.o' |
   sort -u)
 missing_obj=()
-for src in core/cuda/*.cu kernels/cuda/*.cu core/cuda/*.cpp kernels/cuda/*.cpp dist/cuda/*.cpp; do
+for src in core/cuda/*.cu kernels/cuda/*.cu core/cuda/*.cpp kernels/cuda/*.cpp dist/group/cuda/*.cpp; do
   [[ -e "$src" && "$src" != */no_cuda.cpp ]] || continue
-  printf '%s\n' "${objects[@]}" | grep -qxF "CMakeFiles/tandem_${src%%/*}.dir/$src.o" || missing_obj+=("$src")
+  layer=${src%/cuda/*}
+  printf '%s\n' "${objects[@]}" | grep -qxF "CMakeFiles/tandem_${layer//\//_}.dir/$src.o" || missing_obj+=("$src")
 done
 [[ ${#missing_obj[@]} -eq 0 ]] || fail "no object target for: ${missing_obj[*]} (reconfigure? glob?)"
 ncu=$(printf '%s\n' "${objects[@]}" | grep -c '\.cu\.o$' || true)
@@ -70,7 +71,7 @@ log=$BUILD/cuda-check-compile.log
 if ! ninja -C "$BUILD" -j "$JOBS" -k 0 "${objects[@]}" 2>&1 | tee "$log"; then
   echo >&2
   echo "cuda.sh: these CUDA-side files do not compile cleanly:" >&2
-  grep -oE '^FAILED: [^ ]+' "$log" | sed -E 's|^FAILED: CMakeFiles/tandem_[a-z]+\.dir/|  |; s|\.o$||' >&2 || true
+  grep -oE '^FAILED: [^ ]+' "$log" | sed -E 's|^FAILED: CMakeFiles/tandem_[a-z_]+\.dir/|  |; s|\.o$||' >&2 || true
   echo "cuda.sh: warnings and errors with file:line:" >&2
   grep -E '(\([0-9]+\): (error|warning)|:[0-9]+:[0-9]+: (error|warning))' "$log" | sort -u | head -50 >&2 || true
   fail "compile (log: $log)"

@@ -20,8 +20,8 @@
 
 #include "common/process.h"
 #include "common/test_util.h"
-#include "dist/file_store.h"
-#include "dist/process_group_factory.h"
+#include "dist/store/file_store.h"
+#include "dist/group/process_group_factory.h"
 
 namespace tandem::test {
 

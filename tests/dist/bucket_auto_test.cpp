@@ -11,7 +11,7 @@
 
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/ddp.h"
+#include "dist/parallel/ddp.h"
 #include "common/ranks.h"
 #include "nn/models/mlp.h"
 #include "nn/nn.h"

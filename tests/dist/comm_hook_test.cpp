@@ -9,9 +9,9 @@
 #include "common/ranks.h"
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/ddp.h"
-#include "dist/host_values.h"
-#include "dist/powersgd.h"
+#include "dist/parallel/ddp.h"
+#include "dist/group/host_values.h"
+#include "dist/parallel/powersgd.h"
 #include "nn/nn.h"
 
 using namespace tandem;

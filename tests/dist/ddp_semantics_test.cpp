@@ -15,7 +15,7 @@
 #include "common/ranks.h"
 #include "core/autograd.h"
 #include "core/safetensors.h"
-#include "dist/ddp.h"
+#include "dist/parallel/ddp.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"
 

@@ -9,7 +9,7 @@
 
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/ddp.h"
+#include "dist/parallel/ddp.h"
 #include "common/ranks.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"

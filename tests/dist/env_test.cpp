@@ -4,7 +4,7 @@
 // real 2-rank launch under Debian's Open MPI mpirun (skipped where mpirun is
 // missing, started by common/process.h) runs this executable's DistEnvHelper.Worker
 // as the ranks.
-#include "dist/env.h"
+#include "dist/store/env.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
-// Reading Gloo's failures (dist/gloo_diagnosis.h): every timeout message of the Gloo in use is
+// Reading Gloo's failures (dist/group/gloo_diagnosis.h): every timeout message of the Gloo in use is
 // recognised, and the errors that are no timeout are not; the peers an error names by address are
 // mapped to ranks; after a timeout, the ranks that never reported failing are named.
-#include "dist/gloo_diagnosis.h"
+#include "dist/group/gloo_diagnosis.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/test_util.h"
-#include "dist/file_store.h"
+#include "dist/store/file_store.h"
 
 namespace tandem::dist {
 namespace {
@@ -38,7 +38,7 @@ TEST(GlooDiagnosis, EveryTimeoutMessageOfGlooIsATimeout) {
     EXPECT_NE(kGlooTimeouts[i].find(kTimeoutMessages[i]), std::string::npos) << kGlooTimeouts[i];
     EXPECT_TRUE(is_timeout(kGlooTimeouts[i])) << kGlooTimeouts[i];
   }
-  // The shared-memory all-reduce (dist/shm_allreduce.cpp) words its timeout as Gloo does.
+  // The shared-memory all-reduce (dist/group/shm_allreduce.cpp) words its timeout as Gloo does.
   EXPECT_TRUE(is_timeout("Timed out waiting 5000ms for rank 1 (pid 4242) in the shared-memory all-reduce (it is "
                          "slower, stopped or stuck)"));
 }

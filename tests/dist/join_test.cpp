@@ -1,4 +1,4 @@
-// Join (dist/join.h): ranks with different numbers of batches finish without hanging, and the
+// Join (dist/parallel/join.h): ranks with different numbers of batches finish without hanging, and the
 // result is what the uneven data means: at each step the sum of the still-training ranks'
 // gradients over the whole world size, every replica equal at the end. Real processes over Gloo
 // (common/ranks.h); every wait is bounded by the group's timeout and run_ranks' limit.
@@ -9,8 +9,8 @@
 #include "common/ranks.h"
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/host_values.h"
-#include "dist/join.h"
+#include "dist/group/host_values.h"
+#include "dist/parallel/join.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"
 

@@ -28,7 +28,7 @@
 #include "common/test_util.h"
 #include "dist/raw_socket.h"
 #include "core/error.h"
-#include "dist/tcp_store.h"
+#include "dist/store/tcp_store.h"
 
 using namespace tandem;
 using namespace tandem::dist;

@@ -25,9 +25,9 @@
 #include "common/test_util.h"
 #include "core/error.h"
 #include "dist/raw_socket.h"
-#include "dist/file_store.h"
-#include "dist/prefix_store.h"
-#include "dist/tcp_store.h"
+#include "dist/store/file_store.h"
+#include "dist/store/prefix_store.h"
+#include "dist/store/tcp_store.h"
 
 using namespace tandem;
 using namespace tandem::dist;

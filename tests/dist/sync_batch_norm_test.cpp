@@ -15,8 +15,8 @@
 
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/ddp.h"
-#include "dist/sync_batch_norm.h"
+#include "dist/parallel/ddp.h"
+#include "dist/parallel/sync_batch_norm.h"
 #include "common/test_util.h"
 #include "common/ranks.h"
 #include "nn/nn.h"

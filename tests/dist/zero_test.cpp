@@ -1,4 +1,4 @@
-// ZeroRedundancyOptimizer (dist/zero_redundancy_optimizer.h) against the unsharded optimizer it
+// ZeroRedundancyOptimizer (dist/parallel/zero_redundancy_optimizer.h) against the unsharded optimizer it
 // wraps, as real processes over Gloo (common/ranks.h). Every rank draws every rank's gradients
 // from fixed seeds and averages them by hand in rank order, so all ranks hold the same averaged
 // gradient (what DDP gives); it steps the sharded optimizer on the parameters and the unsharded
@@ -26,8 +26,8 @@
 #include "common/ranks.h"
 #include "common/test_util.h"
 #include "core/random.h"
-#include "dist/host_values.h"
-#include "dist/zero_redundancy_optimizer.h"
+#include "dist/group/host_values.h"
+#include "dist/parallel/zero_redundancy_optimizer.h"
 #include "optim/optimizer.h"
 
 using namespace tandem;
@@ -194,7 +194,9 @@ void run_against_unsharded(const test::RankContext& ctx, const std::vector<Shape
                                             dist::ReduceOp::Sum, "state bytes");
   EXPECT_EQ(bytes[0], static_cast<double>(plain->state_bytes()));
   EXPECT_GT(plain->state_bytes(), 0);
-  if (!zero.local_optimizer()) EXPECT_EQ(zero.state_bytes(), 0);
+  if (!zero.local_optimizer()) {
+    EXPECT_EQ(zero.state_bytes(), 0);
+  }
   EXPECT_LT(zero.state_bytes(), plain->state_bytes()) << "every rank should hold only part of the state";
   for (size_t i = 0; i < ps.size(); ++i) {
     const auto& shard = zero.shard(zero.rank_of(i));

@@ -20,9 +20,9 @@
 
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/ddp.h"
-#include "dist/process_group_gloo.h"
-#include "dist/tcp_store.h"
+#include "dist/parallel/ddp.h"
+#include "dist/group/process_group_gloo.h"
+#include "dist/store/tcp_store.h"
 #include "fault/fault_util.h"
 #include "nn/nn.h"
 #include "optim/optimizer.h"

@@ -9,7 +9,7 @@
 #include <functional>
 #include <memory>
 
-#include "dist/tcp_store.h"
+#include "dist/store/tcp_store.h"
 #include "fault/fault_util.h"
 #include "common/require_data.h"
 

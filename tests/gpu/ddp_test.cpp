@@ -14,13 +14,13 @@
 
 #include "core/autograd.h"
 #include "core/random.h"
-#include "dist/comm_hook.h"
-#include "dist/ddp.h"
-#include "dist/file_store.h"
-#include "dist/host_values.h"
+#include "dist/parallel/comm_hook.h"
+#include "dist/parallel/ddp.h"
+#include "dist/store/file_store.h"
+#include "dist/group/host_values.h"
 #include "common/ranks.h"
-#include "dist/process_group_factory.h"
-#include "dist/sync_batch_norm.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/parallel/sync_batch_norm.h"
 #include "gpu_test_util.h"
 #include "nn/models/mnist_net.h"
 #include "nn/nn.h"
@@ -191,6 +191,15 @@ TEST(GpuGloo, CollectivesOnCudaTensorsTravelThroughTheHost) {
     auto work = ctx->group->allreduce(sum);
     EXPECT_NE(work->description().find("on cuda:0 via host"), std::string::npos) << work->description();
     work->wait(30s);
+    // The collectives of sharding, staged the same way.
+    Tensor flat = Tensor::zeros({4}, kFloat32, gpu());
+    ctx->group->all_gather_into_tensor(flat, Tensor::full({2}, r + 0.5, kFloat32, gpu()))->wait(30s);
+    EXPECT_TRUE(flat.device() == gpu());
+    EXPECT_EQ(flat.to_vector<float>(), (std::vector<float>{0.5f, 0.5f, 1.5f, 1.5f}));
+    Tensor whole = Tensor::from_vector<float>({float(r), 1, 2, float(3 * r)}, {4}).to(gpu());
+    Tensor mine = Tensor::zeros({2}, kFloat32, gpu());
+    ctx->group->reduce_scatter_tensor(mine, whole, dist::ReduceOp::Avg)->wait(30s);
+    EXPECT_EQ(mine.to_vector<float>(), ctx->rank == 0 ? (std::vector<float>{0.5f, 1}) : (std::vector<float>{2, 1.5f}));
     return;
   }
   TANDEM_NEED_GPUS(1);

@@ -16,9 +16,9 @@
 
 #include "core/device.h"
 #include "core/tensor.h"
-#include "dist/file_store.h"
-#include "dist/process_group_factory.h"
-#include "dist/process_group_nccl.h"
+#include "dist/store/file_store.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/group/process_group_nccl.h"
 #include "common/require_gpu.h"
 
 namespace tandem::dist {
@@ -121,6 +121,34 @@ TEST(NcclGroup, OneGpuCollectives) {
   EXPECT_TRUE(contains(error_of([&] { pg.allgather(two, ok); }), "expected one per rank"));
 }
 
+// The collectives of sharding on one rank: all_gather_into_tensor copies, reduce_scatter_tensor
+// reduces one rank (Avg divides by 1), both ordered against the compute stream as allgather is.
+TEST(NcclGroup, OneGpuShardingCollectives) {
+  TANDEM_NEED_GPUS(1);
+  const Device gpu = Device::cuda(0);
+  auto store = std::make_shared<FileStore>(fresh_store_path("shard"), 1, 30s);
+  ProcessGroupNccl pg(store, 0, 1, 30s, 0);
+  const int64_t n = (int64_t{1} << 22) + 3;
+  Tensor in = Tensor::zeros({n}, kFloat32, gpu);
+  in.fill_(2.5);
+  Tensor out = Tensor::zeros({1, n}, kFloat32, gpu);
+  pg.all_gather_into_tensor(out, in)->wait(30s);
+  out.add_(Tensor::ones({1, n}, kFloat32, gpu));
+  std::vector<float> host = out.to(Device::cpu()).to_vector<float>();
+  for (int64_t i = 0; i < n; i += 4093) ASSERT_EQ(host[i], 3.5f) << "index " << i;
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+    Tensor r = Tensor::zeros({n}, kFloat32, gpu);
+    pg.reduce_scatter_tensor(r, in, op)->wait(30s);
+    host = r.to(Device::cpu()).to_vector<float>();
+    EXPECT_EQ(host.front(), 2.5f) << reduce_op_name(op);
+    EXPECT_EQ(host.back(), 2.5f) << reduce_op_name(op);
+  }
+  Tensor wrong = Tensor::zeros({n + 1}, kFloat32, gpu);
+  EXPECT_TRUE(contains(error_of([&] { pg.all_gather_into_tensor(wrong, in); }), "output has"));
+  Tensor cpu_out = Tensor::zeros({n});
+  EXPECT_TRUE(contains(error_of([&] { pg.reduce_scatter_tensor(cpu_out, in); }), "cuda:0"));
+}
+
 TEST(NcclGroup, FactoryMakesAnNcclGroup) {
   TANDEM_NEED_GPUS(1);
   auto store = std::make_shared<FileStore>(fresh_store_path("factory"), 1, 30s);
@@ -175,6 +203,15 @@ TEST(NcclGroup, OneRankPerGpuAsThreads) {
         for (int k = 0; k < n; ++k)
           if (outs[k].to(Device::cpu()).to_vector<float>() != std::vector<float>(6, 10.0f * k))
             errors[r] += "allgather slot " + std::to_string(k) + " wrong; ";
+        Tensor flat = Tensor::zeros({6 * n}, kFloat32, gpu);
+        pg.all_gather_into_tensor(flat, in)->wait(60s);
+        const std::vector<float> f = flat.to(Device::cpu()).to_vector<float>();
+        for (int k = 0; k < n; ++k)
+          if (f[6 * k + 5] != 10.0f * k) errors[r] += "all_gather_into_tensor part " + std::to_string(k) + " wrong; ";
+        Tensor whole = Tensor::full({3 * n}, r + 1.0, kFloat32, gpu), mine = Tensor::zeros({3}, kFloat32, gpu);
+        pg.reduce_scatter_tensor(mine, whole, ReduceOp::Avg)->wait(60s);
+        if (mine.to(Device::cpu()).to_vector<float>() != std::vector<float>(3, (n + 1) / 2.0f))
+          errors[r] += "reduce_scatter_tensor avg wrong; ";
         pg.barrier()->wait(60s);
       } catch (const std::exception& e) {
         errors[r] += e.what();

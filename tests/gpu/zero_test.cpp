@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 #include "core/random.h"
-#include "dist/file_store.h"
-#include "dist/process_group_factory.h"
-#include "dist/zero_redundancy_optimizer.h"
+#include "dist/store/file_store.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/parallel/zero_redundancy_optimizer.h"
 #include "gpu_test_util.h"
 #include "optim/optimizer.h"
 

@@ -2,7 +2,7 @@
 // signal number any rank saw wins: one 1-element all-reduce on the host group, so a GPU job never
 // waits for its device), so that every rank stops at the same iteration; CheckpointHook (lower
 // priority, later) then saves, and the Runner ends the run. One process: the local signal.
-#include "dist/host_values.h"
+#include "dist/group/host_values.h"
 #include "train/hooks/builtin_hooks.h"
 #include "train/runner.h"
 #include "train/stop_signal.h"

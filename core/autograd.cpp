@@ -10,6 +10,7 @@ namespace tandem {
 namespace {
 std::atomic<uint64_t> next_sequence_nr{0};
 thread_local bool grad_enabled = true;
+thread_local uint64_t recorded = 0;  // record() calls on this thread
 // Callbacks of the backward running on this thread (null outside one).
 thread_local std::vector<std::function<void()>>* current_callbacks = nullptr;
 }  // namespace
@@ -62,7 +63,10 @@ void record(const std::shared_ptr<Node>& fn, std::initializer_list<Tensor> input
   for (const Tensor& t : inputs) fn->next_edges.push_back(gradient_edge(t));
   uint32_t nr = 0;
   for (Tensor* out : outputs) out->set_grad_fn(fn, nr++);
+  ++recorded;
 }
+
+uint64_t recorded_ops() { return recorded; }
 
 void queue_callback(std::function<void()> fn) {
   TANDEM_CHECK(current_callbacks != nullptr, "queue_callback: no backward is running on this thread");

@@ -92,6 +92,11 @@ void record(const std::shared_ptr<Node>& fn, std::initializer_list<Tensor> input
 // in the order queued, still inside backward(); their exceptions propagate.
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
 
+// How many ops this thread has recorded so far (record() calls): a clock that advances once an
+// op has computed its outputs (dist/parallel/fsdp.h frees a unit's gathered parameters only after
+// the op that was reading them has recorded).
+uint64_t recorded_ops();
+
 // From inside a running backward (a hook or a node on this thread): runs fn
 // once the whole graph has been processed. Throws outside a backward.
 void queue_callback(std::function<void()> fn);

@@ -14,19 +14,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// dst = src * factor, one pass on CPU.
+void scale_in_place(Tensor& t, double factor) { copy_scaled(t, t, factor); }
+
+}  // namespace
+
 void copy_scaled(Tensor& dst, const Tensor& src, double factor) {
-  if (dst.device().is_cpu() && src.is_contiguous()) {
+  if (dst.device().is_cpu() && src.is_contiguous() && src.dtype() == kFloat32 && dst.dtype() == kFloat32) {
     Eigen::Map<Eigen::ArrayXf> d(dst.data<float>(), dst.numel());
     d = Eigen::Map<const Eigen::ArrayXf>(src.data<float>(), src.numel()) * static_cast<float>(factor);
     return;
   }
   dst.copy_(kernels::scale(src, factor));
 }
-
-void scale_in_place(Tensor& t, double factor) { copy_scaled(t, t, factor); }
-
-}  // namespace
 
 Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, ReducerOptions options)
     : group_(std::move(group)), options_(std::move(options)), alive_(std::make_shared<bool>(true)) {

@@ -198,4 +198,8 @@ class Reducer {
   std::unique_ptr<DeviceTimer> comm_timer_;  // device groups: the compute stream's wait for the buckets
 };
 
+// dst = src * factor (float32, same shape), in one pass on the CPU: how the reducer divides gradients
+// by the world size (FSDP divides the same way, so their gradients agree bit for bit).
+void copy_scaled(Tensor& dst, const Tensor& src, double factor);
+
 }  // namespace tandem::dist

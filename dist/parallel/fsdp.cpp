@@ -1,0 +1,385 @@
+// FullyShardedDataParallel (see fsdp.h for the contract). Owns: the units' flat buffers (a Storage
+// each, whose memory comes and goes), the shards, the gathers and reductions in flight, and the
+// memory released in forward but kept until the op reading it has recorded.
+#include "dist/parallel/fsdp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "dist/group/host_values.h"
+#include "dist/parallel/reducer.h"
+#include "nn/functional.h"
+#include "optim/clip_grad.h"
+
+namespace tandem::dist {
+
+const char* sharding_strategy_name(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::FullShard: return "FULL_SHARD";
+    case ShardingStrategy::ShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::NoShard: return "NO_SHARD";
+    case ShardingStrategy::HybridShard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& name) {
+  for (ShardingStrategy s : {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp, ShardingStrategy::NoShard,
+                             ShardingStrategy::HybridShard})
+    if (name == sharding_strategy_name(s)) return s;
+  TANDEM_FAIL("unknown sharding_strategy '", name, "'; expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
+}
+
+struct FullyShardedDataParallel::Unit {
+  std::string path;
+  std::vector<std::pair<std::string, Tensor>> params;  // the module's own tensors (views of `full`)
+  std::vector<int64_t> offsets;
+  int64_t numel = 0, shard_numel = 0, total = 0;  // total: the flat buffer's elements
+  DType dtype = kFloat32;
+  Device device = Device::cpu();
+  std::shared_ptr<Storage> full;     // the gathered flat parameter; memory only while gathered
+  Tensor shard;                      // this rank's part (NO_SHARD: a tensor over `full`)
+  std::shared_ptr<Storage> staging;  // a gather in flight writes here
+  std::shared_ptr<Work> gathering;
+  std::vector<uint64_t> hooks;  // post-accumulate hook handles, per parameter (0: none)
+  bool accessed = false;        // read in the current forward
+  int grad_params = 0, grads_ready = 0;
+  bool reduced = false;
+  std::shared_ptr<Work> reducing;
+  Tensor reduce_in, reduce_out;
+
+  bool root() const { return path.empty(); }
+  int64_t bytes() const { return total * static_cast<int64_t>(element_size(dtype)); }
+  std::string describe() const {
+    std::string names;
+    for (size_t i = 0; i < params.size() && i < 3; ++i) names += (i ? ", " : "") + params[i].first;
+    if (params.size() > 3) names += ", ...";
+    return "unit '" + (root() ? std::string("<root>") : path) + "' (" + names + ")";
+  }
+};
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> group, FSDPOptions options)
+    : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
+  TANDEM_CHECK(module_ != nullptr, "FullyShardedDataParallel: the module is null");
+  TANDEM_CHECK(group_ != nullptr, "FullyShardedDataParallel: the process group is null");
+  TANDEM_CHECK(options_.sharding_strategy != ShardingStrategy::HybridShard,
+               "FullyShardedDataParallel: sharding_strategy HYBRID_SHARD is not available yet; use FULL_SHARD "
+               "(shard across every rank) or NO_SHARD (replicate, as DDP)");
+  NoGradGuard no_grad;
+  for (auto& [name, b] : module_->named_buffers())
+    if (b.numel() > 0) group_->broadcast(b, 0)->wait(group_->timeout());
+  const std::map<std::string, Tensor> by_name = [&] {
+    std::map<std::string, Tensor> m;
+    for (auto& [name, t] : module_->named_parameters()) m.emplace(name, t);
+    return m;
+  }();
+  for (const UnitPlan& plan : plan_units(*module_, options_.auto_wrap_policy)) {
+    auto u = std::make_unique<Unit>();
+    u->path = plan.path;
+    for (const std::string& name : plan.params) u->params.emplace_back(name, by_name.at(name));
+    units_.push_back(std::move(u));
+  }
+  for (size_t k = 0; k < units_.size(); ++k) setup_unit(k);
+  train(module_->is_training());
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  for (auto& u : units_) {
+    // The module may outlive this wrapper: its hooks go, and a read of a parameter left sharded fails
+    // naming the cause instead of reading nothing.
+    for (size_t i = 0; i < u->hooks.size(); ++i)
+      if (u->hooks[i] != 0) u->params[i].second.remove_post_accumulate_grad_hook(u->hooks[i]);
+    if (u->full) {
+      const std::string what = u->describe();
+      u->full->set_access_hook([what](Storage&) {
+        TANDEM_FAIL("a parameter of FSDP ", what, " was read after its FullyShardedDataParallel was destroyed "
+                    "with the parameters sharded; call gather_full_params() before it goes, or load them again");
+      });
+    }
+    try {
+      if (u->gathering) u->gathering->wait(group_->timeout());
+      if (u->reducing) u->reducing->wait(group_->timeout());
+    } catch (...) {
+      // A destructor never throws; the group reports its failure on its next use.
+    }
+  }
+}
+
+void FullyShardedDataParallel::setup_unit(size_t k) {
+  Unit& u = *units_[k];
+  const int world = group_->size();
+  u.dtype = u.params.front().second.dtype();
+  u.device = u.params.front().second.device();
+  for (auto& [name, p] : u.params) {
+    TANDEM_CHECK(p.dtype() == u.dtype && p.device() == u.device, "FullyShardedDataParallel: ", u.describe(),
+                 " mixes ", u.params.front().second.str(), " ('", u.params.front().first, "') and ", p.str(), " ('",
+                 name, "'); a unit's parameters share one dtype and device (wrap the odd ones in a unit of their own)");
+    u.offsets.push_back(u.numel);
+    u.numel += p.numel();
+  }
+  u.shard_numel = sharded() ? (u.numel + world - 1) / world : u.numel;
+  u.total = sharded() ? u.shard_numel * world : u.numel;
+  u.full = std::make_shared<Storage>(static_cast<size_t>(u.bytes()), u.device);
+  Tensor flat = Tensor::from_storage(u.full, {u.total}, u.dtype);
+  flat.zero_();
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    Tensor& p = u.params[i].second;
+    flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).copy_(p.reshape({p.numel()}));
+  }
+  group_->broadcast(flat, 0)->wait(group_->timeout());  // every rank starts from rank 0's values
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    Tensor& p = u.params[i].second;
+    p.set_data(flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).view(p.shape()));
+    u.hooks.push_back(0);
+    if (p.requires_grad()) {
+      ++u.grad_params;
+      u.hooks.back() = p.register_post_accumulate_grad_hook([this, k](const Tensor&) { on_grad_ready(k); });
+    }
+  }
+  if (sharded()) {
+    const int64_t lo = group_->rank() * u.shard_numel;
+    u.shard = flat.slice(0, lo, lo + u.shard_numel).clone();
+    u.full->free_memory();
+    u.full->set_access_hook([this, k](Storage&) { on_access(k); });
+  } else {
+    u.shard = Tensor::from_storage(u.full, {u.total}, u.dtype);
+  }
+  std::string name = u.root() ? "flat_param" : u.path + ".flat_param";
+  register_parameter(name, u.shard);
+}
+
+std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units() const {
+  std::vector<UnitInfo> out;
+  for (auto& u : units_) {
+    UnitInfo info{u->path, {}, u->numel, u->shard_numel};
+    for (auto& [name, p] : u->params) info.params.push_back(name);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+// ---- gathering ----
+
+void FullyShardedDataParallel::on_access(size_t k) {
+  Unit& u = *units_[k];
+  TANDEM_CHECK(phase_ != Phase::Idle, "FullyShardedDataParallel: a parameter of ", u.describe(),
+               " was read outside forward and backward, where its memory is sharded across the ranks; read "
+               "parameters through full_state_dict(), or between gather_full_params() and release_full_params()");
+  if (phase_ == Phase::Forward) {
+    bury(false);
+    if (options_.sharding_strategy == ShardingStrategy::FullShard)
+      for (size_t j = 0; j < units_.size(); ++j)
+        if (j != k && units_[j]->accessed && !units_[j]->root()) free_unit(j, /*deferred=*/true);
+    gather(k, true);
+    u.accessed = true;
+    if (!order_recorded_ && std::find(order_.begin(), order_.end(), k) == order_.end()) order_.push_back(k);
+    if (options_.forward_prefetch) prefetch_after(k, true);
+  } else {
+    gather(k, true);
+    if (options_.backward_prefetch) prefetch_after(k, false);
+  }
+}
+
+void FullyShardedDataParallel::gather(size_t k, bool wait) {
+  Unit& u = *units_[k];
+  if (!sharded() || u.full->has_memory()) return;
+  if (!u.gathering) {
+    u.staging = std::make_shared<Storage>(static_cast<size_t>(u.bytes()), u.device);
+    Tensor out = Tensor::from_storage(u.staging, {u.total}, u.dtype);
+    u.gathering = group_->all_gather_into_tensor(out, u.shard.detach());
+    peak_gathered_ = std::max(peak_gathered_, memory().gathered_bytes);
+  }
+  if (!wait) return;
+  u.gathering->wait(group_->timeout());
+  u.gathering.reset();
+  u.full->adopt_memory(*u.staging);
+  u.staging.reset();
+}
+
+void FullyShardedDataParallel::prefetch_after(size_t k, bool forward) {
+  if (!order_recorded_) return;
+  const auto at = std::find(order_.begin(), order_.end(), k);
+  if (at == order_.end()) return;
+  if (forward && at + 1 != order_.end()) gather(*(at + 1), false);
+  if (!forward && at != order_.begin()) gather(*(at - 1), false);
+}
+
+void FullyShardedDataParallel::free_unit(size_t k, bool deferred) {
+  Unit& u = *units_[k];
+  u.accessed = false;
+  if (!sharded()) return;
+  if (u.gathering) {  // a prefetch nobody read: let it land, then drop it
+    u.gathering->wait(group_->timeout());
+    u.gathering.reset();
+    u.staging.reset();
+  }
+  if (!u.full->has_memory()) return;
+  if (deferred)
+    graveyard_.emplace_back(u.full->take_memory(), autograd::recorded_ops());
+  else
+    u.full->free_memory();
+}
+
+void FullyShardedDataParallel::bury(bool all) {
+  const uint64_t now = autograd::recorded_ops();
+  std::erase_if(graveyard_, [&](const auto& g) { return all || now > g.second; });
+}
+
+Tensor FullyShardedDataParallel::forward(const Tensor& x) {
+  TANDEM_CHECK(phase_ != Phase::Summoned, "FullyShardedDataParallel: forward between gather_full_params() and "
+                                          "release_full_params(); release them first");
+  if (module_->is_training() != is_training()) module_->train(is_training());
+  phase_ = Phase::Forward;
+  for (auto& u : units_) u->accessed = false;
+  Tensor y;
+  try {
+    y = module_->forward(x);
+  } catch (...) {
+    phase_ = Phase::AfterForward;
+    throw;
+  }
+  order_recorded_ = true;
+  bury(true);  // no op is running now
+  if (options_.sharding_strategy == ShardingStrategy::FullShard)
+    for (size_t k = 0; k < units_.size(); ++k)
+      if (!units_[k]->root()) free_unit(k, /*deferred=*/false);
+  phase_ = Phase::AfterForward;
+  return y;
+}
+
+// ---- reduction ----
+
+void FullyShardedDataParallel::on_grad_ready(size_t k) {
+  Unit& u = *units_[k];
+  if (!callback_queued_) {
+    callback_queued_ = true;
+    autograd::queue_callback([this] { finish_backward(); });
+  }
+  if (++u.grads_ready == u.grad_params && require_sync_ && !u.reduced) reduce_unit(k);
+}
+
+void FullyShardedDataParallel::reduce_unit(size_t k) {
+  Unit& u = *units_[k];
+  u.reduced = true;
+  NoGradGuard no_grad;
+  Tensor flat = Tensor::zeros({u.total}, u.dtype, u.device);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    Tensor& p = u.params[i].second;
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    // Divided by the world size first, then summed: the reducer's arithmetic, so FSDP's gradients
+    // are DDP's bit for bit where the sums run in rank order.
+    Tensor part = flat.slice(0, u.offsets[i], u.offsets[i] + p.numel());
+    copy_scaled(part, g.contiguous().view({p.numel()}), 1.0 / group_->size());
+    p.set_grad(Tensor());
+  }
+  if (sharded()) {
+    u.reduce_out = Tensor::empty({u.shard_numel}, u.dtype, u.device);
+    u.reducing = group_->reduce_scatter_tensor(u.reduce_out, flat, ReduceOp::Sum);
+  } else {
+    u.reduce_out = flat;
+    u.reducing = group_->allreduce(flat, ReduceOp::Sum);
+  }
+  u.reduce_in = flat;
+  free_unit(k, /*deferred=*/false);  // between backward's nodes: nothing holds a pointer into it
+}
+
+void FullyShardedDataParallel::finish_backward() {
+  callback_queued_ = false;
+  if (require_sync_)
+    for (size_t k = 0; k < units_.size(); ++k)
+      if (!units_[k]->reduced && units_[k]->grad_params > 0) reduce_unit(k);
+  NoGradGuard no_grad;
+  for (auto& u : units_) {
+    if (u->reducing) {
+      u->reducing->wait(group_->timeout());
+      u->reducing.reset();
+      Tensor g = u->shard.grad();
+      if (g.defined())
+        g.add_(u->reduce_out);
+      else
+        u->shard.set_grad(u->reduce_out);
+      u->reduce_in = Tensor();
+      u->reduce_out = Tensor();
+    }
+    u->reduced = false;
+    u->grads_ready = 0;
+  }
+  for (size_t k = 0; k < units_.size(); ++k) free_unit(k, /*deferred=*/false);
+  bury(true);
+  phase_ = Phase::Idle;
+}
+
+// ---- whole-model access ----
+
+void FullyShardedDataParallel::gather_full_params() {
+  TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
+               "FullyShardedDataParallel::gather_full_params: called during forward or twice");
+  phase_ = Phase::Summoned;
+  for (size_t k = 0; k < units_.size(); ++k) gather(k, true);
+}
+
+void FullyShardedDataParallel::release_full_params() {
+  TANDEM_CHECK(phase_ == Phase::Summoned,
+               "FullyShardedDataParallel::release_full_params: gather_full_params() was not called");
+  for (size_t k = 0; k < units_.size(); ++k) free_unit(k, /*deferred=*/false);
+  phase_ = Phase::Idle;
+}
+
+nn::NamedTensors FullyShardedDataParallel::full_state_dict() {
+  gather_full_params();
+  nn::NamedTensors out;
+  try {
+    for (auto& [name, t] : module_->state_dict()) out.emplace_back(name, t.clone());
+  } catch (...) {
+    release_full_params();
+    throw;
+  }
+  release_full_params();
+  return out;
+}
+
+double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
+  TANDEM_CHECK(max_norm > 0, "FullyShardedDataParallel::clip_grad_norm_: max_norm is ", max_norm, ", expected > 0");
+  std::vector<Tensor> shards;
+  for (auto& u : units_)
+    if (u->shard.grad().defined()) shards.push_back(u->shard);
+  double local = 0;
+  if (!shards.empty()) {
+    const Tensor n = optim::clip_grad_norm_(shards, std::numeric_limits<double>::infinity(), 2.0, false);
+    local = n.to(Device::cpu()).to(kFloat64).data<double>()[0];
+  }
+  const double total =
+      std::sqrt(allreduce_values(*group_, {local * local}, ReduceOp::Sum, "FSDP clip_grad_norm_ (the shards' norms)")[0]);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1) {
+    NoGradGuard no_grad;
+    for (auto& s : shards) {
+      Tensor g = s.grad();
+      g.copy_(nn::functional::scale(g, coef));
+    }
+  }
+  return total;
+}
+
+FullyShardedDataParallel::Memory FullyShardedDataParallel::memory() const {
+  Memory m;
+  for (auto& u : units_) {
+    if (sharded()) m.shard_bytes += u->shard.nbytes();
+    if (u->shard.grad().defined()) m.grad_bytes += u->shard.grad().nbytes();
+    if (sharded() && u->full->has_memory()) m.gathered_bytes += u->bytes();
+    if (u->staging) m.gathered_bytes += u->bytes();
+  }
+  if (!sharded())
+    for (auto& u : units_) m.shard_bytes += u->bytes();
+  for (auto& [s, stamp] : graveyard_) m.gathered_bytes += static_cast<int64_t>(s->nbytes());
+  m.peak_gathered_bytes = std::max(peak_gathered_, m.gathered_bytes);
+  return m;
+}
+
+}  // namespace tandem::dist

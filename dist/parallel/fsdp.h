@@ -1,0 +1,177 @@
+// FullyShardedDataParallel: parameters, gradients and optimizer state sharded across the ranks of a
+// process group, as torch.distributed.fsdp.FullyShardedDataParallel (ZeRO-3) does with flat
+// parameters (use_orig_params=False).
+//
+// Units. An auto-wrap policy picks subtrees of the module: every module of a listed class (PyTorch's
+// transformer_auto_wrap_policy, by unqualified C++ class name: "Block", "BasicBlock"), or, by
+// size, every subtree holding at least min_num_params parameters not already in a unit below it
+// (size_based_auto_wrap_policy). Children are planned before their parents, and what no unit takes
+// forms the root unit. Each unit's parameters (one dtype and device per unit) are laid end to end
+// in one flat buffer padded to a multiple of the world size; the module's parameter tensors become
+// views of it (same tensor objects, so the module's code is unchanged), and rank r keeps elements
+// [r*S, (r+1)*S) as its shard, a leaf tensor of its own: parameters() are these shards, and any
+// optimizer steps on them unchanged.
+//
+// Gathering. Between uses a unit's flat buffer has no memory (core/storage.h: free_memory). The
+// first read of one of its parameters in forward or backward all-gathers it
+// (ProcessGroup::all_gather_into_tensor) and waits; so a unit is gathered just before it runs,
+// whatever the module's code looks like, and a unit run twice (or a weight tied across units) is
+// simply gathered again. The first forward records the order in which units are first read; from
+// then on reading unit k starts the gather of the unit after it (forward prefetch) or before it
+// (backward prefetch), which runs on the group's worker while unit k computes.
+//   FULL_SHARD     a non-root unit's memory is freed in forward once the op that last read it has
+//                  finished (autograd::recorded_ops() advanced) and another unit is read, and at the
+//                  end of forward; the root stays gathered until its gradients are reduced.
+//   SHARD_GRAD_OP  (ZeRO-2) gathered units stay until their gradients are reduced.
+//   NO_SHARD       nothing is sharded: each unit's flat buffer is its parameter, gradients are
+//                  all-reduced (DDP's arithmetic, one bucket per unit).
+//   HYBRID_SHARD   not yet available (refused naming FULL_SHARD and NO_SHARD).
+// Reduction. Post-accumulate hooks on the module's parameters count each unit's final gradients;
+// when a unit's last one is in, its gradients are copied into a flat buffer (zeros where a
+// parameter got none, and in the padding), divided by the world size and reduce-scattered (summed:
+// the reducer's arithmetic, so the gradients are DDP's) on the group's
+// worker while backward goes on (the reducer's overlap), the full gradients are dropped and the
+// unit's memory freed. At the end of backward (autograd::queue_callback) any unit not yet reduced
+// is reduced in unit order, every reduction is waited for, and each shard's .grad receives its
+// part (added to a gradient already there, as PyTorch accumulates). Inside no_sync() nothing is
+// reduced: the full gradients accumulate on the module's parameters until a synchronised backward.
+//
+// Memory: a gathered unit's buffer is released in forward only once the op that may be reading it
+// has recorded (autograd::recorded_ops() moved on), so a pointer an op took stays valid; under
+// NoGradGuard nothing records, so evaluation keeps units gathered until the end of its forward.
+// Errors name the fix: reading a sharded parameter outside forward and backward (use
+// full_state_dict() or gather_full_params()), units of mixed dtypes or devices, a wrap class that
+// no module has, a strategy that is not available. Every rank must run the same units in the same
+// order (the collectives are issued as units are read), as DDP's static graph requires.
+// Assumes: the module is on its device before wrapping and not modified afterwards; one
+// FullyShardedDataParallel per module; forward and backward on one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/storage.h"
+#include "dist/group/process_group.h"
+#include "nn/module.h"
+
+namespace tandem::dist {
+
+enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
+const char* sharding_strategy_name(ShardingStrategy s);  // "FULL_SHARD", ...
+// "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (PyTorch's names); throws naming them.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+struct AutoWrapPolicy {
+  std::set<std::string> module_classes;  // unqualified class names; empty: no class rule
+  int64_t min_num_params = 0;            // > 0: the size rule
+};
+
+struct FSDPOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
+  AutoWrapPolicy auto_wrap_policy;
+  bool forward_prefetch = true;
+  bool backward_prefetch = true;
+};
+
+// The units `policy` makes of `module`: children before parents, then the root unit (the rest, path
+// "") last; each with the module's parameter names it holds. A parameter registered under several
+// names (tied) goes to the root unit. Throws naming a wrap class that no module has.
+struct UnitPlan {
+  std::string path;
+  std::vector<std::string> params;
+};
+std::vector<UnitPlan> plan_units(const nn::Module& module, const AutoWrapPolicy& policy);
+// The module's unqualified C++ class name ("Linear" for tandem::nn::Linear).
+std::string module_class_name(const nn::Module& m);
+
+class FullyShardedDataParallel : public nn::Module {
+ public:
+  // Collective: plans the units, broadcasts rank 0's parameters and buffers, keeps this rank's shards.
+  FullyShardedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
+                           FSDPOptions options = {});
+  ~FullyShardedDataParallel() override;
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // Runs the module (in this wrapper's train/eval mode).
+  Tensor forward(const Tensor& x) override;
+
+  nn::Module& module() { return *module_; }
+  ProcessGroup& process_group() { return *group_; }
+  const FSDPOptions& options() const { return options_; }
+
+  struct UnitInfo {
+    std::string path;                 // the module's dotted path; "" for the root unit
+    std::vector<std::string> params;  // the module's parameter names it holds, in its order
+    int64_t numel = 0;                // parameters' elements
+    int64_t shard_numel = 0;          // this rank's shard (numel padded to the world size / world)
+  };
+  std::vector<UnitInfo> units() const;
+
+  // While alive, backward accumulates full gradients on the module's parameters without
+  // communication; the next synchronised backward reduces the sum.
+  class NoSync {
+   public:
+    explicit NoSync(FullyShardedDataParallel& f) : f_(f), prev_(f.require_sync_) { f_.require_sync_ = false; }
+    ~NoSync() { f_.require_sync_ = prev_; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    FullyShardedDataParallel& f_;
+    bool prev_;
+  };
+  [[nodiscard]] std::unique_ptr<NoSync> no_sync() { return std::make_unique<NoSync>(*this); }
+
+  // clip_grad_norm_ over the shards: the norm of the whole (unsharded) gradient, all-reduced, and
+  // every shard's gradient scaled by min(1, max_norm / (norm + 1e-6)). Collective. Returns the norm.
+  double clip_grad_norm_(double max_norm);
+
+  // Collective: every unit gathered, the module's state_dict (its own names, PyTorch's) copied
+  // out on every rank, the units' memory freed again.
+  nn::NamedTensors full_state_dict();
+  // Collective: gathers every unit and keeps it gathered until release_full_params() (also
+  // collective), so that the module's parameters can be read (evaluation, export).
+  void gather_full_params();
+  void release_full_params();
+
+  // Bytes this rank holds: its shards, their gradients, gathered flat buffers now and at most so far.
+  struct Memory {
+    int64_t shard_bytes = 0, grad_bytes = 0, gathered_bytes = 0, peak_gathered_bytes = 0;
+  };
+  Memory memory() const;
+
+ private:
+  struct Unit;
+  enum class Phase { Idle, Forward, AfterForward, Summoned };
+
+  void setup_unit(size_t k);
+  void on_access(size_t k);
+  void gather(size_t k, bool wait);
+  // Releases a unit's gathered memory: at once, or (in forward, where an op may still hold a
+  // pointer into it) kept until the op that is running has recorded.
+  void free_unit(size_t k, bool deferred);
+  void bury(bool all);
+  void prefetch_after(size_t k, bool forward);
+  void on_grad_ready(size_t k);
+  void reduce_unit(size_t k);
+  void finish_backward();
+  bool sharded() const { return options_.sharding_strategy != ShardingStrategy::NoShard; }
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> group_;
+  FSDPOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  Phase phase_ = Phase::Idle;
+  bool require_sync_ = true;
+  bool callback_queued_ = false;
+  std::vector<size_t> order_;       // units in the order the first forward read them
+  bool order_recorded_ = false;
+  std::vector<std::pair<std::shared_ptr<Storage>, uint64_t>> graveyard_;  // (memory, recorded_ops() then)
+  int64_t peak_gathered_ = 0;
+};
+
+}  // namespace tandem::dist

@@ -1,6 +1,6 @@
-// nn/reduction.h. sum, var, max(dim), max(x) and amax record their own nodes (kernels/reduce.h,
-// index.h); mean and logsumexp are compositions of differentiable ops, so their gradients follow from
-// those.
+// nn/reduction.h. sum, var, std, max/min (by dimension, over everything), amax/amin, prod and cumsum
+// record their own nodes (kernels/reduce.h, scan.h, index.h); the min family runs the max kernels on
+// -x. mean and logsumexp are compositions of differentiable ops, so their gradients follow from those.
 #include "nn/reduction.h"
 
 #include <cmath>

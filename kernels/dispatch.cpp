@@ -49,4 +49,11 @@ DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors) 
   return d;
 }
 
+Device float_operand_device(const char* op, const Tensor& x) {
+  TANDEM_CHECK(x.defined(), op, ": operand is undefined");
+  const Device device = common_device(op, {x});
+  common_float_dtype(op, {x});
+  return device;
+}
+
 }  // namespace tandem::kernels

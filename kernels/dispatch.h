@@ -21,6 +21,9 @@ DType common_dtype(const char* op, std::initializer_list<Tensor> tensors);
 // All defined floating tensors must share one dtype (f32, or f64 on CPU).
 DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors);
 
+// The device of the one operand x of `op`, which must be defined and of a float dtype.
+Device float_operand_device(const char* op, const Tensor& x);
+
 // FLOPs of a convolution with this output shape [N, K, P, Q] and weight [K, C, R, S]: 2*N*P*Q*K*C*R*S
 // per GEMM (forward: 1; backward: one per gradient of input or weight asked for; bias not counted).
 double conv_gemm_flops(const Shape& out, const Tensor& weight, int gemms);

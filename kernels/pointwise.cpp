@@ -29,7 +29,7 @@ const char* op_name(CompareOp op) {
 }
 const char* op_name(UnaryOp op) {
   static const char* names[] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu",
-                                "gelu_tanh", "silu"};
+                                "gelu_tanh", "silu", "abs"};
   return names[static_cast<int>(op)];
 }
 

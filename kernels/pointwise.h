@@ -16,7 +16,7 @@ namespace tandem::kernels {
 
 enum class BinaryOp : uint8_t { Add, Sub, Mul, Div, Pow, Maximum, Minimum };
 enum class CompareOp : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
-enum class UnaryOp : uint8_t { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu };
+enum class UnaryOp : uint8_t { Neg, Exp, Log, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, Gelu, GeluTanh, Silu, Abs };
 
 const char* op_name(BinaryOp op);
 const char* op_name(CompareOp op);

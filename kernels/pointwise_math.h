@@ -102,6 +102,7 @@ TANDEM_HD T apply_unary(UnaryOp op, T x) {
     case UnaryOp::GeluTanh:
       return T(0.5) * x * (T(1) + ttanh(T(kSqrt2OverPi) * (x + T(kGeluKappa) * x * x * x)));
     case UnaryOp::Silu: return x * sigmoid(x);
+    case UnaryOp::Abs: return x < T(0) ? -x : (x == T(0) ? T(0) : x);  // -0 -> 0, NaN stays NaN
   }
   return x;
 }
@@ -134,6 +135,8 @@ TANDEM_HD T apply_unary_grad(UnaryOp op, T g, T x, T y) {
       const T s = sigmoid(x);
       return g * s * (T(1) + x * (T(1) - s));
     }
+    case UnaryOp::Abs: return x > T(0) ? g : (x < T(0) ? -g : g * T(0));  // g * sign(x), sign(0) = sign(NaN) = 0
+
   }
   return g;
 }

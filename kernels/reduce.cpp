@@ -7,20 +7,9 @@
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
-namespace {
-
-Device check(const char* op, const Tensor& x) {
-  TANDEM_CHECK(x.defined(), op, ": operand is undefined");
-  const Device device = common_device(op, {x});
-  common_float_dtype(op, {x});
-  return device;
-}
-
-}  // namespace
-
 Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("sum_dims");
-  return TANDEM_DISPATCH(check("sum", x), sum_dims, x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
+  return TANDEM_DISPATCH(float_operand_device("sum", x), sum_dims, x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
@@ -44,7 +33,7 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
 
 MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
   profiler::Scope prof_scope("max_dim");
-  const Device device = check("max", x);
+  const Device device = float_operand_device("max", x);
   dim = views::wrap_dim(dim, x.dim(), "max");
   if (x.dim() > 0) {
     TANDEM_CHECK(x.shape()[dim] > 0, "max: cannot reduce the empty dimension ", dim, " of ", x.str());
@@ -54,7 +43,7 @@ MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("amax");
-  const Device device = check("amax", x);
+  const Device device = float_operand_device("amax", x);
   const auto d = views::reduction_dims(dims, x.dim(), "amax");
   for (int64_t k : d) {
     TANDEM_CHECK(x.shape()[k] > 0, "amax: cannot reduce the empty dimension ", k, " of ", x.str());
@@ -65,7 +54,7 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   profiler::Scope prof_scope(op);
-  return TANDEM_DISPATCH(check(op, x), softmax_forward, x, views::wrap_dim(dim, x.dim(), op), log);
+  return TANDEM_DISPATCH(float_operand_device(op, x), softmax_forward, x, views::wrap_dim(dim, x.dim(), op), log);
 }
 
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {

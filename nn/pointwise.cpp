@@ -96,6 +96,19 @@ struct UnaryBackward final : Node {
   }
 };
 
+// Passes the gradient where min <= x <= max (each bound when given), zero elsewhere (NaN included).
+struct ClampBackward final : Node {
+  Tensor x, min, max;  // a bound may be undefined
+  std::string name() const override { return "ClampBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const Tensor zero = Tensor::zeros({}, g[0].dtype(), g[0].device());
+    Tensor gx = g[0];
+    if (min.defined()) gx = kernels::where(kernels::compare(kernels::CompareOp::Ge, x, min), gx, zero);
+    if (max.defined()) gx = kernels::where(kernels::compare(kernels::CompareOp::Le, x, max), gx, zero);
+    return {gx};
+  }
+};
+
 Tensor record_unary(UnaryOp op, const Tensor& x) {
   Tensor y = kernels::unary(op, x);
   if (autograd::any_requires_grad({x})) {
@@ -155,6 +168,24 @@ Tensor rsqrt(const Tensor& x) { return record_unary(UnaryOp::Rsqrt, x); }
 Tensor tanh(const Tensor& x) { return record_unary(UnaryOp::Tanh, x); }
 Tensor sigmoid(const Tensor& x) { return record_unary(UnaryOp::Sigmoid, x); }
 Tensor silu(const Tensor& x) { return record_unary(UnaryOp::Silu, x); }
+Tensor abs(const Tensor& x) { return record_unary(UnaryOp::Abs, x); }
+
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max) {
+  TANDEM_CHECK(x.defined(), "clamp: operand is undefined");
+  TANDEM_CHECK(min.has_value() || max.has_value(), "clamp: expected a min or a max bound (or both), got neither");
+  const Tensor lo = min ? scalar_like(*min, x) : Tensor(), hi = max ? scalar_like(*max, x) : Tensor();
+  Tensor y = x;
+  if (lo.defined()) y = kernels::binary(BinaryOp::Maximum, y, lo);
+  if (hi.defined()) y = kernels::binary(BinaryOp::Minimum, y, hi);
+  if (autograd::any_requires_grad({x})) {
+    auto n = std::make_shared<ClampBackward>();
+    n->x = x.detach();
+    n->min = lo;
+    n->max = hi;
+    autograd::record(n, {x}, {&y});
+  }
+  return y;
+}
 
 Tensor gelu(const Tensor& x, const std::string& approximate) {
   TANDEM_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be \"none\" or \"tanh\", got \"",

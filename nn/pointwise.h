@@ -8,6 +8,7 @@
 // gradient; `where` takes such a mask.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "core/tensor.h"
@@ -53,5 +54,11 @@ Tensor sigmoid(const Tensor& x);
 // approximate: "none" (x * Phi(x), with erf) or "tanh"; anything else throws.
 Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 Tensor silu(const Tensor& x);
+// |x| (NaN stays NaN); the gradient is grad * sign(x), 0 at x = 0 and at NaN, as PyTorch.
+Tensor abs(const Tensor& x);
+// min(max(x, min), max), either bound optional (not both): NaN stays NaN, and min > max gives max
+// everywhere, as PyTorch. The gradient passes where min <= x <= max (bounds included) and is 0
+// elsewhere, at NaN too. Runs the maximum/minimum kernels, so every device they support.
+Tensor clamp(const Tensor& x, std::optional<double> min, std::optional<double> max);
 
 }  // namespace tandem::nn::functional

@@ -14,7 +14,9 @@
 // index or broadcast is off by far more.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/random.h"
@@ -87,6 +89,29 @@ TEST(CudaGeneralNn, CompositeOpsAndTheirGradientsMatchCpu) {
   F::sum(F::mul(e, ew)).backward();
   F::sum(F::mul(eg, ew.to(gpu()))).backward();
   EXPECT_TRUE(close(wg.grad(), wc.grad(), kAtol, kRtol));
+}
+
+// The ops added to the general set (abs, clamp, the min family through the max kernels, var and max(x)
+// with their own backward, prod, std, cumsum) on CUDA, NaN included: the CPU's values and gradients.
+TEST(CudaGeneralNn, AbsClampMinVarAndNanMatchCpu) {
+  TANDEM_NEED_GPUS(1);
+  Generator gen(32);
+  Tensor x = random_cpu({4, 6, 5}, gen, -2.0, 2.0);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::abs(v[0]); }, 5);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::clamp(v[0], -1.0, 0.5); }, 6);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::min(v[0], 1).values; }, 7);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::amin(v[0], {0, 2}, true); }, 8);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::min(v[0]); }, 9);
+  EXPECT_TRUE(same(F::argmin(x.to(gpu()), 2), F::argmin(x, 2)));
+  const Tensor big = F::add(random_cpu({3, 40}, gen, -1e-2, 1e-2), 1e4);  // a large mean
+  expect_same_on_both({big}, [](const std::vector<Tensor>& v) { return F::var(v[0], {1}); }, 10);
+  x.data<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::max(v[0]); }, 11);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::clamp(v[0], -1.0, std::nullopt); }, 12);
+  const Tensor p = random_cpu({3, 5, 4}, gen, 0.5, 1.5);
+  expect_same_on_both({p}, [](const std::vector<Tensor>& v) { return F::prod(v[0], 1); }, 13);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::std(v[0], {0, 2}, 1.0, true); }, 14);
+  expect_same_on_both({x}, [](const std::vector<Tensor>& v) { return F::cumsum(v[0], 1); }, 15);
 }
 
 TEST(CudaGeneralNn, Conv2dWithDilationAndGroupsMatchesCpu) {

@@ -29,6 +29,7 @@
 #include "kernels/layer_norm.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
+#include "kernels/scan.h"
 
 namespace {
 
@@ -122,7 +123,7 @@ TEST(CudaGeneralOps, ComparisonsAndWhereMatchCpuExactly) {
 TEST(CudaGeneralOps, UnaryOpsAndTheirGradientsMatchCpu) {
   TANDEM_NEED_GPUS(1);
   Generator gen(13);
-  for (int o = 0; o <= static_cast<int>(K::UnaryOp::Silu); ++o) {
+  for (int o = 0; o <= static_cast<int>(K::UnaryOp::Abs); ++o) {
     const auto op = static_cast<K::UnaryOp>(o);
     const bool positive = op == K::UnaryOp::Log || op == K::UnaryOp::Sqrt || op == K::UnaryOp::Rsqrt;
     for (const Shape& shape : {Shape{37, 29}, Shape{1}, Shape{0, 4}, Shape{}}) {
@@ -235,6 +236,29 @@ TEST(CudaGeneralOps, MaxAndAmaxMatchCpuWithTiesAndNan) {
   EXPECT_EQ(rm.indices.to_vector<int64_t>(), K::max_dim(row, 1, false).indices.to_vector<int64_t>());
   const Tensor s = random_cpu({1, 1}, gen);
   EXPECT_TRUE(same(K::max_dim(s.to(gpu()), 0, true).values, K::max_dim(s, 0, true).values));
+}
+
+// prod, its backward (zeros included) and cumsum (both directions) along every dimension, strided
+// input included: the same double accumulation in the same order as the CPU, rounded once.
+TEST(CudaGeneralOps, ProdAndCumsumAlongEveryDimensionMatchCpu) {
+  TANDEM_NEED_GPUS(1);
+  Generator gen(19);
+  Tensor x = random_cpu({3, 4, 5}, gen, 0.5, 1.5);
+  std::vector<float> v = x.to_vector<float>();
+  v[6] = v[26] = v[47] = 0.0f;
+  x = Tensor::from_vector<float>(v, {3, 4, 5});
+  for (const Tensor& xd : {x.to(gpu()), strided_gpu(x)}) {
+    for (int64_t dim = 0; dim < 3; ++dim) {
+      SCOPED_TRACE(::testing::Message() << "dim " << dim);
+      EXPECT_TRUE(near(K::prod_dim(xd, dim, true), K::prod_dim(x, dim, true)));
+      const Tensor g = random_cpu(K::prod_dim(x, dim, true).shape(), gen);
+      EXPECT_TRUE(near(K::prod_dim_backward(g.to(gpu()), xd, dim), K::prod_dim_backward(g, x, dim)));
+      for (bool reverse : {false, true}) EXPECT_TRUE(near(K::cumsum(xd, dim, reverse), K::cumsum(x, dim, reverse)));
+    }
+  }
+  const Tensor e = Tensor::zeros({2, 0, 3});
+  EXPECT_TRUE(same(K::prod_dim(e.to(gpu()), 1, false), K::prod_dim(e, 1, false)));  // ones
+  EXPECT_EQ(K::cumsum(e.to(gpu()), 1).numel(), 0);
 }
 
 TEST(CudaGeneralOps, SoftmaxAndLogSoftmaxOverEveryDimensionMatchCpu) {

@@ -3,6 +3,9 @@
 // comparisons' mask dtype, and one clear error for each kind of bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <optional>
+
 #include "core/random.h"
 #include "nn/functional.h"
 
@@ -101,6 +104,50 @@ TEST(GeneralOps, BadInputsGetOneClearError) {
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, 2}, {3}), -100, 0.0, "avg"),
                "reduction must be \"mean\", \"sum\" or \"none\"");
   EXPECT_ERROR(F::mse_loss(x, Tensor::zeros({3, 2})), "mse_loss");
+  EXPECT_ERROR(F::prod(x, -3), "prod: dimension -3 out of range for a 2-D tensor");
+  EXPECT_ERROR(F::cumsum(x, 2), "cumsum: dimension 2 out of range");
+  EXPECT_ERROR(F::std(x, {1, 1}), "std: dimension 1 appears more than once");
+  EXPECT_ERROR(F::cumsum(Tensor::zeros({2}, kInt64), 0), "cumsum");
+}
+
+// Empty inputs as PyTorch: sums are 0, means and variances NaN, a zero-size batch flows through linear
+// and the losses; max/min/argmax/argmin of nothing is an error naming the empty dimension.
+TEST(GeneralOps, EmptyReductionsAndZeroSizeBatches) {
+  EXPECT_EQ(F::sum(Tensor::zeros({0})).item<float>(), 0.0f);
+  EXPECT_EQ(F::sum(Tensor::zeros({2, 0}), {1}).to_vector<float>(), (std::vector<float>{0, 0}));
+  EXPECT_TRUE(std::isnan(F::mean(Tensor::zeros({0})).item<float>()));
+  EXPECT_TRUE(std::isnan(F::var(Tensor::zeros({0})).item<float>()));
+  EXPECT_TRUE(std::isnan(F::var(Tensor::ones({1})).item<float>()));  // N - correction = 0
+  EXPECT_TRUE(std::isnan(F::std(Tensor::zeros({2, 0}), {1}).to_vector<float>()[1]));
+  EXPECT_EQ(F::prod(Tensor::zeros({2, 0}), 1).to_vector<float>(), (std::vector<float>{1, 1}));
+  EXPECT_EQ(F::prod(Tensor::zeros({0})).item<float>(), 1.0f);
+  EXPECT_EQ(shape_str(F::cumsum(Tensor::zeros({2, 0}), 1).shape()), "[2, 0]");
+  EXPECT_EQ(F::var(Tensor::ones({1}), {}, 0.0).item<float>(), 0.0f);
+  EXPECT_EQ(F::max(Tensor::zeros({0, 3}), 1).values.numel(), 0);  // nothing empty is reduced
+  EXPECT_ERROR(F::max(Tensor::zeros({0})), "max: cannot reduce the empty tensor float32[0]");
+  EXPECT_ERROR(F::min(Tensor::zeros({0})), "min: cannot reduce the empty tensor");
+  EXPECT_ERROR(F::max(Tensor::zeros({2, 0}), 1), "max: cannot reduce the empty dimension 1 of float32[2, 0]");
+  EXPECT_ERROR(F::min(Tensor::zeros({2, 0}), -1), "min: cannot reduce the empty dimension 1");
+  EXPECT_ERROR(F::amax(Tensor::zeros({2, 0}), {1}), "amax: cannot reduce the empty dimension 1");
+  EXPECT_ERROR(F::amin(Tensor::zeros({2, 0})), "amin: cannot reduce the empty dimension 1");
+  EXPECT_ERROR(F::argmax(Tensor::zeros({0})), "argmax: cannot reduce the empty tensor");
+  EXPECT_ERROR(F::argmin(Tensor::zeros({3, 0}), 1), "argmin: cannot reduce the empty dimension 1");
+  EXPECT_ERROR(F::clamp(Tensor::zeros({2}), std::nullopt, std::nullopt), "clamp: expected a min or a max bound");
+
+  Tensor x = Tensor::zeros({0, 3}).set_requires_grad(true);
+  Tensor w = Tensor::ones({2, 3}).set_requires_grad(true);
+  Tensor y = F::linear(x, w, Tensor::ones({2}));
+  EXPECT_EQ(shape_str(y.shape()), "[0, 2]");
+  F::sum(y).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(6, 0.0f));
+  EXPECT_EQ(shape_str(x.grad().shape()), "[0, 3]");
+  Tensor logits = Tensor::zeros({0, 4}).set_requires_grad(true);
+  Tensor loss = F::cross_entropy(logits, Tensor::zeros({0}, kInt64));
+  EXPECT_TRUE(std::isnan(loss.item<float>()));  // mean over no targets
+  loss.backward();
+  EXPECT_EQ(shape_str(logits.grad().shape()), "[0, 4]");
+  EXPECT_EQ(F::cross_entropy(logits, Tensor::zeros({0}, kInt64), -100, 0.0, "sum").item<float>(), 0.0f);
+  EXPECT_TRUE(std::isnan(F::mse_loss(Tensor::zeros({0}), Tensor::zeros({0})).item<float>()));
 }
 
 TEST(GeneralOps, CrossEntropyIgnoresTargetsAndAllIgnoredIsNaN) {

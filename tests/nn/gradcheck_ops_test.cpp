@@ -3,6 +3,8 @@
 // (transposed or strided views taken inside the checked function).
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "nn/functional.h"
 #include "tests/nn/gradcheck.h"
 
@@ -70,6 +72,41 @@ TEST(GradCheckOps, Reductions) {
   }
   gradcheck([](const V& in) { return F::mean(in[0]); }, {random_f64({3, 4}, g)}, {0});
   gradcheck([](const V& in) { return F::max(in[0]); }, {random_f64({3, 4}, g)}, {0});
+  // A large mean: the variance's gradient 2 (x - mean) / (N - 1) must keep the noise's deviations.
+  gradcheck([](const V& in) { return F::var(in[0], {1}); }, {random_f64({2, 6}, g, 1e4 - 1e-2, 1e4 + 1e-2)}, {0}, 1e-6,
+            1e-3);
+}
+
+TEST(GradCheckOps, AbsClampMin) {
+  Generator g(27);
+  // Away from the kinks (|x| > 0.1, x not within 0.1 of a bound): a central difference there is exact.
+  Tensor x = random_f64({3, 4}, g, 0.1, 2.0);
+  for (int64_t i = 0; i < x.numel(); i += 2) x.data<double>()[i] *= -1.0;
+  gradcheck([](const V& in) { return F::abs(t01(in[0])); }, {x.clone()}, {0});
+  gradcheck([](const V& in) { return F::clamp(in[0], -1.0, 0.5); }, {x.clone()}, {0});
+  gradcheck([](const V& in) { return F::clamp(t01(in[0]), std::nullopt, 0.5); }, {x.clone()}, {0});
+  gradcheck([](const V& in) { return F::clamp(in[0], -1.0, std::nullopt); }, {x.clone()}, {0});
+  for (bool keepdim : {false, true}) {
+    gradcheck([&](const V& in) { return F::min(t01(in[0]), 1, keepdim).values; }, {random_f64({5, 3}, g)}, {0});
+    gradcheck([&](const V& in) { return F::amin(in[0], {0, 2}, keepdim); }, {random_f64({3, 2, 4}, g)}, {0});
+  }
+  gradcheck([](const V& in) { return F::min(in[0]); }, {random_f64({3, 4}, g)}, {0});
+}
+
+TEST(GradCheckOps, ProdStdCumsum) {
+  Generator g(28);
+  for (bool keepdim : {false, true}) {
+    gradcheck([&](const V& in) { return F::prod(t01(in[0]), 1, keepdim); }, {random_f64({4, 3}, g, 0.5, 1.5)}, {0});
+    gradcheck([&](const V& in) { return F::std(in[0], {0, 2}, 1.0, keepdim); }, {random_f64({3, 2, 4}, g)}, {0});
+  }
+  // One zero in the input: the prefix/suffix products (the zero alone gets a gradient in its row).
+  Tensor z = random_f64({3, 4}, g, 0.5, 1.5);
+  z.data<double>()[5] = 0.0;
+  gradcheck([](const V& in) { return F::prod(in[0], -1); }, {z}, {0});
+  gradcheck([](const V& in) { return F::prod(in[0]); }, {random_f64({2, 3}, g, 0.5, 1.5)}, {0});
+  gradcheck([](const V& in) { return F::std(in[0], {1}, 0.0); }, {random_f64({2, 5}, g)}, {0});
+  gradcheck([](const V& in) { return F::cumsum(t01(in[0]), 1); }, {random_f64({4, 3}, g)}, {0});
+  gradcheck([](const V& in) { return F::cumsum(in[0], 0); }, {random_f64({3, 2, 2}, g)}, {0});
 }
 
 TEST(GradCheckOps, ViewsAndCopies) {

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,71 @@ TEST(PytorchGeneralOps, ConvolutionGeometryAndAveragePooling) {
   check_case("adaptive_avg_pool", {"x"}, {}, [](In& in) { return Fn::adaptive_avg_pool2d(in["x"], {3, 4}); });
   check_case("adaptive_avg_pool_unbatched", {"x"}, {},
              [](In& in) { return Fn::adaptive_avg_pool2d(in["x"], {1, 1}); });
+}
+
+}  // namespace
+
+namespace {
+
+// NaN, a large mean and empty reductions where PyTorch's rule is easy to miss.
+TEST(PytorchGeneralOps, NanLargeMeanAndEmptyReductionsAsPytorch) {
+  // torch.max(x): the gradient is shared among the NaNs (or the tied maxima), not NaN everywhere.
+  check_case("max_all_nan", {"x"}, {}, [](In& in) { return Fn::max(in["x"]); });
+  check_case("max_all_ties", {"x"}, {}, [](In& in) { return Fn::max(in["x"]); });
+  // 1e4 + 1e-2 noise: the mean's rounding (~5e-4) must not leak into the variance or its gradient.
+  check_case("var_large_mean", {"x"}, {}, [](In& in) { return Fn::var(in["x"], {1}); });
+  expect_close(Fn::logsumexp(Tensor::zeros({2, 0}), {1}), get("logsumexp_empty.y"), "logsumexp_empty.y");
+  const Tensor a = get("compare_nan.a"), b = get("compare_nan.b");
+  const std::map<std::string, Tensor> got = {{"eq", Fn::eq(a, b)}, {"ne", Fn::ne(a, b)}, {"lt", Fn::lt(a, b)},
+                                             {"le", Fn::le(a, b)}, {"gt", Fn::gt(a, b)}, {"ge", Fn::ge(a, b)}};
+  for (const auto& [name, mask] : got) {
+    EXPECT_EQ(mask.to_vector<uint8_t>(), get("compare_nan." + name).to_vector<uint8_t>()) << name;
+  }
+  check_case("max_pool_nan", {"x"}, {}, [](In& in) { return Fn::max_pool2d(in["x"], 2); });
+  check_case("max_pool_nan_k3s2p1", {"x"}, {}, [](In& in) { return Fn::max_pool2d(in["x"], 3, 2, 1); });
+}
+
+TEST(PytorchGeneralOps, AbsAndClamp) {
+  check_case("abs", {"x"}, {}, [](In& in) { return Fn::abs(in["x"]); });
+  check_case("clamp_both", {"x"}, {}, [](In& in) { return Fn::clamp(in["x"], -1.0, 0.5); });
+  check_case("clamp_min", {"x"}, {}, [](In& in) { return Fn::clamp(in["x"], -1.0, std::nullopt); });
+  check_case("clamp_max", {"x"}, {}, [](In& in) { return Fn::clamp(in["x"], std::nullopt, 0.5); });
+  check_case("clamp_inverted", {"x"}, {}, [](In& in) { return Fn::clamp(in["x"], 1.0, -1.0); });
+}
+
+TEST(PytorchGeneralOps, MinAminArgmin) {
+  Tensor indices;
+  check_case("min_dim", {"x"}, {}, [&](In& in) {
+    auto r = Fn::min(in["x"], 1);
+    indices = r.indices;
+    return r.values;
+  });
+  EXPECT_EQ(indices.to_vector<int64_t>(), get("min_dim.indices").to_vector<int64_t>());
+  const Tensor x = get("argmin.x");
+  const Tensor am = Fn::argmin(x, 1, true);
+  EXPECT_EQ(shape_str(am.shape()), "[3, 1]");
+  EXPECT_EQ(am.to_vector<int64_t>(), get("argmin.indices").to_vector<int64_t>());
+  EXPECT_EQ(Fn::argmin(x).to_vector<int64_t>(), get("argmin.flat").to_vector<int64_t>());
+  check_case("amin_ties", {"x"}, {}, [](In& in) { return Fn::amin(in["x"], {0, 1}, true); });
+  check_case("amin_nan", {"x"}, {}, [](In& in) { return Fn::amin(in["x"], {1}); });
+  check_case("min_all_nan", {"x"}, {}, [](In& in) { return Fn::min(in["x"]); });
+  check_case("min_all_ties", {"x"}, {}, [](In& in) { return Fn::min(in["x"]); });
+}
+
+}  // namespace
+
+namespace {
+
+TEST(PytorchGeneralOps, ProdStdCumsum) {
+  check_case("prod_dim", {"x"}, {}, [](In& in) { return Fn::prod(in["x"], 1); });
+  check_case("prod_zeros", {"x"}, {}, [](In& in) { return Fn::prod(in["x"], 1, true); });
+  check_case("prod_all", {"x"}, {}, [](In& in) { return Fn::prod(in["x"]); });
+  expect_close(Fn::prod(Tensor::ones({2, 0}), 1), get("prod_empty.y"), "prod_empty.y");
+  check_case("std_dims", {"x"}, {}, [](In& in) { return Fn::std(in["x"], {0, 2}); });
+  check_case("std_constant_row", {"x"}, {}, [](In& in) { return Fn::std(in["x"], {1}, 0.0, true); });
+  check_case("std_large_mean", {"x"}, {}, [](In& in) { return Fn::std(in["x"], {1}); });
+  check_case("cumsum_mid", {"x"}, {}, [](In& in) { return Fn::cumsum(in["x"], 1); });
+  check_case("cumsum_nan", {"x"}, {}, [](In& in) { return Fn::cumsum(in["x"], -1); });
 }
 
 }  // namespace

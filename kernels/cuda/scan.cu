@@ -1,0 +1,114 @@
+// CUDA kernels of kernels/scan.h (float32) under tandem::kernels::cuda.
+// Assumes: validated by kernels/scan.cpp (float32 on one CUDA device, dim wrapped).
+// How: the input made contiguous and read as [outer, n, inner]; one thread per (outer, inner)
+// column walks n serially in double (neighbouring threads read neighbouring addresses when inner
+// > 1), the same order and precision as the CPU kernels.
+// Guarantees: fresh contiguous outputs on the input's device, on its compute stream; deterministic
+// (no atomics).
+#include <cstdint>
+
+#include "core/cuda/launch.cuh"
+#include "core/view.h"
+#include "kernels/cuda/common.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/scan.h"
+
+namespace tandem::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+const float* in_ptr(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+
+__device__ __forceinline__ int64_t column_base(int64_t t, int64_t n, int64_t inner) {
+  return (t / inner) * n * inner + t % inner;
+}
+
+__global__ void prod_kernel(const float* x, float* out, int64_t outer, int64_t n, int64_t inner) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const int64_t base = column_base(t, n, inner);
+    double acc = 1.0;
+    for (int64_t k = 0; k < n; ++k) acc *= static_cast<double>(x[base + k * inner]);
+    out[t] = static_cast<float>(acc);
+  }
+}
+
+// Suffix products into out, then prefix products (times the gradient) times them.
+__global__ void prod_grad_kernel(const float* g, const float* x, float* out, int64_t outer, int64_t n, int64_t inner) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const int64_t base = column_base(t, n, inner);
+    double suffix = 1.0;
+    for (int64_t k = n - 1; k >= 0; --k) {
+      out[base + k * inner] = static_cast<float>(suffix);
+      suffix *= static_cast<double>(x[base + k * inner]);
+    }
+    double prefix = static_cast<double>(g[t]);
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t i = base + k * inner;
+      out[i] = static_cast<float>(prefix * static_cast<double>(out[i]));
+      prefix *= static_cast<double>(x[i]);
+    }
+  }
+}
+
+__global__ void cumsum_kernel(const float* x, float* out, bool reverse, int64_t outer, int64_t n, int64_t inner) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const int64_t base = column_base(t, n, inner);
+    double acc = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t i = base + (reverse ? n - 1 - j : j) * inner;
+      acc += static_cast<double>(x[i]);
+      out[i] = static_cast<float>(acc);
+    }
+  }
+}
+
+// x contiguous, read as [outer, n, inner] around dim.
+struct Columns {
+  Tensor x;
+  int64_t outer = 1, n = 1, inner = 1;
+};
+
+Columns columns_of(const Tensor& x, int64_t dim) {
+  Columns c{x.contiguous()};
+  views::split_at(x.shape(), dim, c.outer, c.n, c.inner);
+  return c;
+}
+
+// One thread per column: kernel(args..., outer, n, inner), nothing launched without columns.
+template <typename... Params, typename... Args>
+void launch_columns(int dev, const Columns& c, void (*kernel)(Params...), Args... args) {
+  if (c.outer * c.inner == 0) return;
+  StreamGuard on(dev);
+  launch(on, kernel, grid_for(c.outer * c.inner), kThreads, 0, args..., c.outer, c.n, c.inner);
+}
+
+}  // namespace
+
+Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  const int dev = check_f32_cuda("prod", {x});
+  const Columns c = columns_of(x, dim);
+  Tensor out = Tensor::empty(x.dim() == 0 ? Shape{} : views::reduced_shape(x.shape(), {dim}, keepdim), kFloat32,
+                             x.device());
+  launch_columns(dev, c, prod_kernel, in_ptr(c.x), f32_ptr(out));
+  return out;
+}
+
+Tensor prod_dim_backward(const Tensor& g, const Tensor& x, int64_t dim) {
+  const int dev = check_f32_cuda("prod backward", {g, x});
+  const Columns c = columns_of(x, dim);
+  const Tensor gc = g.contiguous();
+  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
+  if (out.numel() > 0) launch_columns(dev, c, prod_grad_kernel, in_ptr(gc), in_ptr(c.x), f32_ptr(out));
+  return out;
+}
+
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
+  const int dev = check_f32_cuda("cumsum", {x});
+  const Columns c = columns_of(x, dim);
+  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
+  if (out.numel() > 0) launch_columns(dev, c, cumsum_kernel, in_ptr(c.x), f32_ptr(out), reverse);
+  return out;
+}
+
+}  // namespace tandem::kernels::cuda

@@ -1,0 +1,34 @@
+// Products and cumulative sums along one dimension, float32 and float64 on CPU
+// (kernels/cpu/scan.cpp), float32 on CUDA (kernels/cuda/scan.cu). The input is read as a contiguous
+// [outer, n, inner] block, n being the dimension's size; each (outer, inner) column is walked in
+// order, accumulating in double and rounding each output once.
+//   prod_dim: the product over dim (1 over an empty dimension), dropped or kept with size 1.
+//   prod_dim_backward: grad (keepdim shape) times the product of the other elements of each
+//     column: prefix times suffix products, exact with zeros (one zero: only it gets a gradient;
+//     two: none), NaN and infinities propagating as in those products.
+//   cumsum: out[k] = x[0] + ... + x[k] along dim (reverse: x[k] + ... + x[n-1], cumsum's backward).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace tandem::kernels {
+
+Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim);
+Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim);
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
+
+namespace cpu {
+Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim);
+Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim);
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse);
+}  // namespace cpu
+
+namespace cuda {
+Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim);
+Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim);
+Tensor cumsum(const Tensor& x, int64_t dim, bool reverse);
+}  // namespace cuda
+
+}  // namespace tandem::kernels

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "train/py_config.h"
 
 namespace tandem::train {
 namespace {
@@ -146,7 +147,13 @@ void apply_override(Json& config, const std::string& assignment, const std::stri
                assignment, "'");
   const std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (value.is_discarded()) value = text;
+  if (value.is_discarded()) {  // not JSON: read as MMEngine's DictAction reads it, else the text
+    try {
+      value = parse_cfg_option_value(text);
+    } catch (const Error&) {
+      value = text;
+    }
+  }
   // A string key takes the text as written ("work_dir=123" is the string "123").
   const Json* current = nullptr;
   try {

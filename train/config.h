@@ -25,6 +25,7 @@ Json load_config_file(const std::string& path);
 // the file) names configs loaded first (recursively, in order; a cycle is an error naming it); the
 // file's keys are then merged onto them, objects recursively, except that an object holding
 // "_delete_": true replaces the base's value whole. The result has no "_base_" or "_delete_" key.
+// A path ending in .py is read by load_py_config (train/py_config.h).
 Json load_config_with_bases(const std::string& path);
 // The merge rule above, without schema checks.
 Json merge_inherited(const Json& base, const Json& child);
@@ -35,8 +36,9 @@ void set_path_free(Json& config, const std::string& dotted, const Json& value);
 // against `base` as the schema. `source` names where `user` came from.
 Json merge_config(const Json& base, const Json& user, const std::string& source);
 
-// Applies one "a.b.c=value" override: value parsed as JSON if it is JSON, else
-// taken as a string; checked against the current value's type.
+// Applies one "a.b.c=value" override: value parsed as JSON if it is JSON, else as MMEngine's
+// --cfg-options value (parse_cfg_option_value: True, (0.9,0.999), a,b ...), else taken as a string;
+// a string key takes the text as written; checked against the current value's type.
 void apply_override(Json& config, const std::string& assignment, const std::string& source = "--cfg-options");
 
 // Sets the value at a dotted path that must already exist (type-checked).

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "train/config.h"
+#include "train/py_config.h"
 
 namespace tandem::train {
 namespace {
@@ -59,6 +60,7 @@ Json merge_inherited(const Json& base, const Json& child) {
 }
 
 Json load_config_with_bases(const std::string& path) {
+  if (std::filesystem::path(path).extension() == ".py") return load_py_config(path);
   std::vector<std::string> chain;
   return load_rec(path, chain);
 }

@@ -12,8 +12,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,8 +35,7 @@
 #include "nn/models/mlp.h"
 #include "nn/models/mnist_net.h"
 #include "optim/optimizer.h"
-
-extern char** environ;
+#include "rank_processes.h"
 
 namespace {
 
@@ -56,14 +53,6 @@ struct Options {
   int rank = -1, world = 1;
   std::string model, mode, store, out;
 };
-
-int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return -1;
-}
 
 uint64_t hash_params(const std::vector<Tensor>& ps) {
   uint64_t h = 1469598103934665603ull;
@@ -131,43 +120,19 @@ void run_rank(const Options& o) {
             {"world", o.world},           {"rank", o.rank},
             {"optimizer", o.optimizer},   {"params", n},
             {"param_bytes", n * 4},       {"state_bytes", opt->state_bytes()},
-            {"peak_rss_bytes", peak_rss_bytes()}, {"param_hash", std::to_string(hash_params(params))}};
+            {"peak_rss_bytes", bench::peak_rss_bytes()}, {"param_hash", std::to_string(hash_params(params))}};
   std::ofstream(o.out) << r.dump() << "\n";
 }
 
 // Runs one configuration as `world` processes of this program; returns every rank's numbers.
 std::vector<json> run_config(const Options& o, const std::string& model, const std::string& mode, int world,
                              const std::filesystem::path& scratch) {
-  const std::string tag = model + "-" + mode + "-" + std::to_string(world);
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    std::vector<std::string> args = {self, "--rank", std::to_string(r), "--world", std::to_string(world),
-                                     "--model", model, "--mode", mode, "--store", (scratch / (tag + ".store")).string(),
-                                     "--out", (scratch / (tag + "." + std::to_string(r) + ".json")).string(),
-                                     "--optimizer", o.optimizer, "--steps", std::to_string(o.steps),
-                                     "--batch", std::to_string(o.batch), "--threads", std::to_string(o.threads),
-                                     "--mlp-in", std::to_string(o.mlp_in), "--mlp-hidden", std::to_string(o.mlp_hidden),
-                                     "--mlp-layers", std::to_string(o.mlp_layers)};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    TANDEM_CHECK(posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv.data(), environ) == 0,
-                 "zero_memory: could not start rank ", r, " of ", tag);
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  TANDEM_CHECK(ok, "zero_memory: a rank of ", tag, " failed (its error is above)");
-  std::vector<json> out;
-  for (int r = 0; r < world; ++r)
-    out.push_back(json::parse(std::ifstream(scratch / (tag + "." + std::to_string(r) + ".json"))));
-  return out;
+  return bench::run_rank_processes(
+      "zero_memory", model + "-" + mode + "-" + std::to_string(world), world,
+      {"--model", model, "--mode", mode, "--optimizer", o.optimizer, "--steps", std::to_string(o.steps), "--batch",
+       std::to_string(o.batch), "--threads", std::to_string(o.threads), "--mlp-in", std::to_string(o.mlp_in),
+       "--mlp-hidden", std::to_string(o.mlp_hidden), "--mlp-layers", std::to_string(o.mlp_layers)},
+      scratch);
 }
 
 int64_t max_of(const std::vector<json>& ranks, const char* key) {
@@ -233,21 +198,9 @@ int main(int argc, char** argv) {
   app.add_option("--mlp-hidden", o.mlp_hidden, "mlp hidden width");
   app.add_option("--mlp-layers", o.mlp_layers, "mlp hidden layers");
   app.add_option("--json", o.json_path, "write every rank's numbers here");
-  app.add_option("--rank", o.rank, "(internal) run as this rank");
-  app.add_option("--world", o.world, "(internal)");
+  bench::add_rank_options(app, o.rank, o.world, o.store, o.out);
   app.add_option("--model", o.model, "(internal)");
   app.add_option("--mode", o.mode, "(internal) unsharded | zero");
-  app.add_option("--store", o.store, "(internal)");
-  app.add_option("--out", o.out, "(internal)");
   CLI11_PARSE(app, argc, argv);
-  try {
-    if (o.rank >= 0) {
-      run_rank(o);
-      return 0;
-    }
-    return drive(o);
-  } catch (const std::exception& e) {
-    std::cerr << "zero_memory: " << e.what() << "\n";
-    return 1;
-  }
+  return bench::run_rank_or_drive("zero_memory", o.rank, [&] { run_rank(o); }, [&] { return drive(o); });
 }

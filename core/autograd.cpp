@@ -16,6 +16,8 @@ thread_local std::vector<std::function<void()>>* current_callbacks = nullptr;
 }  // namespace
 
 Node::Node() : sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+Node::Node(LeafAccumulator)
+    : sequence_nr_((uint64_t{1} << 63) + next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
 bool GradMode::enabled() { return grad_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_enabled = enabled; }

@@ -40,6 +40,15 @@ class Node : public std::enable_shared_from_this<Node> {
 
   std::vector<Edge> next_edges;
 
+ protected:
+  // Gradient accumulators rank above every other node (their numbers start at 2^63, then count up
+  // as the others do), so that a leaf's gradient is accumulated, and its post-accumulate hooks run,
+  // as soon as it is ready in every backward, as PyTorch's AccumulateGrad (sequence_nr UINT64_MAX)
+  // is. Nodes made during forward count up, so an accumulator made in an earlier iteration would
+  // otherwise wait behind all of them. Among themselves the later made still goes first.
+  struct LeafAccumulator {};
+  explicit Node(LeafAccumulator);
+
  private:
   uint64_t sequence_nr_;
 };
@@ -47,7 +56,8 @@ class Node : public std::enable_shared_from_this<Node> {
 // Sums gradients into a leaf's .grad, then runs its post-accumulate hooks.
 class AccumulateGrad final : public Node {
  public:
-  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  explicit AccumulateGrad(std::weak_ptr<TensorImpl> leaf)
+      : Node(LeafAccumulator{}), leaf_(std::move(leaf)) {}
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override;
   std::string name() const override { return "AccumulateGrad"; }
 

@@ -113,14 +113,16 @@ class SigpipeBlock {
   sigset_t set_, old_;
 };
 
-// Key namespace of the k-th Gloo group that `rank` makes in this process: every rank makes its
-// groups in the same order, so the k-th groups of all ranks meet under one prefix. Counted per
-// rank so that ranks living as threads of one process (tests) agree too.
-std::string next_group_prefix(int rank) {
+// Key namespace of the k-th Gloo group that `rank` makes through the store at `address` in this
+// process: every rank makes its groups on one store in the same order, so the k-th groups of all
+// ranks meet under one prefix. Counted per store, so that subgroups made through their own
+// PrefixStores (FSDP's HYBRID_SHARD: a node's ranks, the replicas) agree even where a process is a
+// different rank in each; and per rank, so that ranks living as threads of one process (tests) agree.
+std::string next_group_prefix(const std::string& address, int rank) {
   static std::mutex mu;
-  static std::map<int, int> made;
+  static std::map<std::pair<std::string, int>, int> made;
   std::lock_guard<std::mutex> lock(mu);
-  return "gloo/" + std::to_string(made[rank]++) + "/";
+  return "gloo/" + std::to_string(made[{address, rank}]++) + "/";
 }
 
 template <typename T>
@@ -253,7 +255,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
   } catch (const std::exception& e) {
     TANDEM_FAIL(im.who, ": cannot create the Gloo TCP device on ", im.address, ": ", e.what());
   }
-  const std::string prefix = next_group_prefix(rank);
+  const std::string prefix = next_group_prefix(store->address(), rank);
   im.prefix = prefix;
   GlooStoreAdapter adapter(store, prefix);
   try {

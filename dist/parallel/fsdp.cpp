@@ -2,8 +2,10 @@
 // each, whose memory comes and goes), the shards, the gathers and reductions in flight, and the
 // memory released in forward but kept until the op reading it has recorded.
 #include "dist/parallel/fsdp.h"
+#include "dist/parallel/fsdp_unit.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -34,45 +36,21 @@ ShardingStrategy parse_sharding_strategy(const std::string& name) {
   TANDEM_FAIL("unknown sharding_strategy '", name, "'; expected FULL_SHARD, SHARD_GRAD_OP, NO_SHARD or HYBRID_SHARD");
 }
 
-struct FullyShardedDataParallel::Unit {
-  std::string path;
-  std::vector<std::pair<std::string, Tensor>> params;  // the module's own tensors (views of `full`)
-  std::vector<int64_t> offsets;
-  int64_t numel = 0, shard_numel = 0, total = 0;  // total: the flat buffer's elements
-  DType dtype = kFloat32;
-  Device device = Device::cpu();
-  std::shared_ptr<Storage> full;     // the gathered flat parameter; memory only while gathered
-  Tensor shard;                      // this rank's part (NO_SHARD: a tensor over `full`)
-  std::shared_ptr<Storage> staging;  // a gather in flight writes here
-  std::shared_ptr<Work> gathering;
-  std::vector<uint64_t> hooks;  // post-accumulate hook handles, per parameter (0: none)
-  bool accessed = false;        // read in the current forward
-  int grad_params = 0, grads_ready = 0;
-  bool reduced = false;
-  std::shared_ptr<Work> reducing;
-  Tensor reduce_in, reduce_out;
-
-  bool root() const { return path.empty(); }
-  int64_t bytes() const { return total * static_cast<int64_t>(element_size(dtype)); }
-  std::string describe() const {
-    std::string names;
-    for (size_t i = 0; i < params.size() && i < 3; ++i) names += (i ? ", " : "") + params[i].first;
-    if (params.size() > 3) names += ", ...";
-    return "unit '" + (root() ? std::string("<root>") : path) + "' (" + names + ")";
-  }
-};
-
 FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
                                                    std::shared_ptr<ProcessGroup> group, FSDPOptions options)
     : module_(std::move(module)), group_(std::move(group)), options_(std::move(options)) {
   TANDEM_CHECK(module_ != nullptr, "FullyShardedDataParallel: the module is null");
   TANDEM_CHECK(group_ != nullptr, "FullyShardedDataParallel: the process group is null");
-  TANDEM_CHECK(options_.sharding_strategy != ShardingStrategy::HybridShard,
-               "FullyShardedDataParallel: sharding_strategy HYBRID_SHARD is not available yet; use FULL_SHARD "
-               "(shard across every rank) or NO_SHARD (replicate, as DDP)");
+  TANDEM_CHECK(!hybrid() || options_.replicate_group != nullptr,
+               "FullyShardedDataParallel: sharding_strategy HYBRID_SHARD needs options.replicate_group (the ranks "
+               "that hold this rank's shard on the other nodes); the wrapper's group is the shard group (this "
+               "node's ranks)");
+  TANDEM_CHECK(hybrid() || options_.replicate_group == nullptr,
+               "FullyShardedDataParallel: options.replicate_group is only used by HYBRID_SHARD, not ",
+               sharding_strategy_name(options_.sharding_strategy));
   NoGradGuard no_grad;
   for (auto& [name, b] : module_->named_buffers())
-    if (b.numel() > 0) group_->broadcast(b, 0)->wait(group_->timeout());
+    if (b.numel() > 0) broadcast_from_rank0(b);
   const std::map<std::string, Tensor> by_name = [&] {
     std::map<std::string, Tensor> m;
     for (auto& [name, t] : module_->named_parameters()) m.emplace(name, t);
@@ -131,7 +109,7 @@ void FullyShardedDataParallel::setup_unit(size_t k) {
     Tensor& p = u.params[i].second;
     flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).copy_(p.reshape({p.numel()}));
   }
-  group_->broadcast(flat, 0)->wait(group_->timeout());  // every rank starts from rank 0's values
+  broadcast_from_rank0(flat);  // every rank starts from rank 0's values
   for (size_t i = 0; i < u.params.size(); ++i) {
     Tensor& p = u.params[i].second;
     p.set_data(flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).view(p.shape()));
@@ -153,6 +131,11 @@ void FullyShardedDataParallel::setup_unit(size_t k) {
   register_parameter(name, u.shard);
 }
 
+void FullyShardedDataParallel::broadcast_from_rank0(Tensor& t) {
+  if (hybrid()) options_.replicate_group->broadcast(t, 0)->wait(options_.replicate_group->timeout());
+  group_->broadcast(t, 0)->wait(group_->timeout());
+}
+
 std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units() const {
   std::vector<UnitInfo> out;
   for (auto& u : units_) {
@@ -172,7 +155,7 @@ void FullyShardedDataParallel::on_access(size_t k) {
                "parameters through full_state_dict(), or between gather_full_params() and release_full_params()");
   if (phase_ == Phase::Forward) {
     bury(false);
-    if (options_.sharding_strategy == ShardingStrategy::FullShard)
+    if (reshard_after_forward())
       for (size_t j = 0; j < units_.size(); ++j)
         if (j != k && units_[j]->accessed && !units_[j]->root()) free_unit(j, /*deferred=*/true);
     gather(k, true);
@@ -193,9 +176,13 @@ void FullyShardedDataParallel::gather(size_t k, bool wait) {
     Tensor out = Tensor::from_storage(u.staging, {u.total}, u.dtype);
     u.gathering = group_->all_gather_into_tensor(out, u.shard.detach());
     peak_gathered_ = std::max(peak_gathered_, memory().gathered_bytes);
+    ++stats_.gathers;
+    if (!wait) ++stats_.prefetched;
   }
   if (!wait) return;
+  const auto t0 = std::chrono::steady_clock::now();
   u.gathering->wait(group_->timeout());
+  stats_.gather_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   u.gathering.reset();
   u.full->adopt_memory(*u.staging);
   u.staging.reset();
@@ -235,6 +222,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& x) {
                                           "release_full_params(); release them first");
   if (module_->is_training() != is_training()) module_->train(is_training());
   phase_ = Phase::Forward;
+  stats_ = Stats{};
   for (auto& u : units_) u->accessed = false;
   Tensor y;
   try {
@@ -245,7 +233,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& x) {
   }
   order_recorded_ = true;
   bury(true);  // no op is running now
-  if (options_.sharding_strategy == ShardingStrategy::FullShard)
+  if (reshard_after_forward())
     for (size_t k = 0; k < units_.size(); ++k)
       if (!units_[k]->root()) free_unit(k, /*deferred=*/false);
   phase_ = Phase::AfterForward;
@@ -267,6 +255,7 @@ void FullyShardedDataParallel::reduce_unit(size_t k) {
   Unit& u = *units_[k];
   u.reduced = true;
   NoGradGuard no_grad;
+  const int world = group_->size() * (hybrid() ? options_.replicate_group->size() : 1);
   Tensor flat = Tensor::zeros({u.total}, u.dtype, u.device);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Tensor& p = u.params[i].second;
@@ -275,7 +264,7 @@ void FullyShardedDataParallel::reduce_unit(size_t k) {
     // Divided by the world size first, then summed: the reducer's arithmetic, so FSDP's gradients
     // are DDP's bit for bit where the sums run in rank order.
     Tensor part = flat.slice(0, u.offsets[i], u.offsets[i] + p.numel());
-    copy_scaled(part, g.contiguous().view({p.numel()}), 1.0 / group_->size());
+    copy_scaled(part, g.contiguous().view({p.numel()}), 1.0 / world);
     p.set_grad(Tensor());
   }
   if (sharded()) {
@@ -295,9 +284,18 @@ void FullyShardedDataParallel::finish_backward() {
     for (size_t k = 0; k < units_.size(); ++k)
       if (!units_[k]->reduced && units_[k]->grad_params > 0) reduce_unit(k);
   NoGradGuard no_grad;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& u : units_)
+    if (u->reducing) u->reducing->wait(group_->timeout());
+  if (hybrid()) {  // each node's shard gradients, summed across the nodes
+    std::vector<std::shared_ptr<Work>> across;
+    for (auto& u : units_)
+      if (u->reducing) across.push_back(options_.replicate_group->allreduce(u->reduce_out, ReduceOp::Sum));
+    for (auto& w : across) w->wait(options_.replicate_group->timeout());
+  }
+  stats_.reduce_wait_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   for (auto& u : units_) {
     if (u->reducing) {
-      u->reducing->wait(group_->timeout());
       u->reducing.reset();
       Tensor g = u->shard.grad();
       if (g.defined())

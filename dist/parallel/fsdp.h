@@ -25,7 +25,11 @@
 //   SHARD_GRAD_OP  (ZeRO-2) gathered units stay until their gradients are reduced.
 //   NO_SHARD       nothing is sharded: each unit's flat buffer is its parameter, gradients are
 //                  all-reduced (DDP's arithmetic, one bucket per unit).
-//   HYBRID_SHARD   not yet available (refused naming FULL_SHARD and NO_SHARD).
+//   HYBRID_SHARD   FULL_SHARD within the wrapper's group (the ranks of one node), replicated across
+//                  options.replicate_group (the ranks holding the same shard on the other nodes, as
+//                  PyTorch's process_group=(shard_group, replicate_group)): gathers stay inside a
+//                  node; each shard's gradient is reduce-scattered in the node, then all-reduced
+//                  across the replicas.
 // Reduction. Post-accumulate hooks on the module's parameters count each unit's final gradients;
 // when a unit's last one is in, its gradients are copied into a flat buffer (zeros where a
 // parameter got none, and in the padding), divided by the world size and reduce-scattered (summed:
@@ -57,6 +61,10 @@
 #include "dist/group/process_group.h"
 #include "nn/module.h"
 
+namespace tandem::optim {
+class Optimizer;
+}
+
 namespace tandem::dist {
 
 enum class ShardingStrategy { FullShard, ShardGradOp, NoShard, HybridShard };
@@ -74,6 +82,8 @@ struct FSDPOptions {
   AutoWrapPolicy auto_wrap_policy;
   bool forward_prefetch = true;
   bool backward_prefetch = true;
+  // HYBRID_SHARD only: the group across which this rank's shard is replicated.
+  std::shared_ptr<ProcessGroup> replicate_group;
 };
 
 // The units `policy` makes of `module`: children before parents, then the root unit (the rest, path
@@ -138,11 +148,35 @@ class FullyShardedDataParallel : public nn::Module {
   void gather_full_params();
   void release_full_params();
 
+  // Checkpoints. save_full: collective; rank 0 writes the module's state dict (its own names, as
+  // PyTorch's model.state_dict() has them) to `path` as safetensors. save_sharded: collective; each
+  // rank writes <dir>/shard-<rank>-of-<world>.safetensors (its shards "param.<unit>", and
+  // `optimizer`'s state over them "optim.<key>", when given), then rank 0 writes <dir>/fsdp.json
+  // (world size, strategy, every unit's path, parameter names and shapes). Files are written under a
+  // temporary name and renamed, so an older checkpoint stays whole until the new one is.
+  // load_sharded: collective; checks the units and parameters match (naming the first that does not),
+  // then loads: on the world size it was saved with, each rank reads its own file (a bitwise resume);
+  // on another, each rank rebuilds its new shard, and the optimizer's per-element state, from the old
+  // shards (re-sharding).
+  void save_full(const std::string& path);
+  void save_sharded(const std::string& dir, const optim::Optimizer* optimizer = nullptr);
+  void load_sharded(const std::string& dir, optim::Optimizer* optimizer = nullptr);
+
   // Bytes this rank holds: its shards, their gradients, gathered flat buffers now and at most so far.
   struct Memory {
     int64_t shard_bytes = 0, grad_bytes = 0, gathered_bytes = 0, peak_gathered_bytes = 0;
   };
   Memory memory() const;
+
+  // What the last iteration's communication cost the compute thread, as the reducer's
+  // exposed_comm_ms: the time forward and backward waited for gathers (prefetch hides the rest), and
+  // the end of backward's wait for the reductions. Reset by each forward.
+  struct Stats {
+    double gather_wait_ms = 0, reduce_wait_ms = 0;
+    int64_t gathers = 0;    // all-gathers issued this iteration (a unit read again after release counts again)
+    int64_t prefetched = 0; // of which issued ahead of the read
+  };
+  const Stats& stats() const { return stats_; }
 
  private:
   struct Unit;
@@ -160,6 +194,12 @@ class FullyShardedDataParallel : public nn::Module {
   void reduce_unit(size_t k);
   void finish_backward();
   bool sharded() const { return options_.sharding_strategy != ShardingStrategy::NoShard; }
+  bool hybrid() const { return options_.sharding_strategy == ShardingStrategy::HybridShard; }
+  bool reshard_after_forward() const {
+    return options_.sharding_strategy == ShardingStrategy::FullShard || hybrid();
+  }
+  // Rank 0's values of `t` on every rank (through the replicas first under HYBRID_SHARD).
+  void broadcast_from_rank0(Tensor& t);
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> group_;
@@ -172,6 +212,7 @@ class FullyShardedDataParallel : public nn::Module {
   bool order_recorded_ = false;
   std::vector<std::pair<std::shared_ptr<Storage>, uint64_t>> graveyard_;  // (memory, recorded_ops() then)
   int64_t peak_gathered_ = 0;
+  Stats stats_;
 };
 
 }  // namespace tandem::dist

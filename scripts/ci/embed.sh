@@ -8,7 +8,8 @@
 #   2. libtandem.so exports no Gloo, spdlog, fmt, nlohmann-json or Eigen symbol;
 #   3. examples/embed builds with find_package(Tandem) (CMAKE_PREFIX_PATH=prefix);
 #   4. a one-file program builds with `pkg-config --cflags --libs tandem`, and runs;
-#   5. the example trains with 2 ranks under the installed tandem-run (DDP over Gloo) and exits 0;
+#   5. the examples train with 2 ranks under the installed tandem-run (embed_ddp: DDP over Gloo;
+#      embed_fsdp: FullyShardedDataParallel) and exit 0;
 #   6. runner_example (its own model, DDP wrapper and hook through train::Runner; a resumed run equal
 #      to a straight one) exits 0 alone and with 2 ranks under the installed tandem-run;
 #   7. examples/transformer builds with find_package(Tandem) and its smoke setting (train_gpt --smoke:
@@ -156,6 +157,8 @@ c++ -std=c++20 -O1 "$WORK/pc_main.cpp" -o "$WORK/pc_main" $(pkg-config --cflags 
 step "5. examples/embed, 2 ranks under the installed tandem-run"
 timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 "$WORK/embed-build/embed_ddp" \
   || fail "embed_ddp with 2 ranks"
+timeout 300 "$PREFIX/bin/tandem-run" --standalone --nproc-per-node 2 "$WORK/embed-build/embed_fsdp" \
+  || fail "embed_fsdp with 2 ranks"
 
 step "6. examples/embed/runner_example: alone, then 2 ranks under the installed tandem-run"
 RUNNER_EXAMPLE_DIR="$WORK/runner-solo" timeout 300 "$WORK/embed-build/runner_example" \

@@ -74,3 +74,46 @@ TEST(Autograd, HookSeesFinalGradient) {
   F::sum(F::add(F::mul(w, w), F::mul(w, w))).backward();
   EXPECT_DOUBLE_EQ(seen, 12.0);
 }
+
+namespace {
+
+// Passes the gradient through and notes that it ran.
+class Probe : public Node {
+ public:
+  explicit Probe(bool* ran) : ran_(ran) {}
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    *ran_ = true;
+    return {grads[0]};
+  }
+  std::string name() const override { return "Probe"; }
+
+ private:
+  bool* ran_;
+};
+
+}  // namespace
+
+// y = w2 * probe(w1 * x): w2's gradient is final after the first node, so its post-accumulate hook
+// runs before the probe's backward, in the second backward as in the first (the gradient
+// accumulator made in the first iteration must not wait behind the nodes of the second; this is
+// what lets DDP and FSDP reduce while backward still runs).
+TEST(Autograd, PostAccumulateHooksRunAsSoonAsTheGradientIsReadyInEveryIteration) {
+  Tensor x = Tensor::from_vector<float>({1, 2, 3}, {3});
+  Tensor w1 = Tensor::from_vector<float>({0.5, -1, 2}, {3}).set_requires_grad(true);
+  Tensor w2 = Tensor::from_vector<float>({3, 1, -2}, {3}).set_requires_grad(true);
+  bool probe_ran = false;
+  std::vector<bool> probe_ran_at_hook;
+  w2.register_post_accumulate_grad_hook([&](const Tensor&) { probe_ran_at_hook.push_back(probe_ran); });
+  for (int iteration = 0; iteration < 3; ++iteration) {
+    probe_ran = false;
+    w1.set_grad(Tensor());
+    w2.set_grad(Tensor());
+    Tensor h = F::mul(w1, x);
+    Tensor p = h.detach();
+    autograd::record(std::make_shared<Probe>(&probe_ran), {h}, {&p});
+    F::sum(F::mul(w2, p)).backward();
+    EXPECT_TRUE(probe_ran) << "iteration " << iteration;
+    EXPECT_EQ(w1.grad().to_vector<float>(), (std::vector<float>{3, 2, -6})) << "iteration " << iteration;
+  }
+  EXPECT_EQ(probe_ran_at_hook, (std::vector<bool>{false, false, false}));
+}

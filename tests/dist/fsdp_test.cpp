@@ -3,12 +3,13 @@
 // afterwards FSDP's gathered parameters must equal DDP's within DDP's own drift: the difference DDP
 // shows against itself when its bucket order changes (one bucket per tensor against one for all),
 // with a floor of a few float32 steps for the different place the average's division happens.
-// Covered: FULL_SHARD, SHARD_GRAD_OP and NO_SHARD; SGD with momentum and weight decay, and AdamW;
+// Covered: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD (2 "nodes" of 2 ranks); SGD with momentum and weight decay, and AdamW;
 // accumulation over two micro-batches (no_sync); 2 and 3 ranks; the units a class policy and a
 // size policy make; shards holding 1/world of the parameters; the errors that name the fix.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -18,8 +19,11 @@
 #include "common/ranks.h"
 #include "common/test_util.h"
 #include "core/random.h"
+#include "core/safetensors.h"
 #include "dist/parallel/ddp.h"
 #include "dist/parallel/fsdp.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/store/prefix_store.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "optim/clip_grad.h"
@@ -141,7 +145,17 @@ void check_against_ddp(const test::RankContext& ctx) {
   dist::FSDPOptions o;
   o.sharding_strategy = dist::parse_sharding_strategy(s.strategy);
   o.auto_wrap_policy.module_classes = {"Block"};
-  dist::FullyShardedDataParallel fsdp(net, ctx.group, o);
+  std::shared_ptr<dist::ProcessGroup> group = ctx.group;
+  int shard_world = ctx.world;
+  if (s.strategy == "HYBRID_SHARD") {  // "nodes" of 2 ranks: shard inside one, replicate across
+    shard_world = 2;
+    const int node = ctx.rank / 2, local = ctx.rank % 2;
+    auto in_node = std::make_shared<dist::PrefixStore>("hybrid/node" + std::to_string(node) + "/", ctx.store);
+    auto across = std::make_shared<dist::PrefixStore>("hybrid/local" + std::to_string(local) + "/", ctx.store);
+    group = dist::make_process_group("gloo", in_node, local, 2, std::chrono::seconds(30));
+    o.replicate_group = dist::make_process_group("gloo", across, node, ctx.world / 2, std::chrono::seconds(30));
+  }
+  dist::FullyShardedDataParallel fsdp(net, group, o);
   ASSERT_EQ(fsdp.units().size(), 3u);  // b0, b1, the root (in, out)
   EXPECT_EQ(fsdp.units()[0].path, "b0");
   EXPECT_EQ(fsdp.units()[2].path, "");
@@ -169,7 +183,8 @@ void check_against_ddp(const test::RankContext& ctx) {
   if (s.strategy == "NO_SHARD") {
     EXPECT_EQ(mem.shard_bytes, numel * 4);
   } else {
-    EXPECT_LE(mem.shard_bytes, (numel / ctx.world + 3) * 4) << "each rank should hold 1/world of the parameters";
+    EXPECT_LE(mem.shard_bytes, (numel / shard_world + 3) * 4) << "each rank should hold 1/" << shard_world
+                                                                  << " of the parameters";
     EXPECT_EQ(mem.gathered_bytes, 0) << "after a step nothing stays gathered";
     EXPECT_GT(mem.peak_gathered_bytes, 0);
   }
@@ -191,6 +206,8 @@ FSDP_VS_DDP(ShardGradOpSgdThreeRanks, 3, "SHARD_GRAD_OP sgd 1")
 FSDP_VS_DDP(ShardGradOpAdamWAccumulatedTwoRanks, 2, "SHARD_GRAD_OP adamw 2")
 FSDP_VS_DDP(NoShardSgdTwoRanks, 2, "NO_SHARD sgd 1")
 FSDP_VS_DDP(NoShardAdamWAccumulatedThreeRanks, 3, "NO_SHARD adamw 2")
+FSDP_VS_DDP(HybridShardSgdTwoNodesOfTwo, 4, "HYBRID_SHARD sgd 1")
+FSDP_VS_DDP(HybridShardAdamWAccumulatedTwoNodesOfTwo, 4, "HYBRID_SHARD adamw 2")
 
 TEST(FsdpPlan, SizePolicyWrapsSubtreesFromTheLeavesUp) {
   Net net;
@@ -233,7 +250,7 @@ TEST(FsdpErrors, ReadingAShardedParameterOutsideForwardNamesTheFix) {
     fsdp.release_full_params();
     o.sharding_strategy = dist::ShardingStrategy::HybridShard;
     msg = test::error_of([&] { dist::FullyShardedDataParallel(std::make_shared<Net>(), ctx->group, o); });
-    EXPECT_NE(msg.find("HYBRID_SHARD is not available yet"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("HYBRID_SHARD needs options.replicate_group"), std::string::npos) << msg;
     msg = test::error_of([&] { dist::parse_sharding_strategy("FULL"); });
     EXPECT_NE(msg.find("unknown sharding_strategy 'FULL'; expected FULL_SHARD"), std::string::npos) << msg;
     return;
@@ -261,6 +278,159 @@ TEST(FsdpClip, NormOverShardsIsTheWholeGradientsNorm) {
     const double clipped = fsdp.clip_grad_norm_(want / 2);
     EXPECT_NEAR(clipped, want, 1e-5 * want);
     EXPECT_NEAR(fsdp.clip_grad_norm_(1e9), want / 2, 1e-4 * want);  // scaled to max_norm
+    return;
+  }
+  run_ranks(2);
+}
+
+namespace {
+
+// The elements of "<prefix>" (param.<k> or optim.state.<k>.<buffer>) over every shard file of `dir`
+// written by `world` ranks, in rank order, cut to `numel`: the unsharded values.
+std::vector<float> unsharded(const std::string& dir, int world, const std::string& key, int64_t numel) {
+  std::vector<float> out;
+  for (int r = 0; r < world; ++r) {
+    const auto file = load_safetensors(dir + "/shard-" + std::to_string(r) + "-of-" + std::to_string(world) + ".safetensors");
+    const Tensor& t = file.at(key);
+    for (int64_t i = 0; i < t.numel(); ++i) out.push_back(t.data<float>()[i]);
+  }
+  out.resize(static_cast<size_t>(numel));
+  return out;
+}
+
+struct Trained {
+  std::shared_ptr<Net> net;
+  std::unique_ptr<dist::FullyShardedDataParallel> fsdp;
+  std::unique_ptr<optim::Optimizer> opt;
+};
+
+Trained make_fsdp(const test::RankContext& ctx) {
+  manual_seed(11);
+  Trained t;
+  t.net = std::make_shared<Net>();
+  dist::FSDPOptions o;
+  o.auto_wrap_policy.module_classes = {"Block"};
+  t.fsdp = std::make_unique<dist::FullyShardedDataParallel>(t.net, ctx.group, o);
+  t.opt = make_optimizer("adamw", t.fsdp->parameters());
+  return t;
+}
+
+void steps(Trained& t, const test::RankContext& ctx, int from, int to) {
+  for (int s = from; s < to; ++s) {
+    t.opt->zero_grad();
+    const Batch b = batch(s, 0, ctx.rank);
+    F::nll_loss(t.fsdp->forward(b.x), b.y).backward();
+    t.opt->step();
+  }
+}
+
+}  // namespace
+
+// Saved after 3 steps and loaded into a fresh model and optimizer, 3 more steps give the same
+// parameters, bit for bit, as 6 straight steps.
+TEST(FsdpCheckpoint, ShardedResumeOnTheSameWorldIsBitwise) {
+  if (auto ctx = child_rank()) {
+    const std::string dir = ctx->param;
+    Trained straight = make_fsdp(*ctx);
+    steps(straight, *ctx, 0, 3);
+    straight.fsdp->save_sharded(dir, straight.opt.get());
+    steps(straight, *ctx, 3, 6);
+    Trained resumed = make_fsdp(*ctx);
+    resumed.fsdp->load_sharded(dir, resumed.opt.get());
+    steps(resumed, *ctx, 3, 6);
+    const auto a = straight.fsdp->full_state_dict(), b = resumed.fsdp->full_state_dict();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(std::memcmp(a[i].second.data<float>(), b[i].second.data<float>(), a[i].second.nbytes()), 0)
+          << a[i].first;
+    // The full checkpoint: the module's own names, the gathered values.
+    straight.fsdp->save_full(dir + "/full.safetensors");
+    const auto full = load_safetensors(dir + "/full.safetensors");
+    ASSERT_EQ(full.size(), a.size());
+    for (auto& [name, t] : a)
+      EXPECT_EQ(std::memcmp(full.at(name).data<float>(), t.data<float>(), t.nbytes()), 0) << name;
+    return;
+  }
+  test::TempDir dir("fsdp-ckpt");
+  run_ranks(2, dir.path().string());
+}
+
+// Saved by 3 ranks, loaded by 2: the parameters and AdamW's moments are the same unsharded values.
+TEST(FsdpCheckpoint, ShardedCheckpointReshardsOntoAnotherWorldSize) {
+  if (auto ctx = child_rank()) {
+    const std::string from = ctx->param + "/three", to = ctx->param + "/two";
+    Trained t = make_fsdp(*ctx);
+    if (ctx->world == 3) {
+      steps(t, *ctx, 0, 2);
+      t.fsdp->save_sharded(from, t.opt.get());
+      return;
+    }
+    t.fsdp->load_sharded(from, t.opt.get());
+    t.fsdp->save_sharded(to, t.opt.get());
+    // A model with other units is refused (before any collective) naming the first difference.
+    auto other = std::make_shared<Net>();
+    dist::FullyShardedDataParallel single(other, ctx->group, dist::FSDPOptions{});  // one root unit
+    const std::string msg = test::error_of([&] { single.load_sharded(from); });
+    EXPECT_NE(msg.find("it has 3 units, this model has 1"), std::string::npos) << msg;
+    if (ctx->rank != 0) return;
+    const auto units = t.fsdp->units();
+    for (size_t k = 0; k < units.size(); ++k) {
+      const std::string p = "param." + std::to_string(k), m = "optim.state." + std::to_string(k) + ".exp_avg_sq";
+      EXPECT_EQ(unsharded(from, 3, p, units[k].numel), unsharded(to, 2, p, units[k].numel)) << units[k].path;
+      EXPECT_EQ(unsharded(from, 3, m, units[k].numel), unsharded(to, 2, m, units[k].numel)) << units[k].path;
+    }
+    return;
+  }
+  test::TempDir dir("fsdp-reshard");
+  run_ranks(3, dir.path().string());
+  run_ranks(2, dir.path().string());
+}
+
+namespace {
+
+// Six equal blocks between two small layers: under FULL_SHARD at most a few blocks are gathered at once.
+class Deep : public nn::Module {
+ public:
+  Deep() {
+    in = register_module("in", std::make_shared<nn::Linear>(13, 16));
+    for (int i = 0; i < 6; ++i) blocks.push_back(register_module("b" + std::to_string(i), std::make_shared<Block>(16)));
+    out = register_module("out", std::make_shared<nn::Linear>(16, 5));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = F::relu(in->forward(x));
+    for (auto& b : blocks) h = b->forward(h);
+    return F::log_softmax(out->forward(h));
+  }
+  std::shared_ptr<nn::Linear> in, out;
+  std::vector<std::shared_ptr<Block>> blocks;
+};
+
+}  // namespace
+
+// FULL_SHARD frees each block in forward once the next one is read, and in backward once its
+// gradients are reduced: the gathered peak stays near the root plus three blocks (the one running,
+// the one prefetched, one released but still readable by the op that was running), far below all six.
+TEST(FsdpMemory, FullShardKeepsOnlyAFewUnitsGathered) {
+  if (auto ctx = child_rank()) {
+    manual_seed(2);
+    auto net = std::make_shared<Deep>();
+    dist::FSDPOptions o;
+    o.auto_wrap_policy.module_classes = {"Block"};
+    dist::FullyShardedDataParallel fsdp(net, ctx->group, o);
+    const auto units = fsdp.units();
+    ASSERT_EQ(units.size(), 7u);
+    const int64_t block_bytes = units[0].shard_numel * ctx->world * 4, root_bytes = units[6].shard_numel * ctx->world * 4;
+    optim::SGD opt(fsdp.parameters(), optim::SGDOptions{0.1});
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      const Batch b = batch(s, 0, ctx->rank);
+      F::nll_loss(fsdp.forward(b.x), b.y).backward();
+      opt.step();
+      EXPECT_EQ(fsdp.memory().gathered_bytes, 0) << "step " << s;
+    }
+    EXPECT_LE(fsdp.memory().peak_gathered_bytes, root_bytes + 3 * block_bytes)
+        << "blocks of " << block_bytes << " bytes, root " << root_bytes;
+    EXPECT_GT(fsdp.stats().prefetched, 0);
     return;
   }
   run_ranks(2);

@@ -92,14 +92,15 @@ ncclDataType_t nccl_dtype(DType dtype) {
   TANDEM_FAIL("ProcessGroupNccl: unsupported dtype ", dtype_name(dtype));
 }
 
-// Store key of the NCCL unique id of the k-th group that `rank` makes in this process (every
-// rank makes its groups in one order; counted per rank so ranks that are threads of one
-// process, as in the multi-GPU test, agree too).
-std::string next_unique_id_key(int rank) {
+// Store key of the NCCL unique id of the k-th group that `rank` makes through the store at
+// `address` in this process (every rank makes its groups on one store in one order; counted per
+// store and rank, as the Gloo group's prefix is, so subgroups on their own PrefixStores and ranks
+// that are threads of one process, as in the multi-GPU test, agree too).
+std::string next_unique_id_key(const std::string& address, int rank) {
   static std::mutex mu;
-  static std::map<int, int> made;
+  static std::map<std::pair<std::string, int>, int> made;
   std::lock_guard<std::mutex> lock(mu);
-  return "nccl_unique_id/" + std::to_string(made[rank]++);
+  return "nccl_unique_id/" + std::to_string(made[{address, rank}]++);
 }
 
 void check_cuda_contiguous(const char* op, const char* what, const Tensor& t, int device) {
@@ -188,7 +189,7 @@ ProcessGroupNccl::ProcessGroupNccl(std::shared_ptr<Store> store, int rank, int s
   kc::DeviceGuard guard(device);
 
   // The unique id: made by rank 0, read by the others through the store.
-  const std::string key = next_unique_id_key(rank);
+  const std::string key = next_unique_id_key(store->address(), rank);
   ncclUniqueId id;
   std::memset(&id, 0, sizeof(id));
   if (rank == 0) {

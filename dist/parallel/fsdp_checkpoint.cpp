@@ -1,0 +1,183 @@
+// FullyShardedDataParallel's checkpoints (see fsdp.h): the full one (rank 0 writes the module's state
+// dict as safetensors, PyTorch's names) and the sharded one (a file per rank plus fsdp.json, with
+// the optimizer's state over the shards; loaded bitwise on the same world size, re-sharded onto
+// another).
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/autograd.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "dist/parallel/fsdp.h"
+#include "dist/parallel/fsdp_unit.h"
+#include "optim/optimizer.h"
+
+namespace tandem::dist {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string shard_file(const std::string& dir, int rank, int world) {
+  return (fs::path(dir) / ("shard-" + std::to_string(rank) + "-of-" + std::to_string(world) + ".safetensors")).string();
+}
+
+// Writes through a temporary name and renames, so a crash never leaves a half-written file under the
+// final name (and an older checkpoint there survives until the new one is whole).
+void save_atomically(const std::string& path, const TensorMap& tensors) {
+  const std::string tmp = path + ".tmp";
+  save_safetensors(tmp, tensors);
+  fs::rename(tmp, path);
+}
+
+// Elements [lo, lo + n) of the unit's unpadded flat values, assembled from the old shards.
+Tensor gather_old(const std::vector<TensorMap>& old, const std::string& key, int64_t old_shard, int64_t lo, int64_t n,
+                  const std::string& dir) {
+  Tensor out = Tensor::zeros({n}, old.front().at(key).dtype());
+  for (int64_t i = 0; i < n;) {
+    const int64_t at = lo + i;
+    const int64_t r = at / old_shard, off = at % old_shard;
+    TANDEM_CHECK(r < static_cast<int64_t>(old.size()), "FSDP checkpoint ", dir, ": '", key, "' needs element ", at,
+                 " but the checkpoint's ", old.size(), " shards hold ", old.size() * old_shard);
+    const Tensor& src = old[static_cast<size_t>(r)].at(key);
+    const int64_t take = std::min(n - i, old_shard - off);
+    out.slice(0, i, i + take).copy_(src.slice(0, off, off + take));
+    i += take;
+  }
+  return out;
+}
+
+}  // namespace
+
+void FullyShardedDataParallel::save_full(const std::string& path) {
+  gather_full_params();
+  try {
+    if (group_->rank() == 0) {
+      TensorMap out;
+      for (auto& [name, t] : module_->state_dict()) out[name] = t;
+      save_atomically(path, out);
+    }
+  } catch (...) {
+    release_full_params();
+    throw;
+  }
+  release_full_params();
+  group_->barrier()->wait(group_->timeout());  // the file is whole when any rank returns
+}
+
+void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim::Optimizer* optimizer) {
+  TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
+               "FullyShardedDataParallel::save_sharded: called during forward or between gather_full_params() "
+               "and release_full_params()");
+  TANDEM_CHECK(!hybrid(), "FullyShardedDataParallel::save_sharded: not available for HYBRID_SHARD yet; use save_full");
+  const int rank = group_->rank(), world = group_->size();
+  fs::create_directories(dir);
+  TensorMap mine;
+  for (size_t k = 0; k < units_.size(); ++k) mine["param." + std::to_string(k)] = units_[k]->shard.detach();
+  if (optimizer)
+    for (auto& [key, t] : optimizer->state_dict()) mine["optim." + key] = t;
+  save_atomically(shard_file(dir, rank, world), mine);
+  group_->barrier()->wait(group_->timeout());  // every shard is written before the index says so
+  if (rank == 0) {
+    json meta = {{"format", "tandem-fsdp-sharded"}, {"version", 1}, {"world_size", world},
+                 {"sharding_strategy", sharding_strategy_name(options_.sharding_strategy)},
+                 {"optimizer", optimizer != nullptr}, {"units", json::array()}};
+    for (auto& u : units_) {
+      json unit = {{"path", u->path}, {"numel", u->numel}, {"shard_numel", u->shard_numel},
+                   {"dtype", dtype_name(u->dtype)}, {"params", json::array()}};
+      for (auto& [name, p] : u->params) unit["params"].push_back({{"name", name}, {"shape", p.shape()}});
+      meta["units"].push_back(unit);
+    }
+    const std::string path = (fs::path(dir) / "fsdp.json").string();
+    std::ofstream(path + ".tmp") << meta.dump(1) << "\n";
+    fs::rename(path + ".tmp", path);
+  }
+  group_->barrier()->wait(group_->timeout());
+}
+
+void FullyShardedDataParallel::load_sharded(const std::string& dir, optim::Optimizer* optimizer) {
+  TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
+               "FullyShardedDataParallel::load_sharded: called during forward or between gather_full_params() "
+               "and release_full_params()");
+  TANDEM_CHECK(!hybrid(), "FullyShardedDataParallel::load_sharded: not available for HYBRID_SHARD yet");
+  const std::string index = (fs::path(dir) / "fsdp.json").string();
+  std::ifstream in(index);
+  TANDEM_CHECK(in.good(), "FSDP checkpoint: ", index, " does not exist (a sharded checkpoint is a directory written by "
+                          "save_sharded: fsdp.json and one shard file per rank)");
+  json meta;
+  try {
+    meta = json::parse(in);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL("FSDP checkpoint: ", index, " is not valid JSON (", e.what(), ")");
+  }
+  TANDEM_CHECK(meta.value("format", "") == "tandem-fsdp-sharded", "FSDP checkpoint: ", index,
+               " is not a sharded FSDP index (format '", meta.value("format", ""), "')");
+  const int old_world = meta.at("world_size").get<int>();
+  const json& units = meta.at("units");
+  TANDEM_CHECK(units.size() == units_.size(), "FSDP checkpoint ", dir, ": it has ", units.size(),
+               " units, this model has ", units_.size(), " (the same model and auto_wrap_policy are needed)");
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const Unit& u = *units_[k];
+    const json& saved = units[k];
+    TANDEM_CHECK(saved.at("path").get<std::string>() == u.path && saved.at("numel").get<int64_t>() == u.numel &&
+                     saved.at("params").size() == u.params.size(),
+                 "FSDP checkpoint ", dir, ": unit ", k, " was '", saved.at("path").get<std::string>(), "' with ",
+                 saved.at("numel").get<int64_t>(), " elements, here it is ", u.describe(), " with ", u.numel);
+    for (size_t i = 0; i < u.params.size(); ++i)
+      TANDEM_CHECK(saved["params"][i].at("name").get<std::string>() == u.params[i].first &&
+                       saved["params"][i].at("shape").get<Shape>() == u.params[i].second.shape(),
+                   "FSDP checkpoint ", dir, ": parameter ", i, " of unit '", u.path, "' was '",
+                   saved["params"][i].at("name").get<std::string>(), "' ",
+                   shape_str(saved["params"][i].at("shape").get<Shape>()), ", here '", u.params[i].first, "' ",
+                   shape_str(u.params[i].second.shape()));
+  }
+  std::vector<TensorMap> old;
+  const int wanted = old_world == group_->size() ? 1 : old_world;  // the same world reads only its own file
+  for (int r = 0; r < wanted; ++r) {
+    const int file_rank = old_world == group_->size() ? group_->rank() : r;
+    const std::string path = shard_file(dir, file_rank, old_world);
+    TANDEM_CHECK(fs::exists(path), "FSDP checkpoint ", dir, ": ", path, " is missing (written with ", old_world,
+                 " ranks; every rank's file is needed)");
+    old.push_back(load_safetensors(path));
+  }
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> opt_state;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = *units_[k];
+    const std::string key = "param." + std::to_string(k);
+    const int64_t old_shard = units[k].at("shard_numel").get<int64_t>();
+    const int64_t lo = sharded() ? group_->rank() * u.shard_numel : 0;
+    const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, u.numel - lo));
+    Tensor values = wanted == 1 ? old[0].at(key) : gather_old(old, key, old_shard, lo, n, dir);
+    Tensor dst = u.shard.detach();
+    dst.zero_();
+    dst.slice(0, 0, std::min(values.numel(), dst.numel())).copy_(values.slice(0, 0, std::min(values.numel(), dst.numel())));
+    if (!optimizer) continue;
+    const std::string prefix = "optim.state." + std::to_string(k) + ".";
+    for (auto& [name, t] : old[0]) {
+      if (name.rfind(prefix, 0) != 0) continue;
+      const std::string field = name.substr(prefix.size());
+      if (field == "step" || wanted == 1) {
+        opt_state[name.substr(6)] = t;
+        continue;
+      }
+      Tensor s = Tensor::zeros(u.shard.shape(), t.dtype());
+      s.slice(0, 0, n).copy_(gather_old(old, name, old_shard, lo, n, dir));
+      opt_state[name.substr(6)] = s;
+    }
+  }
+  if (optimizer) {
+    for (auto& [name, t] : old[0])
+      if (name.rfind("optim.group.", 0) == 0) opt_state[name.substr(6)] = t;
+    TANDEM_CHECK(meta.value("optimizer", false), "FSDP checkpoint ", dir,
+                 ": it holds no optimizer state (saved without an optimizer)");
+    optimizer->load_state_dict(opt_state);
+  }
+  group_->barrier()->wait(group_->timeout());
+}
+
+}  // namespace tandem::dist

@@ -1,0 +1,125 @@
+// FullyShardedDataParallel on the GPU: a one-rank NCCL group (the flat buffers in the CUDA caching
+// allocator, the gathers and reduce-scatters on NCCL's stream) and two ranks sharing one GPU over
+// Gloo with CUDA tensors (every collective through host copies), each against the same model
+// trained without sharding on all the ranks' rows. Skips when no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <unistd.h>
+
+#include "common/ranks.h"
+#include "core/random.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/parallel/fsdp.h"
+#include "dist/store/file_store.h"
+#include "gpu_test_util.h"
+#include "nn/nn.h"
+#include "optim/optimizer.h"
+
+namespace tandem {
+namespace {
+
+using namespace std::chrono_literals;
+using gpu_test::gpu;
+
+class Block : public nn::Module {
+ public:
+  Block() {
+    a = register_module("a", std::make_shared<nn::Linear>(16, 32));
+    b = register_module("b", std::make_shared<nn::Linear>(32, 16));
+  }
+  Tensor forward(const Tensor& x) override { return F::add(x, b->forward(F::relu(a->forward(x)))); }
+  std::shared_ptr<nn::Linear> a, b;
+};
+
+class Net : public nn::Module {
+ public:
+  Net() {
+    in = register_module("in", std::make_shared<nn::Linear>(12, 16));
+    b0 = register_module("b0", std::make_shared<Block>());
+    b1 = register_module("b1", std::make_shared<Block>());
+    out = register_module("out", std::make_shared<nn::Linear>(16, 5));
+  }
+  Tensor forward(const Tensor& x) override {
+    return F::log_softmax(out->forward(b1->forward(b0->forward(F::relu(in->forward(x))))), -1);
+  }
+  std::shared_ptr<nn::Linear> in, out;
+  std::shared_ptr<Block> b0, b1;
+};
+
+// Rows [lo, hi) of step `step`'s 8-row batch, on the GPU.
+void batch(int step, int64_t lo, int64_t hi, Tensor& x, Tensor& y) {
+  Generator g(900 + step);
+  Tensor xs = Tensor::empty({8, 12}), ys = Tensor::empty({8}, kInt64);
+  for (int64_t i = 0; i < xs.numel(); ++i) xs.data<float>()[i] = static_cast<float>(g.uniform(-1, 1));
+  for (int64_t i = 0; i < 8; ++i) ys.data<int64_t>()[i] = static_cast<int64_t>(g.below(5));
+  x = xs.slice(0, lo, hi).contiguous().to(gpu());
+  y = ys.slice(0, lo, hi).contiguous().to(gpu());
+}
+
+void expect_fsdp_equals_one_model(const std::shared_ptr<dist::ProcessGroup>& group, int rank, int world,
+                                  dist::ShardingStrategy strategy) {
+  manual_seed(21);
+  auto reference = std::make_shared<Net>();
+  manual_seed(21);
+  auto local = std::make_shared<Net>();
+  reference->to(gpu());
+  local->to(gpu());
+  dist::FSDPOptions o;
+  o.sharding_strategy = strategy;
+  o.auto_wrap_policy.module_classes = {"Block"};
+  dist::FullyShardedDataParallel fsdp(local, group, o);
+  optim::SGD opt(fsdp.parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt_ref(reference->parameters(), optim::SGDOptions{0.1, 0.9});
+  for (int s = 0; s < 4; ++s) {
+    Tensor x, y;
+    batch(s, rank * 4, rank * 4 + 4, x, y);
+    opt.zero_grad();
+    F::nll_loss(fsdp.forward(x), y).backward();
+    opt.step();
+    batch(s, 0, world * 4, x, y);
+    opt_ref.zero_grad();
+    F::nll_loss(reference->forward(x), y).backward();
+    opt_ref.step();
+  }
+  std::map<std::string, Tensor> want;
+  for (auto& [name, t] : reference->named_parameters()) want[name] = t.to(Device::cpu());
+  double worst = 0;
+  for (auto& [name, t] : fsdp.full_state_dict()) {
+    EXPECT_TRUE(t.device() == gpu()) << name;
+    const auto a = t.to(Device::cpu()).to_vector<float>(), b = want.at(name).to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  EXPECT_LT(worst, 2e-6) << dist::sharding_strategy_name(strategy);
+  EXPECT_EQ(fsdp.memory().gathered_bytes, 0);
+}
+
+std::shared_ptr<dist::ProcessGroup> one_rank_nccl(const std::string& tag) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("tandem-gpu-fsdp-" + tag + "-" + std::to_string(getpid())))
+                               .string();
+  auto store = std::make_shared<dist::FileStore>(path, 1, 30s);
+  return dist::make_process_group("nccl", store, 0, 1, 30s, 0);
+}
+
+TEST(GpuFsdp, OneRankNcclEqualsTheModelAlone) {
+  TANDEM_NEED_GPUS(1);
+  expect_fsdp_equals_one_model(one_rank_nccl("full"), 0, 1, dist::ShardingStrategy::FullShard);
+  expect_fsdp_equals_one_model(one_rank_nccl("grad-op"), 0, 1, dist::ShardingStrategy::ShardGradOp);
+}
+
+TEST(GpuFsdp, TwoRanksSharingTheGpuOverGlooEqualOneModel) {
+  if (auto ctx = test::child_rank()) {
+    expect_fsdp_equals_one_model(ctx->group, ctx->rank, ctx->world, dist::ShardingStrategy::FullShard);
+    return;
+  }
+  TANDEM_NEED_GPUS(1);
+  test::run_ranks(2);
+}
+
+}  // namespace
+}  // namespace tandem

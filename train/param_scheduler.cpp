@@ -19,6 +19,9 @@ struct Range {
   bool by_epoch = true;
   int64_t begin = 0, end = 0;
   int64_t scale = 1;  // what periods given in epochs are multiplied by (iterations per epoch when converted)
+  // A resume must keep `end`: it was given, or the type's values depend on it. (A default end that
+  // only bounds the range may move with train_cfg.max_epochs.)
+  bool end_fixed = false;
 };
 
 const std::vector<std::string> kCommon = {"by_epoch", "begin", "end", "convert_to_iter_based"};
@@ -37,6 +40,7 @@ Range read_range(const ScheduleContext& c, const Kwargs& k, std::vector<std::str
   r.end = k.integer("end", by_epoch ? c.max_epochs : c.max_epochs * c.iters_per_epoch);
   TANDEM_CHECK(r.begin >= 0, k.owner(), ".begin must be >= 0, got ", r.begin);
   TANDEM_CHECK(r.end > r.begin, k.owner(), ".end must be > begin (", r.begin, "), got ", r.end);
+  r.end_fixed = k.has("end");
   if (convert) {
     TANDEM_CHECK(c.iters_per_epoch >= 1, k.owner(), ".convert_to_iter_based needs the iterations per epoch, got ",
                  c.iters_per_epoch);
@@ -70,7 +74,7 @@ class LrScheduler : public ParamScheduler {
     TANDEM_CHECK(base_.size() == opt_.param_groups().size(), type_, ": ", base_.size(), " initial lrs for ",
                  opt_.param_groups().size(), " param groups");
     settings_["begin"] = static_cast<double>(r_.begin);
-    settings_["end"] = static_cast<double>(r_.end);
+    if (r_.end_fixed) settings_["end"] = static_cast<double>(r_.end);
     settings_["by_epoch"] = r_.by_epoch ? 1.0 : 0.0;
   }
   bool by_epoch() const override { return r_.by_epoch; }
@@ -204,7 +208,8 @@ std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, con
 }
 
 std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"start_factor", "end_factor"});
+  Range r = read_range(c, k, {"start_factor", "end_factor"});
+  r.end_fixed = true;
   const double start = unit_interval(k, "start_factor", 1.0 / 3, false);
   const double end = unit_interval(k, "end_factor", 1.0, true);
   const double total = static_cast<double>(r.end - r.begin - 1);
@@ -215,7 +220,8 @@ std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const K
 }
 
 std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"factor"});
+  Range r = read_range(c, k, {"factor"});
+  r.end_fixed = true;
   const double factor = unit_interval(k, "factor", 1.0 / 3, false);
   const int64_t last_held = r.end - r.begin - 1;  // its step that restores the lr
   return started(c, "ConstantLR", r, {{"factor", factor}}, [=](int64_t last, double, double lr) {

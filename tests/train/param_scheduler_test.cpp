@@ -59,6 +59,8 @@ std::vector<std::vector<double>> drive(optim::Optimizer& opt, SchedulerList& s, 
   return lrs;
 }
 
+Json warmup_without_end_list() { return Json::array({Json{{"type", "LinearLR"}, {"by_epoch", false}}}); }
+
 Json fixture() {
   std::ifstream f(TANDEM_SOURCE_DIR "/tests/fixtures/scheduler_lrs.json");
   EXPECT_TRUE(f.good()) << "run tests/fixtures/make_scheduler_fixtures.py";
@@ -124,6 +126,12 @@ TEST(ParamScheduler, ResumedListContinuesBitForBit) {
   ASSERT_EQ(resumed.size(), 8u);
   for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], straight[8 + i]) << i;
   EXPECT_NE(straight[8], straight[15]);  // the lr moves over the compared part
+  auto e = sgd({0.1, 0.02});
+  SchedulerList longer = build(*e, list, 4, 6);  // max_epochs raised: only default ends move
+  EXPECT_NO_THROW(longer.load_state_dict(sched_state));
+  SchedulerList warmup_without_end = build(*e, warmup_without_end_list(), 4, 4);  // its values depend on end
+  EXPECT_HAS(error_of([&] { warmup_without_end.load_state_dict(build(*e, warmup_without_end_list(), 4, 6).state_dict()); }),
+             "LinearLR: the saved schedule has end = 24 but this one has 16");
   auto d = sgd({0.1, 0.02});
   Json other = list;
   other[2]["milestones"] = Json::array({2, 4});

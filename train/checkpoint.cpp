@@ -21,6 +21,12 @@ namespace {
 constexpr const char* kMetaKey = "tandem";
 constexpr const char* kFormat = "tandem-checkpoint-1";
 
+// A hook's tensor: "<what>_state_dict.<key>" (MMEngine's ema_state_dict, ...).
+bool is_hook_state(const std::string& key) {
+  const size_t at = key.find("_state_dict.");
+  return at != std::string::npos && at > 0 && key.find('.') == at + 11 && key.size() > at + 12;
+}
+
 std::string parent_dir(const std::string& path) {
   const fs::path p = fs::path(path).parent_path();
   return p.empty() ? "." : p.string();
@@ -74,6 +80,10 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
   TensorMap state;
   for (const auto& [k, t] : c.optimizer) state["optimizer." + k] = t;
   for (const auto& [k, t] : c.scaler) state["scaler." + k] = t;
+  for (const auto& [k, t] : c.extra) {
+    TANDEM_CHECK(is_hook_state(k), "checkpoint '", path, "': extra state '", k, "' must be named <what>_state_dict.<key>");
+    state[k] = t;
+  }
   Json meta = c.meta;
   meta["format"] = kFormat;
   const std::string sp = state_path(path);
@@ -107,8 +117,11 @@ Checkpoint load_checkpoint(const std::string& path) {
       c.optimizer[k.substr(10)] = t;
     else if (k.rfind("scaler.", 0) == 0)
       c.scaler[k.substr(7)] = t;
+    else if (is_hook_state(k))
+      c.extra[k] = t;
     else
-      TANDEM_FAIL("checkpoint state '", sp, "': unexpected tensor '", k, "' (expected optimizer.* or scaler.*)");
+      TANDEM_FAIL("checkpoint state '", sp, "': unexpected tensor '", k,
+                  "' (expected optimizer.*, scaler.* or <what>_state_dict.*)");
   }
   return c;
 }

@@ -2,8 +2,9 @@
 //   <name>.safetensors        the model's state_dict (PyTorch names; the
 //                             nn::save_weights format, so --init-weights and
 //                             PyTorch read it as plain weights)
-//   <name>.state.safetensors  "optimizer.<key>" (Optimizer::state_dict) and
-//                             "scaler.<key>" (AMP GradScaler state) tensors, plus
+//   <name>.state.safetensors  "optimizer.<key>" (Optimizer::state_dict),
+//                             "scaler.<key>" (AMP GradScaler state) and hooks'
+//                             "<what>_state_dict.<key>" tensors, plus
 //                             a JSON object (epoch, iteration, RNG, schedule,
 //                             data position, config ...) in __metadata__["tandem"]
 // Writes are atomic per file (temporary file, fsync, rename; then the directory
@@ -26,6 +27,8 @@ struct Checkpoint {
   TensorMap weights;    // model state_dict
   TensorMap optimizer;  // Optimizer::state_dict()
   TensorMap scaler;     // GradScaler state; empty without AMP
+  // Hooks' state under its full names "<what>_state_dict.<key>" (EMAHook's ema_state_dict.*).
+  TensorMap extra;
   Json meta = Json::object();
 };
 

@@ -82,9 +82,10 @@ std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int
   if (o.optimizer == "Adam" || o.optimizer == "AdamW")
     return "cuda_graph cannot capture optimizer " + o.optimizer +
            ": its bias correction changes every step and would be frozen in the graph; use SGD or Adadelta";
-  if (o.param_scheduler != "" && o.param_scheduler != "StepLR")
-    return "cuda_graph needs an lr that is constant within an epoch (the lr is frozen in the captured optimizer "
-           "kernels); use param_scheduler StepLR, not " + o.param_scheduler;
+  for (const SchedulerSpec& s : scheduler_specs(o))
+    if (s.type != "StepLR")
+      return "cuda_graph needs an lr that is constant within an epoch (the lr is frozen in the captured optimizer "
+             "kernels); use param_scheduler StepLR, not " + s.type;
   if (o.accumulative_counts > 1 || o.clip_max_norm > 0)
     return "cuda_graph cannot capture optim_wrapper.accumulative_counts > 1 or clip_grad; drop one or the other";
   if (o.launcher != "none")  // DDP, even of one rank

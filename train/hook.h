@@ -12,6 +12,7 @@
 namespace tandem::train {
 
 class Runner;
+struct Checkpoint;
 
 enum Priority : int {
   kHighest = 0,
@@ -56,6 +57,10 @@ class Hook {
   virtual void after_train_iter(Runner&, const IterOutputs&) {}
   virtual void before_val_epoch(Runner&) {}
   virtual void after_val_epoch(Runner&, const ValMetrics&) {}
+  // A checkpoint is about to be written (rank 0): a hook adds its state to Checkpoint::extra.
+  virtual void before_save_checkpoint(Runner&, Checkpoint&) {}
+  // A resume has restored the checkpoint's weights, optimizer, schedule and position.
+  virtual void after_load_checkpoint(Runner&, const Checkpoint&) {}
 };
 
 }  // namespace tandem::train

@@ -118,6 +118,10 @@ Registry<SchedulerFactory>& param_schedulers() {
     auto* reg = new Registry<SchedulerFactory>("param scheduler");
     reg->register_module("StepLR", make_step_lr);
     reg->register_module("CosineAnnealingLR", make_cosine_lr);
+    reg->register_module("MultiStepLR", make_multi_step_lr);
+    reg->register_module("LinearLR", make_linear_lr);
+    reg->register_module("ConstantLR", make_constant_lr);
+    reg->register_module("ExponentialLR", make_exponential_lr);
     return reg;
   }();
   return *r;
@@ -133,6 +137,8 @@ Registry<HookFactory>& hooks() {
     reg->register_module("StopAgreementHook", make_stop_agreement_hook);
     reg->register_module("CheckpointHook", make_checkpoint_hook);
     reg->register_module("CheckInvalidLossHook", make_check_invalid_loss_hook);
+    reg->register_module("EMAHook", make_ema_hook);
+    reg->register_module("EarlyStoppingHook", make_early_stopping_hook);
     return reg;
   }();
   return *r;

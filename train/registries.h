@@ -3,9 +3,10 @@
 //   models()          MnistNet
 //   model_wrappers()  MMDistributedDataParallel, DistributedDataParallel (dist::DistributedDataParallel)
 //   optimizers()      Adadelta, SGD, Adam, AdamW (PyTorch's names and keyword arguments)
-//   param_schedulers() StepLR, CosineAnnealingLR
+//   param_schedulers() StepLR, MultiStepLR, LinearLR, ConstantLR, ExponentialLR, CosineAnnealingLR
 //   hooks()           IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
-//                     DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook
+//                     DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook, EMAHook,
+//                     EarlyStoppingHook
 // An embedding program adds its own with register_module before it builds a Runner, e.g.
 //   train::model_wrappers().register_module("MyDDP", [](const train::WrapContext& c, const train::Kwargs& k) {...});
 // model_wrapper_cfg's DDP keyword arguments become dist::DDPOptions in ddp_options_from_kwargs, the

@@ -45,7 +45,7 @@ Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
   if (!o_.model_instance) models().get(o_.model);
   model_wrappers().get(o_.model_wrapper);
   optimizers().get(o_.optimizer);
-  if (!o_.param_scheduler.empty()) param_schedulers().get(o_.param_scheduler);
+  for (const SchedulerSpec& s : scheduler_specs(o_)) param_schedulers().get(s.type);
   for (const auto* specs : {&o_.default_hooks, &o_.custom_hooks})
     for (const HookSpec& s : *specs) hooks().get(s.type);
 }
@@ -201,9 +201,13 @@ void Runner::setup_optimizer() {
   }
   optimizer_ = optimizers().get(o_.optimizer)(wrapped_->parameters(), args);
   base_lr_ = optimizer_->lr();
-  if (!o_.param_scheduler.empty())
-    scheduler_ = param_schedulers().get(o_.param_scheduler)(ScheduleContext{optimizer_.get(), iters_, o_.max_epochs},
-                                                            o_.param_scheduler_args);
+  ScheduleContext sc{optimizer_.get(), iters_, o_.max_epochs, {}};
+  for (const auto& g : optimizer_->param_groups()) sc.initial_lrs.push_back(g.lr);
+  for (const SchedulerSpec& s : scheduler_specs(o_)) {  // built in order: each applies its first value
+    std::unique_ptr<ParamScheduler> built = param_schedulers().get(s.type)(sc, s.args);
+    TANDEM_CHECK(built != nullptr, "param_scheduler type '", s.type, "': the factory returned no scheduler");
+    schedulers_.add(std::move(built));
+  }
   const amp::Precision precision = amp::parse_precision(o_.amp);
   // fp16 needs loss scaling (gradients underflow); bf16 has f32's range and does not.
   scaler_ = std::make_unique<optim::GradScaler>(
@@ -235,6 +239,7 @@ int Runner::train() {
     run_epoch();
     if (stop_ != 0) break;
     if (val_loader_ && ((o_.val_interval > 0 && epoch_ % o_.val_interval == 0) || epoch_ == o_.max_epochs)) val();
+    if (stop_training_) break;  // EarlyStoppingHook: this epoch was the last
   }
   epoch_ = std::min(epoch_, o_.max_epochs);
   return finish();

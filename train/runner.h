@@ -1,6 +1,6 @@
 // train::Runner: MMEngine's Runner for Tandem. It builds a training job from RunnerOptions through
 // the registries (train/registries.h): the model, its wrapper under DDP, the optimizer (with AMP,
-// gradient accumulation and clipping, as MMEngine's OptimWrapper), the parameter scheduler and the
+// gradient accumulation and clipping, as MMEngine's OptimWrapper), the parameter schedulers and the
 // hooks; then runs an epoch-based train loop and a validation loop, calling the hooks (train/hook.h)
 // at MMEngine's points. The default hooks (MMEngine's default_hooks, plus Tandem's stop agreement
 // and loss check) are: IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
@@ -53,6 +53,9 @@ struct RunnerOptions {
   Kwargs optimizer_args{"optim_wrapper.optimizer"};  // lr, momentum, weight_decay, ...
   std::string param_scheduler = "StepLR";            // "" for none
   Kwargs param_scheduler_args{"param_scheduler"};
+  // MMEngine's param_scheduler as a list (applied in order, see param_scheduler.h); when not empty
+  // it is the schedule and param_scheduler / param_scheduler_args are not used.
+  std::vector<SchedulerSpec> param_schedulers;
   // Data: the loss is nll_loss of the model's output (log-probabilities) against the labels.
   std::shared_ptr<const data::Dataset> train_dataset, val_dataset;  // val may be null
   int64_t batch_size = 64, val_batch_size = 256;
@@ -141,7 +144,7 @@ class Runner {
   dist::DistributedDataParallel* ddp() { return ddp_; }  // null without DDP or for another wrapper
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::GradScaler& scaler() { return *scaler_; }
-  ParamScheduler* scheduler() { return scheduler_.get(); }
+  SchedulerList& schedulers() { return schedulers_; }  // empty without param_scheduler
   data::DataLoader& train_loader() { return *train_loader_; }
   MetricsWriter* metrics() { return metrics_.get(); }
   dist::ProcessGroup* host_group();  // the group of the per-iteration stop agreement, or null
@@ -154,6 +157,10 @@ class Runner {
   // The agreed stop signal (StopAgreementHook); 0 while training goes on.
   void set_stop(int sig) { stop_ = sig; }
   int stop() const { return stop_; }
+  // MMEngine's train_loop.stop_training (EarlyStoppingHook): the run ends, normally, after the
+  // current epoch's validation; train() returns 0.
+  void stop_training() { stop_training_ = true; }
+  bool training_stopped() const { return stop_training_; }
   // Saves the position "epoch `epoch`, `done` batches of it finished" (rank 0; others return "").
   // `path` "": into the work dir's rotation (iter_<global>, keeping max_keep; -1: the options'
   // max_keep_ckpts); else exactly there, outside the rotation.
@@ -195,7 +202,7 @@ class Runner {
   dist::DistributedDataParallel* ddp_ = nullptr;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::GradScaler> scaler_;
-  std::unique_ptr<ParamScheduler> scheduler_;
+  SchedulerList schedulers_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<CudaGraphStep> graph_step_;
   std::vector<std::shared_ptr<Hook>> hooks_;
@@ -209,6 +216,7 @@ class Runner {
   int64_t inner_count_ = 0;  // OptimWrapper's: backward passes in the whole run
   double data_time_ = 0, iter_time_ = 0;
   int stop_ = 0;
+  bool stop_training_ = false;
   bool set_up_ = false;
 };
 

@@ -14,11 +14,18 @@
 namespace tandem::train {
 namespace {
 
+// The schedule's types, comma-separated ("LinearLR,MultiStepLR"; one type alone as before lists).
+std::string scheduler_types(const RunnerOptions& o) {
+  std::string out;
+  for (const SchedulerSpec& s : scheduler_specs(o)) out += (out.empty() ? "" : ",") + s.type;
+  return out;
+}
+
 // What a resumed run must share with the checkpoint's run, whatever its config looks like.
 Json identity(const RunnerOptions& o, int64_t train_samples) {
   return {{"model", o.model_instance ? "(instance)" : o.model},
           {"optimizer", o.optimizer},
-          {"param_scheduler", o.param_scheduler},
+          {"param_scheduler", scheduler_types(o)},
           {"batch_size", o.batch_size},
           {"shuffle", o.shuffle},
           {"seed", o.seed},
@@ -67,13 +74,13 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
             {"iters_per_epoch", iters_},
             {"world_size", world_},
             {"rng", default_generator().state()},
-            {"schedule", {{"type", o_.param_scheduler},
-                          {"state", scheduler_ ? Json(scheduler_->state_dict()) : Json::object()}}},
+            {"schedule", {{"type", scheduler_types(o_)}, {"state", Json(schedulers_.state_dict())}}},
             {"sampler", {{"epoch", sampler_epoch_}, {"batches_done", done}, {"seed", o_.seed}, {"shuffle", o_.shuffle},
                          {"offset", done > 0 ? epoch_offset_ : 0}}},
             {"amp", o_.amp},
             {"runner", identity(o_, o_.train_dataset->size())},
             {"config", o_.config_json.empty() ? Json::object() : Json::parse(o_.config_json)}};
+  call_hooks([&](Hook& h) { h.before_save_checkpoint(*this, c); });
   std::string written = path;
   if (written.empty()) {
     CheckpointManager checkpoints(o_.work_dir, max_keep >= 0 ? max_keep : o_.max_keep_ckpts);
@@ -100,12 +107,13 @@ void Runner::resume_or_load() {
     optimizer_->load_state_dict(c.optimizer);
     if (scaler_->enabled() && !c.scaler.empty()) scaler_->load_state_dict(c.scaler);
     const auto sched = c.meta.at("schedule").at("state").get<std::map<std::string, double>>();
-    if (scheduler_) scheduler_->load_state_dict(sched);
+    schedulers_.load_state_dict(sched);
     default_generator().set_state(c.meta.at("rng").get<std::string>());
     start_epoch_ = c.meta.at("epoch").get<int64_t>();
     skip_ = c.meta.at("iter").get<int64_t>();
     global_iter_ = c.meta.at("global_iter").get<int64_t>();
     reshard_epoch(c);
+    call_hooks([&](Hook& h) { h.after_load_checkpoint(*this, c); });
   } catch (const Error& e) {
     TANDEM_FAIL("checkpoint '", resume_path_, "': ", e.what());
   } catch (const nlohmann::json::exception& e) {

@@ -29,6 +29,12 @@ std::vector<HookSpec> default_hook_specs(const RunnerOptions& o) {
   return specs;
 }
 
+std::vector<SchedulerSpec> scheduler_specs(const RunnerOptions& o) {
+  if (!o.param_schedulers.empty()) return o.param_schedulers;
+  if (o.param_scheduler.empty()) return {};
+  return {SchedulerSpec{o.param_scheduler, o.param_scheduler_args}};
+}
+
 void log_to_file(const std::string& file) {
   auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(file, /*truncate=*/false);
   spdlog::default_logger()->sinks().push_back(sink);

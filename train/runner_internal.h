@@ -30,6 +30,8 @@ void log_to_file(const std::string& file);
 std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int world);
 // The default hooks for RunnerOptions' plain settings (MMEngine's default_hooks + Tandem's).
 std::vector<HookSpec> default_hook_specs(const RunnerOptions& o);
+// The schedule's entries: param_schedulers, else the one param_scheduler (none when it is "").
+std::vector<SchedulerSpec> scheduler_specs(const RunnerOptions& o);
 // "m:ss" style ETA: H:MM:SS.
 std::string format_eta(double seconds);
 

@@ -79,6 +79,16 @@ T at_least(const Json& c, const std::string& key, T minimum) {
   return v;
 }
 
+// A list of {type, ...} objects (custom_hooks, schedule.param_scheduler) as JSON text.
+std::string spec_list(const Json& c, const std::string& key) {
+  const Json& list = train::get_path(c, key);
+  TANDEM_CHECK(list.is_array(), "config key '", key, "' must be a list of objects with a \"type\", got ", list.dump());
+  for (const Json& h : list)
+    TANDEM_CHECK(h.is_object() && h.contains("type") && h["type"].is_string(), "config key '", key,
+                 "' must be a list of objects with a \"type\", got ", h.dump());
+  return list.dump();
+}
+
 }  // namespace
 
 Json options_to_json(const TrainOptions& o) {
@@ -91,7 +101,7 @@ Json options_to_json(const TrainOptions& o) {
        {{"type", o.optimizer}, {"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
         {"auto_scale_lr_base_batch", o.auto_scale_lr_base_batch}, {"accumulative_counts", o.accumulative_counts},
         {"clip_grad_max_norm", o.clip_max_norm}, {"clip_grad_norm_type", o.clip_norm_type}}},
-      {"schedule", {{"type", o.lr_schedule}, {"gamma", o.gamma}}},
+      {"schedule", {{"type", o.lr_schedule}, {"gamma", o.gamma}, {"param_scheduler", Json::parse(o.param_schedulers)}}},
       {"amp", o.amp},
       {"ddp",
        {{"launcher", o.launcher}, {"backend", o.backend}, {"bucket_cap_mb", o.bucket_cap_mb},
@@ -137,7 +147,11 @@ void options_from_json(const Json& c, TrainOptions& o) {
   TANDEM_CHECK(o.clip_norm_type >= 1, "config key 'optimizer.clip_grad_norm_type' must be >= 1, got ",
                o.clip_norm_type);
   o.lr_schedule = get<std::string>(c, "schedule.type");
-  check_choice("schedule.type", o.lr_schedule, {"step", "cosine"});
+  check_choice("schedule.type", o.lr_schedule, {"step", "cosine", "list"});
+  o.param_schedulers = spec_list(c, "schedule.param_scheduler");
+  TANDEM_CHECK((o.lr_schedule == "list") == (o.param_schedulers != "[]"), "config key 'schedule.type' is \"",
+               o.lr_schedule, "\" but 'schedule.param_scheduler' ", o.param_schedulers == "[]" ? "is empty" : "is not",
+               "; schedule.type \"list\" goes with a non-empty schedule.param_scheduler, and only it");
   o.gamma = get<double>(c, "schedule.gamma");
   TANDEM_CHECK(o.gamma > 0, "config key 'schedule.gamma' must be > 0, got ", o.gamma);
   o.amp = get<std::string>(c, "amp");
@@ -165,11 +179,7 @@ void options_from_json(const Json& c, TrainOptions& o) {
   const Json& extra = c.at("model_wrapper_extra");
   TANDEM_CHECK(extra.is_null() || extra.is_object(), "config key 'model_wrapper_cfg' must be an object");
   o.model_wrapper_extra = extra.is_null() ? "{}" : extra.dump();
-  const Json& hooks = c.at("custom_hooks");
-  for (const Json& h : hooks)
-    TANDEM_CHECK(h.is_object() && h.contains("type") && h["type"].is_string(),
-                 "config key 'custom_hooks' must be a list of objects with a \"type\", got ", h.dump());
-  o.custom_hooks = hooks.dump();
+  o.custom_hooks = spec_list(c, "custom_hooks");
   o.resume_from_config = get<bool>(c, "resume");
   o.dist_timeout_s = get<double>(c, "ddp.timeout_s");
   TANDEM_CHECK(o.dist_timeout_s > 0, "config key 'ddp.timeout_s' must be > 0, got ", o.dist_timeout_s);

@@ -60,26 +60,47 @@ void optim_wrapper(const Json& w, const std::string& src, Json& out) {
   }
 }
 
+// A single scheduler of the shape tandem-mnist's schedule.type names: "step" (StepLR per epoch,
+// step_size 1), "cosine" (CosineAnnealingLR per iteration over the whole run to 0), else "".
+std::string named_schedule(const Json& s) {
+  static const std::set<std::string> step_keys = {"type", "by_epoch", "step_size", "gamma"};
+  static const std::set<std::string> cosine_keys = {"type", "by_epoch", "eta_min", "convert_to_iter_based"};
+  const std::string type = s.value("type", "");
+  const auto only_keys = [&](const std::set<std::string>& keys) {
+    return std::all_of(s.items().begin(), s.items().end(), [&](const auto& kv) { return keys.count(kv.key()) > 0; });
+  };
+  if (type == "StepLR" && only_keys(step_keys) && s.value("by_epoch", true) && s.value("step_size", Json(1)) == 1)
+    return "step";
+  const bool per_iteration = !s.value("by_epoch", true) || s.value("convert_to_iter_based", false);
+  if (type == "CosineAnnealingLR" && only_keys(cosine_keys) && per_iteration && s.value("eta_min", Json(0)) == 0)
+    return "cosine";
+  return "";
+}
+
+// One scheduler of the named shapes goes to schedule.type (as configs always resolved); anything
+// else, or several, to schedule.param_scheduler as written (the Runner's registry checks them).
 void param_scheduler(Json s, const std::string& src, Json& out) {
   const std::string where = src + ": param_scheduler";
-  if (s.is_array()) {
-    TANDEM_CHECK(s.size() == 1, where, ": tandem-mnist runs one scheduler, got ", s.size());
-    s = s[0];
+  if (!s.is_array()) s = Json::array({s});
+  for (size_t i = 0; i < s.size(); ++i) {
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    TANDEM_CHECK(s[i].is_object() && s[i].contains("type") && s[i]["type"].is_string(), at,
+                 " must be an object with a \"type\", got ", s[i].dump());
+    const std::string type = s[i]["type"].get<std::string>();
+    if (!train::param_schedulers().contains(type)) {
+      std::string known;
+      for (const std::string& n : train::param_schedulers().names()) known += (known.empty() ? "" : ", ") + n;
+      TANDEM_FAIL(at, ".type '", type, "' is not a registered param scheduler (registered: ", known, ")");
+    }
   }
-  only(s, where, {"type", "by_epoch", "step_size", "gamma", "T_max", "eta_min", "begin", "end", "convert_to_iter_based"});
-  const std::string type = s.value("type", "");
-  if (type == "StepLR") {
-    TANDEM_CHECK(s.value("by_epoch", true) && s.value("step_size", 1) == 1, where,
-                 ": StepLR runs per epoch with step_size 1 here (by_epoch true, step_size 1)");
-    out["schedule"]["type"] = "step";
-    if (s.contains("gamma")) out["schedule"]["gamma"] = s["gamma"];
-  } else if (type == "CosineAnnealingLR") {
-    TANDEM_CHECK(s.value("eta_min", 0.0) == 0.0 && !s.contains("T_max") && !s.contains("begin") && !s.contains("end"),
-                 where, ": CosineAnnealingLR anneals to 0 over the whole run here (no T_max, eta_min, begin or end)");
-    out["schedule"]["type"] = "cosine";
-  } else {
-    TANDEM_FAIL(where, ".type must be StepLR or CosineAnnealingLR, got '", type, "'");
+  const std::string named = s.size() == 1 ? named_schedule(s[0]) : "";
+  if (!named.empty()) {
+    out["schedule"]["type"] = named;
+    if (named == "step" && s[0].contains("gamma")) out["schedule"]["gamma"] = s[0]["gamma"];
+    return;
   }
+  out["schedule"]["type"] = "list";
+  out["schedule"]["param_scheduler"] = s;
 }
 
 void default_hooks(const Json& h, const std::string& src, Json& out) {

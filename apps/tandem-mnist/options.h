@@ -22,7 +22,9 @@ struct TrainOptions {
   int64_t test_batch_size = 256;
   double lr = 1.0;
   double gamma = 0.7;
-  std::string lr_schedule = "step";  // step: StepLR(1, gamma) per epoch; cosine: per iteration to 0
+  std::string lr_schedule = "step";  // step: StepLR(1, gamma) per epoch; cosine: per iteration to 0;
+                                     // list: param_schedulers
+  std::string param_schedulers = "[]";  // JSON array of MMEngine scheduler dicts {type, ...}, in order
   std::string optimizer = "adadelta";
   double momentum = 0.0;
   double weight_decay = 0.0;

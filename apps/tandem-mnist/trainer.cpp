@@ -126,6 +126,19 @@ train::Kwargs wrapper_args(const TrainOptions& o) {
   return k;
 }
 
+// {type, ...} entries (checked by options_from_json) as specs whose errors name `owner`.<type>.
+template <typename Spec>
+std::vector<Spec> specs_of(const std::string& json_text, const std::string& owner) {
+  std::vector<Spec> out;
+  for (const auto& h : train::Json::parse(json_text)) {
+    Spec spec{h.at("type").get<std::string>(), train::Kwargs(owner + "." + h["type"].get<std::string>())};
+    for (const auto& [key, value] : h.items())
+      if (key != "type") spec.args.set_json(key, value.dump());
+    out.push_back(spec);
+  }
+  return out;
+}
+
 train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& config, const Device& device) {
   train::RunnerOptions r;
   r.model = o.model;
@@ -135,8 +148,11 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.optimizer_args.set("lr", o.lr);
   r.optimizer_args.set("weight_decay", o.weight_decay);
   if (o.optimizer == "sgd") r.optimizer_args.set("momentum", o.momentum);
-  if (o.lr_schedule == "cosine") {
+  if (o.lr_schedule == "list") {
+    r.param_schedulers = specs_of<train::SchedulerSpec>(o.param_schedulers, "param_scheduler");
+  } else if (o.lr_schedule == "cosine") {
     r.param_scheduler = "CosineAnnealingLR";
+    r.param_scheduler_args.set("by_epoch", false);
   } else {
     r.param_scheduler = "StepLR";
     r.param_scheduler_args.set_json("step_size", "1");
@@ -165,7 +181,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.config_name = o.config_file;
   r.config_json = config.dump();
   r.resume_keys = {"model", "data.batch_size", "data.limit", "data.shuffle", "data.pad", "optimizer.type", "schedule.type",
-                   "train.seed"};
+                   "schedule.param_scheduler", "train.seed"};
   r.log_interval = o.log_interval;
   r.checkpoint_interval_iters = o.checkpoint_interval_iters;
   r.checkpoint_interval_epochs = o.checkpoint_interval_epochs;
@@ -185,12 +201,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.reshard_resume = o.resume_reshard || restart_count() > 0;
   r.load_from = o.init_weights;
   r.data_description = describe_data(o.data_dir);
-  for (const auto& h : train::Json::parse(o.custom_hooks)) {
-    train::HookSpec spec{h.at("type").get<std::string>(), train::Kwargs("custom_hooks." + h["type"].get<std::string>())};
-    for (const auto& [key, value] : h.items())
-      if (key != "type") spec.args.set_json(key, value.dump());
-    r.custom_hooks.push_back(spec);
-  }
+  r.custom_hooks = specs_of<train::HookSpec>(o.custom_hooks, "custom_hooks");
   return r;
 }
 

@@ -149,6 +149,7 @@ int run(const Options& o) {
     r.optimizer_args.set("lr", o.lr);
   }
   r.param_scheduler = "CosineAnnealingLR";  // over the whole run, moved every iteration
+  r.param_scheduler_args.set("by_epoch", false);
   r.train_dataset = train_set;
   r.val_dataset = test_set;
   r.batch_size = o.batch_size;

@@ -99,7 +99,8 @@ TEST(MMEngineConfig, UnsupportedKeysAndCyclesAreOneLineErrors) {
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "param_scheduler.type=OneCycleLR", "--print-config"},
                         tmp / "log"),
             2);
-  expect_one_line_error(read_file(tmp / "log"), "param_scheduler.type must be StepLR or CosineAnnealingLR");
+  expect_one_line_error(read_file(tmp / "log"), "--cfg-options: param_scheduler[0].type 'OneCycleLR' is not a "
+                                                "registered param scheduler (registered: ConstantLR, CosineAnnealingLR");
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "optim_wrapper.optimizer.betas=[0.9,0.99]", "--print-config"},
                         tmp / "log"),
             2);
@@ -122,6 +123,59 @@ TEST(MMEngineConfig, UnknownWrapperTypeNamesTheRegisteredOnes) {
   expect_one_line_error(read_file(tmp / "log"),
                         "unknown model wrapper type 'NoSuchDDP'; registered: DistributedDataParallel, "
                         "MMDistributedDataParallel");
+}
+
+// MMEngine's param_scheduler as a list (warm-up by iteration, then MultiStepLR by epoch) and
+// custom_hooks (EMAHook, EarlyStoppingHook) carried from a .py config, and the same list as JSON, to
+// the Runner: the lrs the log shows are the list's; the old single-scheduler form still resolves to
+// schedule.type.
+TEST(MMEngineConfig, SchedulerListsAndCustomHooksTrain) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("mmcli");
+  std::ofstream(tmp / "warm.py") << R"(_base_ = [')" << kConfigs << R"(/mnist_adadelta.json']
+optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=3),
+    dict(type='MultiStepLR', by_epoch=True, milestones=[1], gamma=0.1),
+]
+custom_hooks = [dict(type='EMAHook', momentum=0.0002),
+                dict(type='EarlyStoppingHook', monitor='accuracy', patience=5)]
+train_cfg = dict(max_epochs=2)
+default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
+)";
+  const json c = print_config(tmp, {tmp.file("warm.py")});
+  EXPECT_EQ(c["schedule"]["type"], "list");
+  ASSERT_EQ(c["schedule"]["param_scheduler"].size(), 2u);
+  EXPECT_EQ(c["schedule"]["param_scheduler"][1]["milestones"], json::array({1}));
+  EXPECT_EQ(c["custom_hooks"][0]["type"], "EMAHook");
+  EXPECT_EQ(run_process({kTrainer, tmp.file("warm.py"), "--data-dir", kDigits, "--limit", "256", "--test-limit", "64",
+                         "--work-dir", tmp.file("w")},
+                        tmp / "log"),
+            0)
+      << read_file(tmp / "log");
+  const std::string log = read_file(tmp / "log");
+  // 4 iterations per epoch: 0.1 x 0.001, the warm-up's linear steps to 0.1 at iteration 3, then 0.01.
+  EXPECT_NE(log.find("Epoch(train) [1][1/4] base_lr: 1.0000e-01 lr: 1.0000e-04"), std::string::npos) << log;
+  EXPECT_NE(log.find("Epoch(train) [1][3/4] base_lr: 1.0000e-01 lr: 1.0000e-01"), std::string::npos) << log;
+  EXPECT_NE(log.find("Epoch(train) [2][1/4] base_lr: 1.0000e-01 lr: 1.0000e-02"), std::string::npos) << log;
+  // A keyword argument the scheduler does not know stops the run as it builds the schedule.
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "param_scheduler=[{\"type\":\"MultiStepLR\",\"milestone\":[2]}]",
+                         "--data-dir", kDigits, "--limit", "64", "--epochs", "1", "--work-dir", tmp.file("bad")},
+                        tmp / "bad.log"),
+            1);
+  EXPECT_NE(read_file(tmp / "bad.log").find("error: param_scheduler.MultiStepLR: unknown argument 'milestone'; "
+                                            "expected one of: milestones, gamma, by_epoch, begin, end"),
+            std::string::npos)
+      << read_file(tmp / "bad.log");
+  std::ofstream(tmp / "warm.json") << R"({"_base_": ")" << kConfigs << R"(/mnist_adadelta.json",
+      "param_scheduler": [{"type": "LinearLR", "start_factor": 0.001, "by_epoch": false, "begin": 0, "end": 500},
+                          {"type": "MultiStepLR", "by_epoch": true, "milestones": [8, 11], "gamma": 0.1}]})";
+  EXPECT_EQ(print_config(tmp, {tmp.file("warm.json")})["schedule"]["param_scheduler"][0]["end"], 500);
+  std::ofstream(tmp / "old.json") << R"({"param_scheduler": [{"type": "StepLR", "by_epoch": true, "gamma": 0.5}]})";
+  const json old = print_config(tmp, {tmp.file("old.json")});
+  EXPECT_EQ(old["schedule"]["type"], "step");
+  EXPECT_EQ(old["schedule"]["gamma"], 0.5);
+  EXPECT_EQ(old["schedule"]["param_scheduler"], json::array());
 }
 
 // --local_rank=N / --local-rank=N set LOCAL_RANK for the launcher's checks; LOCAL_RANK wins when set.

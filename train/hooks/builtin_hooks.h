@@ -10,6 +10,10 @@
 //                          max_keep_ckpts, save_best (accuracy | loss), and a save
 //                          whenever a stop was agreed                                  VERY_LOW
 //   CheckInvalidLossHook   a NaN or infinite loss ends the run naming the iteration     VERY_HIGH
+// and the custom hooks:
+//   EMAHook                an exponential moving average of the weights, validated with
+//                          and saved in checkpoints (ema_state_dict)                    NORMAL
+//   EarlyStoppingHook      ends the run when a validation metric stops improving        LOWEST
 #pragma once
 
 #include <memory>
@@ -26,5 +30,7 @@ std::shared_ptr<Hook> make_dist_sampler_seed_hook(const Kwargs& k);
 std::shared_ptr<Hook> make_stop_agreement_hook(const Kwargs& k);
 std::shared_ptr<Hook> make_checkpoint_hook(const Kwargs& k);
 std::shared_ptr<Hook> make_check_invalid_loss_hook(const Kwargs& k);
+std::shared_ptr<Hook> make_ema_hook(const Kwargs& k);
+std::shared_ptr<Hook> make_early_stopping_hook(const Kwargs& k);
 
 }  // namespace tandem::train

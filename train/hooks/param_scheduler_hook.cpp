@@ -1,5 +1,5 @@
-// ParamSchedulerHook: steps the Runner's scheduler after every iteration (by_epoch false) or after
-// every epoch (by_epoch true), after the logger read the lr the iteration used.
+// ParamSchedulerHook: steps the Runner's schedulers, in order: the iteration-based ones after every
+// iteration, the epoch-based ones after every epoch, after the logger read the lr the iteration used.
 #include "train/hooks/builtin_hooks.h"
 #include "train/runner.h"
 
@@ -10,12 +10,8 @@ class ParamSchedulerHook : public Hook {
  public:
   std::string name() const override { return "ParamSchedulerHook"; }
   int priority() const override { return kLow; }
-  void after_train_iter(Runner& r, const IterOutputs&) override {
-    if (ParamScheduler* s = r.scheduler(); s && !s->by_epoch()) s->step();
-  }
-  void after_train_epoch(Runner& r) override {
-    if (ParamScheduler* s = r.scheduler(); s && s->by_epoch()) s->step();
-  }
+  void after_train_iter(Runner& r, const IterOutputs&) override { r.schedulers().step_iter(); }
+  void after_train_epoch(Runner& r) override { r.schedulers().step_epoch(); }
 };
 
 }  // namespace

@@ -1,0 +1,93 @@
+// EMAHook (MMEngine's, with its ExponentialMovingAverage, ema.h): keeps an exponential moving
+// average of the model's parameters (and buffers with update_buffers), updated after every training
+// iteration from begin_iter (or begin_epoch) on and a copy of the model before; validation runs with
+// the averages swapped into the model and swapped back after it. Checkpoints carry the averages as
+// ema_state_dict.module.<name> and ema_state_dict.steps tensors in the state file (the weights file
+// keeps the model's own weights), and a resume restores them; a checkpoint without them starts the
+// average from the resumed weights, with a warning.
+#include <spdlog/spdlog.h>
+
+#include "train/checkpoint.h"
+#include "train/hooks/builtin_hooks.h"
+#include "train/hooks/ema.h"
+#include "train/runner.h"
+
+namespace tandem::train {
+namespace {
+
+constexpr const char* kPrefix = "ema_state_dict.";
+
+class EMAHook : public Hook {
+ public:
+  EMAHook(double momentum, int64_t interval, bool update_buffers, int64_t begin_iter, int64_t begin_epoch)
+      : ema_(momentum, interval), update_buffers_(update_buffers), begin_iter_(begin_iter), begin_epoch_(begin_epoch) {}
+  std::string name() const override { return "EMAHook"; }
+  int priority() const override { return kNormal; }
+
+  void before_run(Runner& r) override {
+    TANDEM_CHECK(begin_epoch_ <= r.max_epochs(), "custom_hooks.EMAHook.begin_epoch must be <= max_epochs (",
+                 r.max_epochs(), "), got ", begin_epoch_);
+    TANDEM_CHECK(begin_iter_ <= r.max_epochs() * r.iters_per_epoch(), "custom_hooks.EMAHook.begin_iter must be <= "
+                 "the run's iterations (", r.max_epochs() * r.iters_per_epoch(), "), got ", begin_iter_);
+    if (!loaded_) ema_.reset(tensors(r));
+  }
+  void after_train_iter(Runner& r, const IterOutputs&) override {
+    const bool started = begin_epoch_ > 0 ? r.epoch() >= begin_epoch_ : r.global_iter() >= begin_iter_;
+    if (started)
+      ema_.update(tensors(r));
+    else
+      ema_.copy_from(tensors(r));
+  }
+  void before_val_epoch(Runner& r) override {
+    if (ema_.empty()) return;  // a validation outside train()
+    ema_.swap_with(tensors(r));
+    swapped_ = true;
+  }
+  void after_val_epoch(Runner& r, const ValMetrics&) override {
+    if (!swapped_) return;
+    ema_.swap_with(tensors(r));
+    swapped_ = false;
+  }
+  void before_save_checkpoint(Runner&, Checkpoint& c) override {
+    if (!ema_.empty()) ema_.save(c.extra, kPrefix);
+  }
+  void after_load_checkpoint(Runner& r, const Checkpoint& c) override {
+    if (c.extra.count(std::string(kPrefix) + "steps") == 0) {
+      spdlog::warn("EMAHook: the checkpoint has no ema_state_dict; the average starts from its weights");
+      return;
+    }
+    ema_.reset(tensors(r));
+    ema_.load(c.extra, kPrefix);
+    loaded_ = true;
+  }
+
+ private:
+  nn::NamedTensors tensors(Runner& r) const {
+    return update_buffers_ ? r.model().state_dict() : r.model().named_parameters();
+  }
+  ExponentialMovingAverage ema_;
+  bool update_buffers_;
+  int64_t begin_iter_, begin_epoch_;
+  bool loaded_ = false, swapped_ = false;
+};
+
+}  // namespace
+
+std::shared_ptr<Hook> make_ema_hook(const Kwargs& k) {
+  k.check_known({"ema_type", "momentum", "interval", "update_buffers", "begin_iter", "begin_epoch", "strict_load"});
+  const std::string type = k.string("ema_type", "ExponentialMovingAverage");
+  TANDEM_CHECK(type == "ExponentialMovingAverage", k.owner(),
+               ".ema_type must be \"ExponentialMovingAverage\" (the one average Tandem has), got \"", type, "\"");
+  const double momentum = k.number("momentum", 0.0002);
+  TANDEM_CHECK(momentum > 0 && momentum < 1, k.owner(), ".momentum must be in (0, 1), got ", momentum);
+  const int64_t interval = k.integer("interval", 1);
+  TANDEM_CHECK(interval >= 1, k.owner(), ".interval must be >= 1, got ", interval);
+  const int64_t begin_iter = k.integer("begin_iter", 0), begin_epoch = k.integer("begin_epoch", 0);
+  TANDEM_CHECK(begin_iter >= 0, k.owner(), ".begin_iter must be >= 0, got ", begin_iter);
+  TANDEM_CHECK(begin_epoch >= 0, k.owner(), ".begin_epoch must be >= 0, got ", begin_epoch);
+  TANDEM_CHECK(begin_iter == 0 || begin_epoch == 0, k.owner(), ": give begin_iter or begin_epoch, not both");
+  k.boolean("strict_load", false);  // type-checked; loading is always strict here
+  return std::make_shared<EMAHook>(momentum, interval, k.boolean("update_buffers", false), begin_iter, begin_epoch);
+}
+
+}  // namespace tandem::train

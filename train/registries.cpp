@@ -82,6 +82,8 @@ Registry<WrapperFactory>& model_wrappers() {
     auto* reg = new Registry<WrapperFactory>("model wrapper");
     reg->register_module("MMDistributedDataParallel", wrap_ddp);
     reg->register_module("DistributedDataParallel", wrap_ddp);
+    reg->register_module("MMFullyShardedDataParallel", wrap_fsdp);
+    reg->register_module("FullyShardedDataParallel", wrap_fsdp);
     return reg;
   }();
   return *r;

@@ -1,7 +1,9 @@
 // The Runner's registries (MMEngine's MODELS, MODEL_WRAPPERS, OPTIMIZERS, PARAM_SCHEDULERS, HOOKS)
 // and their built-in entries, registered on first use:
 //   models()          MnistNet
-//   model_wrappers()  MMDistributedDataParallel, DistributedDataParallel (dist::DistributedDataParallel)
+//   model_wrappers()  MMDistributedDataParallel, DistributedDataParallel (dist::DistributedDataParallel),
+//                     MMFullyShardedDataParallel, FullyShardedDataParallel (dist::FullyShardedDataParallel;
+//                     train/fsdp_wrapper.cpp)
 //   optimizers()      Adadelta, SGD, Adam, AdamW (PyTorch's names and keyword arguments)
 //   param_schedulers() StepLR, MultiStepLR, LinearLR, ConstantLR, ExponentialLR, CosineAnnealingLR
 //   hooks()           IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
@@ -10,7 +12,8 @@
 // An embedding program adds its own with register_module before it builds a Runner, e.g.
 //   train::model_wrappers().register_module("MyDDP", [](const train::WrapContext& c, const train::Kwargs& k) {...});
 // model_wrapper_cfg's DDP keyword arguments become dist::DDPOptions in ddp_options_from_kwargs, the
-// one place that mapping lives (a wrapper factory calls it).
+// one place that mapping lives (a wrapper factory calls it); FSDP's become dist::FSDPOptions in
+// wrap_fsdp.
 #pragma once
 
 #include <memory>
@@ -18,6 +21,7 @@
 
 #include "dist/parallel/ddp.h"
 #include "dist/group/process_group.h"
+#include "dist/store/store.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "train/hook.h"
@@ -32,6 +36,10 @@ using ModelFactory = std::function<std::shared_ptr<nn::Module>(const Kwargs&)>;
 struct WrapContext {
   std::shared_ptr<nn::Module> model;
   std::shared_ptr<dist::ProcessGroup> group;
+  // For wrappers that make groups of their own (FSDP's HYBRID_SHARD: one per node and one per
+  // local rank): the job's store and where this rank sits.
+  std::shared_ptr<dist::Store> store;
+  int local_rank = 0, local_world_size = 1;
 };
 // Returns the wrapped model. A wrapper that derives from dist::DistributedDataParallel gets
 // accumulation through no_sync() and the reducer's numbers in the logs.
@@ -41,6 +49,14 @@ using HookFactory = std::function<std::shared_ptr<Hook>(const Kwargs&)>;
 
 Registry<ModelFactory>& models();
 Registry<WrapperFactory>& model_wrappers();
+// MMEngine's MMFullyShardedDataParallel: sharding_strategy ('FULL_SHARD', 'SHARD_GRAD_OP', 'NO_SHARD',
+// 'HYBRID_SHARD': shard within a node of local_world_size ranks), auto_wrap_policy
+// (dict(type='transformer_auto_wrap_policy' | 'ModuleWrapPolicy', transformer_layer_cls=[names]) or
+// dict(type='size_based_auto_wrap_policy', min_num_params=N); the type may carry PyTorch's module
+// path), forward_prefetch, backward_prefetch ('BACKWARD_PRE', 'BACKWARD_POST' or None);
+// mixed_precision and cpu_offload are refused until they exist. The DDP keys are accepted at their
+// defaults only (they do not apply to FSDP).
+std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k);
 Registry<OptimizerFactory>& optimizers();
 Registry<SchedulerFactory>& param_schedulers();
 Registry<HookFactory>& hooks();

@@ -173,9 +173,19 @@ void Runner::setup_model() {
   }
   spdlog::info("distributed: {} ranks over {} (launcher {}), store {}:{}, wrapper {}", world_,
                dist_->group->backend(), o_.launcher, env_.master_addr, env_.master_port, o_.model_wrapper);
-  wrapped_ = wrap(WrapContext{net_, dist_->group}, o_.model_wrapper_args);
+  wrapped_ = wrap(WrapContext{net_, dist_->group, dist_->store, env_.local_rank, env_.local_world_size},
+                  o_.model_wrapper_args);
   TANDEM_CHECK(wrapped_ != nullptr, "model_wrapper_cfg.type '", o_.model_wrapper, "': the factory returned no model");
   ddp_ = dynamic_cast<dist::DistributedDataParallel*>(wrapped_.get());
+  fsdp_ = dynamic_cast<dist::FullyShardedDataParallel*>(wrapped_.get());
+  if (fsdp_) {
+    info("fsdp: " + std::string(dist::sharding_strategy_name(fsdp_->options().sharding_strategy)) + ", " +
+         std::to_string(fsdp_->units().size()) + " unit(s), this rank holds " +
+         std::to_string(fsdp_->memory().shard_bytes) + " bytes of parameters");
+    TANDEM_CHECK(!o_.cuda_graph, "--cuda-graph cannot capture FullyShardedDataParallel's gathers; leave it off");
+    TANDEM_CHECK(o_.clip_max_norm <= 0 || o_.clip_norm_type == 2.0, "optim_wrapper.clip_grad.norm_type ",
+                 o_.clip_norm_type, " with MMFullyShardedDataParallel: only the 2-norm is computed over shards");
+  }
   if (ddp_) {
     if (const auto& a = ddp_->reducer().auto_bucket_cap(); a.measured)
       spdlog::info("auto bucket cap: all-reduce latency {:.0f} us, bandwidth {:.2f} GB/s -> {:.2f} MiB",
@@ -185,8 +195,9 @@ void Runner::setup_model() {
                "DistributedDataParallel (its Join shadows the iterations of ranks with more batches)");
   TANDEM_CHECK(o_.pad || !o_.sync_bn, "train_dataloader.sampler.round_up false (--no-pad) cannot be combined with "
                "SyncBatchNorm (--sync-bn): its all-reduces inside forward have no one to meet on a rank out of batches");
-  TANDEM_CHECK(ddp_ || o_.accumulative_counts == 1, "optim_wrapper.accumulative_counts > 1 needs a wrapper derived "
-               "from DistributedDataParallel (for no_sync); model_wrapper_cfg.type '", o_.model_wrapper, "' is not");
+  TANDEM_CHECK(ddp_ || fsdp_ || o_.accumulative_counts == 1, "optim_wrapper.accumulative_counts > 1 needs a wrapper "
+               "derived from DistributedDataParallel or FullyShardedDataParallel (for no_sync); model_wrapper_cfg.type '",
+               o_.model_wrapper, "' is neither");
 }
 
 void Runner::setup_optimizer() {
@@ -290,7 +301,9 @@ ValMetrics Runner::val() {
   double loss_sum = 0;
   {
     NoGradGuard no_grad;
-    net_->eval();
+    // FSDP's parameters are sharded between steps: evaluation runs through the wrapper, which gathers.
+    nn::Module& model = fsdp_ ? *wrapped_ : *net_;
+    model.eval();
     val_loader_->begin_epoch(0);
     const amp::Precision precision = amp::parse_precision(o_.amp);
     while (auto batch = val_loader_->next()) {
@@ -298,7 +311,7 @@ ValMetrics Runner::val() {
       Tensor out;
       {
         amp::AutocastGuard autocast(precision);
-        out = (*net_)(x);
+        out = model(x);
       }
       const int64_t n = x.size(0);
       loss_sum += F::nll_loss(out, y).item<double>() * static_cast<double>(n);
@@ -307,7 +320,7 @@ ValMetrics Runner::val() {
       for (int64_t i = 0; i < n; ++i) r.correct += pred[i] == truth[i];
       r.total += n;
     }
-    net_->train();
+    model.train();
   }
   if (dist_->active()) {  // each rank evaluated its own shard: add up the counts
     const std::vector<double> sums = dist::allreduce_values(

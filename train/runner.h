@@ -27,6 +27,7 @@
 #include "data/data_loader.h"
 #include "data/dataset.h"
 #include "dist/parallel/ddp.h"
+#include "dist/parallel/fsdp.h"
 #include "dist/store/env.h"
 #include "nn/module.h"
 #include "optim/grad_scaler.h"
@@ -142,6 +143,7 @@ class Runner {
   nn::Module& model() { return *net_; }  // unwrapped
   nn::Module& wrapped_model() { return *wrapped_; }
   dist::DistributedDataParallel* ddp() { return ddp_; }  // null without DDP or for another wrapper
+  dist::FullyShardedDataParallel* fsdp() { return fsdp_; }  // null unless the wrapper is FSDP
   optim::Optimizer& optimizer() { return *optimizer_; }
   optim::GradScaler& scaler() { return *scaler_; }
   SchedulerList& schedulers() { return schedulers_; }  // empty without param_scheduler
@@ -161,7 +163,8 @@ class Runner {
   // current epoch's validation; train() returns 0.
   void stop_training() { stop_training_ = true; }
   bool training_stopped() const { return stop_training_; }
-  // Saves the position "epoch `epoch`, `done` batches of it finished" (rank 0; others return "").
+  // Saves the position "epoch `epoch`, `done` batches of it finished" (rank 0 writes; others return "").
+  // Call it on every rank: under FSDP it first gathers the weights and the optimizer state (collective).
   // `path` "": into the work dir's rotation (iter_<global>, keeping max_keep; -1: the options'
   // max_keep_ckpts); else exactly there, outside the rotation.
   std::string save_checkpoint(int64_t epoch, int64_t done, const std::string& path = "", int64_t max_keep = -1);
@@ -200,6 +203,7 @@ class Runner {
   std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
   std::shared_ptr<nn::Module> net_, wrapped_;
   dist::DistributedDataParallel* ddp_ = nullptr;
+  dist::FullyShardedDataParallel* fsdp_ = nullptr;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::GradScaler> scaler_;
   SchedulerList schedulers_;

@@ -63,10 +63,18 @@ void check_resumable(const Checkpoint& c, const std::string& path, const RunnerO
 }  // namespace
 
 std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::string& path, int64_t max_keep) {
-  if (env_.rank != 0) return "";
   Checkpoint c;
-  for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;
-  c.optimizer = optimizer_->state_dict();
+  if (fsdp_) {
+    // Collective: the module's own weights gathered and the optimizer state unsharded, so that the
+    // checkpoint is an ordinary one (tandem-test, load_from) and resumes on any world size.
+    for (auto& [name, t] : fsdp_->full_state_dict()) c.weights[name] = t;
+    c.optimizer = fsdp_->full_optimizer_state(*optimizer_);
+  }
+  if (env_.rank != 0) return "";
+  if (!fsdp_) {
+    for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;
+    c.optimizer = optimizer_->state_dict();
+  }
   if (scaler_->enabled()) c.scaler = scaler_->state_dict();
   c.meta = {{"epoch", epoch},
             {"iter", done},
@@ -104,7 +112,7 @@ void Runner::resume_or_load() {
   const Checkpoint c = std::move(*resume_ckpt_);
   resume_ckpt_.reset();
   try {
-    optimizer_->load_state_dict(c.optimizer);
+    optimizer_->load_state_dict(fsdp_ ? fsdp_->shard_optimizer_state(c.optimizer) : c.optimizer);
     if (scaler_->enabled() && !c.scaler.empty()) scaler_->load_state_dict(c.scaler);
     const auto sched = c.meta.at("schedule").at("state").get<std::map<std::string, double>>();
     schedulers_.load_state_dict(sched);

@@ -53,7 +53,9 @@ IterOutputs Runner::eager_step(const Tensor& x, const Tensor& y) {
   // Gradients keep their storage when they are bucket views or a CUDA graph writes them.
   const bool to_none = !o_.model_wrapper_args.boolean("gradient_as_bucket_view", false) && !o_.cuda_graph;
   std::unique_ptr<dist::DistributedDataParallel::NoSync> no_sync;
+  std::unique_ptr<dist::FullyShardedDataParallel::NoSync> fsdp_no_sync;
   if (!sync && ddp_) no_sync = ddp_->no_sync();
+  if (!sync && fsdp_) fsdp_no_sync = fsdp_->no_sync();
   Tensor loss = forward_loss(x, y);
   out.loss = loss.item<double>();  // syncs a GPU
   if (counts == 1) {
@@ -68,6 +70,7 @@ IterOutputs Runner::eager_step(const Tensor& x, const Tensor& y) {
   else
     loss.backward();
   no_sync.reset();
+  fsdp_no_sync.reset();
   ++inner_count_;
   if (inner_count_ % counts != 0 && inner_count_ != max_counts) return out;
   step_optimizer(out, to_none);
@@ -79,7 +82,9 @@ void Runner::step_optimizer(IterOutputs& out, bool to_none) {
   if (o_.clip_max_norm > 0) {
     if (scaler_->enabled()) scaler_->unscale(*optimizer_);
     // The norm is read for the log line (on a GPU a second wait per update, after the loss's).
-    out.grad_norm = optim::clip_grad_norm_(wrapped_->parameters(), o_.clip_max_norm, o_.clip_norm_type).item<double>();
+    out.grad_norm = fsdp_ ? fsdp_->clip_grad_norm_(o_.clip_max_norm)  // the norm needs every rank's shards
+                          : optim::clip_grad_norm_(wrapped_->parameters(), o_.clip_max_norm, o_.clip_norm_type)
+                                .item<double>();
   }
   if (scaler_->enabled()) {
     scaler_->step(*optimizer_);  // skipped when a gradient is inf/NaN

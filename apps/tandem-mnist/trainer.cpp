@@ -233,7 +233,10 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   if (!o.debug_samples_out.empty()) runner.register_hook(std::make_shared<DebugSamplesHook>(o.debug_samples_out));
   const int code = runner.train();
   if (code != 0) return code;
-  if (!o.save_weights.empty() && runner.rank() == 0) {
+  if (!o.save_weights.empty() && runner.fsdp()) {
+    runner.fsdp()->save_full(o.save_weights);  // collective: the shards gathered, rank 0 writes
+    if (runner.rank() == 0) spdlog::info("weights saved: {}", o.save_weights);
+  } else if (!o.save_weights.empty() && runner.rank() == 0) {
     nn::save_weights(runner.model(), o.save_weights);
     spdlog::info("weights saved: {}", o.save_weights);
   }

@@ -52,6 +52,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -159,6 +160,14 @@ class FullyShardedDataParallel : public nn::Module {
   // on another, each rank rebuilds its new shard, and the optimizer's per-element state, from the old
   // shards (re-sharding).
   void save_full(const std::string& path);
+  // The optimizer's state over the shards, unsharded (collective): each per-element buffer of unit k
+  // ("state.<k>.<buffer>", shard-sized on every rank) all-gathered and cut to the unit's elements;
+  // scalars ("state.<k>.step", "group.<g>.lr") as they are. What a single-file checkpoint keeps, so
+  // that it can resume on any world size. shard_optimizer_state is its inverse for this rank (the
+  // padding's elements are zero): load its result with Optimizer::load_state_dict. The optimizer's
+  // parameters must be parameters(), in that order.
+  std::map<std::string, Tensor> full_optimizer_state(const optim::Optimizer& optimizer);
+  std::map<std::string, Tensor> shard_optimizer_state(const std::map<std::string, Tensor>& full) const;
   void save_sharded(const std::string& dir, const optim::Optimizer* optimizer = nullptr);
   void load_sharded(const std::string& dir, optim::Optimizer* optimizer = nullptr);
 

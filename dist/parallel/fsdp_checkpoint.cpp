@@ -69,6 +69,58 @@ void FullyShardedDataParallel::save_full(const std::string& path) {
   group_->barrier()->wait(group_->timeout());  // the file is whole when any rank returns
 }
 
+namespace {
+
+// The unit a "state.<k>.<field>" key belongs to, and the field; {-1, ""} for other keys.
+std::pair<int64_t, std::string> state_key(const std::string& key) {
+  if (key.rfind("state.", 0) != 0) return {-1, ""};
+  const size_t dot = key.find('.', 6);
+  if (dot == std::string::npos) return {-1, ""};
+  return {std::stoll(key.substr(6, dot - 6)), key.substr(dot + 1)};
+}
+
+}  // namespace
+
+std::map<std::string, Tensor> FullyShardedDataParallel::full_optimizer_state(const optim::Optimizer& optimizer) {
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> out;
+  for (auto& [key, t] : optimizer.state_dict()) {
+    const auto [k, field] = state_key(key);
+    const bool per_element = k >= 0 && k < static_cast<int64_t>(units_.size()) && field != "step" &&
+                             t.numel() == units_[static_cast<size_t>(k)]->shard_numel;
+    if (!per_element || !sharded()) {
+      out[key] = t;
+      continue;
+    }
+    const Unit& u = *units_[static_cast<size_t>(k)];
+    Tensor full = Tensor::empty({u.total}, t.dtype(), t.device());
+    group_->all_gather_into_tensor(full, t.contiguous())->wait(group_->timeout());
+    out[key] = full.slice(0, 0, u.numel).clone();
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> FullyShardedDataParallel::shard_optimizer_state(
+    const std::map<std::string, Tensor>& full) const {
+  std::map<std::string, Tensor> out;
+  for (auto& [key, t] : full) {
+    const auto [k, field] = state_key(key);
+    const bool per_element = k >= 0 && k < static_cast<int64_t>(units_.size()) && field != "step" &&
+                             t.numel() == units_[static_cast<size_t>(k)]->numel;
+    if (!per_element || !sharded()) {
+      out[key] = t;
+      continue;
+    }
+    const Unit& u = *units_[static_cast<size_t>(k)];
+    const int64_t lo = group_->rank() * u.shard_numel;
+    const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, u.numel - lo));
+    Tensor mine = Tensor::zeros({u.shard_numel}, t.dtype(), u.device);
+    if (n > 0) mine.slice(0, 0, n).copy_(t.reshape({t.numel()}).slice(0, lo, lo + n));
+    out[key] = mine;
+  }
+  return out;
+}
+
 void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim::Optimizer* optimizer) {
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::save_sharded: called during forward or between gather_full_params() "

@@ -90,7 +90,7 @@ TEST(ConfigErrors, UnknownKeyWrongTypeBadValueBadFile) {
   EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("type.json")}, tmp / "log"), 2);
   expect_one_line_error(read_file(tmp / "log"), "'data.batch_size' must be of type integer, got string \"64\"");
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "schedule.type=linear"}, tmp / "log"), 2);
-  expect_one_line_error(read_file(tmp / "log"), "'schedule.type' must be one of step, cosine; got \"linear\"");
+  expect_one_line_error(read_file(tmp / "log"), "'schedule.type' must be one of step, cosine, list; got \"linear\"");
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "data.batch_size=0"}, tmp / "log"), 2);
   expect_one_line_error(read_file(tmp / "log"), "'data.batch_size' must be >= 1, got 0");
   std::ofstream(tmp / "bad.json") << "{\"train\": ";

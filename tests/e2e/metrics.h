@@ -8,8 +8,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::test {
@@ -58,6 +60,23 @@ inline double mean(const std::vector<double>& v, int first, int last) {
   double s = 0;
   for (int k = first; k <= last; ++k) s += v[k - 1];
   return s / (last - first + 1);
+}
+
+// (epoch, iter) -> loss of every "train" line, a later line for the same iteration replacing an
+// earlier one (a run killed after its last checkpoint repeats iterations, and the resumed run's
+// lines follow); `accuracy`, when given, receives the last eval line's test_accuracy.
+using Losses = std::map<std::pair<int, int>, double>;
+inline Losses read_losses(const std::filesystem::path& file, double* accuracy = nullptr) {
+  Losses out;
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("type", "") == "train") out[{j.at("epoch").get<int>(), j.at("iter").get<int>()}] = j.at("loss");
+    if (accuracy && j.value("type", "") == "eval") *accuracy = j.at("test_accuracy").get<double>();
+  }
+  return out;
 }
 
 }  // namespace tandem::test

@@ -122,7 +122,7 @@ TEST(MMEngineConfig, UnknownWrapperTypeNamesTheRegisteredOnes) {
             1);
   expect_one_line_error(read_file(tmp / "log"),
                         "unknown model wrapper type 'NoSuchDDP'; registered: DistributedDataParallel, "
-                        "MMDistributedDataParallel");
+                        "FullyShardedDataParallel, MMDistributedDataParallel, MMFullyShardedDataParallel");
 }
 
 // MMEngine's param_scheduler as a list (warm-up by iteration, then MultiStepLR by epoch) and

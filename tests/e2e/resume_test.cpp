@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/process.h"
+#include "metrics.h"
 #include "common/require_data.h"
 #include "common/test_util.h"
 #include "core/safetensors.h"
@@ -27,21 +28,6 @@ using namespace tandem::test;
 
 namespace {
 
-// (epoch, iter) -> loss, a later line for the same iteration replacing an
-// earlier one (a run killed after its last checkpoint repeats iterations).
-using Losses = std::map<std::pair<int, int>, double>;
-
-Losses read_losses(const fs::path& file) {
-  Losses out;
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line);
-    if (j.value("type", "") == "train") out[{j.at("epoch").get<int>(), j.at("iter").get<int>()}] = j.at("loss");
-  }
-  return out;
-}
 
 void expect_same_losses(const Losses& want, const Losses& got) {
   ASSERT_EQ(want.size(), got.size());

@@ -67,7 +67,7 @@ TEST(Runner, UnknownWrapperFailsEvenWithoutDdp) {
   o.model_wrapper = "NoSuchDDP";
   const std::string e = test::error_of([&] { Runner r(o); });
   EXPECT_NE(e.find("unknown model wrapper type 'NoSuchDDP'; registered: DistributedDataParallel, "
-                   "MMDistributedDataParallel"),
+                   "FullyShardedDataParallel, MMDistributedDataParallel, MMFullyShardedDataParallel"),
             std::string::npos)
       << e;
 }

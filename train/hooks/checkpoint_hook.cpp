@@ -43,10 +43,10 @@ class CheckpointHook : public Hook {
     if (have_best_ && (greater ? value <= best_ : value >= best_)) return;
     have_best_ = true;
     best_ = value;
-    if (r.rank() != 0) return;
     const std::string path =
         r.work_dir() + "/best_" + best_metric_ + "_epoch_" + std::to_string(r.epoch()) + ".safetensors";
-    r.save_checkpoint(r.epoch() + 1, 0, path);
+    r.save_checkpoint(r.epoch() + 1, 0, path);  // on every rank: collective under FSDP, a no-op past rank 0 otherwise
+    if (r.rank() != 0) return;
     if (!last_best_.empty() && last_best_ != path) {
       std::error_code ec;
       std::filesystem::remove(last_best_, ec);

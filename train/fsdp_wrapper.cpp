@@ -1,0 +1,116 @@
+// model_wrapper_cfg=dict(type='MMFullyShardedDataParallel', ...): MMEngine's keyword arguments turned
+// into dist::FSDPOptions (see registries.h for the keys).
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/parallel/fsdp.h"
+#include "dist/store/prefix_store.h"
+#include "train/registries.h"
+
+namespace tandem::train {
+namespace {
+
+using json = nlohmann::json;
+
+// The last component of a dotted name: 'torch.distributed.fsdp.wrap.size_based_auto_wrap_policy' ->
+// 'size_based_auto_wrap_policy'.
+std::string last_name(const std::string& dotted) {
+  const size_t dot = dotted.rfind('.');
+  return dot == std::string::npos ? dotted : dotted.substr(dot + 1);
+}
+
+dist::AutoWrapPolicy wrap_policy(const Kwargs& k) {
+  dist::AutoWrapPolicy p;
+  if (!k.has("auto_wrap_policy")) return p;
+  const std::string where = k.owner() + ".auto_wrap_policy";
+  const json v = json::parse(k.items().at("auto_wrap_policy"), nullptr, false);
+  if (v.is_null()) return p;
+  TANDEM_CHECK(v.is_object() && v.contains("type") && v["type"].is_string(), where,
+               " must be dict(type=..., ...), got ", k.items().at("auto_wrap_policy"));
+  const std::string type = last_name(v["type"].get<std::string>());
+  if (type == "size_based_auto_wrap_policy") {
+    for (const auto& [key, value] : v.items())
+      TANDEM_CHECK(key == "type" || key == "min_num_params", where, ": unknown key '", key,
+                   "' for size_based_auto_wrap_policy (known: min_num_params)");
+    TANDEM_CHECK(v.contains("min_num_params") && v["min_num_params"].is_number() && v["min_num_params"] >= 1, where,
+                 ".min_num_params must be a number >= 1");
+    p.min_num_params = static_cast<int64_t>(v["min_num_params"].get<double>());
+    return p;
+  }
+  if (type == "transformer_auto_wrap_policy" || type == "ModuleWrapPolicy") {
+    const char* key = type == "ModuleWrapPolicy" ? "module_classes" : "transformer_layer_cls";
+    for (const auto& [name, value] : v.items())
+      TANDEM_CHECK(name == "type" || name == key, where, ": unknown key '", name, "' for ", type, " (known: ", key,
+                   ")");
+    TANDEM_CHECK(v.contains(key) && v[key].is_array() && !v[key].empty(), where, ".", key,
+                 " must be a non-empty list of module class names, e.g. ['Block']");
+    for (const auto& c : v[key]) {
+      TANDEM_CHECK(c.is_string(), where, ".", key, " holds ", c.dump(), "; expected class names as strings");
+      p.module_classes.insert(last_name(c.get<std::string>()));
+    }
+    return p;
+  }
+  TANDEM_FAIL(where, ": unknown type '", v["type"].get<std::string>(),
+              "'; expected size_based_auto_wrap_policy, transformer_auto_wrap_policy or ModuleWrapPolicy");
+}
+
+// The DDP keys the trainer always passes: accepted only at their defaults.
+void check_ddp_keys_unused(const Kwargs& k) {
+  const dist::DDPOptions defaults;
+  Kwargs ddp(k.owner());
+  for (const std::string& name : ddp_kwarg_names())
+    if (k.has(name)) ddp.set_json(name, k.items().at(name));
+  const dist::DDPOptions d = ddp_options_from_kwargs(ddp);
+  const bool unchanged = d.broadcast_buffers == defaults.broadcast_buffers &&
+                         d.reducer.find_unused_parameters == defaults.reducer.find_unused_parameters &&
+                         d.reducer.bucket_cap_mb == defaults.reducer.bucket_cap_mb &&
+                         d.reducer.first_bucket_cap_mb == defaults.reducer.first_bucket_cap_mb &&
+                         d.reducer.gradient_as_bucket_view == defaults.reducer.gradient_as_bucket_view &&
+                         d.reducer.static_graph == defaults.reducer.static_graph &&
+                         ddp.string("comm_hook", "allreduce") == "allreduce";
+  TANDEM_CHECK(unchanged, k.owner(), ": the DistributedDataParallel settings (bucket_cap_mb, comm_hook, "
+               "find_unused_parameters, static_graph, gradient_as_bucket_view, broadcast_buffers) do not apply to "
+               "MMFullyShardedDataParallel; leave them at their defaults");
+}
+
+}  // namespace
+
+std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k) {
+  std::vector<std::string> known = {"sharding_strategy", "auto_wrap_policy", "forward_prefetch", "backward_prefetch",
+                                    "mixed_precision",   "cpu_offload"};
+  for (const std::string& name : ddp_kwarg_names()) known.push_back(name);
+  k.check_known(known);
+  check_ddp_keys_unused(k);
+  for (const char* later : {"mixed_precision", "cpu_offload"}) {
+    const json v = k.has(later) ? json::parse(k.items().at(later), nullptr, false) : json();
+    TANDEM_CHECK(v.is_null() || v == false, k.owner(), ".", later, " is not available yet for FSDP; remove it ",
+                 "(parameters, gradients and optimizer state stay float32 on the training device)");
+  }
+  dist::FSDPOptions o;
+  o.sharding_strategy = dist::parse_sharding_strategy(k.string("sharding_strategy", "FULL_SHARD"));
+  o.auto_wrap_policy = wrap_policy(k);
+  o.forward_prefetch = k.boolean("forward_prefetch", true);
+  if (k.has("backward_prefetch")) {
+    const json v = json::parse(k.items().at("backward_prefetch"), nullptr, false);
+    TANDEM_CHECK(v.is_null() || v == "BACKWARD_PRE" || v == "BACKWARD_POST" || v.is_boolean(), k.owner(),
+                 ".backward_prefetch must be 'BACKWARD_PRE', 'BACKWARD_POST' or None, got ",
+                 k.items().at("backward_prefetch"));
+    o.backward_prefetch = v.is_boolean() ? v.get<bool>() : !v.is_null();
+  }
+  std::shared_ptr<dist::ProcessGroup> group = c.group;
+  if (o.sharding_strategy == dist::ShardingStrategy::HybridShard) {
+    const int world = c.group->size(), local = c.local_world_size;
+    TANDEM_CHECK(c.store != nullptr && local >= 1 && world % local == 0, k.owner(),
+                 ": HYBRID_SHARD needs nodes of equal size (", world, " ranks, ", local, " per node)");
+    const int node = c.group->rank() / local, local_rank = c.group->rank() % local;
+    auto in_node = std::make_shared<dist::PrefixStore>("fsdp/node" + std::to_string(node) + "/", c.store);
+    auto across = std::make_shared<dist::PrefixStore>("fsdp/local" + std::to_string(local_rank) + "/", c.store);
+    group = dist::make_process_group(c.group->backend(), in_node, local_rank, local, c.group->timeout(), local_rank);
+    o.replicate_group =
+        dist::make_process_group(c.group->backend(), across, node, world / local, c.group->timeout(), local_rank);
+  }
+  return std::make_shared<dist::FullyShardedDataParallel>(c.model, group, std::move(o));
+}
+
+}  // namespace tandem::train

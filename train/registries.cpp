@@ -92,6 +92,17 @@ Registry<WrapperFactory>& model_wrappers() {
 Registry<OptimizerFactory>& optimizers() {
   static Registry<OptimizerFactory>* r = [] {
     auto* reg = new Registry<OptimizerFactory>("optimizer");
+    // MMEngine's ZeroRedundancyOptimizer(optimizer_type=...): over a world of one it is the optimizer it
+    // wraps (as PyTorch's is); with ranks the Runner shards that optimizer's state across them.
+    reg->register_module("ZeroRedundancyOptimizer", [](std::vector<Tensor> p, const Kwargs& k) {
+      const std::string inner = k.string("optimizer_type", "");
+      TANDEM_CHECK(!inner.empty() && inner != "ZeroRedundancyOptimizer", k.owner(),
+                   ": ZeroRedundancyOptimizer needs optimizer_type (Adadelta, SGD, Adam or AdamW)");
+      Kwargs rest(k.owner() + "." + inner);
+      for (const auto& [key, value] : k.items())
+        if (key != "optimizer_type") rest.set_json(key, value);
+      return optimizers().get(inner)(std::move(p), rest);
+    });
     reg->register_module("Adadelta", [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
       k.check_known({"lr", "rho", "eps", "weight_decay"});
       return std::make_unique<optim::Adadelta>(

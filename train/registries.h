@@ -4,7 +4,8 @@
 //   model_wrappers()  MMDistributedDataParallel, DistributedDataParallel (dist::DistributedDataParallel),
 //                     MMFullyShardedDataParallel, FullyShardedDataParallel (dist::FullyShardedDataParallel;
 //                     train/fsdp_wrapper.cpp)
-//   optimizers()      Adadelta, SGD, Adam, AdamW (PyTorch's names and keyword arguments)
+//   optimizers()      Adadelta, SGD, Adam, AdamW (PyTorch's names and keyword arguments),
+//                     ZeroRedundancyOptimizer (optimizer_type: one of them, its state sharded by the Runner)
 //   param_schedulers() StepLR, MultiStepLR, LinearLR, ConstantLR, ExponentialLR, CosineAnnealingLR
 //   hooks()           IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
 //                     DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook, EMAHook,

@@ -20,6 +20,7 @@
 #include "dist/parallel/join.h"
 #include "dist/group/process_group_factory.h"
 #include "dist/parallel/sync_batch_norm.h"
+#include "dist/parallel/zero_redundancy_optimizer.h"
 #include "dist/store/tcp_store.h"
 #include "kernels/elementwise.h"
 #include "nn/amp.h"
@@ -200,6 +201,39 @@ void Runner::setup_model() {
                o_.model_wrapper, "' is neither");
 }
 
+// optim_wrapper.optimizer: a registered optimizer over the wrapper's parameters; or MMEngine's
+// ZeroRedundancyOptimizer (optimizer_type: the registered optimizer whose state it shards across the
+// ranks; alone it is that optimizer, as PyTorch's is over a world of one).
+std::unique_ptr<optim::Optimizer> Runner::make_optimizer(const Kwargs& args) {
+  if (o_.optimizer != "ZeroRedundancyOptimizer" || !dist_->active())  // alone: the registry's entry
+    return optimizers().get(o_.optimizer)(wrapped_->parameters(), args);
+  const std::string inner = args.string("optimizer_type", "");
+  TANDEM_CHECK(!inner.empty(), "optim_wrapper.optimizer type ZeroRedundancyOptimizer needs optimizer_type (a "
+                               "registered optimizer: Adadelta, SGD, Adam, AdamW)");
+  TANDEM_CHECK(!fsdp_, "optim_wrapper.optimizer type ZeroRedundancyOptimizer with MMFullyShardedDataParallel: FSDP "
+                       "already shards the optimizer state; use '", inner, "' itself");
+  const OptimizerFactory make = optimizers().get(inner);
+  Kwargs rest("optim_wrapper.optimizer." + inner);
+  for (const auto& [key, value] : args.items())
+    if (key != "optimizer_type") rest.set_json(key, value);
+  std::unique_ptr<optim::Optimizer> whole = make(wrapped_->parameters(), rest);  // its groups' lr and weight decay
+  auto local = [make, rest](std::vector<optim::ParamGroup> groups) {
+    std::vector<Tensor> params;
+    for (const auto& g : groups) params.insert(params.end(), g.params.begin(), g.params.end());
+    std::unique_ptr<optim::Optimizer> o = make(params, rest);
+    o->param_groups().front().lr = groups.front().lr;
+    o->param_groups().front().weight_decay = groups.front().weight_decay;
+    return o;
+  };
+  TANDEM_CHECK(whole->param_groups().size() == 1, "ZeroRedundancyOptimizer: optimizer_type '", inner,
+               "' made ", whole->param_groups().size(), " parameter groups; one is supported");
+  auto zero = std::make_unique<dist::ZeroRedundancyOptimizer>(whole->param_groups(), local, dist_->group);
+  info("optimizer: ZeroRedundancyOptimizer over " + inner + ", this rank steps " +
+       std::to_string(zero->shard(env_.rank).size()) + " of " + std::to_string(wrapped_->parameters().size()) +
+       " parameters");
+  return zero;
+}
+
 void Runner::setup_optimizer() {
   Kwargs args = o_.optimizer_args;
   const double lr = args.number("lr", 1.0);
@@ -210,7 +244,7 @@ void Runner::setup_optimizer() {
                  o_.auto_scale_lr_base_batch, scaled);
     args.set("lr", scaled);
   }
-  optimizer_ = optimizers().get(o_.optimizer)(wrapped_->parameters(), args);
+  optimizer_ = make_optimizer(args);
   base_lr_ = optimizer_->lr();
   ScheduleContext sc{optimizer_.get(), iters_, o_.max_epochs, {}};
   for (const auto& g : optimizer_->param_groups()) sc.initial_lrs.push_back(g.lr);

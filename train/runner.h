@@ -176,6 +176,7 @@ class Runner {
   void setup_data();
   void setup_model();
   void setup_optimizer();
+  std::unique_ptr<optim::Optimizer> make_optimizer(const Kwargs& args);
   void setup_hooks();
   void load_resume_checkpoint();
   void resume_or_load();

@@ -7,6 +7,7 @@
 #include "core/random.h"
 #include "data/data_loader.h"
 #include "data/distributed_sampler.h"
+#include "dist/parallel/zero_redundancy_optimizer.h"
 #include "train/checkpoint.h"
 #include "train/runner.h"
 #include "train/runner_internal.h"
@@ -70,6 +71,8 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
     for (auto& [name, t] : fsdp_->full_state_dict()) c.weights[name] = t;
     c.optimizer = fsdp_->full_optimizer_state(*optimizer_);
   }
+  if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(optimizer_.get()))
+    zero->consolidate_state_dict(0);  // collective: every rank's shard of the state on rank 0
   if (env_.rank != 0) return "";
   if (!fsdp_) {
     for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;

@@ -100,7 +100,8 @@ Json options_to_json(const TrainOptions& o) {
       {"optimizer",
        {{"type", o.optimizer}, {"lr", o.lr}, {"momentum", o.momentum}, {"weight_decay", o.weight_decay},
         {"auto_scale_lr_base_batch", o.auto_scale_lr_base_batch}, {"accumulative_counts", o.accumulative_counts},
-        {"clip_grad_max_norm", o.clip_max_norm}, {"clip_grad_norm_type", o.clip_norm_type}}},
+        {"clip_grad_max_norm", o.clip_max_norm}, {"clip_grad_norm_type", o.clip_norm_type},
+        {"zero_redundancy", o.zero_redundancy}}},
       {"schedule", {{"type", o.lr_schedule}, {"gamma", o.gamma}, {"param_scheduler", Json::parse(o.param_schedulers)}}},
       {"amp", o.amp},
       {"ddp",
@@ -144,6 +145,7 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.accumulative_counts = at_least<int64_t>(c, "optimizer.accumulative_counts", 1);
   o.clip_max_norm = at_least<double>(c, "optimizer.clip_grad_max_norm", 0.0);
   o.clip_norm_type = get<double>(c, "optimizer.clip_grad_norm_type");
+  o.zero_redundancy = get<bool>(c, "optimizer.zero_redundancy");
   TANDEM_CHECK(o.clip_norm_type >= 1, "config key 'optimizer.clip_grad_norm_type' must be >= 1, got ",
                o.clip_norm_type);
   o.lr_schedule = get<std::string>(c, "schedule.type");

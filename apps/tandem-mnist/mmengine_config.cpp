@@ -48,13 +48,26 @@ void optim_wrapper(const Json& w, const std::string& src, Json& out) {
   }
   if (w.contains("optimizer")) {
     const Json& o = w["optimizer"];
-    only(o, where + ".optimizer", {"type", "lr", "momentum", "weight_decay"});
+    only(o, where + ".optimizer", {"type", "optimizer_type", "lr", "momentum", "weight_decay"});
     static const std::map<std::string, std::string> names = {
         {"Adadelta", "adadelta"}, {"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}};
-    const std::string t = o.value("type", "Adadelta");
+    std::string t = o.value("type", "Adadelta");
+    // MMEngine's ZeroRedundancyOptimizer wraps optimizer_type (the optimizer it shards).
+    const bool zero = t == "ZeroRedundancyOptimizer";
+    if (zero) {
+      TANDEM_CHECK(o.contains("optimizer_type") && o["optimizer_type"].is_string(), where,
+                   ".optimizer type ZeroRedundancyOptimizer needs optimizer_type (Adadelta, SGD, Adam or AdamW)");
+      t = o["optimizer_type"].get<std::string>();
+    } else {
+      TANDEM_CHECK(!o.contains("optimizer_type"), where, ".optimizer.optimizer_type is only for type "
+                   "ZeroRedundancyOptimizer, not '", t, "'");
+    }
     auto it = names.find(t);
-    TANDEM_CHECK(it != names.end(), where, ".optimizer.type must be Adadelta, SGD, Adam or AdamW, got '", t, "'");
+    TANDEM_CHECK(it != names.end(), where, zero ? ".optimizer.optimizer_type" : ".optimizer.type",
+                 " must be Adadelta, SGD, Adam or AdamW", zero ? "" : " (or ZeroRedundancyOptimizer)", ", got '", t,
+                 "'");
     out["optimizer"]["type"] = it->second;
+    out["optimizer"]["zero_redundancy"] = zero;
     for (const char* k : {"lr", "momentum", "weight_decay"})
       if (o.contains(k)) out["optimizer"][k] = o[k];
   }

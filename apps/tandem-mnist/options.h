@@ -26,6 +26,7 @@ struct TrainOptions {
                                      // list: param_schedulers
   std::string param_schedulers = "[]";  // JSON array of MMEngine scheduler dicts {type, ...}, in order
   std::string optimizer = "adadelta";
+  bool zero_redundancy = false;  // shard `optimizer`'s state across the ranks (ZeroRedundancyOptimizer)
   double momentum = 0.0;
   double weight_decay = 0.0;
   uint64_t seed = 1;

@@ -144,7 +144,8 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.model = o.model;
   r.model_wrapper = o.model_wrapper;
   r.model_wrapper_args = wrapper_args(o);
-  r.optimizer = optimizer_name(o.optimizer);
+  r.optimizer = o.zero_redundancy ? "ZeroRedundancyOptimizer" : optimizer_name(o.optimizer);
+  if (o.zero_redundancy) r.optimizer_args.set("optimizer_type", optimizer_name(o.optimizer));
   r.optimizer_args.set("lr", o.lr);
   r.optimizer_args.set("weight_decay", o.weight_decay);
   if (o.optimizer == "sgd") r.optimizer_args.set("momentum", o.momentum);

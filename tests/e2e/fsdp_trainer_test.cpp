@@ -6,6 +6,9 @@
 //   - a run killed mid-epoch resumes from its checkpoint (full weights and the unsharded optimizer
 //     state) with losses bitwise those of an uninterrupted run;
 //   - a wrapper key that does not apply is refused in one line.
+// And MMEngine's optim_wrapper.optimizer=dict(type='ZeroRedundancyOptimizer', optimizer_type=...)
+// under DDP: the same losses as the plain optimizer, bit for bit (its sharded step is the
+// unsharded one), and a bitwise resume from a checkpoint holding the consolidated state.
 // Runs use 640 training samples, 1 thread per process; never times anything.
 #include <gtest/gtest.h>
 
@@ -87,4 +90,42 @@ TEST(FsdpTrainer, ADdpKeyWithFsdpIsRefusedInOneLine) {
   EXPECT_NE(run_process(two_ranks(tmp, "bad", bad), tmp / "bad.log"), 0);
   EXPECT_NE(read_file(tmp / "bad.log").find("do not apply to MMFullyShardedDataParallel"), std::string::npos)
       << read_file(tmp / "bad.log");
+}
+
+namespace {
+
+const std::vector<std::string> kZero = {"--cfg-options", "optim_wrapper.optimizer.type=ZeroRedundancyOptimizer",
+                                        "optim_wrapper.optimizer.optimizer_type=Adam",
+                                        "optim_wrapper.optimizer.lr=0.001"};
+const std::vector<std::string> kAdam = {"--cfg-options", "optim_wrapper.optimizer.type=Adam",
+                                        "optim_wrapper.optimizer.lr=0.001"};
+
+}  // namespace
+
+TEST(ZeroTrainer, TwoRanksTrainAsThePlainOptimizerAndResumeBitwise) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("zero-trainer");
+  ASSERT_EQ(run_process(two_ranks(tmp, "adam", kAdam), tmp / "adam.log"), 0) << read_file(tmp / "adam.log");
+  ASSERT_EQ(run_process(two_ranks(tmp, "zero", kZero), tmp / "zero.log"), 0) << read_file(tmp / "zero.log");
+  EXPECT_NE(read_file(tmp / "zero.log").find("optimizer: ZeroRedundancyOptimizer over Adam, this rank steps "),
+            std::string::npos)
+      << read_file(tmp / "zero.log");
+  const Losses adam = read_losses(tmp / "adam.jsonl"), zero = read_losses(tmp / "zero.jsonl");
+  ASSERT_EQ(adam.size(), 10u);
+  ASSERT_EQ(zero.size(), adam.size());
+  for (const auto& [at, loss] : adam) EXPECT_EQ(zero.at(at), loss) << "epoch " << at.first << " iter " << at.second;
+  std::vector<std::string> cut = kZero;
+  cut.insert(cut.end(), {"--debug-sigkill-at", "7"});
+  ASSERT_EQ(run_process(two_ranks(tmp, "cut", cut), tmp / "cut1.log"), 137) << read_file(tmp / "cut1.log");
+  std::vector<std::string> resume = kZero;
+  resume.push_back("--resume");
+  ASSERT_EQ(run_process(two_ranks(tmp, "cut", resume), tmp / "cut2.log"), 0) << read_file(tmp / "cut2.log");
+  const Losses again = read_losses(tmp / "cut.jsonl");
+  ASSERT_EQ(again.size(), zero.size());
+  for (const auto& [at, loss] : zero) EXPECT_EQ(again.at(at), loss) << "epoch " << at.first << " iter " << at.second;
+  std::vector<std::string> both = kZero;
+  both.insert(both.end(), kFsdp.begin() + 1, kFsdp.end());
+  EXPECT_NE(run_process(two_ranks(tmp, "both", both), tmp / "both.log"), 0);
+  EXPECT_NE(read_file(tmp / "both.log").find("FSDP already shards the optimizer state"), std::string::npos)
+      << read_file(tmp / "both.log");
 }

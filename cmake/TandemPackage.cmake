@@ -22,7 +22,8 @@ set(TANDEM_PUBLIC_HEADER_DIRS core data dist/store dist/group dist/parallel kern
 # built on nlohmann::json, and train/checkpoint.h includes it), which would make that dependency
 # public. scripts/ci/embed.sh fails when an installed header pulls in CUDA, NCCL, Gloo, spdlog,
 # fmt, nlohmann-json or zlib headers, so a new header of that kind must be listed here.
-set(TANDEM_INTERNAL_HEADERS kernels/dispatch.h dist/group/gloo_store_adapter.h dist/group/shm_allreduce.h train/config.h train/checkpoint.h
+set(TANDEM_INTERNAL_HEADERS kernels/dispatch.h dist/group/gloo_store_adapter.h dist/group/shm_allreduce.h
+  dist/group/gloo_reduce.h dist/parallel/fsdp_unit.h train/py_config.h train/py_config_tokens.h train/config.h train/checkpoint.h
   train/metrics_writer.h train/runner_internal.h train/cuda_graph_step.h)
 foreach(dir IN LISTS TANDEM_PUBLIC_HEADER_DIRS)
   file(GLOB _headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/${dir}/*.h)

@@ -15,22 +15,4 @@ Tensor scale(const Tensor& a, double s);
 Tensor sum(const Tensor& a);
 Tensor argmax(const Tensor& a);
 
-namespace cpu {
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor scale(const Tensor& a, double s);
-Tensor sum(const Tensor& a);
-Tensor argmax(const Tensor& a);
-}  // namespace cpu
-
-namespace cuda {
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-Tensor scale(const Tensor& a, double s);
-Tensor sum(const Tensor& a);
-Tensor argmax(const Tensor& a);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -1,10 +1,15 @@
 // Device-neutral entry points of kernels/pointwise.h: operands defined, on one device, float dtypes
-// shared, shapes broadcastable; then cpu:: or cuda:: by that device. No math here.
+// shared, shapes broadcastable; then the kernel of that device's backend (kernels/ops.h). binary
+// takes the same-shape add/sub/mul kernels for same-shape Add, Sub and Mul (elementwise, no
+// stride walk; the same values), and binary_backward returns the gradient itself where it is the
+// derivative (Add, Sub's first operand), scales it by -1 for Sub's second and multiplies same-shape
+// Mul's by the other operand with the mul kernel. No math here.
 #include "kernels/pointwise.h"
 
 #include "core/profiler.h"
 #include "core/view.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -35,7 +40,13 @@ const char* op_name(UnaryOp op) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope(op_name(op));
-  return TANDEM_DISPATCH(check_float_pair(op_name(op), a, b), binary, op, a, b);
+  const Device device = check_float_pair(op_name(op), a, b);
+  if (a.shape() == b.shape()) {
+    if (op == BinaryOp::Add) return TANDEM_KERNEL(device, add)(a, b);
+    if (op == BinaryOp::Sub) return TANDEM_KERNEL(device, sub)(a, b);
+    if (op == BinaryOp::Mul) return TANDEM_KERNEL(device, mul)(a, b);
+  }
+  return TANDEM_KERNEL(device, binary)(op, a, b);
 }
 
 Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
@@ -44,12 +55,21 @@ Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor&
   check_float_pair(op_name(op), a, b);
   const Device device = common_device(op_name(op), {grad, a, b, y});
   common_float_dtype(op_name(op), {grad, a, b, y});
-  return TANDEM_DISPATCH(device, binary_backward, op, which, grad, a, b, y);
+  TANDEM_CHECK(which == 0 || which == 1, op_name(op), " backward: operand ", which, " of 2");
+  const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), op_name(op));
+  TANDEM_CHECK(grad.shape() == shape, op_name(op), " backward: gradient ", grad.str(), ", expected shape ",
+               shape_str(shape));
+  if (op == BinaryOp::Add || (op == BinaryOp::Sub && which == 0)) return grad;
+  if (op == BinaryOp::Sub) return TANDEM_KERNEL(device, scale)(grad, -1.0);
+  if (op == BinaryOp::Mul && a.shape() == b.shape()) {
+    return TANDEM_KERNEL(device, mul)(grad, which == 0 ? b : a);
+  }
+  return TANDEM_KERNEL(device, binary_backward)(op, which, grad, a, b, y);
 }
 
 Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope(op_name(op));
-  return TANDEM_DISPATCH(check_float_pair(op_name(op), a, b), compare, op, a, b);
+  return TANDEM_KERNEL(check_float_pair(op_name(op), a, b), compare)(op, a, b);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -60,7 +80,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(cond.dtype() == kUInt8, "where: the condition must be a uint8 mask (as eq/lt/... return), got ",
                cond.str());
   views::broadcast_shapes(cond.shape(), views::broadcast_shapes(a.shape(), b.shape(), "where"), "where");
-  return TANDEM_DISPATCH(device, where, cond, a, b);
+  return TANDEM_KERNEL(device, where)(cond, a, b);
 }
 
 Tensor unary(UnaryOp op, const Tensor& x) {
@@ -68,7 +88,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   TANDEM_CHECK(x.defined(), op_name(op), ": operand is undefined");
   const Device device = common_device(op_name(op), {x});
   common_float_dtype(op_name(op), {x});
-  return TANDEM_DISPATCH(device, unary, op, x);
+  return TANDEM_KERNEL(device, unary)(op, x);
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y) {
@@ -77,7 +97,7 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Ten
   common_float_dtype(op_name(op), {grad, x, y});
   TANDEM_CHECK(grad.shape() == x.shape() && y.shape() == x.shape(), op_name(op),
                " backward: gradient ", grad.str(), " does not match the input ", x.str());
-  return TANDEM_DISPATCH(device, unary_backward, op, grad, x, y);
+  return TANDEM_KERNEL(device, unary_backward)(op, grad, x, y);
 }
 
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen) {

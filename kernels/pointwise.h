@@ -44,24 +44,10 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Ten
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen);
 
 namespace cpu {
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
-Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
-                       const Tensor& y);
-Tensor compare(CompareOp op, const Tensor& a, const Tensor& b);
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-Tensor unary(UnaryOp op, const Tensor& x);
-Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Generator& gen);
 }  // namespace cpu
 
 namespace cuda {
-Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
-Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
-                       const Tensor& y);
-Tensor compare(CompareOp op, const Tensor& a, const Tensor& b);
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
-Tensor unary(UnaryOp op, const Tensor& x);
-Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y);
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen);
 }  // namespace cuda
 

@@ -1,15 +1,17 @@
 // Device-neutral entry points of kernels/reduce.h: defined operand, float dtype, dimensions in
-// range and distinct; then cpu:: or cuda:: by the operand's device. No math here.
+// range and distinct; then the kernel of the operand's backend (kernels/ops.h). No math here.
 #include "kernels/reduce.h"
 
 #include "core/profiler.h"
 #include "core/view.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("sum_dims");
-  return TANDEM_DISPATCH(float_operand_device("sum", x), sum_dims, x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
+  return TANDEM_KERNEL(float_operand_device("sum", x), sum_dims)(
+      x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
@@ -38,7 +40,7 @@ MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
   if (x.dim() > 0) {
     TANDEM_CHECK(x.shape()[dim] > 0, "max: cannot reduce the empty dimension ", dim, " of ", x.str());
   }
-  return TANDEM_DISPATCH(device, max_dim, x, dim, keepdim);
+  return TANDEM_KERNEL(device, max_dim)(x, dim, keepdim);
 }
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -48,13 +50,13 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   for (int64_t k : d) {
     TANDEM_CHECK(x.shape()[k] > 0, "amax: cannot reduce the empty dimension ", k, " of ", x.str());
   }
-  return TANDEM_DISPATCH(device, amax, x, d, keepdim);
+  return TANDEM_KERNEL(device, amax)(x, d, keepdim);
 }
 
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   profiler::Scope prof_scope(op);
-  return TANDEM_DISPATCH(float_operand_device(op, x), softmax_forward, x, views::wrap_dim(dim, x.dim(), op), log);
+  return TANDEM_KERNEL(float_operand_device(op, x), softmax_forward)(x, views::wrap_dim(dim, x.dim(), op), log);
 }
 
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
@@ -63,7 +65,7 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool l
   const Device device = common_device(op, {grad, y});
   common_float_dtype(op, {grad, y});
   TANDEM_CHECK(grad.shape() == y.shape(), op, " backward: gradient ", grad.str(), " vs output ", y.str());
-  return TANDEM_DISPATCH(device, softmax_backward, grad, y, views::wrap_dim(dim, y.dim(), op), log);
+  return TANDEM_KERNEL(device, softmax_backward)(grad, y, views::wrap_dim(dim, y.dim(), op), log);
 }
 
 }  // namespace tandem::kernels

@@ -27,20 +27,4 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
 
-namespace cpu {
-Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
-MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim);
-Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
-Tensor softmax_forward(const Tensor& x, int64_t dim, bool log);
-Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
-}  // namespace cpu
-
-namespace cuda {
-Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
-MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim);
-Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
-Tensor softmax_forward(const Tensor& x, int64_t dim, bool log);
-Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -1,10 +1,12 @@
 // Device-neutral entry points of kernels/scan.h: defined operands on one device, float dtype,
-// dimension in range (wrapped; a 0-D tensor's dimension is 0 or -1); then cpu:: or cuda::. No math.
+// dimension in range (wrapped; a 0-D tensor's dimension is 0 or -1); then the kernel of their
+// backend (kernels/ops.h). No math.
 #include "kernels/scan.h"
 
 #include "core/profiler.h"
 #include "core/view.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -16,7 +18,7 @@ int64_t wrapped(const Tensor& x, int64_t dim, const char* op) { return views::wr
 Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim) {
   profiler::Scope prof_scope("prod");
   const Device device = float_operand_device("prod", x);
-  return TANDEM_DISPATCH(device, prod_dim, x, wrapped(x, dim, "prod"), keepdim);
+  return TANDEM_KERNEL(device, prod_dim)(x, wrapped(x, dim, "prod"), keepdim);
 }
 
 Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim) {
@@ -26,13 +28,13 @@ Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim) {
   dim = wrapped(x, dim, "prod");
   const Shape kept = x.dim() == 0 ? Shape{} : views::reduced_shape(x.shape(), {dim}, true);
   TANDEM_CHECK(grad.shape() == kept, "prod backward: gradient ", grad.str(), ", expected shape ", shape_str(kept));
-  return TANDEM_DISPATCH(device, prod_dim_backward, grad, x, dim);
+  return TANDEM_KERNEL(device, prod_dim_backward)(grad, x, dim);
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
   profiler::Scope prof_scope("cumsum");
   const Device device = float_operand_device("cumsum", x);
-  return TANDEM_DISPATCH(device, cumsum, x, wrapped(x, dim, "cumsum"), reverse);
+  return TANDEM_KERNEL(device, cumsum)(x, wrapped(x, dim, "cumsum"), reverse);
 }
 
 }  // namespace tandem::kernels

@@ -19,16 +19,4 @@ Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim);
 Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim);
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse = false);
 
-namespace cpu {
-Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim);
-Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim);
-Tensor cumsum(const Tensor& x, int64_t dim, bool reverse);
-}  // namespace cpu
-
-namespace cuda {
-Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim);
-Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim);
-Tensor cumsum(const Tensor& x, int64_t dim, bool reverse);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

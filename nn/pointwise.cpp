@@ -1,7 +1,7 @@
-// nn/pointwise.h: each op runs its kernel (kernels/pointwise.h, or kernels/elementwise.h for
-// same-shape add/sub/mul) and, when an input requires grad, records a node saving detached
-// operands. Binary nodes compute grad * d(a op b)/d(operand) at the broadcast shape and sum it back
-// to each operand's shape (kernels::sum_to).
+// nn/pointwise.h: each op runs its kernel entry point (kernels/pointwise.h, which picks the kernel)
+// and, when an input requires grad, records a node saving detached operands. Binary nodes compute
+// grad * d(a op b)/d(operand) at the broadcast shape and sum it back to each operand's shape
+// (kernels::sum_to).
 #include "nn/pointwise.h"
 
 #include "core/autograd.h"
@@ -25,13 +25,10 @@ struct BinaryBackward final : Node {
     std::vector<Tensor> out(2);
     for (int which = 0; which < 2; ++which) {
       if (!needs_input_grad(which)) continue;
+      // Add's and Sub's derivatives are 1 and -1: no operand is needed (none is saved).
       Tensor gi;
-      if (op == BinaryOp::Add || (op == BinaryOp::Sub && which == 0)) {
-        gi = g[0];  // device-neutral (the MNIST net's own ops, also on CUDA)
-      } else if (op == BinaryOp::Sub) {
-        gi = kernels::scale(g[0], -1.0);
-      } else if (op == BinaryOp::Mul && a_shape == b_shape && g[0].shape() == a_shape) {
-        gi = kernels::mul(g[0], which == 0 ? b : a);
+      if (op == BinaryOp::Add || op == BinaryOp::Sub) {
+        gi = op == BinaryOp::Sub && which == 1 ? kernels::scale(g[0], -1.0) : g[0];
       } else {
         gi = kernels::binary_backward(op, which, g[0], a, b, y);
       }
@@ -48,17 +45,7 @@ Tensor scalar_like(double s, const Tensor& t) {
 }
 
 Tensor record_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  Tensor y;
-  const bool same = a.defined() && b.defined() && a.shape() == b.shape();
-  if (same && op == BinaryOp::Add) {
-    y = kernels::add(a, b);
-  } else if (same && op == BinaryOp::Sub) {
-    y = kernels::sub(a, b);
-  } else if (same && op == BinaryOp::Mul) {
-    y = kernels::mul(a, b);
-  } else {
-    y = kernels::binary(op, a, b);
-  }
+  Tensor y = kernels::binary(op, a, b);
   if (autograd::any_requires_grad({a, b})) {
     auto n = std::make_shared<BinaryBackward>();
     n->op = op;

@@ -7,7 +7,7 @@
 // partials added in chunk order (deterministic for a given thread count).
 // argmax returns int64 [N]: the first maximum of each row, a NaN counting as
 // the maximum (as PyTorch).
-#include "kernels/elementwise.h"
+#include "kernels/ops.h"
 
 #include <cmath>
 #include <vector>

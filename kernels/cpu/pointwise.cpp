@@ -1,8 +1,9 @@
-// CPU kernels of kernels/pointwise.h under tandem::kernels::cpu.
+// CPU kernels of kernels/pointwise.h under tandem::kernels::cpu,
+// registered in the op table (kernels/ops.h).
 // Assumes: validated by kernels/pointwise.cpp (shapes broadcast, float dtypes shared).
 // Guarantees: fresh contiguous outputs of the broadcast shape; per-element math in the element
 // type (float or double), kernels/pointwise_math.h (shared with the CUDA kernels).
-#include "kernels/pointwise.h"
+#include "kernels/ops.h"
 
 #include <cmath>
 #include <type_traits>

@@ -1,4 +1,5 @@
-// CPU kernels of kernels/reduce.h under tandem::kernels::cpu.
+// CPU kernels of kernels/reduce.h under tandem::kernels::cpu,
+// registered in the op table (kernels/ops.h).
 // Assumes: validated by kernels/reduce.cpp (dims wrapped, sorted and distinct; float dtypes).
 // How: a sum over one block of dimensions of a contiguous input with dimensions after it reads it
 // as [outer, len, inner] and accumulates 256-column blocks row by row (no copy). Otherwise a
@@ -9,7 +10,7 @@
 // Guarantees: fresh contiguous outputs; sums in double (rows: blocks of 1024 summed in the
 // element type, then added in double); max/argmax take the first maximum, a NaN
 // counting as the maximum (as PyTorch); softmax subtracts the row maximum first.
-#include "kernels/reduce.h"
+#include "kernels/ops.h"
 
 #include <cmath>
 #include <limits>

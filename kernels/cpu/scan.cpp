@@ -1,9 +1,10 @@
-// CPU kernels of kernels/scan.h under tandem::kernels::cpu.
+// CPU kernels of kernels/scan.h under tandem::kernels::cpu,
+// registered in the op table (kernels/ops.h).
 // Assumes: validated by kernels/scan.cpp (float dtype, dim wrapped).
 // How: the input made contiguous and read as [outer, n, inner]; columns (outer, inner) split over
 // the thread pool, each walked serially along n in double.
 // Guarantees: fresh contiguous outputs; results independent of the thread count.
-#include "kernels/scan.h"
+#include "kernels/ops.h"
 
 #include "core/view.h"
 #include "kernels/cpu/common.h"

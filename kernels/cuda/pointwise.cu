@@ -1,4 +1,5 @@
-// CUDA kernels of kernels/pointwise.h (float32) under tandem::kernels::cuda.
+// CUDA kernels of kernels/pointwise.h (float32) under tandem::kernels::cuda,
+// registered in the op table (kernels/ops.h).
 // Assumes: validated by kernels/pointwise.cpp (one CUDA device, float32, shapes broadcast).
 // How: one thread per output element over a grid-stride loop; operands are read in place through
 // their broadcast strides (kernels/cuda/strided.h), so broadcast and strided views need no
@@ -16,7 +17,7 @@
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/strided.h"
-#include "kernels/pointwise.h"
+#include "kernels/ops.h"
 #include "kernels/pointwise_math.h"
 
 namespace tandem::kernels::cuda {

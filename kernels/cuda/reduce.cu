@@ -1,4 +1,5 @@
-// CUDA kernels of kernels/reduce.h (float32) under tandem::kernels::cuda.
+// CUDA kernels of kernels/reduce.h (float32) under tandem::kernels::cuda,
+// registered in the op table (kernels/ops.h).
 // Assumes: validated by kernels/reduce.cpp (dims wrapped, sorted and distinct; float32; no empty
 // dimension reduced by max/amax).
 // How: the input is read as a contiguous [outer, len, inner] block, len being the reduced (or
@@ -20,7 +21,7 @@
 #include "core/view.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/reduce.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

@@ -1,4 +1,5 @@
-// CUDA kernels of kernels/scan.h (float32) under tandem::kernels::cuda.
+// CUDA kernels of kernels/scan.h (float32) under tandem::kernels::cuda,
+// registered in the op table (kernels/ops.h).
 // Assumes: validated by kernels/scan.cpp (float32 on one CUDA device, dim wrapped).
 // How: the input made contiguous and read as [outer, n, inner]; one thread per (outer, inner)
 // column walks n serially in double (neighbouring threads read neighbouring addresses when inner
@@ -11,7 +12,7 @@
 #include "core/view.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/scan.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

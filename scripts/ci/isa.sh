@@ -4,8 +4,10 @@
 # AVX2 paths (the fused batch_norm+relu+max_pool) that neither the native build of an AVX-512
 # machine nor the portable sanitizer build compiles; this runs them. TANDEM_EXPECT_SIMD=avx2 makes
 # tests/kernels/simd_test.cpp fail unless the kernels were compiled at the AVX2 level
-# (kernels/cpu/simd.h). Own build dir (build-avx2), optimised as the main build, CPU only, no
-# benchmarks. Skipped on a CPU without AVX2 and FMA.
+# (kernels/cpu/simd.h). The unit tests include backend_ops (tests/kernels/backend_ops_test.cpp:
+# every case of every op of kernels/ops.h in float32 against float64), so the op table's cases run
+# at this level too; the stage fails if they are missing. Own build dir (build-avx2), optimised as
+# the main build, CPU only, no benchmarks. Skipped on a CPU without AVX2 and FMA.
 # Environment: JOBS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,4 +23,8 @@ cmake -S "$ROOT" -B "$ROOT/build-avx2" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD
 targets=$(cmake --build build-avx2 --target help |
   grep -oE 'tandem_(core|kernels|nn|optim|data|train)_tests' | sort -u)
 cmake --build build-avx2 -j"$JOBS" --target $targets
+if ! ctest --test-dir build-avx2 -N -L unit -R '^EveryTableOp/BackendOps\.' | grep -q 'Total Tests: [1-9]'; then
+  echo "isa.sh: the backend_ops tests are not among the unit tests of build-avx2" >&2
+  exit 1
+fi
 TANDEM_EXPECT_SIMD=avx2 ctest --test-dir build-avx2 -L unit --output-on-failure -j"$JOBS"

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "kernel_test_util.h"
+#include "kernels/ops.h"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -96,5 +97,5 @@ TEST(Elementwise, RejectsBadArguments) {
   EXPECT_TRUE(throws_with([&] { kernels::sum(Tensor::zeros({3}, kInt64)); }, {"int64"}));
   EXPECT_TRUE(throws_with([&] { kernels::argmax(Tensor::zeros({3})); }, {"2-D"}));
   EXPECT_TRUE(throws_with([&] { kernels::argmax(Tensor::zeros({3, 0})); }, {"empty"}));
-  EXPECT_TRUE(throws_with([&] { kernels::cpu::scale(Tensor::zeros({3}, kUInt8), 2.0); }, {"uint8"}));
+  EXPECT_TRUE(throws_with([&] { kernels::cpu_backend().scale(Tensor::zeros({3}, kUInt8), 2.0); }, {"uint8"}));
 }

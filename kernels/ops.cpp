@@ -1,0 +1,55 @@
+// The op table's lookups (kernels/ops.h): the backend of a device, the ops a backend registers.
+#include "kernels/ops.h"
+
+#include <type_traits>
+
+#include "kernels/dispatch.h"
+
+namespace tandem::kernels {
+
+#ifndef TANDEM_WITH_CUDA
+const Backend* cuda_backend() { return nullptr; }
+#endif
+
+std::vector<const Backend*> backends() {
+  std::vector<const Backend*> out{&cpu_backend()};
+  if (const Backend* cuda = cuda_backend()) out.push_back(cuda);
+  return out;
+}
+
+std::vector<const char*> table_ops() {
+  return {
+#define TANDEM_OP_NAME(op, ...) #op,
+      TANDEM_OPS(TANDEM_OP_NAME)
+#undef TANDEM_OP_NAME
+  };
+}
+
+std::vector<const char*> registered_ops(const Backend& backend) {
+  std::vector<const char*> out;
+#define TANDEM_OP_IF_REGISTERED(op, ...) \
+  if (backend.op != nullptr) out.push_back(#op);
+  TANDEM_OPS(TANDEM_OP_IF_REGISTERED)
+#undef TANDEM_OP_IF_REGISTERED
+  return out;
+}
+
+const Backend& backend_for(Device device, const char* op) {
+  if (!device.is_cuda()) return cpu_backend();
+  const Backend* cuda = cuda_backend();
+  if (cuda == nullptr) throw_no_cuda(op);
+  return *cuda;
+}
+
+void throw_missing_kernel(const char* op, const Backend& backend) {
+  TANDEM_FAIL(op, ": the ", backend.backend_name, " backend has no kernel for this op");
+}
+
+// Each entry point has the signature of its op's kernels.
+#define TANDEM_OP_ENTRY_MATCHES(op, ...)                                 \
+  static_assert(std::is_same_v<decltype(&kernels::op), op_sig::op*>, \
+                #op ": the entry point's signature differs from the table's");
+TANDEM_OPS(TANDEM_OP_ENTRY_MATCHES)
+#undef TANDEM_OP_ENTRY_MATCHES
+
+}  // namespace tandem::kernels

@@ -1,0 +1,117 @@
+// The op table. TANDEM_OPS lists each table op once, with the signature its kernels share; every
+// backend fills a Backend (a function pointer per op) in one registration file
+// (kernels/cpu/ops.cpp, kernels/cuda/ops.cpp), and one entry point per op, in kernels/<family>.cpp
+// with the same signature, checks its operands, opens the profiler scope, picks the fast path and
+// calls the kernel of the operands' backend through kernel_for (never the backend's namespace).
+// tests/kernels/backend_ops_test.cpp runs a list of cases per op on every backend present and
+// fails on an op a backend registers without a case list.
+//
+// Adding an op: one line in TANDEM_OPS; the kernel, named as the op, in each backend's namespace
+// (kernels/cpu/<family>.cpp, kernels/cuda/<family>.cu: the declarations come from this list); its
+// entry point (declared in kernels/<family>.h, defined in kernels/<family>.cpp); its cases in
+// tests/kernels/backend_ops_cases.h. docs/architecture.md ("The op table") walks through cumsum.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
+#include "kernels/reduce.h"
+#include "kernels/scan.h"
+
+// X(op, signature): the kernels of `op` have type `signature` (a function type), as its entry point.
+#define TANDEM_OPS(X)                                                                                      \
+  /* kernels/elementwise.h: same-shape operands (binary's fast path), whole-tensor sum, rows' argmax */    \
+  X(add, Tensor(const Tensor& a, const Tensor& b))                                                         \
+  X(sub, Tensor(const Tensor& a, const Tensor& b))                                                         \
+  X(mul, Tensor(const Tensor& a, const Tensor& b))                                                         \
+  X(scale, Tensor(const Tensor& a, double s))                                                              \
+  X(sum, Tensor(const Tensor& a))                                                                          \
+  X(argmax, Tensor(const Tensor& a))                                                                       \
+  /* kernels/pointwise.h: broadcasting binary ops and their backward, comparisons, where, unary math */    \
+  X(binary, Tensor(BinaryOp op, const Tensor& a, const Tensor& b))                                         \
+  X(binary_backward,                                                                                       \
+    Tensor(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b, const Tensor& y)) \
+  X(compare, Tensor(CompareOp op, const Tensor& a, const Tensor& b))                                       \
+  X(where, Tensor(const Tensor& cond, const Tensor& a, const Tensor& b))                                   \
+  X(unary, Tensor(UnaryOp op, const Tensor& x))                                                            \
+  X(unary_backward, Tensor(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y))              \
+  /* kernels/reduce.h: reductions over dimensions (wrapped, sorted, distinct), softmax */                  \
+  X(sum_dims, Tensor(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim))                     \
+  X(max_dim, MaxResult(const Tensor& x, int64_t dim, bool keepdim))                                        \
+  X(amax, Tensor(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim))                         \
+  X(softmax_forward, Tensor(const Tensor& x, int64_t dim, bool log))                                       \
+  X(softmax_backward, Tensor(const Tensor& grad, const Tensor& y, int64_t dim, bool log))                  \
+  /* kernels/scan.h: products and cumulative sums along one (wrapped) dimension */                         \
+  X(prod_dim, Tensor(const Tensor& x, int64_t dim, bool keepdim))                                          \
+  X(prod_dim_backward, Tensor(const Tensor& grad, const Tensor& x, int64_t dim))                           \
+  X(cumsum, Tensor(const Tensor& x, int64_t dim, bool reverse))
+
+namespace tandem::kernels {
+
+// op_sig::<op>: the function type of op's kernels and entry point.
+namespace op_sig {
+#define TANDEM_OP_SIGNATURE(op, ...) using op = __VA_ARGS__;
+TANDEM_OPS(TANDEM_OP_SIGNATURE)
+#undef TANDEM_OP_SIGNATURE
+}  // namespace op_sig
+
+// The kernels of each backend, declared from the list (defined in kernels/cpu/, kernels/cuda/).
+#define TANDEM_OP_DECLARE(op, ...) op_sig::op op;
+namespace cpu {
+TANDEM_OPS(TANDEM_OP_DECLARE)
+}  // namespace cpu
+namespace cuda {
+TANDEM_OPS(TANDEM_OP_DECLARE)
+}  // namespace cuda
+#undef TANDEM_OP_DECLARE
+
+// One backend's kernels; an op it lacks stays null (its entry point then throws naming both).
+struct Backend {
+  const char* backend_name = "";
+#define TANDEM_OP_SLOT(op, ...) op_sig::op* op = nullptr;
+  TANDEM_OPS(TANDEM_OP_SLOT)
+#undef TANDEM_OP_SLOT
+};
+
+// A Backend named `label` holding every op of the list from the namespace aliased `backend_ns`:
+// the table of a registration file (kernels/cpu/ops.cpp: backend_ns = cpu).
+#define TANDEM_OP_REGISTER(op, ...) b.op = &backend_ns::op;
+#define TANDEM_BACKEND_TABLE(label)  \
+  [] {                               \
+    Backend b;                       \
+    b.backend_name = label;          \
+    TANDEM_OPS(TANDEM_OP_REGISTER)   \
+    return b;                        \
+  }()
+
+const Backend& cpu_backend();        // kernels/cpu/ops.cpp
+const Backend* cuda_backend();       // kernels/cuda/ops.cpp; null in a build without CUDA
+std::vector<const Backend*> backends();  // the CPU's, then CUDA's when built
+
+// The name of every op in TANDEM_OPS, in order, and those `backend` registers (non-null).
+std::vector<const char*> table_ops();
+std::vector<const char*> registered_ops(const Backend& backend);
+
+// The backend of tensors on `device` (throws "<op>: ... built without CUDA ..." for a CUDA device
+// in a CPU-only build).
+const Backend& backend_for(Device device, const char* op);
+
+[[noreturn]] void throw_missing_kernel(const char* op, const Backend& backend);
+
+// The kernel in `Slot` (&Backend::<op>) of device's backend; throws naming the op and backend when
+// that backend lacks it. Entry points write TANDEM_KERNEL(device, binary)(op, a, b).
+template <auto Slot>
+auto kernel_for(Device device, const char* op) {
+  const Backend& b = backend_for(device, op);
+  auto fn = b.*Slot;
+  if (fn == nullptr) throw_missing_kernel(op, b);
+  return fn;
+}
+
+}  // namespace tandem::kernels
+
+// The kernel of table op `op` for tensors on `device` (errors name the op as the table does).
+#define TANDEM_KERNEL(device, op) ::tandem::kernels::kernel_for<&::tandem::kernels::Backend::op>(device, #op)

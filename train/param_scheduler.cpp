@@ -79,7 +79,10 @@ class LrScheduler : public ParamScheduler {
   }
   bool by_epoch() const override { return r_.by_epoch; }
   void step() override {
-    if (r_.begin <= global_ && global_ < r_.end) {
+    // A default end that the values do not depend on (StepLR, MultiStepLR, ExponentialLR) never stops
+    // the scheduler: inside one run it is the same as MMEngine's end of the run, and a run resumed
+    // with a larger max_epochs then steps where the uninterrupted run did.
+    if (r_.begin <= global_ && (global_ < r_.end || !r_.end_fixed)) {
       ++last_;
       auto& groups = opt_.param_groups();
       for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = rule_(last_, base_[g], groups[g].lr);

@@ -51,7 +51,10 @@ class Net : public nn::Module {
  public:
   Net() {
     in_ = register_module("in", std::make_shared<nn::Linear>(kFeatures, kWidth));
-    for (int i = 0; i < 3; ++i) blocks_.push_back(register_module("b" + std::to_string(i), std::make_shared<Block>()));
+    for (int i = 0; i < 3; ++i) {
+      const std::string name = std::string("b").append(std::to_string(i));
+      blocks_.push_back(register_module(name, std::make_shared<Block>()));
+    }
     out_ = register_module("out", std::make_shared<nn::Linear>(kWidth, kClasses));
   }
   Tensor forward(const Tensor& x) override {

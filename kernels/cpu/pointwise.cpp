@@ -6,6 +6,7 @@
 #include "kernels/ops.h"
 
 #include <cmath>
+#include <limits>
 #include <type_traits>
 #include <unsupported/Eigen/SpecialFunctions>
 
@@ -138,10 +139,14 @@ void gelu_float(const float* x, float* y, int64_t n) {
   detail::ArrMap<float>(y, n) = xa * 0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf());
 }
 
+// At x = +-inf the derivative is NaN, as PyTorch's (x * pdf(x) is inf * 0). It is set explicitly:
+// the vectorised exp of some SIMD levels clamps its argument, so exp(-inf) comes out tiny, not 0.
 void gelu_backward_float(const float* g, const float* x, float* out, int64_t n) {
   const detail::CArrMap<float> xa(x, n), ga(g, n);
-  detail::ArrMap<float>(out, n) = ga * (0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf()) +
-                                        xa * float(math::kInvSqrt2Pi) * (-0.5f * xa.square()).exp());
+  detail::ArrMap<float>(out, n) =
+      xa.isInf().select(std::numeric_limits<float>::quiet_NaN(),
+                        ga * (0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf()) +
+                              xa * float(math::kInvSqrt2Pi) * (-0.5f * xa.square()).exp()));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 namespace tandem::train {
@@ -19,15 +20,20 @@ struct Range {
   bool by_epoch = true;
   int64_t begin = 0, end = 0;
   int64_t scale = 1;  // what periods given in epochs are multiplied by (iterations per epoch when converted)
-  // A resume must keep `end`: it was given, or the type's values depend on it. (A default end that
-  // only bounds the range may move with train_cfg.max_epochs.)
+  // A resume must keep `end`: it was given, or the type's values depend on it.
   bool end_fixed = false;
 };
 
+constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+
 const std::vector<std::string> kCommon = {"by_epoch", "begin", "end", "convert_to_iter_based"};
 
-// The common keyword arguments, checked; `own` are the type's other known keys.
-Range read_range(const ScheduleContext& c, const Kwargs& k, std::vector<std::string> own) {
+// The common keyword arguments, checked; `own` are the type's other known keys. An absent end is
+// MMEngine's Runner's: the end of the run, in the scheduler's unit, where the type's values depend on
+// it (`values_need_end`); elsewhere it is unbounded, which inside one run is the same, and lets a run
+// resumed with a larger max_epochs step where the uninterrupted run did.
+Range read_range(const ScheduleContext& c, const Kwargs& k, std::vector<std::string> own,
+                 bool values_need_end = false) {
   own.insert(own.end(), kCommon.begin(), kCommon.end());
   k.check_known(own);
   Range r;
@@ -36,17 +42,17 @@ Range read_range(const ScheduleContext& c, const Kwargs& k, std::vector<std::str
   TANDEM_CHECK(!convert || by_epoch, k.owner(),
                ".convert_to_iter_based needs by_epoch true (it converts epochs into iterations), got by_epoch false");
   r.begin = k.integer("begin", 0);
-  // MMEngine's Runner: an absent end is the end of the run, in the scheduler's unit.
-  r.end = k.integer("end", by_epoch ? c.max_epochs : c.max_epochs * c.iters_per_epoch);
+  const int64_t run_end = by_epoch ? c.max_epochs : c.max_epochs * c.iters_per_epoch;
+  r.end = k.has("end") ? k.integer("end", 0) : values_need_end ? run_end : kUnbounded;
   TANDEM_CHECK(r.begin >= 0, k.owner(), ".begin must be >= 0, got ", r.begin);
   TANDEM_CHECK(r.end > r.begin, k.owner(), ".end must be > begin (", r.begin, "), got ", r.end);
-  r.end_fixed = k.has("end");
+  r.end_fixed = k.has("end") || values_need_end;
   if (convert) {
     TANDEM_CHECK(c.iters_per_epoch >= 1, k.owner(), ".convert_to_iter_based needs the iterations per epoch, got ",
                  c.iters_per_epoch);
     r.scale = c.iters_per_epoch;
     r.begin *= r.scale;
-    r.end *= r.scale;
+    if (r.end != kUnbounded) r.end *= r.scale;
   }
   r.by_epoch = by_epoch && !convert;
   return r;
@@ -79,10 +85,7 @@ class LrScheduler : public ParamScheduler {
   }
   bool by_epoch() const override { return r_.by_epoch; }
   void step() override {
-    // A default end that the values do not depend on (StepLR, MultiStepLR, ExponentialLR) never stops
-    // the scheduler: inside one run it is the same as MMEngine's end of the run, and a run resumed
-    // with a larger max_epochs then steps where the uninterrupted run did.
-    if (r_.begin <= global_ && (global_ < r_.end || !r_.end_fixed)) {
+    if (r_.begin <= global_ && global_ < r_.end) {
       ++last_;
       auto& groups = opt_.param_groups();
       for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = rule_(last_, base_[g], groups[g].lr);
@@ -211,8 +214,7 @@ std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, con
 }
 
 std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const Kwargs& k) {
-  Range r = read_range(c, k, {"start_factor", "end_factor"});
-  r.end_fixed = true;
+  const Range r = read_range(c, k, {"start_factor", "end_factor"}, /*values_need_end=*/true);
   const double start = unit_interval(k, "start_factor", 1.0 / 3, false);
   const double end = unit_interval(k, "end_factor", 1.0, true);
   const double total = static_cast<double>(r.end - r.begin - 1);
@@ -223,8 +225,7 @@ std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const K
 }
 
 std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const Kwargs& k) {
-  Range r = read_range(c, k, {"factor"});
-  r.end_fixed = true;
+  const Range r = read_range(c, k, {"factor"}, /*values_need_end=*/true);
   const double factor = unit_interval(k, "factor", 1.0 / 3, false);
   const int64_t last_held = r.end - r.begin - 1;  // its step that restores the lr
   return started(c, "ConstantLR", r, {{"factor", factor}}, [=](int64_t last, double, double lr) {
@@ -245,7 +246,8 @@ std::unique_ptr<ParamScheduler> make_exponential_lr(const ScheduleContext& c, co
 }
 
 std::unique_ptr<ParamScheduler> make_cosine_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"T_max", "eta_min", "eta_min_ratio"});
+  // Without T_max the period is the range, so the values depend on its end.
+  const Range r = read_range(c, k, {"T_max", "eta_min", "eta_min_ratio"}, /*values_need_end=*/!k.has("T_max"));
   TANDEM_CHECK(!(k.has("eta_min") && k.has("eta_min_ratio")), k.owner(),
                ": give eta_min or eta_min_ratio, not both");
   const int64_t t_max = k.has("T_max") ? k.integer("T_max", 0) * r.scale : r.end - r.begin;

@@ -77,6 +77,16 @@ Registry<ModelFactory>& models() {
   return *r;
 }
 
+std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& k) {
+  const std::string inner = k.string("optimizer_type", "");
+  TANDEM_CHECK(!inner.empty() && inner != "ZeroRedundancyOptimizer", k.owner(),
+               ": ZeroRedundancyOptimizer needs optimizer_type (a registered optimizer: Adadelta, SGD, Adam, AdamW)");
+  Kwargs rest(k.owner() + "." + inner);
+  for (const auto& [key, value] : k.items())
+    if (key != "optimizer_type") rest.set_json(key, value);
+  return {inner, rest};
+}
+
 Registry<WrapperFactory>& model_wrappers() {
   static Registry<WrapperFactory>* r = [] {
     auto* reg = new Registry<WrapperFactory>("model wrapper");
@@ -95,12 +105,7 @@ Registry<OptimizerFactory>& optimizers() {
     // MMEngine's ZeroRedundancyOptimizer(optimizer_type=...): over a world of one it is the optimizer it
     // wraps (as PyTorch's is); with ranks the Runner shards that optimizer's state across them.
     reg->register_module("ZeroRedundancyOptimizer", [](std::vector<Tensor> p, const Kwargs& k) {
-      const std::string inner = k.string("optimizer_type", "");
-      TANDEM_CHECK(!inner.empty() && inner != "ZeroRedundancyOptimizer", k.owner(),
-                   ": ZeroRedundancyOptimizer needs optimizer_type (Adadelta, SGD, Adam or AdamW)");
-      Kwargs rest(k.owner() + "." + inner);
-      for (const auto& [key, value] : k.items())
-        if (key != "optimizer_type") rest.set_json(key, value);
+      const auto [inner, rest] = zero_inner_optimizer(k);
       return optimizers().get(inner)(std::move(p), rest);
     });
     reg->register_module("Adadelta", [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {

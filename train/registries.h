@@ -58,6 +58,9 @@ Registry<WrapperFactory>& model_wrappers();
 // mixed_precision and cpu_offload are refused until they exist. The DDP keys are accepted at their
 // defaults only (they do not apply to FSDP).
 std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k);
+// ZeroRedundancyOptimizer's keyword arguments split: the optimizer_type it wraps (checked present) and
+// that optimizer's own arguments (the rest).
+std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& k);
 Registry<OptimizerFactory>& optimizers();
 Registry<SchedulerFactory>& param_schedulers();
 Registry<HookFactory>& hooks();

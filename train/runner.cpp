@@ -207,15 +207,12 @@ void Runner::setup_model() {
 std::unique_ptr<optim::Optimizer> Runner::make_optimizer(const Kwargs& args) {
   if (o_.optimizer != "ZeroRedundancyOptimizer" || !dist_->active())  // alone: the registry's entry
     return optimizers().get(o_.optimizer)(wrapped_->parameters(), args);
-  const std::string inner = args.string("optimizer_type", "");
-  TANDEM_CHECK(!inner.empty(), "optim_wrapper.optimizer type ZeroRedundancyOptimizer needs optimizer_type (a "
-                               "registered optimizer: Adadelta, SGD, Adam, AdamW)");
+  const auto split = zero_inner_optimizer(args);
+  const std::string inner = split.first;
+  const Kwargs rest = split.second;
   TANDEM_CHECK(!fsdp_, "optim_wrapper.optimizer type ZeroRedundancyOptimizer with MMFullyShardedDataParallel: FSDP "
                        "already shards the optimizer state; use '", inner, "' itself");
   const OptimizerFactory make = optimizers().get(inner);
-  Kwargs rest("optim_wrapper.optimizer." + inner);
-  for (const auto& [key, value] : args.items())
-    if (key != "optimizer_type") rest.set_json(key, value);
   std::unique_ptr<optim::Optimizer> whole = make(wrapped_->parameters(), rest);  // its groups' lr and weight decay
   auto local = [make, rest](std::vector<optim::ParamGroup> groups) {
     std::vector<Tensor> params;

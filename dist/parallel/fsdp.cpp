@@ -368,13 +368,11 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
 FullyShardedDataParallel::Memory FullyShardedDataParallel::memory() const {
   Memory m;
   for (auto& u : units_) {
-    if (sharded()) m.shard_bytes += u->shard.nbytes();
+    m.shard_bytes += u->shard.nbytes();  // NO_SHARD: the whole flat parameter
     if (u->shard.grad().defined()) m.grad_bytes += u->shard.grad().nbytes();
     if (sharded() && u->full->has_memory()) m.gathered_bytes += u->bytes();
     if (u->staging) m.gathered_bytes += u->bytes();
   }
-  if (!sharded())
-    for (auto& u : units_) m.shard_bytes += u->bytes();
   for (auto& [s, stamp] : graveyard_) m.gathered_bytes += static_cast<int64_t>(s->nbytes());
   m.peak_gathered_bytes = std::max(peak_gathered_, m.gathered_bytes);
   return m;

@@ -202,6 +202,9 @@ class FullyShardedDataParallel : public nn::Module {
   void on_grad_ready(size_t k);
   void reduce_unit(size_t k);
   void finish_backward();
+  // The unit whose per-element optimizer state "state.<unit>.<buffer>" is (shard-sized, or the
+  // unit's full size when `full`); null for scalars, other keys and NO_SHARD.
+  const Unit* per_element_unit(const std::string& key, const Tensor& t, bool full) const;
   bool sharded() const { return options_.sharding_strategy != ShardingStrategy::NoShard; }
   bool hybrid() const { return options_.sharding_strategy == ShardingStrategy::HybridShard; }
   bool reshard_after_forward() const {

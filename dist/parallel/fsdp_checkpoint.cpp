@@ -81,18 +81,26 @@ std::pair<int64_t, std::string> state_key(const std::string& key) {
 
 }  // namespace
 
+const FullyShardedDataParallel::Unit* FullyShardedDataParallel::per_element_unit(const std::string& key,
+                                                                                   const Tensor& t,
+                                                                                   bool full) const {
+  if (!sharded()) return nullptr;
+  const auto [k, field] = state_key(key);
+  if (k < 0 || k >= static_cast<int64_t>(units_.size()) || field == "step") return nullptr;
+  const Unit& u = *units_[static_cast<size_t>(k)];
+  return t.numel() == (full ? u.numel : u.shard_numel) ? &u : nullptr;
+}
+
 std::map<std::string, Tensor> FullyShardedDataParallel::full_optimizer_state(const optim::Optimizer& optimizer) {
   NoGradGuard no_grad;
   std::map<std::string, Tensor> out;
   for (auto& [key, t] : optimizer.state_dict()) {
-    const auto [k, field] = state_key(key);
-    const bool per_element = k >= 0 && k < static_cast<int64_t>(units_.size()) && field != "step" &&
-                             t.numel() == units_[static_cast<size_t>(k)]->shard_numel;
-    if (!per_element || !sharded()) {
+    const Unit* unit = per_element_unit(key, t, /*full=*/false);
+    if (!unit) {
       out[key] = t;
       continue;
     }
-    const Unit& u = *units_[static_cast<size_t>(k)];
+    const Unit& u = *unit;
     Tensor full = Tensor::empty({u.total}, t.dtype(), t.device());
     group_->all_gather_into_tensor(full, t.contiguous())->wait(group_->timeout());
     out[key] = full.slice(0, 0, u.numel).clone();
@@ -104,14 +112,12 @@ std::map<std::string, Tensor> FullyShardedDataParallel::shard_optimizer_state(
     const std::map<std::string, Tensor>& full) const {
   std::map<std::string, Tensor> out;
   for (auto& [key, t] : full) {
-    const auto [k, field] = state_key(key);
-    const bool per_element = k >= 0 && k < static_cast<int64_t>(units_.size()) && field != "step" &&
-                             t.numel() == units_[static_cast<size_t>(k)]->numel;
-    if (!per_element || !sharded()) {
+    const Unit* unit = per_element_unit(key, t, /*full=*/true);
+    if (!unit) {
       out[key] = t;
       continue;
     }
-    const Unit& u = *units_[static_cast<size_t>(k)];
+    const Unit& u = *unit;
     const int64_t lo = group_->rank() * u.shard_numel;
     const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, u.numel - lo));
     Tensor mine = Tensor::zeros({u.shard_numel}, t.dtype(), u.device);

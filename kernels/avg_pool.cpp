@@ -67,6 +67,8 @@ Tensor avg_pool2d_forward(const Tensor& x, const AvgPool2dArgs& a) {
                a.kernel_h, "x", a.kernel_w);
   TANDEM_CHECK(x.size(2) + 2 * a.pad_h >= a.kernel_h && x.size(3) + 2 * a.pad_w >= a.kernel_w, "avg_pool2d: kernel ",
                a.kernel_h, "x", a.kernel_w, " is larger than the padded input ", x.str());
+  TANDEM_CHECK(a.divisor_override >= 0, "avg_pool2d: divisor_override must be positive (0: none), got ",
+               a.divisor_override);
   return TANDEM_DISPATCH(device, avg_pool_forward, x, avg_geometry(x.size(2), x.size(3), a));
 }
 

@@ -3,7 +3,8 @@
 //   avg_pool2d: windows of kernel_h x kernel_w every stride, zero padding pad; output size
 //     floor((H + 2 pad - k) / s) + 1, or ceil(...) in ceil_mode where the last window must start
 //     inside the input or its left padding (PyTorch's rule). The divisor is the window's size
-//     clipped to the padded input when count_include_pad, else to the input alone.
+//     clipped to the padded input when count_include_pad, else to the input alone, unless
+//     divisor_override is > 0 (then it is the divisor of every window, as PyTorch's).
 //   adaptive_avg_pool2d: output [out_h, out_w]; window i spans [floor(i H / out_h), ceil((i+1) H /
 //     out_h)), as PyTorch.
 // Backward spreads each output gradient evenly (grad / divisor) over its window.
@@ -19,6 +20,7 @@ namespace tandem::kernels {
 struct AvgPool2dArgs {
   int64_t kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, pad_h = 0, pad_w = 0;
   bool ceil_mode = false, count_include_pad = true;
+  int64_t divisor_override = 0;  // > 0: the divisor of every window
 };
 
 Tensor avg_pool2d_forward(const Tensor& x, const AvgPool2dArgs& args);
@@ -56,7 +58,8 @@ struct PoolGeometry {
     w0 = w0 > 0 ? w0 : 0;
     h1 = h1 < H ? h1 : H;
     w1 = w1 < W ? w1 : W;
-    div = static_cast<double>(a.count_include_pad ? padded : (h1 - h0) * (w1 - w0));
+    div = static_cast<double>(a.divisor_override > 0 ? a.divisor_override
+                                                     : a.count_include_pad ? padded : (h1 - h0) * (w1 - w0));
   }
 
   // Output rows [p0, p1] and columns [q0, q1] whose windows may cover input (h, w): a superset of

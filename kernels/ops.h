@@ -44,10 +44,11 @@
   X(amax, Tensor(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim))                         \
   X(softmax_forward, Tensor(const Tensor& x, int64_t dim, bool log))                                       \
   X(softmax_backward, Tensor(const Tensor& grad, const Tensor& y, int64_t dim, bool log))                  \
-  /* kernels/scan.h: products and cumulative sums along one (wrapped) dimension */                         \
+  /* kernels/scan.h: products, cumulative sums and sorting along one (wrapped) dimension */                \
   X(prod_dim, Tensor(const Tensor& x, int64_t dim, bool keepdim))                                          \
   X(prod_dim_backward, Tensor(const Tensor& grad, const Tensor& x, int64_t dim))                           \
-  X(cumsum, Tensor(const Tensor& x, int64_t dim, bool reverse))
+  X(cumsum, Tensor(const Tensor& x, int64_t dim, bool reverse))                                           \
+  X(argsort, Tensor(const Tensor& x, int64_t dim, bool descending))
 
 namespace tandem::kernels {
 

@@ -5,15 +5,43 @@
 #include "kernels/pool.h"
 
 #include "core/profiler.h"
+#include "kernels/avg_pool.h"
 #include "kernels/dispatch.h"
 
 namespace tandem::kernels {
+namespace {
+
+MaxPoolAxis axis(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t d, bool ceil_mode, int64_t adaptive) {
+  MaxPoolAxis a{in, adaptive, k, s, pad, d, adaptive > 0};
+  if (adaptive <= 0) a.out = avg_pool_out_size(in, d * (k - 1) + 1, s, pad, ceil_mode);
+  return a;
+}
+
+}  // namespace
+
+MaxPoolAxis max_pool_axis_h(const Shape& x, const MaxPool2dArgs& a) {
+  return axis(x[2], a.kernel_h, a.stride_h, a.pad_h, a.dilation_h, a.ceil_mode, a.adaptive_h);
+}
+
+MaxPoolAxis max_pool_axis_w(const Shape& x, const MaxPool2dArgs& a) {
+  return axis(x[3], a.kernel_w, a.stride_w, a.pad_w, a.dilation_w, a.ceil_mode, a.adaptive_w);
+}
 
 MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& a) {
   constexpr const char* op = "max_pool2d_forward";
   profiler::Scope prof_scope(op);
   TANDEM_CHECK(x.defined() && x.dim() == 4, op, ": expected input [N, C, H, W], got ",
                x.defined() ? x.str() : "undefined tensor");
+  const Device device = common_device(op, {x});
+  common_float_dtype(op, {x});
+  if (a.adaptive_h > 0 || a.adaptive_w > 0) {
+    TANDEM_CHECK(a.adaptive_h > 0 && a.adaptive_w > 0, op, ": adaptive output size must be >= 1 in both dimensions, got (",
+                 a.adaptive_h, ", ", a.adaptive_w, ")");
+    TANDEM_CHECK(x.size(2) > 0 && x.size(3) > 0, op, ": adaptive pooling needs a non-empty plane, got ", x.str());
+    return TANDEM_DISPATCH(device, max_pool2d_forward, x, a);
+  }
+  TANDEM_CHECK(a.dilation_h >= 1 && a.dilation_w >= 1, op, ": dilation must be >= 1, got (", a.dilation_h, ", ",
+               a.dilation_w, ")");
   TANDEM_CHECK(a.kernel_h >= 1 && a.kernel_w >= 1, op, ": kernel size must be >= 1, got (", a.kernel_h, ", ",
                a.kernel_w, ")");
   TANDEM_CHECK(a.stride_h >= 1 && a.stride_w >= 1, op, ": stride must be >= 1, got (", a.stride_h, ", ",
@@ -22,10 +50,9 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& a) {
                ": padding must be between 0 and half the kernel size, got padding (", a.pad_h, ", ", a.pad_w,
                ") for kernel (", a.kernel_h, ", ", a.kernel_w, ")");
   const int64_t hp = x.size(2) + 2 * a.pad_h, wp = x.size(3) + 2 * a.pad_w;
-  TANDEM_CHECK(hp >= a.kernel_h && wp >= a.kernel_w, op, ": padded input ", hp, "x", wp,
-               " is smaller than the kernel ", a.kernel_h, "x", a.kernel_w);
-  const Device device = common_device(op, {x});
-  common_float_dtype(op, {x});
+  const int64_t kh = a.dilation_h * (a.kernel_h - 1) + 1, kw = a.dilation_w * (a.kernel_w - 1) + 1;
+  TANDEM_CHECK(hp >= kh && wp >= kw, op, ": padded input ", hp, "x", wp, " is smaller than the (dilated) kernel ",
+               kh, "x", kw);
   return TANDEM_DISPATCH(device, max_pool2d_forward, x, a);
 }
 

@@ -31,6 +31,12 @@ Tensor prod_dim_backward(const Tensor& grad, const Tensor& x, int64_t dim) {
   return TANDEM_KERNEL(device, prod_dim_backward)(grad, x, dim);
 }
 
+Tensor argsort(const Tensor& x, int64_t dim, bool descending) {
+  profiler::Scope prof_scope("argsort");
+  const Device device = float_operand_device("argsort", x);
+  return TANDEM_KERNEL(device, argsort)(x, wrapped(x, dim, "argsort"), descending);
+}
+
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
   profiler::Scope prof_scope("cumsum");
   const Device device = float_operand_device("cumsum", x);

@@ -48,11 +48,10 @@ Tensor as_batch3(const Tensor& x, const Shape& batch) {
 Shape batch_of(const Tensor& x) { return Shape(x.shape().begin(), x.shape().end() - 2); }
 
 // The fused kernel with its node; shapes already checked by check_qkv.
-Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal) {
+Tensor fused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale) {
   Shape batch = views::broadcast_shapes(views::broadcast_shapes(batch_of(q), batch_of(k), "scaled_dot_product_attention"),
                                         batch_of(v), "scaled_dot_product_attention");
   const Tensor q3 = as_batch3(q, batch), k3 = as_batch3(k, batch), v3 = as_batch3(v, batch);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
   auto r = kernels::attention_forward(q3, k3, v3, scale, is_causal);
   if (autograd::any_requires_grad({q3, k3, v3})) {
     auto n = std::make_shared<FusedAttentionBackward>();
@@ -97,9 +96,16 @@ void check_qkv(const Tensor& q, const Tensor& k, const Tensor* v, const Tensor& 
                S, "]");
 }
 
-// q k^T / sqrt(E) with the mask applied.
-Tensor masked_scores(const Tensor& q, const Tensor& k, const Tensor& mask, bool is_causal) {
-  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), 1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+// The scores' factor: `scale` when given (finite), else 1 / sqrt(E).
+double score_scale(const Tensor& q, std::optional<double> scale, const char* op) {
+  if (!scale) return 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  TANDEM_CHECK(std::isfinite(*scale), op, ": scale must be a finite number, got ", *scale);
+  return *scale;
+}
+
+// q k^T * scale with the mask applied.
+Tensor masked_scores(const Tensor& q, const Tensor& k, const Tensor& mask, bool is_causal, double scale) {
+  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), scale);
   Tensor m = is_causal ? causal_mask(q.size(-2), k.size(-2), scores.device()) : mask;
   if (!m.defined()) return scores;
   if (m.dtype() == kUInt8) {
@@ -145,23 +151,24 @@ Tensor causal_mask(int64_t L, int64_t S, Device device) {
 
 Tensor attention_weights(const Tensor& q, const Tensor& k, const Tensor& attn_mask, bool is_causal) {
   check_qkv(q, k, nullptr, attn_mask, is_causal, "attention_weights");
-  return softmax(masked_scores(q, k, attn_mask, is_causal), -1);
+  return softmax(masked_scores(q, k, attn_mask, is_causal, score_scale(q, std::nullopt, "attention_weights")), -1);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                    double dropout_p, bool is_causal, Generator& gen) {
+                                    double dropout_p, bool is_causal, Generator& gen, std::optional<double> scale) {
   check_qkv(q, k, &v, attn_mask, is_causal, "scaled_dot_product_attention");
   TANDEM_CHECK(dropout_p >= 0.0 && dropout_p <= 1.0, "scaled_dot_product_attention: dropout_p must be in [0, 1], got ",
                dropout_p);
-  if (fused_attention_path(q, k, attn_mask, dropout_p)) return fused_attention(q, k, v, is_causal);
-  Tensor probs = softmax(masked_scores(q, k, attn_mask, is_causal), -1);
+  const double s = score_scale(q, scale, "scaled_dot_product_attention");
+  if (fused_attention_path(q, k, attn_mask, dropout_p)) return fused_attention(q, k, v, is_causal, s);
+  Tensor probs = softmax(masked_scores(q, k, attn_mask, is_causal, s), -1);
   if (dropout_p > 0.0) probs = dropout(probs, dropout_p, /*training=*/true, gen);
   return matmul(probs, v);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask,
-                                    double dropout_p, bool is_causal) {
-  return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, default_generator());
+                                    double dropout_p, bool is_causal, std::optional<double> scale) {
+  return scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal, default_generator(), scale);
 }
 
 }  // namespace tandem::nn::functional

@@ -122,10 +122,11 @@ Tensor conv2d(const Tensor& x_in, const Tensor& weight, const Tensor& bias, cons
 }
 
 Tensor avg_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride, int64_t padding, bool ceil_mode,
-                  bool count_include_pad) {
+                  bool count_include_pad, int64_t divisor_override) {
   return batched("avg_pool2d", x_in, [&](const Tensor& x) {
     const int64_t s = stride <= 0 ? kernel : stride;
-    const kernels::AvgPool2dArgs args{kernel, kernel, s, s, padding, padding, ceil_mode, count_include_pad};
+    const kernels::AvgPool2dArgs args{kernel, kernel, s, s, padding, padding, ceil_mode, count_include_pad,
+                                      divisor_override};
     Tensor y = kernels::avg_pool2d_forward(x, args);
     if (autograd::any_requires_grad({x})) {
       auto n = std::make_shared<AvgPool2dBackward>();

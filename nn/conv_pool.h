@@ -6,14 +6,20 @@
 //     (R-1)d+1 x (S-1)d+1 grid of zeros (differentiably), groups run as separate convolutions on
 //     channel slices whose outputs are concatenated (CPU). On CUDA (float32) it is one cuDNN
 //     convolution taking dilation and groups itself (kernels/conv.h).
-//   avg_pool2d(x, kernel, stride (default = kernel), padding, ceil_mode, count_include_pad) and
+//   avg_pool2d(x, kernel, stride (default = kernel), padding, ceil_mode, count_include_pad,
+//   divisor_override (> 0: every window's sum divided by it, as PyTorch's)) and
 //   adaptive_avg_pool2d(x, {out_h, out_w}): kernels/avg_pool.h (CPU and CUDA).
+//   max_pool2d_with_indices: F::max_pool2d (nn/functional.h) with PyTorch's return_indices: the
+//   int64 flat position h*W + w of each maximum in its input plane (what max_unpool takes).
+//   adaptive_max_pool2d(x, {out_h, out_w}): windows as adaptive_avg_pool2d's, the maximum of each
+//   (a NaN wins), with or without the indices; kernels/pool.h (CPU and CUDA).
 #pragma once
 
 #include <array>
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "nn/reduction.h"  // MaxOutput
 
 namespace tandem::nn::functional {
 
@@ -24,7 +30,11 @@ struct Conv2dParams {
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0, bool ceil_mode = false,
-                  bool count_include_pad = true);
+                  bool count_include_pad = true, int64_t divisor_override = 0);
 Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+MaxOutput max_pool2d_with_indices(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0,
+                                  int64_t dilation = 1, bool ceil_mode = false);
+Tensor adaptive_max_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);
+MaxOutput adaptive_max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> output_size);
 
 }  // namespace tandem::nn::functional

@@ -303,10 +303,18 @@ Tensor relu(const Tensor& x_in) {
   return y;
 }
 
-Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride, int64_t padding) {
+namespace {
+
+// Values and indices of one max pooling; an unbatched [C, H, W] input gets a batch of 1, removed after.
+MaxOutput max_pool(const char* op, const Tensor& x_in, const kernels::MaxPool2dArgs& args) {
+  TANDEM_CHECK(x_in.defined() && (x_in.dim() == 3 || x_in.dim() == 4), op,
+               ": expected [N, C, H, W] or [C, H, W], got ", x_in.defined() ? x_in.str() : "undefined");
+  if (x_in.dim() == 3) {
+    MaxOutput r = max_pool(op, unsqueeze(x_in, 0), args);
+    const Shape unbatched(r.indices.shape().begin() + 1, r.indices.shape().end());
+    return {squeeze(r.values, 0), r.indices.reshape(unbatched)};
+  }
   const Tensor x = f32_if_lowp(x_in);
-  if (stride <= 0) stride = kernel;
-  kernels::MaxPool2dArgs args{kernel, kernel, stride, stride, padding, padding};
   auto r = kernels::max_pool2d_forward(x, args);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<MaxPool2dBackward>();
@@ -314,7 +322,33 @@ Tensor max_pool2d(const Tensor& x_in, int64_t kernel, int64_t stride, int64_t pa
     n->input_shape = x.shape();
     autograd::record(n, {x}, {&r.output});
   }
-  return r.output;
+  return {r.output, r.indices};
+}
+
+}  // namespace
+
+MaxOutput max_pool2d_with_indices(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation,
+                                  bool ceil_mode) {
+  if (stride <= 0) stride = kernel;
+  kernels::MaxPool2dArgs args{kernel, kernel, stride, stride, padding, padding, dilation, dilation, ceil_mode};
+  return max_pool("max_pool2d", x, args);
+}
+
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation, bool ceil_mode) {
+  return max_pool2d_with_indices(x, kernel, stride, padding, dilation, ceil_mode).values;
+}
+
+MaxOutput adaptive_max_pool2d_with_indices(const Tensor& x, std::array<int64_t, 2> output_size) {
+  kernels::MaxPool2dArgs args;
+  args.adaptive_h = output_size[0];
+  args.adaptive_w = output_size[1];
+  TANDEM_CHECK(output_size[0] > 0 && output_size[1] > 0, "adaptive_max_pool2d: output size must be >= 1, got [",
+               output_size[0], ", ", output_size[1], "]");
+  return max_pool("adaptive_max_pool2d", x, args);
+}
+
+Tensor adaptive_max_pool2d(const Tensor& x, std::array<int64_t, 2> output_size) {
+  return adaptive_max_pool2d_with_indices(x, output_size).values;
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {

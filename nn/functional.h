@@ -19,6 +19,7 @@
 #include "nn/pointwise.h"
 #include "nn/reduction.h"
 #include "nn/shape_ops.h"
+#include "nn/sorting.h"
 
 namespace tandem::nn::functional {
 
@@ -42,7 +43,10 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, c
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                                   double eps = 1e-5);
 Tensor relu(const Tensor& x);
-Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0);
+// Square kernel, stride (default: the kernel), padding (at most half the kernel), dilation and
+// ceil_mode as PyTorch's; [N, C, H, W] or unbatched [C, H, W]. With indices: nn/conv_pool.h.
+Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0, int64_t dilation = 1,
+                  bool ceil_mode = false);
 // x [..., in] (any rank >= 1; 2-D takes the CPU/CUDA kernel directly, other ranks are reshaped
 // around it), weight [out, in], bias [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);

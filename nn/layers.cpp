@@ -77,7 +77,7 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias) {
 Tensor Linear::forward(const Tensor& x) { return F::linear(x, weight, bias); }
 
 Tensor ReLU::forward(const Tensor& x) { return F::relu(x); }
-Tensor MaxPool2d::forward(const Tensor& x) { return F::max_pool2d(x, kernel_, stride_, padding_); }
+Tensor MaxPool2d::forward(const Tensor& x) { return F::max_pool2d(x, kernel_, stride_, padding_, dilation_, ceil_mode_); }
 Tensor Flatten::forward(const Tensor& x) { return F::flatten(x, start_dim_); }
 Tensor LogSoftmax::forward(const Tensor& x) { return F::log_softmax(x, -1); }
 

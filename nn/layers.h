@@ -80,12 +80,14 @@ class ReLU : public Module {
 
 class MaxPool2d : public Module {
  public:
-  explicit MaxPool2d(int64_t kernel, int64_t stride = -1, int64_t padding = 0)
-      : kernel_(kernel), stride_(stride), padding_(padding) {}
+  explicit MaxPool2d(int64_t kernel, int64_t stride = -1, int64_t padding = 0, int64_t dilation = 1,
+                     bool ceil_mode = false)
+      : kernel_(kernel), stride_(stride), padding_(padding), dilation_(dilation), ceil_mode_(ceil_mode) {}
   Tensor forward(const Tensor& x) override;
 
  private:
-  int64_t kernel_, stride_, padding_;
+  int64_t kernel_, stride_, padding_, dilation_;
+  bool ceil_mode_;
 };
 
 class Flatten : public Module {

@@ -1,7 +1,8 @@
 // CPU max_pool2d forward/backward (kernels/pool.h) under tandem::kernels::cpu.
 // Assumes: validated by kernels/pool.cpp (4-D input, padding <= kernel/2, so
 // every window holds at least one real element); inputs may be
-// non-contiguous. Guarantees PyTorch's semantics: floor mode; indices are
+// non-contiguous. Guarantees PyTorch's semantics: the windows of MaxPoolAxis
+// (dilation, ceil_mode, adaptive windows); indices are
 // int64 flat positions h*W + w within the input plane; the first maximum in
 // scan order wins, a NaN counts as a maximum (as PyTorch's CPU kernel), and
 // padding never wins. Planes (n, c) are split across the thread pool; the
@@ -124,8 +125,8 @@ template <typename T>
 MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
   const Tensor x = x_in.contiguous();
   const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
-  const int64_t P = (H + 2 * a.pad_h - a.kernel_h) / a.stride_h + 1;
-  const int64_t Q = (W + 2 * a.pad_w - a.kernel_w) / a.stride_w + 1;
+  const MaxPoolAxis ah = max_pool_axis_h(x.shape(), a), aw = max_pool_axis_w(x.shape(), a);
+  const int64_t P = ah.out, Q = aw.out;
   MaxPool2dForward r;
   r.output = Tensor::empty({N, C, P, Q}, x.dtype());
   r.indices = Tensor::empty({N, C, P, Q}, kInt64);
@@ -134,8 +135,9 @@ MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
   int64_t* ip = r.indices.data<int64_t>();
   const int64_t planes = N * C;
   const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, P * Q * a.kernel_h * a.kernel_w));
-  const bool fast_2x2 = a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 &&
-                        a.pad_h == 0 && a.pad_w == 0 && W < (int64_t{1} << 30);
+  const bool fast_2x2 = !ah.adaptive && a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 &&
+                        a.pad_h == 0 && a.pad_w == 0 && a.dilation_h == 1 && a.dilation_w == 1 &&
+                        P == H / 2 && Q == W / 2 && W < (int64_t{1} << 30);
   detail::count_simd_path(SimdKernel::max_pool2d_forward, detail::simd_path<T>(kVectorRows && fast_2x2));
 
   detail::parallel_range(planes, grain, [&](int64_t pl0, int64_t pl1) {
@@ -150,17 +152,15 @@ MaxPool2dForward forward_impl(const Tensor& x_in, const MaxPool2dArgs& a) {
         continue;
       }
       for (int64_t p = 0; p < P; ++p) {
-        int64_t h0 = p * a.stride_h - a.pad_h;
-        const int64_t h1 = std::min(h0 + a.kernel_h, H);
-        h0 = std::max<int64_t>(h0, 0);
+        int64_t h0 = 0, hs = 1, hn = 0;
+        ah.window(p, h0, hs, hn);
         for (int64_t q = 0; q < Q; ++q) {
-          int64_t w0 = q * a.stride_w - a.pad_w;
-          const int64_t w1 = std::min(w0 + a.kernel_w, W);
-          w0 = std::max<int64_t>(w0, 0);
+          int64_t w0 = 0, ws = 1, wn = 0;
+          aw.window(q, w0, ws, wn);
           T best = -std::numeric_limits<T>::infinity();
           int64_t bi = h0 * W + w0;
-          for (int64_t h = h0; h < h1; ++h) {
-            for (int64_t w = w0; w < w1; ++w) {
+          for (int64_t i = 0, h = h0; i < hn; ++i, h += hs) {
+            for (int64_t j = 0, w = w0; j < wn; ++j, w += ws) {
               take_max(xs[h * W + w], h * W + w, best, bi);
             }
           }

@@ -6,11 +6,23 @@
 // Guarantees: fresh contiguous outputs; results independent of the thread count.
 #include "kernels/ops.h"
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "core/view.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
 namespace {
+
+// PyTorch's sort order: NaN above every number (so last ascending, first descending), -0.0 == 0.0.
+template <typename T>
+bool sorts_before(T a, T b, bool descending) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (descending) return a_nan ? !b_nan : (!b_nan && a > b);
+  return b_nan ? !a_nan : (!a_nan && a < b);
+}
 
 struct Columns {
   int64_t outer, n, inner;
@@ -96,6 +108,27 @@ Tensor cumsum(const Tensor& x_in, int64_t dim, bool reverse) {
     });
     return out;
   });
+}
+
+Tensor argsort(const Tensor& x_in, int64_t dim, bool descending) {
+  const Tensor x = x_in.contiguous();
+  const Columns c = columns_of(x.shape(), dim);
+  Tensor out = Tensor::empty(x.shape(), kInt64);
+  int64_t* o = out.data<int64_t>();
+  detail::dispatch_float(x.dtype(), "argsort", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = x.data<T>();
+    for_columns(c, [&](int64_t, int64_t base) {
+      std::vector<int64_t> order(static_cast<size_t>(c.n));
+      std::iota(order.begin(), order.end(), int64_t{0});
+      const auto value = [&](int64_t k) { return p[base + k * c.inner]; };
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return sorts_before(value(a), value(b), descending); });
+      for (int64_t k = 0; k < c.n; ++k) o[base + k * c.inner] = order[static_cast<size_t>(k)];
+    });
+    return 0;
+  });
+  return out;
 }
 
 }  // namespace tandem::kernels::cpu

@@ -1,5 +1,5 @@
-// max_pool2d on CUDA with custom kernels, as PyTorch's: floor mode, implicit -inf padding that
-// never wins, indices (int64) = flat position h * W + w of the maximum within its input plane,
+// max_pool2d on CUDA with custom kernels, as PyTorch's: the windows of kernels/pool.h's
+// MaxPoolAxis (dilation, ceil_mode, adaptive windows), implicit -inf padding that never wins, indices (int64) = flat position h * W + w of the maximum within its input plane,
 // ties to the first maximum in scan order; a NaN wins (the last NaN of the window), as in PyTorch.
 // Forward: one thread per output element. Backward: one thread per output element adds its
 // gradient at its index with atomicAdd (windows overlap when stride < kernel), into a zeroed
@@ -13,28 +13,25 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-struct PoolGeometry {
-  int64_t H, W, P, Q, kh, kw, sh, sw, ph, pw;
-};
-
-__global__ void max_pool_forward_kernel(const float* x, float* y, int64_t* indices, PoolGeometry g, int64_t n) {
+__global__ void max_pool_forward_kernel(const float* x, float* y, int64_t* indices, MaxPoolAxis ah, MaxPoolAxis aw,
+                                        int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
-    const int64_t q = i % g.Q;
-    const int64_t p = (i / g.Q) % g.P;
-    const int64_t plane = i / (g.P * g.Q);
-    const float* xp = x + plane * g.H * g.W;
-    int64_t h0 = p * g.sh - g.ph, w0 = q * g.sw - g.pw;
-    const int64_t h1 = min(h0 + g.kh, g.H), w1 = min(w0 + g.kw, g.W);
-    h0 = max(h0, int64_t(0));
-    w0 = max(w0, int64_t(0));
+    const int64_t q = i % aw.out;
+    const int64_t p = (i / aw.out) % ah.out;
+    const int64_t plane = i / (ah.out * aw.out);
+    const int64_t W = aw.in;
+    const float* xp = x + plane * ah.in * W;
+    int64_t h0 = 0, hs = 1, hn = 0, w0 = 0, ws = 1, wn = 0;
+    ah.window(p, h0, hs, hn);
+    aw.window(q, w0, ws, wn);
     float best = -INFINITY;
-    int64_t best_idx = h0 * g.W + w0;
-    for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t w = w0; w < w1; ++w) {
-        const float v = xp[h * g.W + w];
+    int64_t best_idx = h0 * W + w0;
+    for (int64_t a = 0, h = h0; a < hn; ++a, h += hs) {
+      for (int64_t b = 0, w = w0; b < wn; ++b, w += ws) {
+        const float v = xp[h * W + w];
         if (v > best || isnan(v)) {
           best = v;
-          best_idx = h * g.W + w;
+          best_idx = h * W + w;
         }
       }
     }
@@ -57,26 +54,8 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x_in, const MaxPool2dArgs& a) 
   const char* op = "max_pool2d_forward";
   const int dev = check_f32_cuda(op, {x_in});
   TANDEM_CHECK(x_in.dim() == 4, op, ": input must be 4-D [N, C, H, W], got ", x_in.str());
-  TANDEM_CHECK(a.kernel_h >= 1 && a.kernel_w >= 1 && a.stride_h >= 1 && a.stride_w >= 1, op,
-               ": kernel and stride must be >= 1, got kernel (", a.kernel_h, ", ", a.kernel_w, "), stride (",
-               a.stride_h, ", ", a.stride_w, ")");
-  TANDEM_CHECK(a.pad_h >= 0 && a.pad_w >= 0 && 2 * a.pad_h <= a.kernel_h && 2 * a.pad_w <= a.kernel_w, op,
-               ": padding must be between 0 and half the kernel, got padding (", a.pad_h, ", ", a.pad_w,
-               ") for kernel (", a.kernel_h, ", ", a.kernel_w, ")");
-  PoolGeometry g{};
-  g.H = x_in.size(2);
-  g.W = x_in.size(3);
-  g.kh = a.kernel_h;
-  g.kw = a.kernel_w;
-  g.sh = a.stride_h;
-  g.sw = a.stride_w;
-  g.ph = a.pad_h;
-  g.pw = a.pad_w;
-  TANDEM_CHECK(g.H + 2 * g.ph >= g.kh && g.W + 2 * g.pw >= g.kw, op, ": kernel (", g.kh, ", ", g.kw,
-               ") larger than the padded input of ", x_in.str());
-  g.P = (g.H + 2 * g.ph - g.kh) / g.sh + 1;
-  g.Q = (g.W + 2 * g.pw - g.kw) / g.sw + 1;
-  const Shape out_shape{x_in.size(0), x_in.size(1), g.P, g.Q};
+  const MaxPoolAxis ah = max_pool_axis_h(x_in.shape(), a), aw = max_pool_axis_w(x_in.shape(), a);
+  const Shape out_shape{x_in.size(0), x_in.size(1), ah.out, aw.out};
   MaxPool2dForward out;
   out.output = Tensor::empty(out_shape, kFloat32, x_in.device());
   out.indices = Tensor::empty(out_shape, kInt64, x_in.device());
@@ -84,7 +63,7 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x_in, const MaxPool2dArgs& a) 
   if (n == 0) return out;
   const Tensor x = x_in.contiguous();
   StreamGuard on(dev);
-  launch(on, max_pool_forward_kernel, grid_for(n), 256, 0,  f32_ptr(x), f32_ptr(out.output), static_cast<int64_t*>(out.indices.raw_data()), g, n);
+  launch(on, max_pool_forward_kernel, grid_for(n), 256, 0,  f32_ptr(x), f32_ptr(out.output), static_cast<int64_t*>(out.indices.raw_data()), ah, aw, n);
   return out;
 }
 

@@ -4,6 +4,7 @@
 // How: the input made contiguous and read as [outer, n, inner]; one thread per (outer, inner)
 // column walks n serially in double (neighbouring threads read neighbouring addresses when inner
 // > 1), the same order and precision as the CPU kernels.
+// argsort: one thread per column too, a stable merge sort (slow for one long column, exact always).
 // Guarantees: fresh contiguous outputs on the input's device, on its compute stream; deterministic
 // (no atomics).
 #include <cstdint>
@@ -64,6 +65,47 @@ __global__ void cumsum_kernel(const float* x, float* out, bool reverse, int64_t 
   }
 }
 
+// PyTorch's sort order (kernels/cpu/scan.cpp's sorts_before): NaN above every number, -0.0 == 0.0.
+__device__ __forceinline__ bool sorts_before(float a, float b, bool descending) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (descending) return a_nan ? !b_nan : (!b_nan && a > b);
+  return b_nan ? !a_nan : (!a_nan && a < b);
+}
+
+// A stable bottom-up merge sort of each column's positions, ping-ponging between out and scratch
+// (both strided by inner as the column is): the CPU kernel's std::stable_sort order exactly.
+__global__ void argsort_kernel(const float* x, int64_t* out, int64_t* scratch, bool descending, int64_t outer,
+                               int64_t n, int64_t inner) {
+  TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
+    const int64_t base = column_base(t, n, inner);
+    int64_t* src = out;
+    int64_t* dst = scratch;
+    for (int64_t k = 0; k < n; ++k) src[base + k * inner] = k;
+    for (int64_t width = 1; width < n; width *= 2) {
+      for (int64_t lo = 0; lo < n; lo += 2 * width) {
+        const int64_t mid = min(lo + width, n), hi = min(lo + 2 * width, n);
+        int64_t i = lo, j = mid;
+        for (int64_t o = lo; o < hi; ++o) {
+          const int64_t left = i < mid ? src[base + i * inner] : -1;
+          const int64_t right = j < hi ? src[base + j * inner] : -1;
+          const bool take_right =
+              right >= 0 && (left < 0 || sorts_before(x[base + right * inner], x[base + left * inner], descending));
+          dst[base + o * inner] = take_right ? right : left;
+          if (take_right)
+            ++j;
+          else
+            ++i;
+        }
+      }
+      int64_t* swap = src;
+      src = dst;
+      dst = swap;
+    }
+    if (src != out)
+      for (int64_t k = 0; k < n; ++k) out[base + k * inner] = src[base + k * inner];
+  }
+}
+
 // x contiguous, read as [outer, n, inner] around dim.
 struct Columns {
   Tensor x;
@@ -101,6 +143,17 @@ Tensor prod_dim_backward(const Tensor& g, const Tensor& x, int64_t dim) {
   const Tensor gc = g.contiguous();
   Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
   if (out.numel() > 0) launch_columns(dev, c, prod_grad_kernel, in_ptr(gc), in_ptr(c.x), f32_ptr(out));
+  return out;
+}
+
+Tensor argsort(const Tensor& x, int64_t dim, bool descending) {
+  const int dev = check_f32_cuda("argsort", {x});
+  const Columns c = columns_of(x, dim);
+  Tensor out = Tensor::empty(x.shape(), kInt64, x.device());
+  if (out.numel() == 0) return out;
+  Tensor scratch = Tensor::empty(x.shape(), kInt64, x.device());
+  launch_columns(dev, c, argsort_kernel, in_ptr(c.x), static_cast<int64_t*>(out.raw_data()),
+                 static_cast<int64_t*>(scratch.raw_data()), descending);
   return out;
 }
 

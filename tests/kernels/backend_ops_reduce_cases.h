@@ -1,5 +1,5 @@
 // The backend_ops cases of the reductions and scans of the table (kernels/ops.h): sum, argmax,
-// sum_dims, max_dim, amax, softmax_forward/backward, prod_dim, prod_dim_backward, cumsum. Each runs
+// sum_dims, max_dim, amax, softmax_forward/backward, prod_dim, prod_dim_backward, cumsum, argsort. Each runs
 // over several dimensions (negative ones included), keepdim both ways, transposed and strided
 // inputs, size-1 and empty dimensions, 0-D tensors, NaN and infinities, and exact ties for the
 // maxima (the first maximum wins, NaN counting as the maximum).
@@ -138,6 +138,23 @@ inline void add_softmax_cases(CaseTable& t) {
                                   }});
 }
 
+// argsort's positions compare exactly: ties (stable order), NaN, infinities and signed zeros included.
+inline void add_argsort_cases(CaseTable& t) {
+  namespace K = kernels;
+  std::vector<ReduceInput> inputs = reduce_inputs(81);
+  inputs.push_back({"empty_dim", uniform({3, 0, 2}, 82)});
+  for (const ReduceInput& r : inputs)
+    for (int64_t dim : {0, 1, -1})
+      for (bool descending : {false, true}) {
+        const auto view = r.view;
+        t["argsort"].push_back({r.name + "/dim_" + std::to_string(dim) + (descending ? "_descending" : ""), {r.x},
+                                [view, dim, descending](const Inputs& in) {
+                                  return Inputs{K::argsort(view(in[0]), dim, descending)};
+                                }});
+      }
+  t["argsort"].push_back({"zero_dim", {uniform({}, 83)}, [](const Inputs& in) { return Inputs{K::argsort(in[0], -1, true)}; }});
+}
+
 inline void add_scan_cases(CaseTable& t) {
   namespace K = kernels;
   std::vector<ReduceInput> inputs = reduce_inputs(71);
@@ -174,6 +191,7 @@ inline void add_scan_cases(CaseTable& t) {
                                       return Inputs{K::prod_dim_backward(Tensor::full({}, 0.75, in[0].dtype(), in[0].device()), in[0], -1)};
                                     }});
   t["cumsum"].push_back({"zero_dim", {scalar}, [](const Inputs& in) { return Inputs{K::cumsum(in[0], 0, false)}; }});
+  add_argsort_cases(t);
 }
 
 inline void add_reduce_cases(CaseTable& t) {

@@ -100,6 +100,8 @@ TEST(Attention, ErrorsNameTheArgument) {
                "does not broadcast");
   expect_error([&] { F::scaled_dot_product_attention(q, k, v, Tensor::zeros({4, 5}, kInt64)); }, "attn_mask must be");
   expect_error([&] { F::scaled_dot_product_attention(q, k, v, {}, 1.5); }, "dropout_p");
+  expect_error([&] { F::scaled_dot_product_attention(q, k, v, {}, 0.0, false, std::nan("")); },
+               "scale must be a finite number, got nan");
   expect_error([] { nn::MultiheadAttention(10, 3); }, "divisible by num_heads");
   nn::MultiheadAttention m(6, 2);
   expect_error([&] { m.forward(Tensor::zeros({2, 4, 5})); }, "embed_dim = 6");

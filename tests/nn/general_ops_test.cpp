@@ -157,3 +157,38 @@ TEST(GeneralOps, CrossEntropyIgnoresTargetsAndAllIgnoredIsNaN) {
   EXPECT_TRUE(std::isnan(F::cross_entropy(logits, Tensor::from_vector<int64_t>({-100, -100}, {2})).item<float>()));
   EXPECT_EQ(F::cross_entropy(logits, t, -100, 0.0, "none").to_vector<float>()[0], 0.0f);
 }
+
+TEST(GeneralOps, SortAndTopkEdgesAndErrors) {
+  // A 0-D tensor sorts as one element; an empty dimension gives empty results.
+  const Tensor s = Tensor::from_vector<float>({2.5f}, {});
+  const auto sorted = F::sort(s);
+  EXPECT_EQ(sorted.values.dim(), 0);
+  EXPECT_EQ(sorted.values.item<float>(), 2.5f);
+  EXPECT_EQ(sorted.indices.item<int64_t>(), 0);
+  EXPECT_EQ(F::topk(Tensor::zeros({3, 0}), 0, 1).values.numel(), 0);
+  EXPECT_EQ(shape_str(F::argsort(Tensor::zeros({0, 4}), 0).shape()), "[0, 4]");
+  // topk's gradient goes only to the chosen positions.
+  Tensor x = Tensor::from_vector<float>({0.5f, 3.0f, -1.0f, 2.0f}, {4});
+  x.set_requires_grad(true);
+  F::sum(F::topk(x, 2).values).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, 1, 0, 1}));
+
+  EXPECT_ERROR(F::topk(Tensor::zeros({2, 5}), 6, 1), "topk: k = 6 is out of range for dimension 1 of size 5 (expected 0 <= k <= 5)");
+  EXPECT_ERROR(F::topk(Tensor::zeros({2, 5}), -1), "expected 0 <= k <= 5");
+  EXPECT_ERROR(F::topk(s, 0), "a 0-D tensor has one element, so k must be 1");
+  EXPECT_ERROR(F::sort(Tensor::zeros({2, 3}), 2), "sort");
+  EXPECT_ERROR(F::argsort(Tensor::zeros({2}, kInt64)), "argsort");
+}
+
+TEST(GeneralOps, PoolingArgumentsGetOneClearError) {
+  const Tensor x = Tensor::zeros({1, 2, 6, 6});
+  EXPECT_ERROR(F::max_pool2d(x, 3, 1, 1, 0), "dilation must be >= 1, got (0, 0)");
+  EXPECT_ERROR(F::max_pool2d(x, 3, 1, 0, 3), "smaller than the (dilated) kernel 7x7");
+  EXPECT_ERROR(F::adaptive_max_pool2d(x, {0, 2}), "adaptive_max_pool2d: output size must be >= 1, got [0, 2]");
+  EXPECT_ERROR(F::adaptive_max_pool2d(Tensor::zeros({6, 6}), {2, 2}), "expected [N, C, H, W] or [C, H, W]");
+  EXPECT_ERROR(F::avg_pool2d(x, 2, 2, 0, false, true, -3), "divisor_override must be positive (0: none), got -3");
+  // adaptive windows cover the plane: an output as large as the input is the input itself
+  const Tensor r = Tensor::from_vector<float>({1, 5, 2, 4, 3, 0}, {1, 1, 2, 3});
+  EXPECT_EQ(F::adaptive_max_pool2d(r, {2, 3}).to_vector<float>(), r.to_vector<float>());
+  EXPECT_EQ(F::adaptive_max_pool2d_with_indices(r, {1, 1}).indices.to_vector<int64_t>(), std::vector<int64_t>{1});
+}

@@ -107,6 +107,8 @@ TEST(GradCheckOps, ProdStdCumsum) {
   gradcheck([](const V& in) { return F::std(in[0], {1}, 0.0); }, {random_f64({2, 5}, g)}, {0});
   gradcheck([](const V& in) { return F::cumsum(t01(in[0]), 1); }, {random_f64({4, 3}, g)}, {0});
   gradcheck([](const V& in) { return F::cumsum(in[0], 0); }, {random_f64({3, 2, 2}, g)}, {0});
+  gradcheck([](const V& in) { return F::sort(t01(in[0]), 0, true).values; }, {random_f64({4, 3}, g)}, {0});
+  gradcheck([](const V& in) { return F::topk(in[0], 2, 1, false).values; }, {random_f64({3, 5}, g)}, {0});
 }
 
 TEST(GradCheckOps, ViewsAndCopies) {
@@ -228,4 +230,8 @@ TEST(GradCheckOps, ConvolutionGeometryAndAveragePooling) {
   }
   gradcheck([](const V& in) { return F::adaptive_avg_pool2d(F::transpose(in[0], 2, 3), {3, 2}); },
             {random_f64({2, 1, 4, 7}, g)}, {0});
+  gradcheck([](const V& in) { return F::avg_pool2d(in[0], 3, 2, 1, true, false, 4); }, {random_f64({1, 2, 6, 5}, g)},
+            {0});
+  gradcheck([](const V& in) { return F::max_pool2d(in[0], 2, 2, 1, 2, true); }, {random_f64({1, 2, 7, 6}, g)}, {0});
+  gradcheck([](const V& in) { return F::adaptive_max_pool2d(in[0], {3, 2}); }, {random_f64({2, 5, 7}, g)}, {0});
 }

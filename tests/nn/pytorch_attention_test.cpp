@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,10 +38,10 @@ void expect_close(const Tensor& actual, const Tensor& expected, const std::strin
   tandem::testing::expect_close_to_pytorch(actual, expected, what);
 }
 
-void check_sdpa_once(const std::string& c, const Tensor& mask, bool is_causal) {
+void check_sdpa_once(const std::string& c, const Tensor& mask, bool is_causal, std::optional<double> scale) {
   Tensor q = get(c + ".q").set_requires_grad(true), k = get(c + ".k").set_requires_grad(true),
          v = get(c + ".v").set_requires_grad(true);
-  Tensor y = Fn::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal);
+  Tensor y = Fn::scaled_dot_product_attention(q, k, v, mask, 0.0, is_causal, scale);
   expect_close(y, get(c + ".y"), c + ".y");
   y.backward(get(c + ".R"));
   expect_close(q.grad(), get(c + ".grad_q"), c + ".grad_q");
@@ -49,12 +50,12 @@ void check_sdpa_once(const std::string& c, const Tensor& mask, bool is_causal) {
 }
 
 // Through the fused CPU kernel where the case qualifies (no mask) and through the composition.
-void check_sdpa(const std::string& c, const Tensor& mask, bool is_causal) {
+void check_sdpa(const std::string& c, const Tensor& mask, bool is_causal, std::optional<double> scale = std::nullopt) {
   for (const bool fused : {true, false}) {
     SCOPED_TRACE("case " + c + (fused ? " (fused where it applies)" : " (composed)"));
     Fn::set_fused_attention(fused);
     EXPECT_EQ(Fn::fused_attention_path(get(c + ".q"), get(c + ".k"), mask, 0.0), fused && !mask.defined());
-    check_sdpa_once(c, mask, is_causal);
+    check_sdpa_once(c, mask, is_causal, scale);
   }
   Fn::set_fused_attention(true);
 }
@@ -66,6 +67,8 @@ TEST(PytorchAttention, ScaledDotProductAttention) {
   check_sdpa("sdpa_causal_rect", Tensor(), true);
   check_sdpa("sdpa_bool_mask", get("sdpa_bool_mask.mask"), false);
   check_sdpa("sdpa_float_mask", get("sdpa_float_mask.mask"), false);
+  check_sdpa("sdpa_scale", Tensor(), false, 0.3);
+  check_sdpa("sdpa_scale_causal", Tensor(), true, 1.7);
 }
 
 std::map<std::string, Tensor> state_of(const std::string& c, const nn::Module& m) {

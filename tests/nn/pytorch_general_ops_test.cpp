@@ -267,4 +267,47 @@ TEST(PytorchGeneralOps, ProdStdCumsum) {
   check_case("cumsum_nan", {"x"}, {}, [](In& in) { return Fn::cumsum(in["x"], -1); });
 }
 
+// check_case of `name` through op(x) -> {values, indices}: values and gradients as check_case, the
+// int64 positions exactly.
+template <typename Op>
+void check_with_indices(const std::string& name, Op op) {
+  Tensor indices;
+  check_case(name, {"x"}, {}, [&](In& in) {
+    auto r = op(in["x"]);
+    indices = r.indices;
+    return r.values;
+  });
+  EXPECT_EQ(indices.dtype(), kInt64) << name;
+  EXPECT_EQ(shape_str(indices.shape()), shape_str(get(name + ".indices").shape())) << name;
+  EXPECT_EQ(indices.to_vector<int64_t>(), get(name + ".indices").to_vector<int64_t>()) << name;
+}
+
+// max_pool2d's dilation, ceil_mode, unbatched input and return_indices, adaptive_max_pool2d, and
+// avg_pool2d's divisor_override, against PyTorch: values and gradients, positions exactly.
+TEST(PytorchGeneralOps, MaxPoolGeometryAdaptiveAndDivisorOverride) {
+  const auto with_indices = [](const std::string& name, auto op) { check_with_indices(name, op); };
+  with_indices("max_pool_dilation", [](const Tensor& x) { return Fn::max_pool2d_with_indices(x, 3, 2, 1, 2); });
+  with_indices("max_pool_ceil", [](const Tensor& x) { return Fn::max_pool2d_with_indices(x, 2, 2, 0, 1, true); });
+  with_indices("max_pool_unbatched", [](const Tensor& x) { return Fn::max_pool2d_with_indices(x, 3, 1, 1); });
+  with_indices("adaptive_max_pool", [](const Tensor& x) { return Fn::adaptive_max_pool2d_with_indices(x, {3, 4}); });
+  with_indices("adaptive_max_pool_unbatched",
+               [](const Tensor& x) { return Fn::adaptive_max_pool2d_with_indices(x, {2, 3}); });
+  check_case("avg_pool_divisor", {"x"}, {}, [](In& in) { return Fn::avg_pool2d(in["x"], 3, 2, 1, false, true, 5); });
+}
+
+// sort, argsort, topk: values and their gradients against PyTorch's float64 answer, positions
+// exactly (ties under PyTorch's stable=True, the order Tandem always keeps).
+TEST(PytorchGeneralOps, SortArgsortTopk) {
+  const auto with_indices = [](const std::string& name, auto op) { check_with_indices(name, op); };
+  with_indices("sort_desc", [](const Tensor& x) { return Fn::sort(x, 1, true); });
+  with_indices("sort_specials", [](const Tensor& x) { return Fn::sort(x, -1); });
+  EXPECT_EQ(Fn::argsort(get("sort_specials.x"), -1, true).to_vector<int64_t>(),
+            get("sort_specials.desc_indices").to_vector<int64_t>());
+  EXPECT_EQ(Fn::argsort(get("argsort_ties.x"), 0).to_vector<int64_t>(),
+            get("argsort_ties.indices").to_vector<int64_t>());
+  with_indices("topk_largest", [](const Tensor& x) { return Fn::topk(x, 3, -1); });
+  with_indices("topk_smallest", [](const Tensor& x) { return Fn::topk(x, 2, 0, false); });
+  with_indices("topk_nan", [](const Tensor& x) { return Fn::topk(x, 2, 1); });
+}
+
 }  // namespace

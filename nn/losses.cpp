@@ -1,4 +1,4 @@
-// nn/losses.h, composed of differentiable ops (log_softmax, gather, sum, mul): the gradients follow
+// nn/losses.h, composed of differentiable ops (log_softmax, gather, index_select, sum, mul): the gradients follow
 // from theirs. The target is checked and turned into a keep mask by kernels::class_targets on its
 // device: a host target throws at once, a CUDA one reports through the deferred kernel-error record.
 #include "nn/losses.h"
@@ -19,65 +19,107 @@ void check_reduction(const char* op, const std::string& reduction) {
                ": reduction must be \"mean\", \"sum\" or \"none\", got \"", reduction, "\"");
 }
 
+// x [C], [N, C] or [N, C, d1, ...] as [M, C]: the class dimension last, one row per element.
+Tensor class_last(const Tensor& x, int64_t M, int64_t C) {
+  Tensor t = x;
+  if (x.dim() == 1) {
+    t = unsqueeze(x, 0);
+  } else if (x.dim() > 2) {
+    std::vector<int64_t> perm{0};
+    for (int64_t d = 2; d < x.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);
+    t = permute(x, perm);
+  }
+  return reshape(t, {M, C});
+}
+
+// sum(loss) / divisor, where divisor (0-D, no gradient wanted through a zero) may be 0: then NaN with
+// a zero gradient, as PyTorch's mean over nothing kept. The divisor is read on the host only when
+// it lives there.
+Tensor mean_over(const Tensor& loss, const Tensor& divisor) {
+  if (divisor.device().is_cpu()) {
+    const double k = divisor.dtype() == kFloat64 ? divisor.item<double>() : divisor.item<float>();
+    if (k == 0) return add(sum(loss), std::numeric_limits<double>::quiet_NaN());
+    return div(sum(loss), divisor.detach());
+  }
+  const Tensor d = divisor.detach();
+  const Tensor none_kept = eq(d, 0.0).to(d.dtype());  // 1 when nothing is kept, else 0
+  const Tensor nan_if_none = sub(div(d, d), 1.0);     // d / d: 1, or NaN for 0 / 0
+  return add(div(sum(loss), add(d, none_kept)), nan_if_none);
+}
+
+Tensor reduce_loss(const Tensor& loss, const Shape& none_shape, const std::string& reduction, const Tensor& divisor) {
+  if (reduction == "none") return reshape(loss, none_shape);
+  if (reduction == "sum") return sum(loss);
+  return mean_over(loss, divisor);
+}
+
+// Class-probability targets (target: input's shape, floating): -sum_c w_c q_c log p_c per element,
+// q = (1 - s) target + s / C; "mean" divides by the number of elements (PyTorch's rule).
+Tensor cross_entropy_probabilities(const Tensor& lp, const Tensor& target, const Tensor& weight,
+                                   double label_smoothing, const Shape& none_shape, const std::string& reduction) {
+  const int64_t M = lp.size(0), C = lp.size(1);
+  Tensor q = class_last(target, M, C);
+  if (label_smoothing > 0.0) q = add(mul(q, 1.0 - label_smoothing), label_smoothing / static_cast<double>(C));
+  Tensor terms = mul(lp, q);
+  if (weight.defined()) terms = mul(terms, weight);
+  const Tensor loss = neg(sum(terms, {1}));
+  return reduce_loss(loss, none_shape, reduction, Tensor::full({}, static_cast<double>(M), lp.dtype(), lp.device()));
+}
+
 }  // namespace
 
-Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                     const std::string& reduction) {
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+                     double label_smoothing, const std::string& reduction) {
   check_reduction("cross_entropy", reduction);
   TANDEM_CHECK(input.defined() && input.dim() >= 1, "cross_entropy: input must be [C], [N, C] or [N, C, d1, ...], got ",
                input.defined() ? input.str() : "undefined");
-  TANDEM_CHECK(target.defined() && target.dtype() == kInt64,
-               "cross_entropy: target must be int64 class indices, got ", target.defined() ? target.str() : "undefined");
   TANDEM_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "cross_entropy: label_smoothing must be in [0, 1], got ",
                label_smoothing);
   const int64_t class_dim = input.dim() == 1 ? 0 : 1;
   const int64_t C = input.shape()[class_dim];
-  Shape expected = input.shape();
-  expected.erase(expected.begin() + class_dim);
-  TANDEM_CHECK(target.shape() == expected, "cross_entropy: target ", target.str(), " does not match input ",
-               input.str(), " (expected target shape ", shape_str(expected), ")");
+  Shape per_element = input.shape();
+  per_element.erase(per_element.begin() + class_dim);
+  TANDEM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == C && weight.dtype() == input.dtype() &&
+                                     weight.device() == input.device()),
+               "cross_entropy: weight must be [C] = [", C, "] of the input's dtype and device, got ", weight.str());
+  const bool probabilities = target.defined() && (target.dtype() == kFloat32 || target.dtype() == kFloat64);
+  TANDEM_CHECK(target.defined() && (target.dtype() == kInt64 || probabilities),
+               "cross_entropy: target must be int64 class indices or class probabilities of the input's shape, got ",
+               target.defined() ? target.str() : "undefined");
+  const int64_t M = shape_numel(per_element);
+  const Tensor lp = class_last(log_softmax(input, class_dim), M, C);
+  if (probabilities) {
+    TANDEM_CHECK(target.shape() == input.shape() && target.dtype() == input.dtype(),
+                 "cross_entropy: class-probability target ", target.str(), " must have the input's shape and dtype ",
+                 input.str());
+    return cross_entropy_probabilities(lp, target, weight, label_smoothing, per_element, reduction);
+  }
+  TANDEM_CHECK(target.shape() == per_element, "cross_entropy: target ", target.str(), " does not match input ",
+               input.str(), " (expected target shape ", shape_str(per_element), ")");
 
   // The target pass (kernels::class_targets): the keep mask, safe (in-range) gather indices, and
   // the range check, which on CUDA is a deferred kernel error so the host never waits here.
-  const int64_t M = target.numel();
   const DType keep_dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32;  // low precision: log_softmax's f32
   const kernels::ClassTargets targets = kernels::class_targets(target.to(input.device()), C, ignore_index, keep_dtype);
-  const Tensor& keep = targets.keep;
   const Tensor& safe = targets.safe;
+  // Each element's weight: w[target] where kept, 0 where ignored (1 and 0 without class weights).
+  const Tensor kept_weight = weight.defined() ? mul(index_select(weight, 0, safe.reshape({M})), targets.keep) : targets.keep;
 
-  // Log-probabilities as [M, C], the class dimension last.
-  Tensor lp = log_softmax(input, class_dim);
-  if (input.dim() == 1) {
-    lp = unsqueeze(lp, 0);
-  } else if (input.dim() > 2) {
-    std::vector<int64_t> perm{0};
-    for (int64_t d = 2; d < input.dim(); ++d) perm.push_back(d);
-    perm.push_back(1);
-    lp = permute(lp, perm);
-  }
-  lp = reshape(lp, {M, C});
-
-  Tensor loss = mul(neg(reshape(gather(lp, 1, safe), {M})), keep);
+  Tensor loss = mul(neg(reshape(gather(lp, 1, safe), {M})), kept_weight);
   if (label_smoothing > 0.0) {
-    const Tensor smooth = mul(neg(sum(lp, {1})), keep);
+    const Tensor smooth = mul(neg(sum(weight.defined() ? mul(lp, weight) : lp, {1})), targets.keep);
     loss = add(mul(loss, 1.0 - label_smoothing), mul(smooth, label_smoothing / static_cast<double>(C)));
   }
-  if (reduction == "none") return reshape(loss, target.shape());
-  if (reduction == "sum") return sum(loss);
-  // The mean over the kept targets: their count is read on the host only when it lives there. With
-  // every target ignored the mean is NaN (0 / 0) but the gradient is zero, as PyTorch's: the
-  // division is by max(count, 1), whose gradient reaches no kept row, and the NaN is added as a
-  // constant (no gradient), so one batch of padding cannot poison the weights.
-  if (keep.device().is_cpu()) {
-    const Tensor kept = kernels::sum(keep);
-    const double k = kept.dtype() == kFloat64 ? kept.item<double>() : kept.item<float>();
-    if (k == 0) return add(sum(loss), std::numeric_limits<double>::quiet_NaN());
-    return div(sum(loss), k);
-  }
-  const Tensor kept = kernels::sum(keep);
-  const Tensor none_kept = eq(kept, 0.0).to(kept.dtype());  // 1 when nothing is kept, else 0
-  const Tensor nan_if_none = sub(div(kept, kept), 1.0);      // kept / kept: 1, or NaN for 0 / 0
-  return add(div(sum(loss), add(kept, none_kept)), nan_if_none);
+  // The mean divides by the kept targets' weights (their count without class weights). With every
+  // target ignored it is NaN (0 / 0) but the gradient is zero, as PyTorch's, so one batch of padding
+  // cannot poison the weights.
+  return reduce_loss(loss, target.shape(), reduction, kernels::sum(kept_weight));
+}
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                     const std::string& reduction) {
+  return cross_entropy(input, target, Tensor(), ignore_index, label_smoothing, reduction);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {

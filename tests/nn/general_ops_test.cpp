@@ -100,7 +100,8 @@ TEST(GeneralOps, BadInputsGetOneClearError) {
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})),
                "cross_entropy: target 4 at position 1 is out of range for 4 classes");
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1}, {2})), "does not match input");
-  EXPECT_ERROR(F::cross_entropy(logits, Tensor::zeros({3})), "target must be int64 class indices");
+  EXPECT_ERROR(F::cross_entropy(logits, Tensor::zeros({3})),
+               "class-probability target float32[3] on cpu must have the input's shape and dtype");
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1, 2}, {3}), -100, 0.0, "avg"),
                "reduction must be \"mean\", \"sum\" or \"none\"");
   EXPECT_ERROR(F::mse_loss(x, Tensor::zeros({3, 2})), "mse_loss");
@@ -191,4 +192,20 @@ TEST(GeneralOps, PoolingArgumentsGetOneClearError) {
   const Tensor r = Tensor::from_vector<float>({1, 5, 2, 4, 3, 0}, {1, 1, 2, 3});
   EXPECT_EQ(F::adaptive_max_pool2d(r, {2, 3}).to_vector<float>(), r.to_vector<float>());
   EXPECT_EQ(F::adaptive_max_pool2d_with_indices(r, {1, 1}).indices.to_vector<int64_t>(), std::vector<int64_t>{1});
+}
+
+TEST(GeneralOps, CrossEntropyWeightAndProbabilityTargetErrors) {
+  const Tensor x = Tensor::zeros({3, 4});
+  const Tensor t = Tensor::from_vector<int64_t>({0, 3, 1}, {3});
+  EXPECT_ERROR(F::cross_entropy(x, t, Tensor::ones({3})), "weight must be [C] = [4] of the input's dtype and device");
+  EXPECT_ERROR(F::cross_entropy(x, Tensor::zeros({3, 5})), "class-probability target float32[3, 5] on cpu must have the input's shape");
+  EXPECT_ERROR(F::cross_entropy(x, Tensor::zeros({3}, kInt32)), "int64 class indices or class probabilities");
+  // Zero weights on every kept target: the mean is 0 / 0 (NaN) with a zero gradient, as every target ignored.
+  Tensor logits = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, {3, 4});
+  logits.set_requires_grad(true);
+  const Tensor w = Tensor::from_vector<float>({0, 1, 1, 0}, {4});
+  const Tensor loss = F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 3, 0}, {3}), w);
+  EXPECT_TRUE(std::isnan(loss.item<float>()));
+  loss.backward();
+  EXPECT_EQ(logits.grad().to_vector<float>(), std::vector<float>(12, 0.0f));
 }

@@ -152,6 +152,22 @@ TEST(PytorchGeneralOps, SoftmaxAndLosses) {
   check_case("mse_mean", {"a", "b"}, {}, [](In& in) { return Fn::mse_loss(in["a"], in["b"]); });
 }
 
+// Class weights (index targets: mean divided by the kept targets' weights) and class-probability
+// targets (mean over elements; the target's own gradient too), with smoothing and ignored targets.
+TEST(PytorchGeneralOps, CrossEntropyWeightsAndProbabilityTargets) {
+  check_case("ce_weight", {"x"}, {"target", "w"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], in["w"]); });
+  check_case("ce_weight_smooth_ignore", {"x"}, {"target", "w"},
+             [](In& in) { return Fn::cross_entropy(in["x"], in["target"], in["w"], -100, 0.1); });
+  check_case("ce_weight_nd_none", {"x"}, {"target", "w"}, [](In& in) {
+    return Fn::cross_entropy(in["x"], in["target"], Fn::narrow(in["w"], 0, 0, 4).contiguous(), -100, 0.0, "none");
+  });
+  check_case("ce_prob", {"x", "target"}, {}, [](In& in) { return Fn::cross_entropy(in["x"], in["target"]); });
+  check_case("ce_prob_weight_smooth_nd", {"x", "target"}, {"w"}, [](In& in) {
+    return Fn::cross_entropy(in["x"], in["target"], Fn::narrow(in["w"], 0, 0, 3).contiguous(), -100, 0.2);
+  });
+}
+
 // The three places where Tandem departed from PyTorch: relu of NaN, log_softmax of large logits (the
 // max must be subtracted before log(sum) is), and cross_entropy with every target ignored (NaN mean,
 // zero gradient, not NaN gradients).

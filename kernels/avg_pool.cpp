@@ -6,6 +6,7 @@
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -57,9 +58,28 @@ int64_t avg_pool_out_size(int64_t in, int64_t k, int64_t s, int64_t pad, bool ce
   return out;
 }
 
+Tensor avg_pool_forward(const Tensor& x, const PoolGeometry& g) {
+  const char* op = g.adaptive ? "adaptive_avg_pool2d" : "avg_pool2d";
+  profiler::Scope prof_scope(op);
+  const Device device = check_input(op, x);
+  TANDEM_CHECK(x.size(2) == g.H && x.size(3) == g.W, op, ": input ", x.str(), " does not match the windows' ", g.H,
+               "x", g.W, " plane");
+  return TANDEM_KERNEL(device, avg_pool_forward)(x, g);
+}
+
+Tensor avg_pool_backward(const Tensor& grad, const Shape& input_shape, const PoolGeometry& g) {
+  const char* op = g.adaptive ? "adaptive_avg_pool2d" : "avg_pool2d";
+  profiler::Scope prof_scope(g.adaptive ? "adaptive_avg_pool2d_backward" : "avg_pool2d_backward");
+  const Device device = check_grad(op, grad);
+  TANDEM_CHECK(input_shape.size() == 4 && input_shape[2] == g.H && input_shape[3] == g.W && grad.size(2) == g.out_h &&
+                   grad.size(3) == g.out_w,
+               op, " backward: gradient ", grad.str(), " and input shape ", shape_str(input_shape),
+               " do not match the windows (", g.H, "x", g.W, " -> ", g.out_h, "x", g.out_w, ")");
+  return TANDEM_KERNEL(device, avg_pool_backward)(grad, input_shape, g);
+}
+
 Tensor avg_pool2d_forward(const Tensor& x, const AvgPool2dArgs& a) {
-  profiler::Scope prof_scope("avg_pool2d");
-  const Device device = check_input("avg_pool2d", x);
+  check_input("avg_pool2d", x);
   TANDEM_CHECK(a.kernel_h > 0 && a.kernel_w > 0 && a.stride_h > 0 && a.stride_w > 0, "avg_pool2d: kernel ",
                a.kernel_h, "x", a.kernel_w, " and stride ", a.stride_h, "x", a.stride_w, " must be positive");
   TANDEM_CHECK(a.pad_h >= 0 && a.pad_w >= 0 && 2 * a.pad_h <= a.kernel_h && 2 * a.pad_w <= a.kernel_w,
@@ -69,27 +89,26 @@ Tensor avg_pool2d_forward(const Tensor& x, const AvgPool2dArgs& a) {
                a.kernel_h, "x", a.kernel_w, " is larger than the padded input ", x.str());
   TANDEM_CHECK(a.divisor_override >= 0, "avg_pool2d: divisor_override must be positive (0: none), got ",
                a.divisor_override);
-  return TANDEM_DISPATCH(device, avg_pool_forward, x, avg_geometry(x.size(2), x.size(3), a));
+  return avg_pool_forward(x, avg_geometry(x.size(2), x.size(3), a));
 }
 
 Tensor avg_pool2d_backward(const Tensor& g, const Shape& input_shape, const AvgPool2dArgs& a) {
-  profiler::Scope prof_scope("avg_pool2d_backward");
-  const Device device = check_grad("avg_pool2d", g);
-  return TANDEM_DISPATCH(device, avg_pool_backward, g, input_shape, avg_geometry(input_shape[2], input_shape[3], a));
+  check_grad("avg_pool2d", g);
+  TANDEM_CHECK(input_shape.size() == 4, "avg_pool2d backward: expected a 4-D input shape, got ", shape_str(input_shape));
+  return avg_pool_backward(g, input_shape, avg_geometry(input_shape[2], input_shape[3], a));
 }
 
 Tensor adaptive_avg_pool2d_forward(const Tensor& x, int64_t oh, int64_t ow) {
-  profiler::Scope prof_scope("adaptive_avg_pool2d");
-  const Device device = check_input("adaptive_avg_pool2d", x);
+  check_input("adaptive_avg_pool2d", x);
   TANDEM_CHECK(oh > 0 && ow > 0, "adaptive_avg_pool2d: output size ", oh, "x", ow, " must be positive");
-  return TANDEM_DISPATCH(device, avg_pool_forward, x, adaptive_geometry(x.size(2), x.size(3), oh, ow));
+  return avg_pool_forward(x, adaptive_geometry(x.size(2), x.size(3), oh, ow));
 }
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& g, const Shape& input_shape) {
-  profiler::Scope prof_scope("adaptive_avg_pool2d_backward");
-  const Device device = check_grad("adaptive_avg_pool2d", g);
-  return TANDEM_DISPATCH(device, avg_pool_backward, g, input_shape,
-                         adaptive_geometry(input_shape[2], input_shape[3], g.size(2), g.size(3)));
+  check_grad("adaptive_avg_pool2d", g);
+  TANDEM_CHECK(input_shape.size() == 4, "adaptive_avg_pool2d backward: expected a 4-D input shape, got ",
+               shape_str(input_shape));
+  return avg_pool_backward(g, input_shape, adaptive_geometry(input_shape[2], input_shape[3], g.size(2), g.size(3)));
 }
 
 }  // namespace tandem::kernels

@@ -23,6 +23,11 @@ struct AvgPool2dArgs {
   int64_t divisor_override = 0;  // > 0: the divisor of every window
 };
 
+// The op table's entry points (kernels/ops.h): the windows as made by the functions below.
+struct PoolGeometry;
+Tensor avg_pool_forward(const Tensor& x, const PoolGeometry& geometry);
+Tensor avg_pool_backward(const Tensor& grad_out, const Shape& input_shape, const PoolGeometry& geometry);
+
 Tensor avg_pool2d_forward(const Tensor& x, const AvgPool2dArgs& args);
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, const AvgPool2dArgs& args);
 Tensor adaptive_avg_pool2d_forward(const Tensor& x, int64_t out_h, int64_t out_w);
@@ -83,15 +88,5 @@ struct PoolGeometry {
     hi = hi < out - 1 ? hi : out - 1;
   }
 };
-
-namespace cpu {
-Tensor avg_pool_forward(const Tensor& x, const PoolGeometry& geometry);
-Tensor avg_pool_backward(const Tensor& grad_out, const Shape& input_shape, const PoolGeometry& geometry);
-}  // namespace cpu
-
-namespace cuda {
-Tensor avg_pool_forward(const Tensor& x, const PoolGeometry& geometry);
-Tensor avg_pool_backward(const Tensor& grad_out, const Shape& input_shape, const PoolGeometry& geometry);
-}  // namespace cuda
 
 }  // namespace tandem::kernels

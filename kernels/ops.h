@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/avg_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/pointwise.h"
+#include "kernels/pool.h"
 #include "kernels/reduce.h"
 #include "kernels/scan.h"
 
@@ -48,7 +50,13 @@
   X(prod_dim, Tensor(const Tensor& x, int64_t dim, bool keepdim))                                          \
   X(prod_dim_backward, Tensor(const Tensor& grad, const Tensor& x, int64_t dim))                           \
   X(cumsum, Tensor(const Tensor& x, int64_t dim, bool reverse))                                           \
-  X(argsort, Tensor(const Tensor& x, int64_t dim, bool descending))
+  X(argsort, Tensor(const Tensor& x, int64_t dim, bool descending))                                       \
+  /* kernels/pool.h, kernels/avg_pool.h: pooling over [N, C, H, W]. The average pools' entry points */    \
+  /* (avg_pool2d_*, adaptive_avg_pool2d_*) turn their arguments into the windows (PoolGeometry) */         \
+  X(max_pool2d_forward, MaxPool2dForward(const Tensor& x, const MaxPool2dArgs& args))                      \
+  X(max_pool2d_backward, Tensor(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape))   \
+  X(avg_pool_forward, Tensor(const Tensor& x, const PoolGeometry& geometry))                               \
+  X(avg_pool_backward, Tensor(const Tensor& grad_out, const Shape& input_shape, const PoolGeometry& geometry))
 
 namespace tandem::kernels {
 

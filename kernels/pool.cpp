@@ -7,6 +7,7 @@
 #include "core/profiler.h"
 #include "kernels/avg_pool.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -38,7 +39,7 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& a) {
     TANDEM_CHECK(a.adaptive_h > 0 && a.adaptive_w > 0, op, ": adaptive output size must be >= 1 in both dimensions, got (",
                  a.adaptive_h, ", ", a.adaptive_w, ")");
     TANDEM_CHECK(x.size(2) > 0 && x.size(3) > 0, op, ": adaptive pooling needs a non-empty plane, got ", x.str());
-    return TANDEM_DISPATCH(device, max_pool2d_forward, x, a);
+    return TANDEM_KERNEL(device, max_pool2d_forward)(x, a);
   }
   TANDEM_CHECK(a.dilation_h >= 1 && a.dilation_w >= 1, op, ": dilation must be >= 1, got (", a.dilation_h, ", ",
                a.dilation_w, ")");
@@ -53,7 +54,7 @@ MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& a) {
   const int64_t kh = a.dilation_h * (a.kernel_h - 1) + 1, kw = a.dilation_w * (a.kernel_w - 1) + 1;
   TANDEM_CHECK(hp >= kh && wp >= kw, op, ": padded input ", hp, "x", wp, " is smaller than the (dilated) kernel ",
                kh, "x", kw);
-  return TANDEM_DISPATCH(device, max_pool2d_forward, x, a);
+  return TANDEM_KERNEL(device, max_pool2d_forward)(x, a);
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape) {
@@ -69,7 +70,7 @@ Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const 
   TANDEM_CHECK(indices.dtype() == kInt64, op, ": expected int64 indices, got ", indices.str());
   const Device device = common_device(op, {grad_out, indices});
   common_float_dtype(op, {grad_out});
-  return TANDEM_DISPATCH(device, max_pool2d_backward, grad_out, indices, input_shape);
+  return TANDEM_KERNEL(device, max_pool2d_backward)(grad_out, indices, input_shape);
 }
 
 }  // namespace tandem::kernels

@@ -56,14 +56,4 @@ struct MaxPool2dForward {
 MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& args);
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape);
 
-namespace cpu {
-MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& args);
-Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape);
-}  // namespace cpu
-
-namespace cuda {
-MaxPool2dForward max_pool2d_forward(const Tensor& x, const MaxPool2dArgs& args);
-Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

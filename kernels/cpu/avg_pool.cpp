@@ -3,7 +3,7 @@
 // made contiguous). Guarantees: fresh contiguous outputs; windows summed in double; planes
 // (n, c) processed in parallel, each plane by one thread (the backward's overlapping windows never
 // race).
-#include "kernels/avg_pool.h"
+#include "kernels/ops.h"
 
 #include "kernels/cpu/common.h"
 

@@ -11,7 +11,7 @@
 // The float 2x2/stride-2 forward has AVX-512 rows where compiled in
 // (kernels/cpu/simd.h); each forward call is counted in simd_path_count with
 // the level of the rows it ran.
-#include "kernels/pool.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <limits>

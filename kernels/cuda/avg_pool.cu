@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "core/cuda/launch.cuh"
-#include "kernels/avg_pool.h"
+#include "kernels/ops.h"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 

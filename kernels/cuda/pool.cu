@@ -8,7 +8,7 @@
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/pool.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

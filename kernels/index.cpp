@@ -6,6 +6,7 @@
 #include "core/profiler.h"
 #include "core/view.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -39,7 +40,7 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   dim = views::wrap_dim(dim, x.dim(), "index_select");
   TANDEM_CHECK(index.dim() <= 1, "index_select: index must be 0-D or 1-D, got ", index.str());
   const Tensor idx = checked_index("index_select", index, x.dim() == 0 ? 1 : x.shape()[dim]);
-  return TANDEM_DISPATCH(device, index_select, x, dim, idx.reshape({idx.numel()}));
+  return TANDEM_KERNEL(device, index_select)(x, dim, idx.reshape({idx.numel()}));
 }
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip) {
@@ -52,7 +53,7 @@ Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Ten
   Shape want = shape;
   if (!want.empty()) want[dim] = idx.numel();
   TANDEM_CHECK(src.shape() == want, "index_add: source ", src.str(), ", expected shape ", shape_str(want));
-  return TANDEM_DISPATCH(device, index_add, shape, dim, idx.reshape({idx.numel()}), src, skip);
+  return TANDEM_KERNEL(device, index_add)(shape, dim, idx.reshape({idx.numel()}), src, skip);
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
@@ -69,7 +70,7 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
                  " is larger than the input ", x.str(), " in dimension ", d);
   }
   const Tensor idx = checked_index("gather", index, x.dim() == 0 ? 1 : x.shape()[dim]);
-  return TANDEM_DISPATCH(device, gather, x, dim, idx);
+  return TANDEM_KERNEL(device, gather)(x, dim, idx);
 }
 
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
@@ -81,7 +82,7 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
   TANDEM_CHECK(index.shape() == src.shape(), "scatter_add: index ", index.str(), " and source ", src.str(),
                " must have the same shape");
   const Tensor idx = checked_index("scatter_add", index, shape.empty() ? 1 : shape[dim]);
-  return TANDEM_DISPATCH(device, scatter_add, shape, dim, idx, src);
+  return TANDEM_KERNEL(device, scatter_add)(shape, dim, idx, src);
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
@@ -125,7 +126,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   common_float_dtype("bmm", {a, b});
   TANDEM_CHECK(a.dim() == 3 && b.dim() == 3 && a.size(0) == b.size(0) && a.size(2) == b.size(1),
                "bmm: expected [B, M, K] and [B, K, N], got ", a.str(), " and ", b.str());
-  return TANDEM_DISPATCH(device, bmm, a, b);
+  return TANDEM_KERNEL(device, bmm)(a, b);
 }
 
 }  // namespace tandem::kernels

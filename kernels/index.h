@@ -30,20 +30,4 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
 Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor bmm(const Tensor& a, const Tensor& b);
 
-namespace cpu {
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip);
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor bmm(const Tensor& a, const Tensor& b);
-}  // namespace cpu
-
-namespace cuda {
-Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip);
-Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
-Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
-Tensor bmm(const Tensor& a, const Tensor& b);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

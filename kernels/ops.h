@@ -18,6 +18,7 @@
 #include "core/tensor.h"
 #include "kernels/avg_pool.h"
 #include "kernels/elementwise.h"
+#include "kernels/index.h"
 #include "kernels/pointwise.h"
 #include "kernels/pool.h"
 #include "kernels/reduce.h"
@@ -56,7 +57,13 @@
   X(max_pool2d_forward, MaxPool2dForward(const Tensor& x, const MaxPool2dArgs& args))                      \
   X(max_pool2d_backward, Tensor(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape))   \
   X(avg_pool_forward, Tensor(const Tensor& x, const PoolGeometry& geometry))                               \
-  X(avg_pool_backward, Tensor(const Tensor& grad_out, const Shape& input_shape, const PoolGeometry& geometry))
+  X(avg_pool_backward, Tensor(const Tensor& grad_out, const Shape& input_shape, const PoolGeometry& geometry)) \
+  /* kernels/index.h: indexing along a dimension (indices checked by the entry points), batched GEMM */    \
+  X(index_select, Tensor(const Tensor& x, int64_t dim, const Tensor& index))                               \
+  X(index_add, Tensor(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip)) \
+  X(gather, Tensor(const Tensor& x, int64_t dim, const Tensor& index))                                     \
+  X(scatter_add, Tensor(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src))          \
+  X(bmm, Tensor(const Tensor& a, const Tensor& b))
 
 namespace tandem::kernels {
 

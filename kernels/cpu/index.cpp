@@ -3,7 +3,7 @@
 // Guarantees: fresh contiguous outputs. index_select copies whole slices; index_add and
 // scatter_add accumulate serially in index order (deterministic: the same sums in the same order
 // on every run); bmm runs one Eigen GEMM per batch entry, batches in parallel.
-#include "kernels/index.h"
+#include "kernels/ops.h"
 
 #include "core/view.h"
 #include "kernels/cpu/common.h"

@@ -17,7 +17,7 @@
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/strided.h"
-#include "kernels/index.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

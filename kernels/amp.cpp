@@ -9,6 +9,7 @@
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {

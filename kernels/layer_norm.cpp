@@ -4,6 +4,7 @@
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 
@@ -19,7 +20,7 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Te
     TANDEM_CHECK(!t->defined() || t->numel() == norm_size, "layer_norm: weight and bias need ", norm_size,
                  " elements, got ", t->str());
   }
-  return TANDEM_DISPATCH(device, layer_norm_forward, x, norm_size, weight, bias, eps);
+  return TANDEM_KERNEL(device, layer_norm_forward)(x, norm_size, weight, bias, eps);
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tensor& mean, const Tensor& rstd,
@@ -29,7 +30,7 @@ LayerNormGrads layer_norm_backward(const Tensor& g, const Tensor& x, const Tenso
   common_float_dtype("layer_norm", {g, x, mean, rstd, weight});
   TANDEM_CHECK(g.shape() == x.shape(), "layer_norm backward: gradient ", g.str(), " does not match the input ",
                x.str());
-  return TANDEM_DISPATCH(device, layer_norm_backward, g, x, mean, rstd, weight, need_input, need_weight, need_bias);
+  return TANDEM_KERNEL(device, layer_norm_backward)(g, x, mean, rstd, weight, need_input, need_weight, need_bias);
 }
 
 }  // namespace tandem::kernels

@@ -24,18 +24,4 @@ LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Te
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
                                    const Tensor& weight, bool need_input, bool need_weight, bool need_bias);
 
-namespace cpu {
-LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Tensor& weight, const Tensor& bias,
-                                    double eps);
-LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& weight, bool need_input, bool need_weight, bool need_bias);
-}  // namespace cpu
-
-namespace cuda {
-LayerNormForward layer_norm_forward(const Tensor& x, int64_t norm_size, const Tensor& weight, const Tensor& bias,
-                                    double eps);
-LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& weight, bool need_input, bool need_weight, bool need_bias);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -9,6 +9,7 @@
 #include "core/profiler.h"
 #include "core/thread_pool.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -33,7 +34,7 @@ Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias)
   }
   const Device device = common_device(op, {x, weight, bias});
   common_float_dtype(op, {x, weight, bias});
-  return TANDEM_DISPATCH(device, linear_forward, x, weight, bias);
+  return TANDEM_KERNEL(device, linear_forward)(x, weight, bias);
 }
 
 LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
@@ -47,7 +48,7 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                shape_str(expected), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
   const Device device = common_device(op, {grad_out, x, weight});
   common_float_dtype(op, {grad_out, x, weight});
-  return TANDEM_DISPATCH(device, linear_backward, grad_out, x, weight, need_input, need_weight, need_bias);
+  return TANDEM_KERNEL(device, linear_backward)(grad_out, x, weight, need_input, need_weight, need_bias);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
@@ -60,7 +61,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope(op, 2.0 * static_cast<double>(a.size(0)) * static_cast<double>(b.numel()));
   const Device device = common_device(op, {a, b});
   common_float_dtype(op, {a, b});
-  return TANDEM_DISPATCH(device, matmul, a, b);
+  return TANDEM_KERNEL(device, matmul)(a, b);
 }
 
 double measure_gemm_peak_gflops(int threads) {

@@ -15,20 +15,6 @@ LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tenso
                             bool need_weight, bool need_bias);
 Tensor matmul(const Tensor& a, const Tensor& b);
 
-namespace cpu {
-Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
-LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
-                            bool need_weight, bool need_bias);
-Tensor matmul(const Tensor& a, const Tensor& b);
-}  // namespace cpu
-
-namespace cuda {
-Tensor linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
-LinearGrads linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
-                            bool need_weight, bool need_bias);
-Tensor matmul(const Tensor& a, const Tensor& b);
-}  // namespace cuda
-
 // Runs a short f32 GEMM (512^3, a few repetitions, best kept) on `threads` threads of the kernel
 // pool (restoring its size after) and returns GFLOP/s: the peak the profiler's report compares
 // each op with. Not recorded by the profiler (it calls the CPU kernel below the dispatcher).

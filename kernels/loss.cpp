@@ -5,6 +5,7 @@
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -30,7 +31,7 @@ Tensor log_softmax_forward(const Tensor& x) {
   check_2d(op, "input", x);
   const Device device = common_device(op, {x});
   common_float_dtype(op, {x});
-  return TANDEM_DISPATCH(device, log_softmax_forward, x);
+  return TANDEM_KERNEL(device, log_softmax_forward)(x);
 }
 
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
@@ -41,7 +42,7 @@ Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
                shape_str(y.shape()), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
   const Device device = common_device(op, {grad_out, y});
   common_float_dtype(op, {grad_out, y});
-  return TANDEM_DISPATCH(device, log_softmax_backward, grad_out, y);
+  return TANDEM_KERNEL(device, log_softmax_backward)(grad_out, y);
 }
 
 Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
@@ -51,7 +52,7 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
   check_target(op, log_probs, target);
   const Device device = common_device(op, {log_probs, target});
   common_float_dtype(op, {log_probs});
-  return TANDEM_DISPATCH(device, nll_loss_forward, log_probs, target);
+  return TANDEM_KERNEL(device, nll_loss_forward)(log_probs, target);
 }
 
 Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target) {
@@ -64,7 +65,7 @@ Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const 
                grad_out.defined() ? grad_out.str() : "undefined tensor");
   const Device device = common_device(op, {grad_out, log_probs, target});
   common_float_dtype(op, {grad_out, log_probs});
-  return TANDEM_DISPATCH(device, nll_loss_backward, grad_out, log_probs, target);
+  return TANDEM_KERNEL(device, nll_loss_backward)(grad_out, log_probs, target);
 }
 
 ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype) {
@@ -74,7 +75,7 @@ ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index
                target.defined() ? target.str() : "undefined tensor");
   TANDEM_CHECK(keep_dtype == kFloat32 || keep_dtype == kFloat64, op, ": keep must be float32 or float64, got ",
                dtype_name(keep_dtype));
-  return TANDEM_DISPATCH(target.device(), class_targets, target, C, ignore_index, keep_dtype);
+  return TANDEM_KERNEL(target.device(), class_targets)(target, C, ignore_index, keep_dtype);
 }
 
 }  // namespace tandem::kernels

@@ -24,20 +24,4 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target);
 Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target);
 ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype);
 
-namespace cpu {
-Tensor log_softmax_forward(const Tensor& x);
-Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y);
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target);
-Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target);
-ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype);
-}  // namespace cpu
-
-namespace cuda {
-Tensor log_softmax_forward(const Tensor& x);
-Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y);
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target);
-Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target);
-ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -19,6 +19,9 @@
 #include "kernels/avg_pool.h"
 #include "kernels/elementwise.h"
 #include "kernels/index.h"
+#include "kernels/layer_norm.h"
+#include "kernels/linear.h"
+#include "kernels/loss.h"
 #include "kernels/pointwise.h"
 #include "kernels/pool.h"
 #include "kernels/reduce.h"
@@ -63,7 +66,24 @@
   X(index_add, Tensor(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src, int64_t skip)) \
   X(gather, Tensor(const Tensor& x, int64_t dim, const Tensor& index))                                     \
   X(scatter_add, Tensor(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src))          \
-  X(bmm, Tensor(const Tensor& a, const Tensor& b))
+  X(bmm, Tensor(const Tensor& a, const Tensor& b))                                                         \
+  /* kernels/linear.h: x [M, K] W^T + b and its backward; 2-D matmul */                                    \
+  X(linear_forward, Tensor(const Tensor& x, const Tensor& weight, const Tensor& bias))                     \
+  X(linear_backward, LinearGrads(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input, \
+                                 bool need_weight, bool need_bias))                                        \
+  X(matmul, Tensor(const Tensor& a, const Tensor& b))                                                      \
+  /* kernels/loss.h: the rows' log_softmax of [N, C], nll_loss, the class-target pass */                   \
+  X(log_softmax_forward, Tensor(const Tensor& x))                                                          \
+  X(log_softmax_backward, Tensor(const Tensor& grad_out, const Tensor& y))                                 \
+  X(nll_loss_forward, Tensor(const Tensor& log_probs, const Tensor& target))                              \
+  X(nll_loss_backward, Tensor(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target))     \
+  X(class_targets, ClassTargets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype))  \
+  /* kernels/layer_norm.h: normalisation over the last norm_size elements of each row */                    \
+  X(layer_norm_forward,                                                                                    \
+    LayerNormForward(const Tensor& x, int64_t norm_size, const Tensor& weight, const Tensor& bias, double eps)) \
+  X(layer_norm_backward, LayerNormGrads(const Tensor& grad_out, const Tensor& x, const Tensor& mean,        \
+                                        const Tensor& rstd, const Tensor& weight, bool need_input,         \
+                                        bool need_weight, bool need_bias))
 
 namespace tandem::kernels {
 

@@ -2,7 +2,7 @@
 // Guarantees: fresh contiguous outputs; rows processed in parallel, row statistics and the
 // backward's row means in double; dw/db summed over rows in double, column block by column block
 // (deterministic for a given thread count: each column's sum runs over the rows in order).
-#include "kernels/layer_norm.h"
+#include "kernels/ops.h"
 
 #include <cmath>
 #include <vector>

@@ -13,7 +13,7 @@
 // forward and the weight gradient, input features for the input gradient) in
 // blocks of at most kMaxBlock, so every thread packs only its share of the
 // weight. Numbers: bench/PERF_NOTES.md section 6.
-#include "kernels/linear.h"
+#include "kernels/ops.h"
 
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/simd.h"

@@ -7,7 +7,7 @@
 // Guarantees: PyTorch's semantics (max-shifted log-sum-exp, NaN rows for +-inf maxima; loss = -mean of
 // the picked log-probabilities, a 0-D tensor of the input's dtype). Rows are
 // split across the pool only when there are many of them.
-#include "kernels/loss.h"
+#include "kernels/ops.h"
 
 #include <cmath>
 

@@ -13,7 +13,7 @@
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/layer_norm.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

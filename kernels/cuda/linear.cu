@@ -16,7 +16,7 @@
 #include "kernels/cuda/amp.cuh"
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
-#include "kernels/linear.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

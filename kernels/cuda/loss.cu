@@ -11,7 +11,7 @@
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/loss.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

@@ -2,6 +2,7 @@
 // contiguous and strided inputs, with exact zeros in the input.
 #include <gtest/gtest.h>
 
+#include "kernels/ops.h"
 #include "core/tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/activation.h"

@@ -3,6 +3,7 @@
 // inputs, repeatability of the cached algorithms, and the float32-only error.
 #include <gtest/gtest.h>
 
+#include "kernels/ops.h"
 #include "core/tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/conv.h"

@@ -3,6 +3,7 @@
 // operands, empty batches and mismatched shapes.
 #include <gtest/gtest.h>
 
+#include "kernels/ops.h"
 #include "core/tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/linear.h"

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "kernels/ops.h"
 #include "core/tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/loss.h"

@@ -3,6 +3,7 @@
 // and the backward scatter.
 #include <gtest/gtest.h>
 
+#include "kernels/ops.h"
 #include "core/tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/pool.h"

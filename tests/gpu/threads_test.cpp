@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/ops.h"
 #include "core/tensor.h"
 #include "gpu_test_util.h"
 #include "kernels/conv.h"

@@ -2,6 +2,7 @@
 // strides, padding, non-square images and kernels, 1x1 kernels, no bias,
 // non-contiguous inputs, gradients asked for selectively, several threads
 // (the per-chunk weight-gradient reduction), and argument errors.
+#include "kernels/ops.h"
 #include "kernels/conv.h"
 
 #include <gtest/gtest.h>

@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 
+#include "kernels/ops.h"
 #include "kernel_test_util.h"
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"

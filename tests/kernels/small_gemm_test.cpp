@@ -7,6 +7,7 @@
 
 #include <cstring>
 
+#include "kernels/ops.h"
 #include "kernel_test_util.h"
 #include "kernels/cpu/small_gemm.h"
 #include "kernels/linear.h"

@@ -156,14 +156,6 @@ std::shared_ptr<NodeT> make_node() {
 
 // ---- mixed precision (nn/amp.h) ----
 
-// The backward of a dtype cast casts the gradient back to the source dtype, so f32 master
-// weights receive f32 gradients.
-struct CastBackward final : Node {
-  DType from;
-  std::string name() const override { return "CastBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::cast(g[0], from)}; }
-};
-
 struct LowpConv2dBackward final : Node {
   Tensor x, w;
   kernels::Conv2dArgs args;
@@ -201,25 +193,20 @@ void record_weighted(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& 
   autograd::record(n, {x, w, b}, {&y});
 }
 
-// Differentiable cast (undefined and same-dtype tensors pass through).
-Tensor cast_to(const Tensor& t, DType d) {
-  if (!t.defined() || t.dtype() == d) return t;
-  Tensor y = kernels::cast(t, d);
-  if (autograd::any_requires_grad({t})) {
-    auto n = make_node<CastBackward>();
-    n->from = t.dtype();
-    autograd::record(n, {t}, {&y});
-  }
-  return y;
-}
+// Differentiable cast (nn/pointwise.h): f32 master weights receive f32 gradients.
+Tensor cast_to(const Tensor& t, DType d) { return cast(t, d); }
 
 // The low-precision dtype conv2d/linear compute in: the autocast dtype for f32 (or already
 // low-precision) inputs under an AutocastGuard; the input's own dtype for explicit f16/bf16
-// inputs; else kFloat32 (meaning: the ordinary path). f64 is never autocast, as in PyTorch.
-DType lowp_dtype_for(const Tensor& x) {
+// inputs; the weight's for a f32 input and a f16/bf16 weight (FSDP's mixed precision: the ops
+// between two layers compute in f32); else kFloat32 (meaning: the ordinary path). f64 is never
+// autocast, as in PyTorch.
+DType lowp_dtype_for(const Tensor& x, const Tensor& weight) {
   if (amp::autocast_enabled() && (x.dtype() == kFloat32 || kernels::is_low_precision(x.dtype())))
     return amp::precision_dtype(amp::autocast_precision());
-  return kernels::is_low_precision(x.dtype()) ? x.dtype() : kFloat32;
+  if (kernels::is_low_precision(x.dtype())) return x.dtype();
+  if (x.dtype() == kFloat32 && weight.defined() && kernels::is_low_precision(weight.dtype())) return weight.dtype();
+  return kFloat32;
 }
 
 // Ops without low-precision kernels (batch_norm, relu, max_pool2d, log_softmax, nll_loss) take a
@@ -232,7 +219,7 @@ Tensor f32_if_lowp(const Tensor& x) {
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
   kernels::Conv2dArgs args{stride, stride, padding, padding};
-  if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
+  if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
     const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
     Tensor y = kernels::lowp_conv2d_forward(xl, wl, bl, args);
     record_weighted<LowpConv2dBackward>(y, xl, wl, bl, args);
@@ -361,7 +348,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     out_shape.push_back(weight.size(0));
     return reshape(linear(reshape(x, {-1, x.shape().back()}), weight, bias), out_shape);
   }
-  if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
+  if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
     const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
     Tensor y = kernels::lowp_linear_forward(xl, wl, bl);
     record_weighted<LowpLinearBackward>(y, xl, wl, bl);

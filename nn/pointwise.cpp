@@ -5,6 +5,7 @@
 #include "nn/pointwise.h"
 
 #include "core/autograd.h"
+#include "kernels/amp.h"
 #include "kernels/elementwise.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
@@ -38,13 +39,27 @@ struct BinaryBackward final : Node {
   }
 };
 
-// A 0-D tensor holding s, of t's dtype and device.
-Tensor scalar_like(double s, const Tensor& t) {
-  TANDEM_CHECK(t.defined(), "scalar operand: the tensor operand is undefined");
-  return Tensor::full({}, s, t.dtype(), t.device());
+// The backward of a dtype cast casts the gradient back to the source dtype.
+struct CastBackward final : Node {
+  DType from;
+  std::string name() const override { return "CastBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::cast(g[0], from)}; }
+};
+
+// A float16/bfloat16 operand of a binary op is cast up to float32 (differentiably): the general
+// kernels have no half path, and float32 is PyTorch's promotion of a half and a float32 operand.
+Tensor f32_if_half(const Tensor& t) {
+  return t.defined() && kernels::is_low_precision(t.dtype()) ? cast(t, kFloat32) : t;
 }
 
-Tensor record_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+// A 0-D tensor holding s, of t's dtype (float32 for a half t: it is computed in float32) and device.
+Tensor scalar_like(double s, const Tensor& t) {
+  TANDEM_CHECK(t.defined(), "scalar operand: the tensor operand is undefined");
+  return Tensor::full({}, s, kernels::is_low_precision(t.dtype()) ? kFloat32 : t.dtype(), t.device());
+}
+
+Tensor record_binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
+  const Tensor a = f32_if_half(a_in), b = f32_if_half(b_in);
   Tensor y = kernels::binary(op, a, b);
   if (autograd::any_requires_grad({a, b})) {
     auto n = std::make_shared<BinaryBackward>();
@@ -109,6 +124,17 @@ Tensor record_unary(UnaryOp op, const Tensor& x) {
 }
 
 }  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (!x.defined() || x.dtype() == dtype) return x;
+  Tensor y = kernels::cast(x, dtype);
+  if (autograd::any_requires_grad({x})) {
+    auto n = std::make_shared<CastBackward>();
+    n->from = x.dtype();
+    autograd::record(n, {x}, {&y});
+  }
+  return y;
+}
 
 Tensor add(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Add, a, b); }
 Tensor add(const Tensor& a, double b) { return record_binary(BinaryOp::Add, a, scalar_like(b, a)); }

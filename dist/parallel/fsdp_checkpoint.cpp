@@ -101,9 +101,10 @@ std::map<std::string, Tensor> FullyShardedDataParallel::full_optimizer_state(con
       continue;
     }
     const Unit& u = *unit;
-    Tensor full = Tensor::empty({u.total}, t.dtype(), t.device());
-    group_->all_gather_into_tensor(full, t.contiguous())->wait(group_->timeout());
-    out[key] = full.slice(0, 0, u.numel).clone();
+    // Under cpu_offload the state is in host memory: gathered on the unit's device, as the shards are.
+    Tensor full = Tensor::empty({u.total}, t.dtype(), u.device);
+    group_->all_gather_into_tensor(full, t.to(u.device).contiguous())->wait(group_->timeout());
+    out[key] = full.slice(0, 0, u.numel).to(t.device()).clone();
   }
   return out;
 }
@@ -120,7 +121,7 @@ std::map<std::string, Tensor> FullyShardedDataParallel::shard_optimizer_state(
     const Unit& u = *unit;
     const int64_t lo = group_->rank() * u.shard_numel;
     const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, u.numel - lo));
-    Tensor mine = Tensor::zeros({u.shard_numel}, t.dtype(), u.device);
+    Tensor mine = Tensor::zeros({u.shard_numel}, t.dtype(), u.shard.device());
     if (n > 0) mine.slice(0, 0, n).copy_(t.reshape({t.numel()}).slice(0, lo, lo + n));
     out[key] = mine;
   }

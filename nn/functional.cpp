@@ -193,9 +193,6 @@ void record_weighted(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& 
   autograd::record(n, {x, w, b}, {&y});
 }
 
-// Differentiable cast (nn/pointwise.h): f32 master weights receive f32 gradients.
-Tensor cast_to(const Tensor& t, DType d) { return cast(t, d); }
-
 // The low-precision dtype conv2d/linear compute in: the autocast dtype for f32 (or already
 // low-precision) inputs under an AutocastGuard; the input's own dtype for explicit f16/bf16
 // inputs; the weight's for a f32 input and a f16/bf16 weight (FSDP's mixed precision: the ops
@@ -209,18 +206,12 @@ DType lowp_dtype_for(const Tensor& x, const Tensor& weight) {
   return kFloat32;
 }
 
-// Ops without low-precision kernels (batch_norm, relu, max_pool2d, log_softmax, nll_loss) take a
-// f16/bf16 input by casting it up to f32 at entry (differentiably); f32/f64 pass through.
-Tensor f32_if_lowp(const Tensor& x) {
-  return x.defined() && kernels::is_low_precision(x.dtype()) ? cast_to(x, kFloat32) : x;
-}
-
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
   kernels::Conv2dArgs args{stride, stride, padding, padding};
   if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
-    const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
+    const Tensor xl = cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);
     Tensor y = kernels::lowp_conv2d_forward(xl, wl, bl, args);
     record_weighted<LowpConv2dBackward>(y, xl, wl, bl, args);
     return y;
@@ -232,7 +223,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   auto r = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormBackward>();
@@ -244,7 +235,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 
 Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   if (x.device().is_cuda()) {
     return relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps));
   }
@@ -260,7 +251,7 @@ Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Ten
 Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                                   double eps) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   const bool fused = x.device().is_cpu() && x.dtype() == kFloat32 && x.dim() == 4 && x.size(2) >= 2 &&
                      x.size(3) >= 2;
   if (!fused) {
@@ -280,7 +271,7 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean
 }
 
 Tensor relu(const Tensor& x_in) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   Tensor y = kernels::relu_forward(x);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<ReluBackward>();
@@ -301,7 +292,7 @@ MaxOutput max_pool(const char* op, const Tensor& x_in, const kernels::MaxPool2dA
     const Shape unbatched(r.indices.shape().begin() + 1, r.indices.shape().end());
     return {squeeze(r.values, 0), r.indices.reshape(unbatched)};
   }
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   auto r = kernels::max_pool2d_forward(x, args);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<MaxPool2dBackward>();
@@ -349,7 +340,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     return reshape(linear(reshape(x, {-1, x.shape().back()}), weight, bias), out_shape);
   }
   if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
-    const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
+    const Tensor xl = cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);
     Tensor y = kernels::lowp_linear_forward(xl, wl, bl);
     record_weighted<LowpLinearBackward>(y, xl, wl, bl);
     return y;
@@ -360,7 +351,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   TANDEM_CHECK(x.defined(), "log_softmax: operand is undefined");
   if (x.dim() != 2 || (dim != -1 && dim != 1)) {
     Tensor y = kernels::softmax_forward(x, dim, /*log=*/true);
@@ -382,7 +373,7 @@ Tensor log_softmax(const Tensor& x_in, int64_t dim) {
 }
 
 Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target) {
-  const Tensor log_probs = f32_if_lowp(log_probs_in);
+  const Tensor log_probs = float32_if_half(log_probs_in);
   Tensor loss = kernels::nll_loss_forward(log_probs, target);
   if (autograd::any_requires_grad({log_probs})) {
     auto n = make_node<NllLossBackward>();

@@ -46,12 +46,6 @@ struct CastBackward final : Node {
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::cast(g[0], from)}; }
 };
 
-// A float16/bfloat16 operand of a binary op is cast up to float32 (differentiably): the general
-// kernels have no half path, and float32 is PyTorch's promotion of a half and a float32 operand.
-Tensor f32_if_half(const Tensor& t) {
-  return t.defined() && kernels::is_low_precision(t.dtype()) ? cast(t, kFloat32) : t;
-}
-
 // A 0-D tensor holding s, of t's dtype (float32 for a half t: it is computed in float32) and device.
 Tensor scalar_like(double s, const Tensor& t) {
   TANDEM_CHECK(t.defined(), "scalar operand: the tensor operand is undefined");
@@ -59,7 +53,8 @@ Tensor scalar_like(double s, const Tensor& t) {
 }
 
 Tensor record_binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
-  const Tensor a = f32_if_half(a_in), b = f32_if_half(b_in);
+  // The general kernels have no half path; float32 is PyTorch's promotion of a half and a float32 operand.
+  const Tensor a = float32_if_half(a_in), b = float32_if_half(b_in);
   Tensor y = kernels::binary(op, a, b);
   if (autograd::any_requires_grad({a, b})) {
     auto n = std::make_shared<BinaryBackward>();
@@ -111,7 +106,8 @@ struct ClampBackward final : Node {
   }
 };
 
-Tensor record_unary(UnaryOp op, const Tensor& x) {
+Tensor record_unary(UnaryOp op, const Tensor& x_in) {
+  const Tensor x = float32_if_half(x_in);  // no half kernels
   Tensor y = kernels::unary(op, x);
   if (autograd::any_requires_grad({x})) {
     auto n = std::make_shared<UnaryBackward>();
@@ -134,6 +130,10 @@ Tensor cast(const Tensor& x, DType dtype) {
     autograd::record(n, {x}, {&y});
   }
   return y;
+}
+
+Tensor float32_if_half(const Tensor& x) {
+  return x.defined() && kernels::is_low_precision(x.dtype()) ? cast(x, kFloat32) : x;
 }
 
 Tensor add(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Add, a, b); }

@@ -19,6 +19,9 @@ namespace tandem::nn::functional {
 // x in `dtype` (PyTorch's x.to(dtype)); the gradient is cast back to x's dtype. Undefined and
 // same-dtype tensors pass through.
 Tensor cast(const Tensor& x, DType dtype);
+// cast(x, kFloat32) for a float16/bfloat16 x, else x: ops without half kernels (the binary ops,
+// layer_norm, embedding, MultiheadAttention's heads) compute a half operand in float32.
+Tensor float32_if_half(const Tensor& x);
 
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);

@@ -8,7 +8,9 @@
 // The comparison is bitwise. The sums' order is the groups' own: shared memory sums in rank order
 // (((r0 + r1) + r2) ...); HYBRID_SHARD sums inside each node of 2 ranks, then the nodes' sums
 // ((r0 + r1) + (r2 + r3)), and the reference does exactly that. A sum of two is the same in either
-// order (IEEE addition commutes), so no other order can enter.
+// order (IEEE addition commutes), so no other order can enter. Over TCP (TANDEM_SHM=0) the
+// reduce-scatters still sum in rank order, but Gloo's ring all-reduce of NO_SHARD does not: with 3
+// ranks that case asks for shared memory.
 // Covered: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD; SGD with momentum and AdamW;
 // accumulation under no_sync; 2, 3 and 4 ranks; bfloat16 and float16; reduce_dtype float32 and the
 // default (param_dtype); float32 compute with a bfloat16 reduction; batch norm kept in float32 as
@@ -24,6 +26,7 @@
 #include "common/test_util.h"
 #include "dist/fsdp_fixtures.h"
 #include "dist/group/process_group_factory.h"
+#include "dist/group/process_group_gloo.h"
 #include "dist/parallel/fsdp.h"
 #include "dist/store/prefix_store.h"
 #include "nn/amp.h"
@@ -145,6 +148,12 @@ void check_against_reference(const test::RankContext& ctx) {
   o.mixed_precision.param_dtype = dtype_of(s.param_dtype);
   o.mixed_precision.reduce_dtype = dtype_of(s.reduce_dtype);
   auto group = groups(ctx, s.strategy, o);
+  if (s.strategy == "NO_SHARD" && ctx.world > 2) {
+    const auto* gloo = dynamic_cast<const dist::ProcessGroupGloo*>(group.get());
+    ASSERT_TRUE(gloo && gloo->allreduce_transport().rfind("shared memory", 0) == 0)
+        << "NO_SHARD's all-reduce of 3 ranks sums in rank order only through shared memory (Gloo's TCP ring "
+           "sums in its own order); run the ranks on one host without TANDEM_SHM=0";
+  }
   dist::FullyShardedDataParallel fsdp(net, group, o);
   const DType param = o.mixed_precision.param_dtype.value_or(kFloat32);
   for (auto& u : fsdp.units()) {

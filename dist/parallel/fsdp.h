@@ -194,7 +194,8 @@ class FullyShardedDataParallel : public nn::Module {
   // load_sharded: collective; checks the units and parameters match (naming the first that does not),
   // then loads: on the world size it was saved with, each rank reads its own file (a bitwise resume);
   // on another, each rank rebuilds its new shard, and the optimizer's per-element state, from the old
-  // shards (re-sharding).
+  // shards (re-sharding). Under HYBRID_SHARD the world is the shard group's (one node): the first node
+  // writes the files, and every node reads them.
   void save_full(const std::string& path);
   // The optimizer's state over the shards, unsharded (collective): each per-element buffer of unit k
   // ("state.<k>.<buffer>", shard-sized on every rank) all-gathered and cut to the unit's elements;
@@ -253,6 +254,8 @@ class FullyShardedDataParallel : public nn::Module {
   // The gathered values of unit k, float32 (a mixed unit while gather_full_params() holds it).
   void summon(size_t k);
   void check_autocast() const;
+  // A barrier over every rank of the job (both groups under HYBRID_SHARD).
+  void barrier_all();
   bool hybrid() const { return options_.sharding_strategy == ShardingStrategy::HybridShard; }
   bool reshard_after_forward() const {
     return options_.sharding_strategy == ShardingStrategy::FullShard || hybrid();

@@ -132,17 +132,22 @@ void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim:
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::save_sharded: called during forward or between gather_full_params() "
                "and release_full_params()");
-  TANDEM_CHECK(!hybrid(), "FullyShardedDataParallel::save_sharded: not available for HYBRID_SHARD yet; use save_full");
   const int rank = group_->rank(), world = group_->size();
+  // HYBRID_SHARD: every node holds the same shards (and, stepped on the same gradients, the same
+  // optimizer state); the first node writes them, named by the rank in the node.
+  const bool writer = !hybrid() || options_.replicate_group->rank() == 0;
   fs::create_directories(dir);
-  TensorMap mine;
-  for (size_t k = 0; k < units_.size(); ++k) mine["param." + std::to_string(k)] = units_[k]->shard.detach();
-  if (optimizer)
-    for (auto& [key, t] : optimizer->state_dict()) mine["optim." + key] = t;
-  save_atomically(shard_file(dir, rank, world), mine);
-  group_->barrier()->wait(group_->timeout());  // every shard is written before the index says so
-  if (rank == 0) {
+  if (writer) {
+    TensorMap mine;
+    for (size_t k = 0; k < units_.size(); ++k) mine["param." + std::to_string(k)] = units_[k]->shard.detach();
+    if (optimizer)
+      for (auto& [key, t] : optimizer->state_dict()) mine["optim." + key] = t;
+    save_atomically(shard_file(dir, rank, world), mine);
+  }
+  barrier_all();  // every shard is written before the index says so
+  if (rank == 0 && writer) {
     json meta = {{"format", "tandem-fsdp-sharded"}, {"version", 1}, {"world_size", world},
+                 {"replicas", hybrid() ? options_.replicate_group->size() : 1},
                  {"sharding_strategy", sharding_strategy_name(options_.sharding_strategy)},
                  {"optimizer", optimizer != nullptr}, {"units", json::array()}};
     for (auto& u : units_) {
@@ -155,14 +160,18 @@ void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim:
     std::ofstream(path + ".tmp") << meta.dump(1) << "\n";
     fs::rename(path + ".tmp", path);
   }
+  barrier_all();
+}
+
+void FullyShardedDataParallel::barrier_all() {
   group_->barrier()->wait(group_->timeout());
+  if (hybrid()) options_.replicate_group->barrier()->wait(options_.replicate_group->timeout());
 }
 
 void FullyShardedDataParallel::load_sharded(const std::string& dir, optim::Optimizer* optimizer) {
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::load_sharded: called during forward or between gather_full_params() "
                "and release_full_params()");
-  TANDEM_CHECK(!hybrid(), "FullyShardedDataParallel::load_sharded: not available for HYBRID_SHARD yet");
   const std::string index = (fs::path(dir) / "fsdp.json").string();
   std::ifstream in(index);
   TANDEM_CHECK(in.good(), "FSDP checkpoint: ", index, " does not exist (a sharded checkpoint is a directory written by "

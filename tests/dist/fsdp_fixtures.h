@@ -2,13 +2,18 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/ranks.h"
 #include "core/random.h"
+#include "dist/group/process_group_factory.h"
+#include "dist/parallel/fsdp.h"
+#include "dist/store/prefix_store.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "optim/optimizer.h"
@@ -70,6 +75,19 @@ inline double max_diff(const std::map<std::string, Tensor>& a, const std::map<st
       worst = std::max(worst, static_cast<double>(std::abs(t.data<float>()[i] - u.data<float>()[i])));
   }
   return worst;
+}
+
+// The wrapper's groups: the job's, or under HYBRID_SHARD "nodes" of 2 ranks.
+// Prefixes start with `tag`, distinct for each wrapper a test makes.
+inline std::shared_ptr<dist::ProcessGroup> groups(const RankContext& ctx, const std::string& strategy,
+                                                  dist::FSDPOptions& o, const std::string& tag) {
+  o.sharding_strategy = dist::parse_sharding_strategy(strategy);
+  if (strategy != "HYBRID_SHARD") return ctx.group;
+  const int node = ctx.rank / 2, local = ctx.rank % 2;
+  auto in_node = std::make_shared<dist::PrefixStore>(tag + "/node" + std::to_string(node) + "/", ctx.store);
+  auto across = std::make_shared<dist::PrefixStore>(tag + "/local" + std::to_string(local) + "/", ctx.store);
+  o.replicate_group = dist::make_process_group("gloo", across, node, ctx.world / 2, std::chrono::seconds(30));
+  return dist::make_process_group("gloo", in_node, local, 2, std::chrono::seconds(30));
 }
 
 }  // namespace tandem::test::fsdp

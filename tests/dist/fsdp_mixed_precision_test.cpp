@@ -28,7 +28,6 @@
 #include "dist/group/process_group_factory.h"
 #include "dist/group/process_group_gloo.h"
 #include "dist/parallel/fsdp.h"
-#include "dist/store/prefix_store.h"
 #include "nn/amp.h"
 #include "nn/models/mnist_net.h"
 
@@ -127,18 +126,6 @@ std::map<std::string, Tensor> reference(const MpSetup& s, int world) {
   return out;
 }
 
-// The wrapper's groups: the job's, or under HYBRID_SHARD "nodes" of 2 ranks.
-std::shared_ptr<dist::ProcessGroup> groups(const test::RankContext& ctx, const std::string& strategy,
-                                           dist::FSDPOptions& o) {
-  o.sharding_strategy = dist::parse_sharding_strategy(strategy);
-  if (strategy != "HYBRID_SHARD") return ctx.group;
-  const int node = ctx.rank / 2, local = ctx.rank % 2;
-  auto in_node = std::make_shared<dist::PrefixStore>("mp/node" + std::to_string(node) + "/", ctx.store);
-  auto across = std::make_shared<dist::PrefixStore>("mp/local" + std::to_string(local) + "/", ctx.store);
-  o.replicate_group = dist::make_process_group("gloo", across, node, ctx.world / 2, std::chrono::seconds(30));
-  return dist::make_process_group("gloo", in_node, local, 2, std::chrono::seconds(30));
-}
-
 void check_against_reference(const test::RankContext& ctx) {
   const MpSetup s = parse_mp(ctx.param);
   manual_seed(11);
@@ -147,7 +134,7 @@ void check_against_reference(const test::RankContext& ctx) {
   o.auto_wrap_policy.module_classes = {"Block"};
   o.mixed_precision.param_dtype = dtype_of(s.param_dtype);
   o.mixed_precision.reduce_dtype = dtype_of(s.reduce_dtype);
-  auto group = groups(ctx, s.strategy, o);
+  auto group = groups(ctx, s.strategy, o, "mp");
   if (s.strategy == "NO_SHARD" && ctx.world > 2) {
     const auto* gloo = dynamic_cast<const dist::ProcessGroupGloo*>(group.get());
     ASSERT_TRUE(gloo && gloo->allreduce_transport().rfind("shared memory", 0) == 0)

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -23,8 +24,6 @@
 #include "core/safetensors.h"
 #include "dist/parallel/ddp.h"
 #include "dist/parallel/fsdp.h"
-#include "dist/group/process_group_factory.h"
-#include "dist/store/prefix_store.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "optim/clip_grad.h"
@@ -89,18 +88,10 @@ void check_against_ddp(const test::RankContext& ctx) {
   manual_seed(11);
   auto net = std::make_shared<Net>();
   dist::FSDPOptions o;
-  o.sharding_strategy = dist::parse_sharding_strategy(s.strategy);
   o.auto_wrap_policy.module_classes = {"Block"};
-  std::shared_ptr<dist::ProcessGroup> group = ctx.group;
-  int shard_world = ctx.world;
-  if (s.strategy == "HYBRID_SHARD") {  // "nodes" of 2 ranks: shard inside one, replicate across
-    shard_world = 2;
-    const int node = ctx.rank / 2, local = ctx.rank % 2;
-    auto in_node = std::make_shared<dist::PrefixStore>("hybrid/node" + std::to_string(node) + "/", ctx.store);
-    auto across = std::make_shared<dist::PrefixStore>("hybrid/local" + std::to_string(local) + "/", ctx.store);
-    group = dist::make_process_group("gloo", in_node, local, 2, std::chrono::seconds(30));
-    o.replicate_group = dist::make_process_group("gloo", across, node, ctx.world / 2, std::chrono::seconds(30));
-  }
+  // HYBRID_SHARD: "nodes" of 2 ranks, sharded inside one, replicated across.
+  std::shared_ptr<dist::ProcessGroup> group = groups(ctx, s.strategy, o, "hybrid");
+  const int shard_world = group->size();
   dist::FullyShardedDataParallel fsdp(net, group, o);
   ASSERT_EQ(fsdp.units().size(), 3u);  // b0, b1, the root (in, out)
   EXPECT_EQ(fsdp.units()[0].path, "b0");
@@ -250,13 +241,15 @@ struct Trained {
   std::unique_ptr<optim::Optimizer> opt;
 };
 
-Trained make_fsdp(const test::RankContext& ctx) {
+Trained make_fsdp(const test::RankContext& ctx, const std::string& strategy = "FULL_SHARD",
+                  const std::string& tag = "") {
   manual_seed(11);
   Trained t;
   t.net = std::make_shared<Net>();
   dist::FSDPOptions o;
   o.auto_wrap_policy.module_classes = {"Block"};
-  t.fsdp = std::make_unique<dist::FullyShardedDataParallel>(t.net, ctx.group, o);
+  auto group = groups(ctx, strategy, o, tag);
+  t.fsdp = std::make_unique<dist::FullyShardedDataParallel>(t.net, group, o);
   t.opt = make_optimizer("adamw", t.fsdp->parameters());
   return t;
 }
@@ -270,27 +263,41 @@ void steps(Trained& t, const test::RankContext& ctx, int from, int to) {
   }
 }
 
-}  // namespace
+void expect_same_bits(const nn::NamedTensors& a, const nn::NamedTensors& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(a[i].second.data<float>(), b[i].second.data<float>(), a[i].second.nbytes()), 0)
+        << a[i].first;
+}
 
 // Saved after 3 steps and loaded into a fresh model and optimizer, 3 more steps give the same
-// parameters, bit for bit, as 6 straight steps.
+// parameters, bit for bit, as 6 straight steps. Returns the straight run and what it saved.
+struct Resumed {
+  Trained straight;
+  nn::NamedTensors saved;
+};
+Resumed expect_bitwise_resume(const test::RankContext& ctx, const std::string& dir, const std::string& strategy) {
+  Resumed r{make_fsdp(ctx, strategy, "a"), {}};
+  steps(r.straight, ctx, 0, 3);
+  r.straight.fsdp->save_sharded(dir, r.straight.opt.get());
+  r.saved = r.straight.fsdp->full_state_dict();
+  steps(r.straight, ctx, 3, 6);
+  Trained resumed = make_fsdp(ctx, strategy, "b");
+  resumed.fsdp->load_sharded(dir, resumed.opt.get());
+  steps(resumed, ctx, 3, 6);
+  expect_same_bits(r.straight.fsdp->full_state_dict(), resumed.fsdp->full_state_dict());
+  return r;
+}
+
+}  // namespace
+
 TEST(FsdpCheckpoint, ShardedResumeOnTheSameWorldIsBitwise) {
   if (auto ctx = child_rank()) {
     const std::string dir = ctx->param;
-    Trained straight = make_fsdp(*ctx);
-    steps(straight, *ctx, 0, 3);
-    straight.fsdp->save_sharded(dir, straight.opt.get());
-    steps(straight, *ctx, 3, 6);
-    Trained resumed = make_fsdp(*ctx);
-    resumed.fsdp->load_sharded(dir, resumed.opt.get());
-    steps(resumed, *ctx, 3, 6);
-    const auto a = straight.fsdp->full_state_dict(), b = resumed.fsdp->full_state_dict();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_EQ(std::memcmp(a[i].second.data<float>(), b[i].second.data<float>(), a[i].second.nbytes()), 0)
-          << a[i].first;
+    Resumed r = expect_bitwise_resume(*ctx, dir, "FULL_SHARD");
     // The full checkpoint: the module's own names, the gathered values.
-    straight.fsdp->save_full(dir + "/full.safetensors");
+    const auto a = r.straight.fsdp->full_state_dict();
+    r.straight.fsdp->save_full(dir + "/full.safetensors");
     const auto full = load_safetensors(dir + "/full.safetensors");
     ASSERT_EQ(full.size(), a.size());
     for (auto& [name, t] : a)
@@ -299,6 +306,26 @@ TEST(FsdpCheckpoint, ShardedResumeOnTheSameWorldIsBitwise) {
   }
   test::TempDir dir("fsdp-ckpt");
   run_ranks(2, dir.path().string());
+}
+
+// HYBRID_SHARD (2 "nodes" of 2): the first node writes one file per rank in the node, and every node
+// resumes from them bit for bit. The same files load into FULL_SHARD over all 4 ranks (re-sharded
+// from 2 shards to 4) with the same values.
+TEST(FsdpCheckpoint, HybridShardSavesOneNodesShardsAndResumesBitwise) {
+  if (auto ctx = child_rank()) {
+    const std::string dir = ctx->param;
+    const Resumed r = expect_bitwise_resume(*ctx, dir, "HYBRID_SHARD");
+    Trained flat = make_fsdp(*ctx);
+    flat.fsdp->load_sharded(dir, flat.opt.get());
+    expect_same_bits(flat.fsdp->full_state_dict(), r.saved);
+    if (ctx->rank == 0) {
+      EXPECT_TRUE(std::filesystem::exists(dir + "/shard-1-of-2.safetensors"));
+      EXPECT_FALSE(std::filesystem::exists(dir + "/shard-0-of-4.safetensors"));
+    }
+    return;
+  }
+  test::TempDir dir("fsdp-hybrid-ckpt");
+  run_ranks(4, dir.path().string());
 }
 
 // Saved by 3 ranks, loaded by 2: the parameters and AdamW's moments are the same unsharded values.

@@ -1,7 +1,8 @@
 // fsdp_memory: what one rank holds, and how long a step takes, with dist::FullyShardedDataParallel
 // against DistributedDataParallel, in one run. The model is examples/transformer's GPT at a larger
 // width (default 8 blocks of width 768: 56.8M parameters) with AdamW. For each world size (--worlds,
-// default 1 2 4) and each mode (ddp; fsdp: FULL_SHARD with one unit per Block; shard_grad_op), it
+// default 1 2 4) and each mode (ddp; fsdp: FULL_SHARD with one unit per Block; shard_grad_op;
+// fsdp_bf16: FULL_SHARD with mixed_precision param_dtype bfloat16, on request), it
 // starts `world` rank processes of itself over Gloo (a FileStore in a scratch directory) that train
 // --steps steps on fixed random tokens and report: the bytes this rank holds in parameters,
 // gradients and optimizer state (DDP: the module's; FSDP: its shards, their gradients and the
@@ -87,7 +88,9 @@ void run_rank(const Options& o) {
     ddp = std::make_shared<dist::DistributedDataParallel>(net, group);
   } else {
     dist::FSDPOptions fo;
-    fo.sharding_strategy = o.mode == "fsdp" ? dist::ShardingStrategy::FullShard : dist::ShardingStrategy::ShardGradOp;
+    fo.sharding_strategy =
+        o.mode == "shard_grad_op" ? dist::ShardingStrategy::ShardGradOp : dist::ShardingStrategy::FullShard;
+    if (o.mode == "fsdp_bf16") fo.mixed_precision.param_dtype = kBFloat16;
     fo.auto_wrap_policy.module_classes = {"Block"};
     fsdp = std::make_shared<dist::FullyShardedDataParallel>(net, group, fo);
   }
@@ -200,7 +203,10 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"fsdp_memory: bytes held and step time per rank, FullyShardedDataParallel vs DDP"};
   app.add_option("--worlds", o.worlds, "world sizes");
-  app.add_option("--modes", o.modes, "ddp, fsdp (FULL_SHARD), shard_grad_op; ddp first gives the ratios");
+  app.add_option("--modes", o.modes,
+                 "ddp, fsdp (FULL_SHARD), shard_grad_op, fsdp_bf16 (FULL_SHARD, bfloat16 parameters); ddp first gives "
+                 "the ratios")
+      ->check(CLI::IsMember({"ddp", "fsdp", "shard_grad_op", "fsdp_bf16"}));
   app.add_option("--steps", o.steps, "training steps per configuration (the first is not timed)")
       ->check(CLI::Range(2, 1000));
   app.add_option("--batch", o.batch, "sequences per rank per step")->check(CLI::PositiveNumber);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <sstream>
 
 #include "core/autograd.h"
@@ -395,12 +396,23 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   } else if (dtype() == kFloat64) {
     Eigen::Map<Eigen::ArrayXd> d(data<double>(), n);
     d += alpha * Eigen::Map<const Eigen::ArrayXd>(src.data<double>(), n);
+  } else if (dtype() == kBFloat16 || dtype() == kFloat16) {
+    // Half gradients accumulating (FSDP's mixed precision): float math, one rounding, as PyTorch's CPU add.
+    auto half_add = [&](auto* d, const auto* s) {
+      using T = std::remove_pointer_t<decltype(d)>;
+      const float a = static_cast<float>(alpha);
+      for (int64_t i = 0; i < n; ++i) d[i] = T(static_cast<float>(d[i]) + a * static_cast<float>(s[i]));
+    };
+    if (dtype() == kBFloat16)
+      half_add(static_cast<Eigen::bfloat16*>(raw_data()), static_cast<const Eigen::bfloat16*>(src.raw_data()));
+    else
+      half_add(static_cast<Eigen::half*>(raw_data()), static_cast<const Eigen::half*>(src.raw_data()));
   } else if (dtype() == kInt64) {  // counters (BatchNorm's num_batches_tracked)
     using ArrayXl = Eigen::Array<int64_t, Eigen::Dynamic, 1>;
     Eigen::Map<ArrayXl> d(data<int64_t>(), n);
     d += static_cast<int64_t>(alpha) * Eigen::Map<const ArrayXl>(src.data<int64_t>(), n);
   } else {
-    TANDEM_FAIL("add_: unsupported dtype ", dtype_name(dtype()), " (float32, float64 or int64 expected)");
+    TANDEM_FAIL("add_: unsupported dtype ", dtype_name(dtype()), " (float32, float64, float16, bfloat16 or int64 expected)");
   }
   return *this;
 }

@@ -74,7 +74,10 @@ AttentionOutput MultiheadAttention::forward(const Tensor& query, const Tensor& k
     const Tensor b = in_proj_bias.defined() ? F::narrow(in_proj_bias, 0, part * E, E) : Tensor();
     return F::permute(F::reshape(F::linear(x, w, b), {N, len, H, D}), {0, 2, 1, 3});
   };
-  const Tensor q = project(q_in, 0, L), k = project(k_in, 1, S), v = project(v_in, 2, S);
+  // Half projections (half parameters: FSDP's mixed precision) give float32 heads: the attention
+  // kernels compute in float32.
+  const Tensor q = F::float32_if_half(project(q_in, 0, L)), k = F::float32_if_half(project(k_in, 1, S)),
+               v = F::float32_if_half(project(v_in, 2, S));
 
   // One additive mask, broadcast to [N, H, L, S].
   Tensor mask;

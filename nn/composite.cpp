@@ -136,9 +136,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 
 Tensor dropout(const Tensor& x, double p, bool training) { return dropout(x, p, training, default_generator()); }
 
-Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+Tensor layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight_in, const Tensor& bias_in,
                   double eps) {
-  TANDEM_CHECK(x.defined(), "layer_norm: input is undefined");
+  TANDEM_CHECK(x_in.defined(), "layer_norm: input is undefined");
+  const Tensor x = float32_if_half(x_in), weight = float32_if_half(weight_in), bias = float32_if_half(bias_in);
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   TANDEM_CHECK(k >= 1 && k <= x.dim() &&
                    Shape(x.shape().end() - k, x.shape().end()) == normalized_shape,
@@ -160,9 +161,10 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return r.output;
 }
 
-Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
-  TANDEM_CHECK(weight.defined() && weight.dim() == 2, "embedding: weight must be 2-D [num_embeddings, dim], got ",
-               weight.str());
+Tensor embedding(const Tensor& indices, const Tensor& weight_in, std::optional<int64_t> padding_idx) {
+  TANDEM_CHECK(weight_in.defined() && weight_in.dim() == 2, "embedding: weight must be 2-D [num_embeddings, dim], got ",
+               weight_in.str());
+  const Tensor weight = float32_if_half(weight_in);
   TANDEM_CHECK(indices.defined() && (indices.dtype() == kInt64 || indices.dtype() == kInt32),
                "embedding: indices must be int64 (or int32), got ", indices.str());
   const int64_t rows = weight.shape()[0];

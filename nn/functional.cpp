@@ -156,14 +156,6 @@ std::shared_ptr<NodeT> make_node() {
 
 // ---- mixed precision (nn/amp.h) ----
 
-// The backward of a dtype cast casts the gradient back to the source dtype, so f32 master
-// weights receive f32 gradients.
-struct CastBackward final : Node {
-  DType from;
-  std::string name() const override { return "CastBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::cast(g[0], from)}; }
-};
-
 struct LowpConv2dBackward final : Node {
   Tensor x, w;
   kernels::Conv2dArgs args;
@@ -201,39 +193,25 @@ void record_weighted(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& 
   autograd::record(n, {x, w, b}, {&y});
 }
 
-// Differentiable cast (undefined and same-dtype tensors pass through).
-Tensor cast_to(const Tensor& t, DType d) {
-  if (!t.defined() || t.dtype() == d) return t;
-  Tensor y = kernels::cast(t, d);
-  if (autograd::any_requires_grad({t})) {
-    auto n = make_node<CastBackward>();
-    n->from = t.dtype();
-    autograd::record(n, {t}, {&y});
-  }
-  return y;
-}
-
 // The low-precision dtype conv2d/linear compute in: the autocast dtype for f32 (or already
 // low-precision) inputs under an AutocastGuard; the input's own dtype for explicit f16/bf16
-// inputs; else kFloat32 (meaning: the ordinary path). f64 is never autocast, as in PyTorch.
-DType lowp_dtype_for(const Tensor& x) {
+// inputs; the weight's for a f32 input and a f16/bf16 weight (FSDP's mixed precision: the ops
+// between two layers compute in f32); else kFloat32 (meaning: the ordinary path). f64 is never
+// autocast, as in PyTorch.
+DType lowp_dtype_for(const Tensor& x, const Tensor& weight) {
   if (amp::autocast_enabled() && (x.dtype() == kFloat32 || kernels::is_low_precision(x.dtype())))
     return amp::precision_dtype(amp::autocast_precision());
-  return kernels::is_low_precision(x.dtype()) ? x.dtype() : kFloat32;
-}
-
-// Ops without low-precision kernels (batch_norm, relu, max_pool2d, log_softmax, nll_loss) take a
-// f16/bf16 input by casting it up to f32 at entry (differentiably); f32/f64 pass through.
-Tensor f32_if_lowp(const Tensor& x) {
-  return x.defined() && kernels::is_low_precision(x.dtype()) ? cast_to(x, kFloat32) : x;
+  if (kernels::is_low_precision(x.dtype())) return x.dtype();
+  if (x.dtype() == kFloat32 && weight.defined() && kernels::is_low_precision(weight.dtype())) return weight.dtype();
+  return kFloat32;
 }
 
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
   kernels::Conv2dArgs args{stride, stride, padding, padding};
-  if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
-    const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
+  if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
+    const Tensor xl = cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);
     Tensor y = kernels::lowp_conv2d_forward(xl, wl, bl, args);
     record_weighted<LowpConv2dBackward>(y, xl, wl, bl, args);
     return y;
@@ -245,7 +223,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   auto r = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormBackward>();
@@ -257,7 +235,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 
 Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   if (x.device().is_cuda()) {
     return relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps));
   }
@@ -273,7 +251,7 @@ Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Ten
 Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                                   double eps) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   const bool fused = x.device().is_cpu() && x.dtype() == kFloat32 && x.dim() == 4 && x.size(2) >= 2 &&
                      x.size(3) >= 2;
   if (!fused) {
@@ -293,7 +271,7 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean
 }
 
 Tensor relu(const Tensor& x_in) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   Tensor y = kernels::relu_forward(x);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<ReluBackward>();
@@ -314,7 +292,7 @@ MaxOutput max_pool(const char* op, const Tensor& x_in, const kernels::MaxPool2dA
     const Shape unbatched(r.indices.shape().begin() + 1, r.indices.shape().end());
     return {squeeze(r.values, 0), r.indices.reshape(unbatched)};
   }
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   auto r = kernels::max_pool2d_forward(x, args);
   if (autograd::any_requires_grad({x})) {
     auto n = make_node<MaxPool2dBackward>();
@@ -361,8 +339,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     out_shape.push_back(weight.size(0));
     return reshape(linear(reshape(x, {-1, x.shape().back()}), weight, bias), out_shape);
   }
-  if (const DType lp = lowp_dtype_for(x); lp != kFloat32) {
-    const Tensor xl = cast_to(x, lp), wl = cast_to(weight, lp), bl = cast_to(bias, lp);
+  if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
+    const Tensor xl = cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);
     Tensor y = kernels::lowp_linear_forward(xl, wl, bl);
     record_weighted<LowpLinearBackward>(y, xl, wl, bl);
     return y;
@@ -373,7 +351,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
-  const Tensor x = f32_if_lowp(x_in);
+  const Tensor x = float32_if_half(x_in);
   TANDEM_CHECK(x.defined(), "log_softmax: operand is undefined");
   if (x.dim() != 2 || (dim != -1 && dim != 1)) {
     Tensor y = kernels::softmax_forward(x, dim, /*log=*/true);
@@ -395,7 +373,7 @@ Tensor log_softmax(const Tensor& x_in, int64_t dim) {
 }
 
 Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target) {
-  const Tensor log_probs = f32_if_lowp(log_probs_in);
+  const Tensor log_probs = float32_if_half(log_probs_in);
   Tensor loss = kernels::nll_loss_forward(log_probs, target);
   if (autograd::any_requires_grad({log_probs})) {
     auto n = make_node<NllLossBackward>();

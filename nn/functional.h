@@ -4,8 +4,11 @@
 // Nodes save detached tensors (data, no history), so no reference cycles.
 // Mixed precision (nn/amp.h): under an AutocastGuard, conv2d and linear cast f32 input, weight and
 // bias to the autocast dtype (differentiably: f32 leaves get f32 gradients) and return f16/bf16
-// outputs; explicit f16/bf16 inputs take the same path. batch_norm, relu, max_pool2d, log_softmax
-// and nll_loss cast a f16/bf16 input up to f32 at entry and compute in f32.
+// outputs; explicit f16/bf16 inputs take the same path, and so does a f32 input with a f16/bf16
+// weight (parameters in low precision: FSDP's mixed precision). batch_norm, relu, max_pool2d, log_softmax
+// and nll_loss cast a f16/bf16 input up to f32 at entry and compute in f32, as do the general ops
+// that have no half kernels (binary and unary ops, layer_norm and its parameters, embedding's table;
+// F::float32_if_half).
 // The general op set (broadcasting elementwise ops, reductions, views, matmul, softmax, losses,
 // dropout, layer_norm, embedding, scaled_dot_product_attention) is declared in the headers included
 // below, in the same namespace.

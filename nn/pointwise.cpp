@@ -5,6 +5,7 @@
 #include "nn/pointwise.h"
 
 #include "core/autograd.h"
+#include "kernels/amp.h"
 #include "kernels/elementwise.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
@@ -38,13 +39,22 @@ struct BinaryBackward final : Node {
   }
 };
 
-// A 0-D tensor holding s, of t's dtype and device.
+// The backward of a dtype cast casts the gradient back to the source dtype.
+struct CastBackward final : Node {
+  DType from;
+  std::string name() const override { return "CastBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::cast(g[0], from)}; }
+};
+
+// A 0-D tensor holding s, of t's dtype (float32 for a half t: it is computed in float32) and device.
 Tensor scalar_like(double s, const Tensor& t) {
   TANDEM_CHECK(t.defined(), "scalar operand: the tensor operand is undefined");
-  return Tensor::full({}, s, t.dtype(), t.device());
+  return Tensor::full({}, s, kernels::is_low_precision(t.dtype()) ? kFloat32 : t.dtype(), t.device());
 }
 
-Tensor record_binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+Tensor record_binary(BinaryOp op, const Tensor& a_in, const Tensor& b_in) {
+  // The general kernels have no half path; float32 is PyTorch's promotion of a half and a float32 operand.
+  const Tensor a = float32_if_half(a_in), b = float32_if_half(b_in);
   Tensor y = kernels::binary(op, a, b);
   if (autograd::any_requires_grad({a, b})) {
     auto n = std::make_shared<BinaryBackward>();
@@ -96,7 +106,8 @@ struct ClampBackward final : Node {
   }
 };
 
-Tensor record_unary(UnaryOp op, const Tensor& x) {
+Tensor record_unary(UnaryOp op, const Tensor& x_in) {
+  const Tensor x = float32_if_half(x_in);  // no half kernels
   Tensor y = kernels::unary(op, x);
   if (autograd::any_requires_grad({x})) {
     auto n = std::make_shared<UnaryBackward>();
@@ -109,6 +120,21 @@ Tensor record_unary(UnaryOp op, const Tensor& x) {
 }
 
 }  // namespace
+
+Tensor cast(const Tensor& x, DType dtype) {
+  if (!x.defined() || x.dtype() == dtype) return x;
+  Tensor y = kernels::cast(x, dtype);
+  if (autograd::any_requires_grad({x})) {
+    auto n = std::make_shared<CastBackward>();
+    n->from = x.dtype();
+    autograd::record(n, {x}, {&y});
+  }
+  return y;
+}
+
+Tensor float32_if_half(const Tensor& x) {
+  return x.defined() && kernels::is_low_precision(x.dtype()) ? cast(x, kFloat32) : x;
+}
 
 Tensor add(const Tensor& a, const Tensor& b) { return record_binary(BinaryOp::Add, a, b); }
 Tensor add(const Tensor& a, double b) { return record_binary(BinaryOp::Add, a, scalar_like(b, a)); }

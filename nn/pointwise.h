@@ -3,7 +3,8 @@
 // sum_to), so a [C] bias added to [N, C] gets a [C] gradient. Scalar forms take a double as the
 // right operand (pow also as the left), held as a 0-D tensor of the other operand's dtype.
 // Same-shape add/sub/mul keep the original kernels; everything else runs the general kernels
-// (kernels/pointwise.h): float32 and float64 on CPU, float32 on CUDA.
+// (kernels/pointwise.h): float32 and float64 on CPU, float32 on CUDA. A float16/bfloat16 operand
+// of a binary op is cast up to float32 first (PyTorch's promotion with a float32 operand).
 // Comparisons return uint8 masks (0/1: torch.bool's byte layout; see kernels/pointwise.h) with no
 // gradient; `where` takes such a mask.
 #pragma once
@@ -14,6 +15,13 @@
 #include "core/tensor.h"
 
 namespace tandem::nn::functional {
+
+// x in `dtype` (PyTorch's x.to(dtype)); the gradient is cast back to x's dtype. Undefined and
+// same-dtype tensors pass through.
+Tensor cast(const Tensor& x, DType dtype);
+// cast(x, kFloat32) for a float16/bfloat16 x, else x: ops without half kernels (the binary ops,
+// layer_norm, embedding, MultiheadAttention's heads) compute a half operand in float32.
+Tensor float32_if_half(const Tensor& x);
 
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);

@@ -1,6 +1,10 @@
 // model_wrapper_cfg=dict(type='MMFullyShardedDataParallel', ...): MMEngine's keyword arguments turned
 // into dist::FSDPOptions (see registries.h for the keys).
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "dist/group/process_group_factory.h"
@@ -55,6 +59,54 @@ dist::AutoWrapPolicy wrap_policy(const Kwargs& k) {
               "'; expected size_based_auto_wrap_policy, transformer_auto_wrap_policy or ModuleWrapPolicy");
 }
 
+// mixed_precision=dict(param_dtype='bfloat16', reduce_dtype=..., buffer_dtype=..., _module_classes_to_ignore=[...])
+// (PyTorch's MixedPrecision; a dtype may carry the 'torch.' prefix; None or absent: not cast).
+dist::MixedPrecision mixed_precision(const Kwargs& k) {
+  dist::MixedPrecision mp;
+  const std::string where = k.owner() + ".mixed_precision";
+  const json v = k.has("mixed_precision") ? json::parse(k.items().at("mixed_precision"), nullptr, false) : json();
+  if (v.is_null() || v == false) return mp;
+  TANDEM_CHECK(v.is_object(), where, " must be dict(param_dtype=..., reduce_dtype=..., buffer_dtype=...), got ",
+               k.items().at("mixed_precision"));
+  const std::map<std::string, std::optional<DType>*> dtypes = {
+      {"param_dtype", &mp.param_dtype}, {"reduce_dtype", &mp.reduce_dtype}, {"buffer_dtype", &mp.buffer_dtype}};
+  for (const auto& [key, value] : v.items()) {
+    if (key == "_module_classes_to_ignore") {
+      TANDEM_CHECK(value.is_array(), where, "._module_classes_to_ignore must be a list of module class names");
+      mp.module_classes_to_ignore.clear();
+      for (const auto& c : value) {
+        TANDEM_CHECK(c.is_string(), where, "._module_classes_to_ignore holds ", c.dump(), "; expected class names");
+        mp.module_classes_to_ignore.insert(last_name(c.get<std::string>()));
+      }
+      continue;
+    }
+    const auto slot = dtypes.find(key);
+    TANDEM_CHECK(slot != dtypes.end(), where, ": unknown key '", key,
+                 "' (known: param_dtype, reduce_dtype, buffer_dtype, _module_classes_to_ignore)");
+    if (value.is_null()) continue;
+    TANDEM_CHECK(value.is_string(), where, ".", key, " must be a dtype name such as 'bfloat16', got ", value.dump());
+    try {
+      *slot->second = dist::parse_mixed_precision_dtype(value.get<std::string>());
+    } catch (const Error& e) {
+      TANDEM_FAIL(where, ".", key, ": ", e.what());
+    }
+  }
+  return mp;
+}
+
+// cpu_offload=True or dict(offload_params=True) (PyTorch's CPUOffload).
+dist::CPUOffload cpu_offload(const Kwargs& k) {
+  dist::CPUOffload o;
+  const json v = k.has("cpu_offload") ? json::parse(k.items().at("cpu_offload"), nullptr, false) : json();
+  if (v.is_boolean()) o.offload_params = v.get<bool>();
+  if (v.is_null() || v.is_boolean()) return o;
+  TANDEM_CHECK(v.is_object() && v.size() == 1 && v.contains("offload_params") && v["offload_params"].is_boolean(),
+               k.owner(), ".cpu_offload must be True, False or dict(offload_params=True|False), got ",
+               k.items().at("cpu_offload"));
+  o.offload_params = v["offload_params"].get<bool>();
+  return o;
+}
+
 // The DDP keys the trainer always passes: accepted only at their defaults.
 void check_ddp_keys_unused(const Kwargs& k) {
   const dist::DDPOptions defaults;
@@ -82,12 +134,18 @@ std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k) {
   for (const std::string& name : ddp_kwarg_names()) known.push_back(name);
   k.check_known(known);
   check_ddp_keys_unused(k);
-  for (const char* later : {"mixed_precision", "cpu_offload"}) {
-    const json v = k.has(later) ? json::parse(k.items().at(later), nullptr, false) : json();
-    TANDEM_CHECK(v.is_null() || v == false, k.owner(), ".", later, " is not available yet for FSDP; remove it ",
-                 "(parameters, gradients and optimizer state stay float32 on the training device)");
-  }
   dist::FSDPOptions o;
+  o.mixed_precision = mixed_precision(k);
+  o.cpu_offload = cpu_offload(k);
+  if (o.mixed_precision.enabled()) {
+    const auto name = [](const std::optional<DType>& d) { return d ? std::string(dtype_name(*d)) : std::string("None"); };
+    spdlog::info("fsdp mixed precision: param_dtype {}, reduce_dtype {}, buffer_dtype {}",
+                 name(o.mixed_precision.param_dtype), name(o.mixed_precision.reduce_dtype),
+                 name(o.mixed_precision.buffer_dtype));
+  }
+  if (o.cpu_offload.offload_params && !c.model->parameters().empty() && c.model->parameters().front().device().is_cpu())
+    spdlog::info("fsdp cpu_offload: the model is on the CPU, where its shards, gradients and optimizer state already "
+                 "live; nothing changes");
   o.sharding_strategy = dist::parse_sharding_strategy(k.string("sharding_strategy", "FULL_SHARD"));
   o.auto_wrap_policy = wrap_policy(k);
   o.forward_prefetch = k.boolean("forward_prefetch", true);

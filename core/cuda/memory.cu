@@ -147,6 +147,13 @@ __global__ void axpy_kernel(T* dst, const T* src, T alpha, int64_t n) {
     dst[i] += alpha * src[i];
 }
 
+// Half accumulation (FSDP's mixed-precision gradients): float math, one rounding, as the CPU path.
+template <typename T>
+__global__ void half_axpy_kernel(T* dst, const T* src, float alpha, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = T(float(dst[i]) + alpha * float(src[i]));
+}
+
 // dst and src on the same device: one memcpy or one elementwise kernel.
 void copy_same_device(Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
@@ -283,8 +290,10 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   TANDEM_CHECK(dst.shape() == src.shape() && dst.dtype() == src.dtype() && dst.device() == src.device(), "add_: ",
                src.str(), " into ", dst.str());
   TANDEM_CHECK(dst.is_contiguous(), "add_: destination must be contiguous, got ", dst.str());
-  TANDEM_CHECK(dst.dtype() == kFloat32 || dst.dtype() == kFloat64 || dst.dtype() == kInt64, "add_: unsupported dtype ",
-               dtype_name(dst.dtype()), " on CUDA (float32, float64 or int64 expected)");
+  TANDEM_CHECK(dst.dtype() == kFloat32 || dst.dtype() == kFloat64 || dst.dtype() == kInt64 ||
+                   dst.dtype() == kFloat16 || dst.dtype() == kBFloat16,
+               "add_: unsupported dtype ", dtype_name(dst.dtype()),
+               " on CUDA (float32, float64, float16, bfloat16 or int64 expected)");
   const int64_t n = dst.numel();
   if (n == 0) return;
   Tensor s = src.contiguous();
@@ -292,6 +301,12 @@ void add_(Tensor& dst, const Tensor& src, double alpha) {
   if (dst.dtype() == kFloat32) {
     // The CPU path computes float(alpha) * src in float; so does this.
     launch(on, axpy_kernel<float>, grid_for(n), 256, 0, static_cast<float*>(dst.raw_data()), static_cast<const float*>(s.raw_data()), static_cast<float>(alpha), n);
+  } else if (dst.dtype() == kBFloat16) {
+    launch(on, half_axpy_kernel<__nv_bfloat16>, grid_for(n), 256, 0, static_cast<__nv_bfloat16*>(dst.raw_data()),
+           static_cast<const __nv_bfloat16*>(s.raw_data()), static_cast<float>(alpha), n);
+  } else if (dst.dtype() == kFloat16) {
+    launch(on, half_axpy_kernel<__half>, grid_for(n), 256, 0, static_cast<__half*>(dst.raw_data()),
+           static_cast<const __half*>(s.raw_data()), static_cast<float>(alpha), n);
   } else if (dst.dtype() == kInt64) {  // alpha is whole (checked by Tensor::add_)
     launch(on, axpy_kernel<int64_t>, grid_for(n), 256, 0, static_cast<int64_t*>(dst.raw_data()),
            static_cast<const int64_t*>(s.raw_data()), static_cast<int64_t>(alpha), n);

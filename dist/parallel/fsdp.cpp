@@ -51,14 +51,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   NoGradGuard no_grad;
   for (auto& [name, b] : module_->named_buffers())
     if (b.numel() > 0) broadcast_from_rank0(b);
+  cast_buffers();
   const std::map<std::string, Tensor> by_name = [&] {
     std::map<std::string, Tensor> m;
     for (auto& [name, t] : module_->named_parameters()) m.emplace(name, t);
     return m;
   }();
-  for (const UnitPlan& plan : plan_units(*module_, options_.auto_wrap_policy)) {
+  const MixedPrecision& mp = options_.mixed_precision;
+  for (const UnitPlan& plan : plan_units(*module_, options_.auto_wrap_policy,
+                                         mp.enabled() ? mp.module_classes_to_ignore : std::set<std::string>{})) {
     auto u = std::make_unique<Unit>();
     u->path = plan.path;
+    u->full_precision = plan.full_precision;
     for (const std::string& name : plan.params) u->params.emplace_back(name, by_name.at(name));
     units_.push_back(std::move(u));
   }
@@ -100,32 +104,34 @@ void FullyShardedDataParallel::setup_unit(size_t k) {
     u.offsets.push_back(u.numel);
     u.numel += p.numel();
   }
+  setup_precision(u, u.full_precision);
   u.shard_numel = sharded() ? (u.numel + world - 1) / world : u.numel;
   u.total = sharded() ? u.shard_numel * world : u.numel;
   u.full = std::make_shared<Storage>(static_cast<size_t>(u.bytes()), u.device);
-  Tensor flat = Tensor::from_storage(u.full, {u.total}, u.dtype);
+  // The parameters' own values, flat: the gathered buffer itself where it stays (NO_SHARD, no casts).
+  Tensor flat = transient(u) ? Tensor::empty({u.total}, u.dtype, u.device) : Tensor::from_storage(u.full, {u.total}, u.dtype);
   flat.zero_();
   for (size_t i = 0; i < u.params.size(); ++i) {
     Tensor& p = u.params[i].second;
     flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).copy_(p.reshape({p.numel()}));
   }
   broadcast_from_rank0(flat);  // every rank starts from rank 0's values
+  point_params(u, u.full, u.param_dtype);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Tensor& p = u.params[i].second;
-    p.set_data(flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).view(p.shape()));
     u.hooks.push_back(0);
     if (p.requires_grad()) {
       ++u.grad_params;
       u.hooks.back() = p.register_post_accumulate_grad_hook([this, k](const Tensor&) { on_grad_ready(k); });
     }
   }
-  if (sharded()) {
-    const int64_t lo = group_->rank() * u.shard_numel;
-    u.shard = flat.slice(0, lo, lo + u.shard_numel).clone();
+  if (transient(u)) {
+    const int64_t lo = sharded() ? group_->rank() * u.shard_numel : 0;
+    u.shard = flat.slice(0, lo, lo + u.shard_numel).to(offloaded(u) ? Device::cpu() : u.device).clone();
     u.full->free_memory();
     u.full->set_access_hook([this, k](Storage&) { on_access(k); });
   } else {
-    u.shard = Tensor::from_storage(u.full, {u.total}, u.dtype);
+    u.shard = flat;
   }
   std::string name = u.root() ? "flat_param" : u.path + ".flat_param";
   register_parameter(name, u.shard);
@@ -139,7 +145,7 @@ void FullyShardedDataParallel::broadcast_from_rank0(Tensor& t) {
 std::vector<FullyShardedDataParallel::UnitInfo> FullyShardedDataParallel::units() const {
   std::vector<UnitInfo> out;
   for (auto& u : units_) {
-    UnitInfo info{u->path, {}, u->numel, u->shard_numel};
+    UnitInfo info{u->path, {}, u->numel, u->shard_numel, u->param_dtype, u->reduce_dtype};
     for (auto& [name, p] : u->params) info.params.push_back(name);
     out.push_back(std::move(info));
   }
@@ -170,20 +176,32 @@ void FullyShardedDataParallel::on_access(size_t k) {
 
 void FullyShardedDataParallel::gather(size_t k, bool wait) {
   Unit& u = *units_[k];
-  if (!sharded() || u.full->has_memory()) return;
+  if (!transient(u) || u.full->has_memory()) return;
   if (!u.gathering) {
     u.staging = std::make_shared<Storage>(static_cast<size_t>(u.bytes()), u.device);
-    Tensor out = Tensor::from_storage(u.staging, {u.total}, u.dtype);
-    u.gathering = group_->all_gather_into_tensor(out, u.shard.detach());
+    Tensor out = Tensor::from_storage(u.staging, {u.total}, u.param_dtype);
+    if (u.mixed() || offloaded(u) || !sharded()) {
+      // The shard cast (and copied to the device) straight into its own place in the gathered
+      // buffer; the all-gather then runs in place, moving param_dtype.
+      const int64_t lo = sharded() ? group_->rank() * u.shard_numel : 0;
+      Tensor mine = out.slice(0, lo, lo + u.shard_numel);
+      fsdp_cast_scaled(mine, u.shard.detach());
+      if (sharded()) u.gathering = group_->all_gather_into_tensor(out, mine);
+    } else {
+      u.gathering = group_->all_gather_into_tensor(out, u.shard.detach());
+    }
     peak_gathered_ = std::max(peak_gathered_, memory().gathered_bytes);
     ++stats_.gathers;
-    if (!wait) ++stats_.prefetched;
+    if (!wait && u.gathering) ++stats_.prefetched;
   }
-  if (!wait) return;
-  const auto t0 = std::chrono::steady_clock::now();
-  u.gathering->wait(group_->timeout());
-  stats_.gather_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  u.gathering.reset();
+  if (!wait && u.gathering) return;
+  if (u.gathering) {
+    const auto t0 = std::chrono::steady_clock::now();
+    u.gathering->wait(group_->timeout());
+    stats_.gather_wait_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    u.gathering.reset();
+  }
   u.full->adopt_memory(*u.staging);
   u.staging.reset();
 }
@@ -199,7 +217,7 @@ void FullyShardedDataParallel::prefetch_after(size_t k, bool forward) {
 void FullyShardedDataParallel::free_unit(size_t k, bool deferred) {
   Unit& u = *units_[k];
   u.accessed = false;
-  if (!sharded()) return;
+  if (!transient(u)) return;
   if (u.gathering) {  // a prefetch nobody read: let it land, then drop it
     u.gathering->wait(group_->timeout());
     u.gathering.reset();
@@ -221,6 +239,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& x) {
   TANDEM_CHECK(phase_ != Phase::Summoned, "FullyShardedDataParallel: forward between gather_full_params() and "
                                           "release_full_params(); release them first");
   if (module_->is_training() != is_training()) module_->train(is_training());
+  check_autocast();
   phase_ = Phase::Forward;
   stats_ = Stats{};
   for (auto& u : units_) u->accessed = false;
@@ -256,19 +275,23 @@ void FullyShardedDataParallel::reduce_unit(size_t k) {
   u.reduced = true;
   NoGradGuard no_grad;
   const int world = group_->size() * (hybrid() ? options_.replicate_group->size() : 1);
-  Tensor flat = Tensor::zeros({u.total}, u.dtype, u.device);
+  Tensor flat = Tensor::zeros({u.total}, u.reduce_dtype, u.device);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Tensor& p = u.params[i].second;
     const Tensor g = p.grad();
     if (!g.defined()) continue;
     // Divided by the world size first, then summed: the reducer's arithmetic, so FSDP's gradients
-    // are DDP's bit for bit where the sums run in rank order.
+    // are DDP's bit for bit where the sums run in rank order. Mixed precision: the cast from
+    // param_dtype to reduce_dtype happens in this copy.
     Tensor part = flat.slice(0, u.offsets[i], u.offsets[i] + p.numel());
-    copy_scaled(part, g.contiguous().view({p.numel()}), 1.0 / world);
+    if (g.dtype() == kFloat32 && u.reduce_dtype == kFloat32)
+      copy_scaled(part, g.contiguous().view({p.numel()}), 1.0 / world);
+    else
+      fsdp_cast_scaled(part, g, 1.0 / world);
     p.set_grad(Tensor());
   }
   if (sharded()) {
-    u.reduce_out = Tensor::empty({u.shard_numel}, u.dtype, u.device);
+    u.reduce_out = Tensor::empty({u.shard_numel}, u.reduce_dtype, u.device);
     u.reducing = group_->reduce_scatter_tensor(u.reduce_out, flat, ReduceOp::Sum);
   } else {
     u.reduce_out = flat;
@@ -297,11 +320,17 @@ void FullyShardedDataParallel::finish_backward() {
   for (auto& u : units_) {
     if (u->reducing) {
       u->reducing.reset();
+      Tensor got = u->reduce_out;
+      if (got.dtype() != u->shard.dtype() || got.device() != u->shard.device()) {  // back to float32, on the host
+        Tensor master = Tensor::empty(got.shape(), u->shard.dtype(), u->shard.device());
+        fsdp_cast_scaled(master, got);
+        got = master;
+      }
       Tensor g = u->shard.grad();
       if (g.defined())
-        g.add_(u->reduce_out);
+        g.add_(got);
       else
-        u->shard.set_grad(u->reduce_out);
+        u->shard.set_grad(got);
       u->reduce_in = Tensor();
       u->reduce_out = Tensor();
     }
@@ -319,13 +348,25 @@ void FullyShardedDataParallel::gather_full_params() {
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::gather_full_params: called during forward or twice");
   phase_ = Phase::Summoned;
-  for (size_t k = 0; k < units_.size(); ++k) gather(k, true);
+  for (size_t k = 0; k < units_.size(); ++k) {
+    if (units_[k]->mixed())
+      summon(k);  // the float32 values, as PyTorch's summon_full_params gives under mixed precision
+    else
+      gather(k, true);
+  }
 }
 
 void FullyShardedDataParallel::release_full_params() {
   TANDEM_CHECK(phase_ == Phase::Summoned,
                "FullyShardedDataParallel::release_full_params: gather_full_params() was not called");
-  for (size_t k = 0; k < units_.size(); ++k) free_unit(k, /*deferred=*/false);
+  for (size_t k = 0; k < units_.size(); ++k) {
+    Unit& u = *units_[k];
+    if (u.summoned) {
+      point_params(u, u.full, u.param_dtype);
+      u.summoned.reset();
+    }
+    free_unit(k, /*deferred=*/false);
+  }
   phase_ = Phase::Idle;
 }
 
@@ -333,7 +374,10 @@ nn::NamedTensors FullyShardedDataParallel::full_state_dict() {
   gather_full_params();
   nn::NamedTensors out;
   try {
-    for (auto& [name, t] : module_->state_dict()) out.emplace_back(name, t.clone());
+    for (auto& [name, t] : module_->state_dict()) {
+      const auto own = buffer_dtypes_.find(name);  // a buffer cast to buffer_dtype: saved in its own dtype
+      out.emplace_back(name, own == buffer_dtypes_.end() ? t.clone() : t.to(own->second));
+    }
   } catch (...) {
     release_full_params();
     throw;
@@ -370,8 +414,9 @@ FullyShardedDataParallel::Memory FullyShardedDataParallel::memory() const {
   for (auto& u : units_) {
     m.shard_bytes += u->shard.nbytes();  // NO_SHARD: the whole flat parameter
     if (u->shard.grad().defined()) m.grad_bytes += u->shard.grad().nbytes();
-    if (sharded() && u->full->has_memory()) m.gathered_bytes += u->bytes();
+    if (transient(*u) && u->full->has_memory()) m.gathered_bytes += u->bytes();
     if (u->staging) m.gathered_bytes += u->bytes();
+    if (u->summoned) m.gathered_bytes += static_cast<int64_t>(u->summoned->nbytes());
   }
   for (auto& [s, stamp] : graveyard_) m.gathered_bytes += static_cast<int64_t>(s->nbytes());
   m.peak_gathered_bytes = std::max(peak_gathered_, m.gathered_bytes);

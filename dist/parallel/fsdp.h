@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -78,6 +79,33 @@ struct AutoWrapPolicy {
   int64_t min_num_params = 0;            // > 0: the size rule
 };
 
+// PyTorch's MixedPrecision(param_dtype, reduce_dtype, buffer_dtype). The float32 shard stays the
+// master copy: a gather casts it to param_dtype (into the gather's own buffer, so the all-gather moves
+// param_dtype), forward and backward compute with param_dtype parameters, the gradients are cast to
+// reduce_dtype as they are copied into the reduction's buffer (default: param_dtype), and the reduced
+// shard gradient is cast back to float32 for the optimizer. Modules of a class in
+// module_classes_to_ignore (PyTorch's default: batch norm) keep full precision: each becomes a unit of
+// its own, before the auto-wrap policy runs. Under no_sync the full gradients accumulate in
+// param_dtype, as PyTorch's do. Checkpoints and full_state_dict hold the float32 values.
+struct MixedPrecision {
+  std::optional<DType> param_dtype;   // float16 / bfloat16 (float32: none); none: the parameters' own
+  std::optional<DType> reduce_dtype;  // none: param_dtype (or the parameters' own)
+  std::optional<DType> buffer_dtype;  // floating buffers cast to this at wrapping; none: kept
+  std::set<std::string> module_classes_to_ignore = {"BatchNorm2d"};
+  bool enabled() const { return param_dtype || reduce_dtype || buffer_dtype; }
+};
+// "bfloat16", "float16", "float32" (also with PyTorch's "torch." prefix, and "bf16", "fp16", "fp32");
+// throws naming the accepted ones.
+DType parse_mixed_precision_dtype(const std::string& name);
+
+// PyTorch's CPUOffload(offload_params). On a CUDA model the float32 shards, their gradients and so the
+// optimizer's state live in host memory; a gather copies the shard (cast to param_dtype) to the
+// device, and the reduced gradient shard comes back to the host, where the optimizer steps. On a CPU
+// model everything already is in host memory: accepted, and nothing changes.
+struct CPUOffload {
+  bool offload_params = false;
+};
+
 struct FSDPOptions {
   ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
   AutoWrapPolicy auto_wrap_policy;
@@ -85,16 +113,22 @@ struct FSDPOptions {
   bool backward_prefetch = true;
   // HYBRID_SHARD only: the group across which this rank's shard is replicated.
   std::shared_ptr<ProcessGroup> replicate_group;
+  MixedPrecision mixed_precision;
+  CPUOffload cpu_offload;
 };
 
 // The units `policy` makes of `module`: children before parents, then the root unit (the rest, path
 // "") last; each with the module's parameter names it holds. A parameter registered under several
 // names (tied) goes to the root unit. Throws naming a wrap class that no module has.
+// Modules of a class in `full_precision_classes` (mixed precision's module_classes_to_ignore) become
+// units of their own first, marked full_precision.
 struct UnitPlan {
   std::string path;
   std::vector<std::string> params;
+  bool full_precision = false;
 };
-std::vector<UnitPlan> plan_units(const nn::Module& module, const AutoWrapPolicy& policy);
+std::vector<UnitPlan> plan_units(const nn::Module& module, const AutoWrapPolicy& policy,
+                                 const std::set<std::string>& full_precision_classes = {});
 // The module's unqualified C++ class name ("Linear" for tandem::nn::Linear).
 std::string module_class_name(const nn::Module& m);
 
@@ -119,6 +153,8 @@ class FullyShardedDataParallel : public nn::Module {
     std::vector<std::string> params;  // the module's parameter names it holds, in its order
     int64_t numel = 0;                // parameters' elements
     int64_t shard_numel = 0;          // this rank's shard (numel padded to the world size / world)
+    DType param_dtype = kFloat32;     // the dtype it is gathered and computed in
+    DType reduce_dtype = kFloat32;    // the dtype its gradients are reduced in
   };
   std::vector<UnitInfo> units() const;
 
@@ -158,7 +194,8 @@ class FullyShardedDataParallel : public nn::Module {
   // load_sharded: collective; checks the units and parameters match (naming the first that does not),
   // then loads: on the world size it was saved with, each rank reads its own file (a bitwise resume);
   // on another, each rank rebuilds its new shard, and the optimizer's per-element state, from the old
-  // shards (re-sharding).
+  // shards (re-sharding). Under HYBRID_SHARD the world is the shard group's (one node): the first node
+  // writes the files, and every node reads them.
   void save_full(const std::string& path);
   // The optimizer's state over the shards, unsharded (collective): each per-element buffer of unit k
   // ("state.<k>.<buffer>", shard-sized on every rank) all-gathered and cut to the unit's elements;
@@ -206,6 +243,19 @@ class FullyShardedDataParallel : public nn::Module {
   // unit's full size when `full`); null for scalars, other keys and NO_SHARD.
   const Unit* per_element_unit(const std::string& key, const Tensor& t, bool full) const;
   bool sharded() const { return options_.sharding_strategy != ShardingStrategy::NoShard; }
+  // Whether a unit's gathered buffer comes and goes: sharded, cast to param_dtype, or offloaded.
+  bool transient(const Unit& u) const;
+  bool offloaded(const Unit& u) const;
+  // Points the unit's parameters at `flat` (`dtype`, the unit's layout).
+  void point_params(Unit& u, const std::shared_ptr<Storage>& flat, DType dtype);
+  // Mixed precision: the unit's dtypes, floating buffers cast to buffer_dtype (fsdp_precision.cpp).
+  void setup_precision(Unit& u, bool full_precision);
+  void cast_buffers();
+  // The gathered values of unit k, float32 (a mixed unit while gather_full_params() holds it).
+  void summon(size_t k);
+  void check_autocast() const;
+  // A barrier over every rank of the job (both groups under HYBRID_SHARD).
+  void barrier_all();
   bool hybrid() const { return options_.sharding_strategy == ShardingStrategy::HybridShard; }
   bool reshard_after_forward() const {
     return options_.sharding_strategy == ShardingStrategy::FullShard || hybrid();
@@ -224,6 +274,7 @@ class FullyShardedDataParallel : public nn::Module {
   bool order_recorded_ = false;
   std::vector<std::pair<std::shared_ptr<Storage>, uint64_t>> graveyard_;  // (memory, recorded_ops() then)
   int64_t peak_gathered_ = 0;
+  std::map<std::string, DType> buffer_dtypes_;  // buffers cast to buffer_dtype: their own dtype
   Stats stats_;
 };
 

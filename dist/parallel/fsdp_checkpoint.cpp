@@ -101,9 +101,10 @@ std::map<std::string, Tensor> FullyShardedDataParallel::full_optimizer_state(con
       continue;
     }
     const Unit& u = *unit;
-    Tensor full = Tensor::empty({u.total}, t.dtype(), t.device());
-    group_->all_gather_into_tensor(full, t.contiguous())->wait(group_->timeout());
-    out[key] = full.slice(0, 0, u.numel).clone();
+    // Under cpu_offload the state is in host memory: gathered on the unit's device, as the shards are.
+    Tensor full = Tensor::empty({u.total}, t.dtype(), u.device);
+    group_->all_gather_into_tensor(full, t.to(u.device).contiguous())->wait(group_->timeout());
+    out[key] = full.slice(0, 0, u.numel).to(t.device()).clone();
   }
   return out;
 }
@@ -120,7 +121,7 @@ std::map<std::string, Tensor> FullyShardedDataParallel::shard_optimizer_state(
     const Unit& u = *unit;
     const int64_t lo = group_->rank() * u.shard_numel;
     const int64_t n = std::max<int64_t>(0, std::min(u.shard_numel, u.numel - lo));
-    Tensor mine = Tensor::zeros({u.shard_numel}, t.dtype(), u.device);
+    Tensor mine = Tensor::zeros({u.shard_numel}, t.dtype(), u.shard.device());
     if (n > 0) mine.slice(0, 0, n).copy_(t.reshape({t.numel()}).slice(0, lo, lo + n));
     out[key] = mine;
   }
@@ -131,17 +132,22 @@ void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim:
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::save_sharded: called during forward or between gather_full_params() "
                "and release_full_params()");
-  TANDEM_CHECK(!hybrid(), "FullyShardedDataParallel::save_sharded: not available for HYBRID_SHARD yet; use save_full");
   const int rank = group_->rank(), world = group_->size();
+  // HYBRID_SHARD: every node holds the same shards (and, stepped on the same gradients, the same
+  // optimizer state); the first node writes them, named by the rank in the node.
+  const bool writer = !hybrid() || options_.replicate_group->rank() == 0;
   fs::create_directories(dir);
-  TensorMap mine;
-  for (size_t k = 0; k < units_.size(); ++k) mine["param." + std::to_string(k)] = units_[k]->shard.detach();
-  if (optimizer)
-    for (auto& [key, t] : optimizer->state_dict()) mine["optim." + key] = t;
-  save_atomically(shard_file(dir, rank, world), mine);
-  group_->barrier()->wait(group_->timeout());  // every shard is written before the index says so
-  if (rank == 0) {
+  if (writer) {
+    TensorMap mine;
+    for (size_t k = 0; k < units_.size(); ++k) mine["param." + std::to_string(k)] = units_[k]->shard.detach();
+    if (optimizer)
+      for (auto& [key, t] : optimizer->state_dict()) mine["optim." + key] = t;
+    save_atomically(shard_file(dir, rank, world), mine);
+  }
+  barrier_all();  // every shard is written before the index says so
+  if (rank == 0 && writer) {
     json meta = {{"format", "tandem-fsdp-sharded"}, {"version", 1}, {"world_size", world},
+                 {"replicas", hybrid() ? options_.replicate_group->size() : 1},
                  {"sharding_strategy", sharding_strategy_name(options_.sharding_strategy)},
                  {"optimizer", optimizer != nullptr}, {"units", json::array()}};
     for (auto& u : units_) {
@@ -154,14 +160,18 @@ void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim:
     std::ofstream(path + ".tmp") << meta.dump(1) << "\n";
     fs::rename(path + ".tmp", path);
   }
+  barrier_all();
+}
+
+void FullyShardedDataParallel::barrier_all() {
   group_->barrier()->wait(group_->timeout());
+  if (hybrid()) options_.replicate_group->barrier()->wait(options_.replicate_group->timeout());
 }
 
 void FullyShardedDataParallel::load_sharded(const std::string& dir, optim::Optimizer* optimizer) {
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::load_sharded: called during forward or between gather_full_params() "
                "and release_full_params()");
-  TANDEM_CHECK(!hybrid(), "FullyShardedDataParallel::load_sharded: not available for HYBRID_SHARD yet");
   const std::string index = (fs::path(dir) / "fsdp.json").string();
   std::ifstream in(index);
   TANDEM_CHECK(in.good(), "FSDP checkpoint: ", index, " does not exist (a sharded checkpoint is a directory written by "

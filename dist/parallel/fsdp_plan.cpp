@@ -29,6 +29,7 @@ std::string join(const std::string& path, const std::string& name) { return path
 
 struct Planner {
   const AutoWrapPolicy& policy;
+  const std::set<std::string>& full_precision;
   std::map<const TensorImpl*, int> uses;  // how many names each parameter has in the whole module
   std::set<const TensorImpl*> taken;
   std::set<std::string> classes_seen;
@@ -49,8 +50,9 @@ struct Planner {
     return left;
   }
 
-  void take(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& params) {
-    UnitPlan u{path, {}};
+  void take(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& params,
+            bool keep_precision = false) {
+    UnitPlan u{path, {}, keep_precision};
     for (auto& [name, t] : params) {
       u.params.push_back(name);
       taken.insert(t.impl_ptr().get());
@@ -70,6 +72,7 @@ struct Planner {
     if (left.empty()) return;
     int64_t numel = 0;
     for (auto& [name, t] : left) numel += t.numel();
+    if (full_precision.count(module_class_name(m))) return take(path, left, /*keep_precision=*/true);
     const bool by_class = policy.module_classes.count(module_class_name(m)) > 0;
     const bool by_size = policy.min_num_params > 0 && numel >= policy.min_num_params;
     if (by_class || by_size) take(path, left);
@@ -78,10 +81,11 @@ struct Planner {
 
 }  // namespace
 
-std::vector<UnitPlan> plan_units(const nn::Module& module, const AutoWrapPolicy& policy) {
+std::vector<UnitPlan> plan_units(const nn::Module& module, const AutoWrapPolicy& policy,
+                                 const std::set<std::string>& full_precision_classes) {
   TANDEM_CHECK(policy.min_num_params >= 0, "FullyShardedDataParallel: auto_wrap_policy min_num_params is ",
                policy.min_num_params, ", expected >= 0 (0: no size rule)");
-  Planner p{policy, {}, {}, {}, {}};
+  Planner p{policy, full_precision_classes, {}, {}, {}, {}};
   for (auto& [name, t] : module.named_parameters()) ++p.uses[t.impl_ptr().get()];
   p.visit(module, "", true);
   for (const std::string& cls : policy.module_classes) {

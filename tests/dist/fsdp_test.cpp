@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -17,13 +18,12 @@
 #include <string>
 
 #include "common/ranks.h"
+#include "dist/fsdp_fixtures.h"
 #include "common/test_util.h"
 #include "core/random.h"
 #include "core/safetensors.h"
 #include "dist/parallel/ddp.h"
 #include "dist/parallel/fsdp.h"
-#include "dist/group/process_group_factory.h"
-#include "dist/store/prefix_store.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "optim/clip_grad.h"
@@ -32,49 +32,9 @@
 using namespace tandem;
 using tandem::test::child_rank;
 using tandem::test::run_ranks;
+using namespace tandem::test::fsdp;
 
 namespace {
-
-constexpr int kSteps = 6;
-
-class Block : public nn::Module {
- public:
-  explicit Block(int64_t d) {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(d, 2 * d));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(2 * d, d));
-  }
-  Tensor forward(const Tensor& x) override { return F::add(x, fc2->forward(F::relu(fc1->forward(x)))); }
-  std::shared_ptr<nn::Linear> fc1, fc2;
-};
-
-// 13 -> 16, two residual blocks, 16 -> 5: 7 parameter tensors in the blocks, 4 outside.
-class Net : public nn::Module {
- public:
-  Net() {
-    in = register_module("in", std::make_shared<nn::Linear>(13, 16));
-    b0 = register_module("b0", std::make_shared<Block>(16));
-    b1 = register_module("b1", std::make_shared<Block>(16));
-    out = register_module("out", std::make_shared<nn::Linear>(16, 5));
-  }
-  Tensor forward(const Tensor& x) override {
-    return F::log_softmax(out->forward(b1->forward(b0->forward(F::relu(in->forward(x))))));
-  }
-  std::shared_ptr<nn::Linear> in, out;
-  std::shared_ptr<Block> b0, b1;
-};
-
-struct Batch {
-  Tensor x, y;
-};
-
-// Rank `rank`'s micro-batch `m` of step `s` (the same on every run).
-Batch batch(int s, int m, int rank) {
-  Generator g(1000 + 97 * s + 13 * m + rank);
-  Batch b{Tensor::empty({6, 13}), Tensor::empty({6}, kInt64)};
-  for (int64_t i = 0; i < b.x.numel(); ++i) b.x.data<float>()[i] = static_cast<float>(g.uniform(-1, 1));
-  for (int64_t i = 0; i < 6; ++i) b.y.data<int64_t>()[i] = static_cast<int64_t>(g.uniform(0, 5)) % 5;
-  return b;
-}
 
 struct Setup {
   std::string strategy = "FULL_SHARD";
@@ -87,11 +47,6 @@ Setup parse(const std::string& param) {
   std::istringstream in(param);
   in >> s.strategy >> s.optimizer >> s.micro;
   return s;
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const std::string& kind, std::vector<Tensor> params) {
-  if (kind == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamOptions{0.01, 0.9, 0.99, 1e-8, 0.05});
-  return std::make_unique<optim::SGD>(params, optim::SGDOptions{0.1, 0.9, 0.0, 0.01});
 }
 
 // Trains kSteps with `step(x, y)` doing forward + backward of one micro-batch and `sync(last)`
@@ -124,16 +79,6 @@ std::map<std::string, Tensor> ddp_params(const test::RankContext& ctx, const Set
   return out;
 }
 
-double max_diff(const std::map<std::string, Tensor>& a, const std::map<std::string, Tensor>& b) {
-  double worst = 0;
-  for (auto& [n, t] : a) {
-    const Tensor& u = b.at(n);
-    for (int64_t i = 0; i < t.numel(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(t.data<float>()[i] - u.data<float>()[i])));
-  }
-  return worst;
-}
-
 void check_against_ddp(const test::RankContext& ctx) {
   const Setup s = parse(ctx.param);
   const auto ddp_small = ddp_params(ctx, s, 0.0001);  // one bucket per tensor
@@ -143,18 +88,10 @@ void check_against_ddp(const test::RankContext& ctx) {
   manual_seed(11);
   auto net = std::make_shared<Net>();
   dist::FSDPOptions o;
-  o.sharding_strategy = dist::parse_sharding_strategy(s.strategy);
   o.auto_wrap_policy.module_classes = {"Block"};
-  std::shared_ptr<dist::ProcessGroup> group = ctx.group;
-  int shard_world = ctx.world;
-  if (s.strategy == "HYBRID_SHARD") {  // "nodes" of 2 ranks: shard inside one, replicate across
-    shard_world = 2;
-    const int node = ctx.rank / 2, local = ctx.rank % 2;
-    auto in_node = std::make_shared<dist::PrefixStore>("hybrid/node" + std::to_string(node) + "/", ctx.store);
-    auto across = std::make_shared<dist::PrefixStore>("hybrid/local" + std::to_string(local) + "/", ctx.store);
-    group = dist::make_process_group("gloo", in_node, local, 2, std::chrono::seconds(30));
-    o.replicate_group = dist::make_process_group("gloo", across, node, ctx.world / 2, std::chrono::seconds(30));
-  }
+  // HYBRID_SHARD: "nodes" of 2 ranks, sharded inside one, replicated across.
+  std::shared_ptr<dist::ProcessGroup> group = groups(ctx, s.strategy, o, "hybrid");
+  const int shard_world = group->size();
   dist::FullyShardedDataParallel fsdp(net, group, o);
   ASSERT_EQ(fsdp.units().size(), 3u);  // b0, b1, the root (in, out)
   EXPECT_EQ(fsdp.units()[0].path, "b0");
@@ -304,13 +241,15 @@ struct Trained {
   std::unique_ptr<optim::Optimizer> opt;
 };
 
-Trained make_fsdp(const test::RankContext& ctx) {
+Trained make_fsdp(const test::RankContext& ctx, const std::string& strategy = "FULL_SHARD",
+                  const std::string& tag = "") {
   manual_seed(11);
   Trained t;
   t.net = std::make_shared<Net>();
   dist::FSDPOptions o;
   o.auto_wrap_policy.module_classes = {"Block"};
-  t.fsdp = std::make_unique<dist::FullyShardedDataParallel>(t.net, ctx.group, o);
+  auto group = groups(ctx, strategy, o, tag);
+  t.fsdp = std::make_unique<dist::FullyShardedDataParallel>(t.net, group, o);
   t.opt = make_optimizer("adamw", t.fsdp->parameters());
   return t;
 }
@@ -324,27 +263,41 @@ void steps(Trained& t, const test::RankContext& ctx, int from, int to) {
   }
 }
 
-}  // namespace
+void expect_same_bits(const nn::NamedTensors& a, const nn::NamedTensors& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(std::memcmp(a[i].second.data<float>(), b[i].second.data<float>(), a[i].second.nbytes()), 0)
+        << a[i].first;
+}
 
 // Saved after 3 steps and loaded into a fresh model and optimizer, 3 more steps give the same
-// parameters, bit for bit, as 6 straight steps.
+// parameters, bit for bit, as 6 straight steps. Returns the straight run and what it saved.
+struct Resumed {
+  Trained straight;
+  nn::NamedTensors saved;
+};
+Resumed expect_bitwise_resume(const test::RankContext& ctx, const std::string& dir, const std::string& strategy) {
+  Resumed r{make_fsdp(ctx, strategy, "a"), {}};
+  steps(r.straight, ctx, 0, 3);
+  r.straight.fsdp->save_sharded(dir, r.straight.opt.get());
+  r.saved = r.straight.fsdp->full_state_dict();
+  steps(r.straight, ctx, 3, 6);
+  Trained resumed = make_fsdp(ctx, strategy, "b");
+  resumed.fsdp->load_sharded(dir, resumed.opt.get());
+  steps(resumed, ctx, 3, 6);
+  expect_same_bits(r.straight.fsdp->full_state_dict(), resumed.fsdp->full_state_dict());
+  return r;
+}
+
+}  // namespace
+
 TEST(FsdpCheckpoint, ShardedResumeOnTheSameWorldIsBitwise) {
   if (auto ctx = child_rank()) {
     const std::string dir = ctx->param;
-    Trained straight = make_fsdp(*ctx);
-    steps(straight, *ctx, 0, 3);
-    straight.fsdp->save_sharded(dir, straight.opt.get());
-    steps(straight, *ctx, 3, 6);
-    Trained resumed = make_fsdp(*ctx);
-    resumed.fsdp->load_sharded(dir, resumed.opt.get());
-    steps(resumed, *ctx, 3, 6);
-    const auto a = straight.fsdp->full_state_dict(), b = resumed.fsdp->full_state_dict();
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i)
-      EXPECT_EQ(std::memcmp(a[i].second.data<float>(), b[i].second.data<float>(), a[i].second.nbytes()), 0)
-          << a[i].first;
+    Resumed r = expect_bitwise_resume(*ctx, dir, "FULL_SHARD");
     // The full checkpoint: the module's own names, the gathered values.
-    straight.fsdp->save_full(dir + "/full.safetensors");
+    const auto a = r.straight.fsdp->full_state_dict();
+    r.straight.fsdp->save_full(dir + "/full.safetensors");
     const auto full = load_safetensors(dir + "/full.safetensors");
     ASSERT_EQ(full.size(), a.size());
     for (auto& [name, t] : a)
@@ -353,6 +306,26 @@ TEST(FsdpCheckpoint, ShardedResumeOnTheSameWorldIsBitwise) {
   }
   test::TempDir dir("fsdp-ckpt");
   run_ranks(2, dir.path().string());
+}
+
+// HYBRID_SHARD (2 "nodes" of 2): the first node writes one file per rank in the node, and every node
+// resumes from them bit for bit. The same files load into FULL_SHARD over all 4 ranks (re-sharded
+// from 2 shards to 4) with the same values.
+TEST(FsdpCheckpoint, HybridShardSavesOneNodesShardsAndResumesBitwise) {
+  if (auto ctx = child_rank()) {
+    const std::string dir = ctx->param;
+    const Resumed r = expect_bitwise_resume(*ctx, dir, "HYBRID_SHARD");
+    Trained flat = make_fsdp(*ctx);
+    flat.fsdp->load_sharded(dir, flat.opt.get());
+    expect_same_bits(flat.fsdp->full_state_dict(), r.saved);
+    if (ctx->rank == 0) {
+      EXPECT_TRUE(std::filesystem::exists(dir + "/shard-1-of-2.safetensors"));
+      EXPECT_FALSE(std::filesystem::exists(dir + "/shard-0-of-4.safetensors"));
+    }
+    return;
+  }
+  test::TempDir dir("fsdp-hybrid-ckpt");
+  run_ranks(4, dir.path().string());
 }
 
 // Saved by 3 ranks, loaded by 2: the parameters and AdamW's moments are the same unsharded values.

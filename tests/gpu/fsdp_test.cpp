@@ -1,7 +1,9 @@
 // FullyShardedDataParallel on the GPU: a one-rank NCCL group (the flat buffers in the CUDA caching
 // allocator, the gathers and reduce-scatters on NCCL's stream) and two ranks sharing one GPU over
 // Gloo with CUDA tensors (every collective through host copies), each against the same model
-// trained without sharding on all the ranks' rows. Skips when no GPU is visible.
+// trained without sharding on all the ranks' rows; the same with cpu_offload (the shards, their
+// gradients and the optimizer's state in host memory); and mixed precision with cpu_offload on one
+// rank against the same casts done by hand. Skips when no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -62,7 +64,7 @@ void batch(int step, int64_t lo, int64_t hi, Tensor& x, Tensor& y) {
 }
 
 void expect_fsdp_equals_one_model(const std::shared_ptr<dist::ProcessGroup>& group, int rank, int world,
-                                  dist::ShardingStrategy strategy) {
+                                  dist::ShardingStrategy strategy, bool offload = false) {
   manual_seed(21);
   auto reference = std::make_shared<Net>();
   manual_seed(21);
@@ -72,7 +74,9 @@ void expect_fsdp_equals_one_model(const std::shared_ptr<dist::ProcessGroup>& gro
   dist::FSDPOptions o;
   o.sharding_strategy = strategy;
   o.auto_wrap_policy.module_classes = {"Block"};
+  o.cpu_offload.offload_params = offload;
   dist::FullyShardedDataParallel fsdp(local, group, o);
+  for (auto& p : fsdp.parameters()) EXPECT_EQ(p.device().is_cpu(), offload) << "the shards live on the host";
   optim::SGD opt(fsdp.parameters(), optim::SGDOptions{0.1, 0.9});
   optim::SGD opt_ref(reference->parameters(), optim::SGDOptions{0.1, 0.9});
   for (int s = 0; s < 4; ++s) {
@@ -80,6 +84,7 @@ void expect_fsdp_equals_one_model(const std::shared_ptr<dist::ProcessGroup>& gro
     batch(s, rank * 4, rank * 4 + 4, x, y);
     opt.zero_grad();
     F::nll_loss(fsdp.forward(x), y).backward();
+    for (auto& p : fsdp.parameters()) EXPECT_EQ(p.grad().device().is_cpu(), offload);
     opt.step();
     batch(s, 0, world * 4, x, y);
     opt_ref.zero_grad();
@@ -110,6 +115,58 @@ TEST(GpuFsdp, OneRankNcclEqualsTheModelAlone) {
   TANDEM_NEED_GPUS(1);
   expect_fsdp_equals_one_model(one_rank_nccl("full"), 0, 1, dist::ShardingStrategy::FullShard);
   expect_fsdp_equals_one_model(one_rank_nccl("grad-op"), 0, 1, dist::ShardingStrategy::ShardGradOp);
+}
+
+TEST(GpuFsdp, CpuOffloadKeepsShardsOnTheHostAndEqualsTheModelAlone) {
+  TANDEM_NEED_GPUS(1);
+  expect_fsdp_equals_one_model(one_rank_nccl("offload"), 0, 1, dist::ShardingStrategy::FullShard, true);
+}
+
+// One rank, bfloat16 parameters, float32 shards on the host: equals a float32 master stepped with the
+// gradients of a bfloat16 copy of itself (on one rank the reduction is a cast).
+TEST(GpuFsdp, MixedPrecisionWithCpuOffloadEqualsTheCastsByHand) {
+  TANDEM_NEED_GPUS(1);
+  manual_seed(23);
+  auto master = std::make_shared<Net>();
+  manual_seed(23);
+  auto local = std::make_shared<Net>();
+  master->to(gpu());
+  local->to(gpu());
+  dist::FSDPOptions o;
+  o.auto_wrap_policy.module_classes = {"Block"};
+  o.mixed_precision.param_dtype = kBFloat16;
+  o.cpu_offload.offload_params = true;
+  dist::FullyShardedDataParallel fsdp(local, one_rank_nccl("mixed"), o);
+  EXPECT_EQ(local->b0->a->weight.dtype(), kBFloat16);
+  optim::SGD opt(fsdp.parameters(), optim::SGDOptions{0.1, 0.9});
+  optim::SGD opt_ref(master->parameters(), optim::SGDOptions{0.1, 0.9});
+  const auto named = master->named_parameters();
+  for (int s = 0; s < 4; ++s) {
+    Tensor x, y;
+    batch(s, 0, 8, x, y);
+    opt.zero_grad();
+    F::nll_loss(fsdp.forward(x), y).backward();
+    opt.step();
+    Net low;
+    low.to(gpu());
+    const auto low_named = low.named_parameters();
+    for (size_t i = 0; i < named.size(); ++i)
+      const_cast<Tensor&>(low_named[i].second).set_data(named[i].second.detach().to(kBFloat16));
+    F::nll_loss(low.forward(x), y).backward();
+    opt_ref.zero_grad();
+    for (size_t i = 0; i < named.size(); ++i)
+      const_cast<Tensor&>(named[i].second).set_grad(low_named[i].second.grad().to(kFloat32));
+    opt_ref.step();
+  }
+  std::map<std::string, Tensor> want;
+  for (auto& [name, t] : named) want[name] = t.to(Device::cpu());
+  double worst = 0;
+  for (auto& [name, t] : fsdp.full_state_dict()) {
+    EXPECT_EQ(t.dtype(), kFloat32) << name;
+    const auto a = t.to(Device::cpu()).to_vector<float>(), b = want.at(name).to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(a[i] - b[i])));
+  }
+  EXPECT_LT(worst, 1e-6);  // the same kernels on the same values: equal but for a GEMM's order of summation
 }
 
 TEST(GpuFsdp, TwoRanksSharingTheGpuOverGlooEqualOneModel) {

@@ -45,17 +45,18 @@ class EtcdRendezvous : public Rendezvous {
   explicit EtcdRendezvous(const RunOptions& o);  // takes a lease and an id; throws RendezvousError
   ~EtcdRendezvous() override;
 
-  bool is_host() const override { return false; }
-  std::string address() const override;
-
-  int first_round() override;
+  bool is_host() const override { return false; }  // no agent serves anything
+  std::string address() const override;              // "etcd://HOST:PORT,..."
+  int first_round() override;                        // the "open" key's round, else 0
+  // Enters the round by compare-and-swap, then waits for its close (closing it when the rules say so).
   Round join(int round) override;
-  void record_failure(int round, const Failure& f) override;
+  void record_failure(int round, const Failure& f) override;  // r<N>/failure/<id>
   std::optional<Failure> failure(int round) override;
-  void finish(int round, int nnodes) override;
-  void leave(int round, int nnodes) override;
+  void finish(int round, int nnodes) override;  // r<N>/done/<id>, and "ended" (a success)
+  void leave(int round, int nnodes) override;   // r<N>/left/<id>, and "ended" (the job gave up)
 
  protected:
+  // A failure recorded in the round, a node of the round whose lease expired, or a scale-up.
   std::string watch_once(int round, int nnodes) override;
   std::string lost_text(const std::string& error) const override;
 

@@ -108,7 +108,6 @@ std::string Rendezvous::scale_up_reason(int64_t waiting, int round, int nnodes) 
 void Rendezvous::watch_loop(int round, int nnodes) {
   std::optional<Clock::time_point> failing_since;
   while (watching_ && !store_lost()) {
-    const auto tried = Clock::now();  // a failing call counts from its start: calls may wait long
     try {
       if (std::string why = watch_once(round, nnodes); !why.empty()) {
         std::lock_guard<std::mutex> lk(reason_mu_);
@@ -117,7 +116,7 @@ void Rendezvous::watch_loop(int round, int nnodes) {
       }
       failing_since.reset();
     } catch (const std::exception& e) {
-      if (!failing_since) failing_since = tried;
+      if (!failing_since) failing_since = Clock::now();
       if (seconds_since(*failing_since) >= o_.store_timeout) {
         set_lost(lost_text(e.what()));
         return;

@@ -84,6 +84,34 @@ TEST(EtcdThreeHosts, KillingNodeRankZerosWholeHostCostsOneRestartAndEndsBitwiseL
   expect_same_weights(tmp / "full.safetensors", tmp / "cut.safetensors");
 }
 
+// --nnodes 2:3, three nodes at work: node rank 0's whole host is SIGKILLed mid-run. The two nodes left
+// (>= MIN) make round 1, host b now node rank 0 and the workers' store host, and the job finishes at
+// world size 2 from the last checkpoint, re-sharded.
+TEST(EtcdThreeHosts, ElasticJobLosingNodeRankZerosHostFinishesOnTheOthersAfterOneRestart) {
+  TempDir tmp("etcd-elastic");
+  ETCD_HOSTS(tmp, hosts, etcd);
+  const std::string ep = etcd.endpoints();
+  const std::vector<std::string> epochs = {"--epochs", "8"};
+  Process a(hosts.in(0, agent("2:3", ep, "elastic", tmp / "w", epochs)), tmp / "a.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("joining the rendezvous at etcd://", seconds(30))) << a.output();
+  Process b(hosts.in(1, agent("2:3", ep, "elastic", tmp / "w", epochs)), tmp / "b.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(b.wait_for_text("joining the rendezvous at etcd://", seconds(30))) << b.output();  // before c
+  Process c(hosts.in(2, agent("2:3", ep, "elastic", tmp / "w", epochs)), tmp / "c.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("node rank 0 of 3 node(s), world size 3", seconds(60))) << a.output();
+  ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/", seconds(120))) << a.output() << "\n---\n" << b.output();
+  ASSERT_TRUE(hosts.kill_all(0));
+  const auto rb = b.wait_for(seconds(240)), rc = c.wait_for(seconds(60));
+  ASSERT_TRUE(rb && rc) << b.output() << "\n---\n" << c.output();
+  EXPECT_EQ(*rb, 0) << b.output();
+  EXPECT_EQ(*rc, 0) << c.output();
+  const std::string both = b.output() + c.output();
+  EXPECT_HAS(both, "rendezvous round 1 at etcd://" + ep + ": node rank 0 of 2 node(s), world size 2, workers' store "
+                   "10.78.0.2:");
+  EXPECT_HAS(both, "rendezvous round 1 at etcd://" + ep + ": node rank 1 of 2 node(s), world size 2");
+  EXPECT_HAS(b.output(), "world size changed from 3 to 2: resuming epoch ");  // rank 0's line
+  EXPECT_HAS(b.output(), "Epoch(test) [8]");
+}
+
 // --nnodes 2 on hosts a and b: etcd's member on host a (the first endpoint every agent tries) is
 // SIGKILLed alone mid-run. The agents go on through the other members: no restart, and the job ends.
 // (A leader among them is elected again within etcd's election timeout, well under timeout=10.)
@@ -95,6 +123,7 @@ TEST(EtcdThreeHosts, OneEtcdMemberKilledAloneRestartsNothing) {
   // could not answer would have ended it.
   const std::vector<std::string> epochs = {"--epochs", "40"};
   Process a(hosts.in(0, agent("2", ep, "member", tmp / "w", epochs)), tmp / "a.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("joining the rendezvous at etcd://", seconds(30))) << a.output();  // node rank 0
   Process b(hosts.in(1, agent("2", ep, "member", tmp / "w", epochs)), tmp / "b.log", {"OMP_NUM_THREADS=1"});
   ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << "\n---\n" << b.output();
   ASSERT_EQ(::kill(etcd.member_process(0).pid(), SIGKILL), 0);
@@ -119,12 +148,13 @@ TEST(EtcdThreeHosts, LosingQuorumEndsEveryAgentNamingTheCauseAndKeepsTheLastChec
   ETCD_HOSTS(tmp, hosts, etcd);
   const std::string ep = etcd.endpoints();
   Process a(hosts.in(0, agent("2", ep, "quorum", tmp / "w", {"--epochs", "80"})), tmp / "a.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("joining the rendezvous at etcd://", seconds(30))) << a.output();  // node rank 0
   Process b(hosts.in(1, agent("2", ep, "quorum", tmp / "w", {"--epochs", "80"})), tmp / "b.log", {"OMP_NUM_THREADS=1"});
   ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << "\n---\n" << b.output();
   ASSERT_EQ(::kill(etcd.member_process(1).pid(), SIGKILL), 0);
   ASSERT_EQ(::kill(etcd.member_process(2).pid(), SIGKILL), 0);
-  // Bound: timeout=10 of failing calls (each at most 5 s), the grace period, with margin; the 80 epochs
-  // would take longer.
+  // Bound: timeout=10 counted from the first failed call (each call at most 5 s), the grace period,
+  // with margin; the 80 epochs would take longer.
   const auto ra = a.wait_for(seconds(90)), rb = b.wait_for(seconds(30));
   ASSERT_TRUE(ra && rb) << a.output() << "\n---\n" << b.output();
   for (const std::string& log : {a.output(), b.output()}) {

@@ -152,9 +152,10 @@ bool EtcdRendezvous::enter(int round) {
   for (;;) {
     const auto cur = retry([&] { return etcd_->get(round_key(round)); });
     Json state = cur ? Json::parse(cur->value) : Json{{"agents", Json::array()}};
-    if (state.contains("closed")) return false;
     for (const Json& a : state["agents"])
       if (a["id"].get<int64_t>() == id_) return true;
+    // Closed, or full (MAX agents in it: it closes at once): this agent waits in the next round.
+    if (state.contains("closed") || static_cast<int>(state["agents"].size()) >= o_.nnodes) return false;
     state["agents"].push_back(me);
     if (retry([&] { return etcd_->put_if(round_key(round), cur ? cur->mod_revision : 0, state.dump()); })) return true;
     throw_if_signalled();
@@ -172,6 +173,7 @@ void EtcdRendezvous::try_close(int round, Json state, int64_t mod_revision) {
     return;
   }
   std::vector<Json> order(agents.begin(), agents.end());
+  if (static_cast<int>(order.size()) > o_.nnodes) order.resize(static_cast<size_t>(o_.nnodes));  // the first MAX
   std::sort(order.begin(), order.end(), [](const Json& x, const Json& y) { return x["id"] < y["id"]; });
   bool all_given = true;
   for (const Json& a : order) all_given = all_given && a["given_rank"].get<int>() >= 0;

@@ -30,6 +30,12 @@ std::vector<std::string> agent(const std::string& nnodes, const std::string& end
 }
 
 
+int count_of(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 // The three hosts and their etcd cluster, or a skip saying why not.
 #define ETCD_HOSTS(tmp, hosts, etcd)                                                          \
   if (::getuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";           \
@@ -82,6 +88,36 @@ TEST(EtcdThreeHosts, KillingNodeRankZerosWholeHostCostsOneRestartAndEndsBitwiseL
   EXPECT_HAS(c.output(), "rendezvous round 1 at etcd://" + ep + ": node rank 1 of 2 node(s), world size 2");
   EXPECT_HAS(b.output(), "restart 1 of the worker group: resuming from the last checkpoint");
   expect_same_weights(tmp / "full.safetensors", tmp / "cut.safetensors");
+}
+
+// Three agents of a --nnodes 2 job start at once, five times over (/bin/sh workers): concurrent joins
+// never split or overfill a round. Each time exactly two agents get node ranks 0 and 1 in round 0
+// (world size 2), and the third waits for round 1 and leaves with exit code 0 once the job succeeded.
+TEST(EtcdThreeHosts, ConcurrentJoinsMakeOneRoundOfMaxNodesAndTheSpareLeavesAfterTheJob) {
+  TempDir tmp("etcd-concurrent");
+  ETCD_HOSTS(tmp, hosts, etcd);
+  for (int job = 0; job < 5; ++job) {
+    std::vector<Process> agents;
+    for (int i = 0; i < 3; ++i)
+      agents.emplace_back(hosts.in(i, {kRun, "--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+                                       etcd.endpoints(), "--rdzv-id", "concurrent" + std::to_string(job),
+                                       "--rdzv-conf", "last_call_timeout=1,join_timeout=60,timeout=10", "/bin/sh",
+                                       "-c", "echo \"world $WORLD_SIZE\""}),
+                          tmp / ("job" + std::to_string(job) + "_" + std::to_string(i) + ".log"));
+    std::string all;
+    for (Process& p : agents) {
+      const auto rc = p.wait_for(seconds(60));
+      ASSERT_TRUE(rc.has_value()) << p.output();
+      EXPECT_EQ(*rc, 0) << p.output();
+      all += p.output();
+    }
+    EXPECT_EQ(count_of(all, ": node rank 0 of 2 node(s), world size 2"), 1) << all;
+    EXPECT_EQ(count_of(all, ": node rank 1 of 2 node(s), world size 2"), 1) << all;
+    EXPECT_EQ(count_of(all, "[rank 0] world 2"), 1) << all;
+    EXPECT_EQ(count_of(all, "[rank 1] world 2"), 1) << all;
+    EXPECT_EQ(count_of(all, "the job succeeded in round 0 while this node waited to join round 1; leaving"), 1)
+        << all;
+  }
 }
 
 // --nnodes 2:3, three nodes at work: node rank 0's whole host is SIGKILLed mid-run. The two nodes left

@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   } kinds[] = {
       {"range (get)", [&](int) { etcd_client.get("k"); }},
       {"put", [&](int i) { etcd_client.put("k", std::to_string(i)); }},
-      {"txn (compare-and-swap)", [&](int i) {
+      {"txn (CAS) + range", [&](int i) {  // a successful swap, then its new revision, as a join does
          if (etcd_client.put_if("cas", rev, std::to_string(i))) rev = etcd_client.get("cas")->mod_revision;
        }},
       {"lease keepalive", [&](int) { etcd_client.keep_alive(lease); }},
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   std::printf("%d calls each, one-member etcd on loopback; bare HTTP GET /version: %.3f ms\n", calls, bare);
   for (const auto& k : kinds) {
     const double ms = per_call_ms(calls, k.call);
-    std::printf("%-24s %.3f ms/call  %.2fx the bare round trip\n", k.name, ms, ms / bare);
+    std::printf("%-20s %.3f ms/call  %.2fx the bare round trip\n", k.name, ms, ms / bare);
   }
   ::kill(etcd, SIGTERM);
   ::waitpid(etcd, nullptr, 0);

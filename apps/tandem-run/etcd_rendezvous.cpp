@@ -43,7 +43,7 @@ template <typename F>
 auto EtcdRendezvous::retry(F&& f) -> decltype(f()) {
   const auto start = Clock::now();
   for (;;) {
-    if (store_lost()) throw RendezvousError(stop_reason());
+    if (store_lost()) throw RendezvousError(lost_reason());
     try {
       return f();
     } catch (const EtcdError& e) {
@@ -214,7 +214,7 @@ Json EtcdRendezvous::await_close(int round, Clock::time_point start) {
   Clock::time_point min_at{};
   bool min_reached = false;
   for (;;) {
-    if (store_lost()) throw RendezvousError(stop_reason());
+    if (store_lost()) throw RendezvousError(lost_reason());
     const auto cur = retry([&] { return etcd_->get(round_key(round)); });
     const Json state = cur ? Json::parse(cur->value) : Json{{"agents", Json::array()}};
     if (state.contains("closed")) return state["closed"];
@@ -312,6 +312,11 @@ std::string EtcdRendezvous::watch_once(int round, int nnodes) {
   const auto records = etcd_->get_prefix(round_key(round) + "/");
   std::set<int64_t> gone_ok;  // done or left: their leases may end
   for (const auto& [key, value] : records) {
+    if (key == sub_key(round, "failure", id_)) {  // recorded for this node by another agent: its lease expired
+      set_lost("this agent's etcd lease expired: it could not renew it within " + std::to_string(ttl_) +
+               " s, and the other agents count this node lost");
+      return lost_reason();
+    }
     if (key.find("/failure/") != std::string::npos)
       return "round " + std::to_string(round) + " failed on another node: " + Failure::from(Json::parse(value.value)).line();
     gone_ok.insert(id_of(key));

@@ -7,6 +7,7 @@
 
 #include <sstream>
 
+#include "console.h"
 #include "etcd_rendezvous.h"
 #include "store_rendezvous.h"
 
@@ -70,8 +71,8 @@ void Rendezvous::start_watch(int round, int nnodes) {
   stop_watch();
   {
     std::lock_guard<std::mutex> lk(reason_mu_);
-    if (lost_) return;  // the reason stays: the agent ends
-    reason_.clear();
+    reason_ = lost_reason_;
+    if (lost_) return;  // the agent ends
   }
   watching_ = true;
   watcher_ = std::thread([this, round, nnodes] { watch_loop(round, nnodes); });
@@ -80,6 +81,8 @@ void Rendezvous::start_watch(int round, int nnodes) {
 void Rendezvous::stop_watch() {
   watching_ = false;
   if (watcher_.joinable()) watcher_.join();
+  std::lock_guard<std::mutex> lk(reason_mu_);
+  reason_.clear();  // read by the supervisor only while the workers run
 }
 
 std::string Rendezvous::stop_reason() {
@@ -92,11 +95,22 @@ bool Rendezvous::store_lost() {
   return lost_;
 }
 
-void Rendezvous::set_lost(const std::string& why) {
+std::string Rendezvous::lost_reason() {
   std::lock_guard<std::mutex> lk(reason_mu_);
-  if (lost_) return;
-  reason_ = why;
-  lost_ = true;
+  return lost_reason_;
+}
+
+void Rendezvous::set_lost(const std::string& why) {
+  bool say_now = false;
+  {
+    std::lock_guard<std::mutex> lk(reason_mu_);
+    if (lost_) return;
+    lost_ = true;
+    lost_reason_ = why;
+    say_now = !reason_.empty();
+    if (!say_now) reason_ = why;
+  }
+  if (say_now) say(why);
 }
 
 std::string Rendezvous::scale_up_reason(int64_t waiting, int round, int nnodes) const {

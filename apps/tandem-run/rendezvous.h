@@ -86,6 +86,7 @@ class Rendezvous {
   void stop_watch();
   std::string stop_reason();
   bool store_lost();
+  std::string lost_reason();  // why the rendezvous was lost ("" while it was not)
 
  protected:
   explicit Rendezvous(const RunOptions& o) : o_(o) {}
@@ -94,7 +95,8 @@ class Rendezvous {
   virtual std::string watch_once(int round, int nnodes) = 0;
   // The reason given when the rendezvous stayed unreachable for the timeout (`error`: the last one).
   virtual std::string lost_text(const std::string& error) const = 0;
-  // Ends the watch and the agent: the rendezvous is lost (`why` says how).
+  // Ends the watch and the agent: the rendezvous is lost (`why` says how). When the running watch
+  // already gave another reason to stop, `why` is said at once (nothing else would say it).
   void set_lost(const std::string& why);
   // The stop reason when `waiting` agents wait in the round after `round` (of `nnodes` nodes).
   std::string scale_up_reason(int64_t waiting, int round, int nnodes) const;
@@ -107,6 +109,7 @@ class Rendezvous {
   std::atomic<bool> watching_{false};
   std::mutex reason_mu_;
   std::string reason_;
+  std::string lost_reason_;
   bool lost_ = false;
 };
 

@@ -63,6 +63,11 @@ class BridgedHosts {
     argv.insert(argv.begin(), {"/usr/sbin/ip", "netns", "exec", name(i)});
     return argv;
   }
+  // Sets host i's link to the bridge down or up.
+  bool set_link(int i, bool up) const {
+    return sh("ip -n " + name(i) + " link set " + links_[static_cast<size_t>(i)] + (up ? " up" : " down"),
+              dir_ / "link.log") == 0;
+  }
   // SIGKILLs every process inside host i (a whole host lost at once).
   bool kill_all(int i) const {
     return sh("ip netns pids " + name(i) + " | xargs -r kill -9", dir_ / ("kill-" + name(i) + ".log")) == 0;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <thread>
 
 #include "cluster/etcd_hosts.h"
 
@@ -78,10 +79,7 @@ TEST(EtcdThreeHosts, KillingNodeRankZerosWholeHostCostsOneRestartAndEndsBitwiseL
   ASSERT_TRUE(c.wait_for_text("waiting for round 1", seconds(60))) << c.output();
   ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << "\n---\n" << b.output();
   ASSERT_TRUE(hosts.kill_all(0));
-  const auto rb = b.wait_for(seconds(240)), rc = c.wait_for(seconds(60));
-  ASSERT_TRUE(rb && rc) << b.output() << "\n---\n" << c.output();
-  EXPECT_EQ(*rb, 0) << b.output();
-  EXPECT_EQ(*rc, 0) << c.output();
+  expect_both_succeed(b, c, seconds(240), seconds(60));
   EXPECT_HAS(b.output(), "restarting the worker group with the other nodes (restart 1 of 1)");
   EXPECT_HAS(b.output(), "rendezvous round 1 at etcd://" + ep + ": node rank 0 of 2 node(s), world size 2, "
                          "workers' store 10.78.0.2:");
@@ -136,16 +134,48 @@ TEST(EtcdThreeHosts, ElasticJobLosingNodeRankZerosHostFinishesOnTheOthersAfterOn
   ASSERT_TRUE(a.wait_for_text("node rank 0 of 3 node(s), world size 3", seconds(60))) << a.output();
   ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/", seconds(120))) << a.output() << "\n---\n" << b.output();
   ASSERT_TRUE(hosts.kill_all(0));
-  const auto rb = b.wait_for(seconds(240)), rc = c.wait_for(seconds(60));
-  ASSERT_TRUE(rb && rc) << b.output() << "\n---\n" << c.output();
-  EXPECT_EQ(*rb, 0) << b.output();
-  EXPECT_EQ(*rc, 0) << c.output();
+  expect_both_succeed(b, c, seconds(240), seconds(60));
   const std::string both = b.output() + c.output();
   EXPECT_HAS(both, "rendezvous round 1 at etcd://" + ep + ": node rank 0 of 2 node(s), world size 2, workers' store "
                    "10.78.0.2:");
   EXPECT_HAS(both, "rendezvous round 1 at etcd://" + ep + ": node rank 1 of 2 node(s), world size 2");
   EXPECT_HAS(b.output(), "world size changed from 3 to 2: resuming epoch ");  // rank 0's line
   EXPECT_HAS(b.output(), "Epoch(test) [8]");
+}
+
+// --nnodes 2 on hosts a and b, a spare on host c, timeout=20 (so each lease lives 10 s): host b's link
+// is down for 14 s. Node b's lease expires meanwhile: node a's agent counts node 1 lost, restarts with
+// the spare and finishes the job; node b's agent, back on the network, finds its lease gone and ends
+// with exit code 1 naming it.
+TEST(EtcdThreeHosts, AnAgentCutOffLongerThanItsLeaseIsCountedLostAndEndsNamingIt) {
+  TempDir tmp("etcd-lease");
+  ETCD_HOSTS(tmp, hosts, etcd);
+  const std::string ep = etcd.endpoints();
+  auto lease_agent = [&](int host) {
+    std::vector<std::string> argv = agent("2", ep, "lease", tmp / "w", {"--epochs", "60", "--dist-timeout", "30"});
+    for (std::string& a : argv)
+      if (a == "last_call_timeout=1,join_timeout=240,timeout=10") a = "last_call_timeout=1,join_timeout=240,timeout=20";
+    return hosts.in(host, argv);
+  };
+  Process a(lease_agent(0), tmp / "a.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(a.wait_for_text("joining the rendezvous at etcd://", seconds(30))) << a.output();
+  Process b(lease_agent(1), tmp / "b.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(b.wait_for_text("node rank 1 of 2 node(s)", seconds(60))) << b.output();
+  Process c(lease_agent(2), tmp / "c.log", {"OMP_NUM_THREADS=1"});
+  ASSERT_TRUE(c.wait_for_text("waiting for round 1", seconds(60))) << c.output();
+  ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output();
+  ASSERT_TRUE(hosts.set_link(1, false));
+  std::this_thread::sleep_for(seconds(14));  // longer than the lease's 10 s; no result depends on the length
+  ASSERT_TRUE(hosts.set_link(1, true));
+  const auto rb = b.wait_for(seconds(120));
+  ASSERT_TRUE(rb.has_value()) << b.output();
+  EXPECT_EQ(*rb, 1) << b.output();
+  EXPECT_HAS(b.output(), "this agent's etcd lease expired");
+  EXPECT_HAS(b.output(), "the other agents count this node lost");
+  expect_both_succeed(a, c, seconds(240), seconds(60));
+  EXPECT_HAS(a.output(), "round 0 lost node 1 (host ");
+  EXPECT_HAS(a.output(), "): its agent's etcd lease expired; ending this node's 1 worker(s)");
+  EXPECT_HAS(c.output(), "rendezvous round 1 at etcd://" + ep + ": node rank 1 of 2 node(s), world size 2");
 }
 
 // --nnodes 2 on hosts a and b: etcd's member on host a (the first endpoint every agent tries) is
@@ -163,10 +193,7 @@ TEST(EtcdThreeHosts, OneEtcdMemberKilledAloneRestartsNothing) {
   Process b(hosts.in(1, agent("2", ep, "member", tmp / "w", epochs)), tmp / "b.log", {"OMP_NUM_THREADS=1"});
   ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << "\n---\n" << b.output();
   ASSERT_EQ(::kill(etcd.member_process(0).pid(), SIGKILL), 0);
-  const auto ra = a.wait_for(seconds(240)), rb = b.wait_for(seconds(60));
-  ASSERT_TRUE(ra && rb) << a.output() << "\n---\n" << b.output();
-  EXPECT_EQ(*ra, 0) << a.output();
-  EXPECT_EQ(*rb, 0) << b.output();
+  expect_both_succeed(a, b, seconds(240), seconds(60));
   EXPECT_FALSE(etcd.member_process(0).running());
   for (const std::string& log : {a.output(), b.output()}) {
     EXPECT_EQ(log.find("restarting"), std::string::npos) << log;

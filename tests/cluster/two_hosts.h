@@ -36,6 +36,14 @@ inline void expect_same_weights(const std::filesystem::path& want_file, const st
   }
 }
 
+// Waits (bounded) for two agents and expects both to have exited 0.
+inline void expect_both_succeed(Process& x, Process& y, std::chrono::seconds x_limit, std::chrono::seconds y_limit) {
+  const auto rx = x.wait_for(x_limit), ry = y.wait_for(y_limit);
+  ASSERT_TRUE(rx && ry) << x.output() << "\n---\n" << y.output();
+  EXPECT_EQ(*rx, 0) << x.output();
+  EXPECT_EQ(*ry, 0) << y.output();
+}
+
 // Runs a command through /bin/sh; returns its exit code, its output in *out.
 inline int sh(const std::string& cmd, const std::filesystem::path& log, std::string* out = nullptr) {
   const int rc = run_shell(cmd, log);

@@ -70,8 +70,6 @@ EtcdRendezvous::EtcdRendezvous(const RunOptions& o) : Rendezvous(o), prefix_("/t
   }
   ttl_ = static_cast<int>(std::clamp(o.store_timeout, 2.0, 10.0));
   lease_ = retry([&] { return etcd_->grant_lease(ttl_); });
-  keeping_ = true;
-  keeper_ = std::thread([this] { keep_alive_loop(); });
   id_ = retry([&] {
     for (;;) {
       const auto seq = etcd_->get(prefix_ + "seq");
@@ -81,6 +79,8 @@ EtcdRendezvous::EtcdRendezvous(const RunOptions& o) : Rendezvous(o), prefix_("/t
   });
   const Json me = {{"name", hostname()}, {"addr", local_addr_}};
   retry([&] { etcd_->put(prefix_ + "alive/" + std::to_string(id_), me.dump(), lease_); });
+  keeping_ = true;  // last: a constructor that throws leaves no thread behind
+  keeper_ = std::thread([this] { keep_alive_loop(); });
 }
 
 EtcdRendezvous::~EtcdRendezvous() {

@@ -162,7 +162,8 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   app.add_option("--local-addr,--local_addr", o.local_addr,
                  "etcd: this node's address as the other nodes reach it (default: its source address towards the "
                  "first etcd member)");
-  app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the job's id, given to the workers as TORCHELASTIC_RUN_ID");
+  app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the job's id, the same on every node and new for every job: the workers' TORCHELASTIC_RUN_ID, and the "
+                 "token of a multi-node job's stores unless TANDEM_STORE_TOKEN is set");
   app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
                  "c10d or static: a TCP store at the rendezvous endpoint, served by the agent on that host; etcd "
                  "(or etcd-v2): an etcd cluster at --rdzv-endpoint, so that no host is a single point of failure");

@@ -87,7 +87,8 @@ EtcdRendezvous::~EtcdRendezvous() {
   stop_watch();
   keeping_ = false;
   if (keeper_.joinable()) keeper_.join();
-  try {  // this agent's alive key goes at once rather than at the lease's end
+  if (store_lost()) return;  // etcd cannot be used: the lease ends by itself
+  try {                      // this agent's alive key goes at once rather than at the lease's end
     etcd_->revoke(lease_);
   } catch (const std::exception&) {
   }

@@ -37,6 +37,7 @@ say() { printf '[setup] %s\n' "$*"; }
 PACKAGES=(
   g++ cmake ninja-build pkg-config zlib1g-dev
   libeigen3-dev libgloo-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
+  libcurl4-openssl-dev  # tandem-run's etcd rendezvous (etcd's v3 JSON gateway)
   dataset-fashion-mnist
   fortunes  # English prose for examples/transformer (/usr/share/games/fortunes)
 )
@@ -47,6 +48,7 @@ if [ "$FOR" = test ]; then
     nodejs npm
     python3 python3-torch libopenblas0-pthread python3-matplotlib
     clang libclang-rt-14-dev munge iproute2
+    etcd-server etcd-client  # the etcd rendezvous tests start their own members
     patchelf  # scripts/gpu/bundle.sh (CI's cuda stage)
   )
 fi

@@ -6,6 +6,7 @@
 
 #include "console.h"
 #include "rendezvous.h"
+#include "token.h"
 
 namespace tandem::run {
 namespace {
@@ -98,11 +99,15 @@ int play(Rendezvous& rdzv, GroupSpec& spec) {
 
 int run_agent(GroupSpec spec) {
   try {
-    Rendezvous rdzv(spec.options);
-    say(std::string(rdzv.is_host() ? "serving" : "joining") + " the rendezvous at " + rdzv.address() + " (nodes " +
+    if (std::string token = store_token_env(spec.options); !token.empty()) spec.base_env.push_back(token);
+    const std::unique_ptr<Rendezvous> rdzv = make_rendezvous(spec.options);
+    say(std::string(rdzv->is_host() ? "serving" : "joining") + " the rendezvous at " + rdzv->address() + " (nodes " +
         std::to_string(spec.options.min_nodes) + ":" + std::to_string(spec.options.nnodes) + ", run id " +
         spec.options.run_id + ")");
-    return play(rdzv, spec);
+    return play(*rdzv, spec);
+  } catch (const RendezvousFinished& e) {
+    say(e.what());
+    return 0;
   } catch (const RendezvousInterrupted& e) {
     say("received signal " + std::to_string(e.signal) + " during the rendezvous; stopping");
     return 128 + e.signal;

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "etcd_client.h"
+
 namespace tandem::run {
 
 namespace {
@@ -91,6 +93,25 @@ std::string parse_rdzv_conf(const std::string& conf, RunOptions& o) {
   return "";
 }
 
+// --rdzv-endpoint HOST:PORT[,HOST:PORT...] of the etcd backend into o.etcd_endpoints.
+std::string parse_etcd_endpoints(const std::string& text, RunOptions& o) {
+  if (text.empty()) return "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT[,HOST:PORT...] naming the etcd members";
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    const std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    try {
+      etcd_url(item);
+    } catch (const std::invalid_argument& e) {
+      return "--rdzv-endpoint " + text + ": " + e.what();
+    }
+    o.etcd_endpoints.push_back(item);
+  }
+  return "";
+}
+
 }  // namespace
 
 int parse_options(int argc, char** argv, RunOptions& o) {
@@ -136,11 +157,16 @@ int parse_options(int argc, char** argv, RunOptions& o) {
                "environment, and nothing is appended to their command line");
   std::string rdzv_endpoint, rdzv_backend = "static";
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", rdzv_endpoint,
-                 "HOST[:PORT]: the same as --master-addr HOST --master-port PORT");
-  app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the job's id, given to the workers as TORCHELASTIC_RUN_ID");
+                 "c10d: HOST[:PORT], the same as --master-addr HOST --master-port PORT; etcd: the etcd members, "
+                 "HOST:PORT[,HOST:PORT...]");
+  app.add_option("--local-addr,--local_addr", o.local_addr,
+                 "etcd: this node's address as the other nodes reach it (default: its source address towards the "
+                 "first etcd member)");
+  app.add_option("--rdzv-id,--rdzv_id", o.run_id, "the job's id, the same on every node and new for every job: the workers' TORCHELASTIC_RUN_ID, and the "
+                 "token of a multi-node job's stores unless TANDEM_STORE_TOKEN is set");
   app.add_option("--rdzv-backend,--rdzv_backend", rdzv_backend,
-                 "c10d or static: a TCP store at the rendezvous endpoint, served by the agent on that host "
-                 "(the only rendezvous tandem-run has)");
+                 "c10d or static: a TCP store at the rendezvous endpoint, served by the agent on that host; etcd "
+                 "(or etcd-v2): an etcd cluster at --rdzv-endpoint, so that no host is a single point of failure");
   std::string rdzv_conf;
   app.add_option("--rdzv-conf,--rdzv_conf", rdzv_conf,
                  "KEY=VALUE,... for a multi-node rendezvous, in seconds: join_timeout (600: how long to wait for MIN "
@@ -165,9 +191,14 @@ int parse_options(int argc, char** argv, RunOptions& o) {
   if (!o.command.front().empty() && o.command.front()[0] == '-' && o.command.front() != "-")
     return usage_error("unknown option " + o.command.front());
 
-  if (rdzv_backend != "c10d" && rdzv_backend != "static")
-    return usage_error("--rdzv-backend " + rdzv_backend + ": only c10d and static (rank 0's TCP store) are supported");
-  if (!rdzv_endpoint.empty()) {
+  if (rdzv_backend == "etcd" || rdzv_backend == "etcd-v2") {
+    o.rdzv_backend = "etcd";
+    if (std::string err = parse_etcd_endpoints(rdzv_endpoint, o); !err.empty()) return usage_error(err);
+  } else if (rdzv_backend != "c10d" && rdzv_backend != "static") {
+    return usage_error("--rdzv-backend " + rdzv_backend +
+                       ": expected c10d or static (a TCP store served by one agent), or etcd / etcd-v2");
+  }
+  if (!rdzv_endpoint.empty() && o.rdzv_backend != "etcd") {
     const size_t colon = rdzv_endpoint.rfind(':');
     o.master_addr = rdzv_endpoint.substr(0, colon);
     if (colon != std::string::npos) {

@@ -6,8 +6,10 @@
 // --rdzv-endpoint HOST[:PORT] is the same as --master-addr HOST --master-port PORT. With
 // --nnodes 1 that is rank 0's store (the workers' MASTER_ADDR/MASTER_PORT); with --nnodes N > 1
 // or MIN:MAX the agents meet there first (rendezvous.h) and node rank 0 picks the workers'
-// port for each round. --rdzv-id is the run id, --rdzv-backend c10d or static (both mean
-// that store), --rdzv-conf KEY=VALUE,... the rendezvous' timeouts. The first positional
+// port for each round. --rdzv-id is the run id (and the stores' token, token.h), --rdzv-backend c10d
+// or static (both mean that store) or etcd / etcd-v2 (rendezvous.h; --rdzv-endpoint then lists the
+// etcd members, HOST:PORT[,HOST:PORT...], and --local-addr is this node's address for the workers'
+// store), --rdzv-conf KEY=VALUE,... the rendezvous' timeouts. The first positional
 // argument is the PROGRAM; it and everything after it are the worker's command line.
 #pragma once
 
@@ -35,8 +37,11 @@ struct RunOptions {
   double join_timeout = 600.0;
   double last_call_timeout = 2.0;
   double store_timeout = 60.0;
-  // Whether the agents meet in a rendezvous (every --nnodes but a plain 1).
-  bool rendezvous() const { return nnodes > 1 || min_nodes != nnodes; }
+  std::string rdzv_backend = "c10d";        // c10d (static too) or etcd (etcd-v2 too)
+  std::vector<std::string> etcd_endpoints;  // etcd: --rdzv-endpoint HOST:PORT[,HOST:PORT...]
+  std::string local_addr;                   // --local-addr: this node's address for the others
+  // Whether the agents meet in a rendezvous (every --nnodes but a plain 1; always with etcd).
+  bool rendezvous() const { return nnodes > 1 || min_nodes != nnodes || rdzv_backend == "etcd"; }
 };
 
 // Visible NVIDIA GPUs without the CUDA runtime: CUDA_VISIBLE_DEVICES when set ("-1" or empty: none;

@@ -98,4 +98,25 @@ int pick_port(uint32_t addr, const char* where) {
 int pick_free_port() { return pick_port(INADDR_LOOPBACK, "127.0.0.1"); }
 int pick_free_port_any() { return pick_port(INADDR_ANY, "0.0.0.0"); }
 
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr)
+    throw std::runtime_error("cannot resolve " + host + " to find this node's address towards it; give --local-addr");
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in me{};
+  socklen_t len = sizeof(me);
+  const bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&  // no packet is sent
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0;
+  const int err = errno;
+  ::freeaddrinfo(res);
+  if (fd >= 0) ::close(fd);
+  if (!ok) throw std::runtime_error("no route to " + host + " (" + std::strerror(err) + "); give --local-addr");
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof(text));
+  return text;
+}
+
 }  // namespace tandem::run

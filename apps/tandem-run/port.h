@@ -19,5 +19,8 @@ PortCheck check_port_free(const std::string& addr, int port);
 int pick_free_port();
 // The same on every interface (0.0.0.0): for the workers' store of a multi-node round.
 int pick_free_port_any();
+// This machine's IPv4 address on the route to host:port (the source address a connection there would
+// get): what other nodes reach this one at. Throws std::runtime_error naming the host when none.
+std::string local_address_towards(const std::string& host, int port);
 
 }  // namespace tandem::run

@@ -1,26 +1,20 @@
-// The agents' rendezvous of a multi-node job (--nnodes N > 1 or MIN:MAX), torchrun's c10d backend
-// in small: the agent that can bind the rendezvous address (--master-addr:--master-port, or
-// --rdzv-endpoint) serves a dist::TCPStore there; every agent, that one included, is a client.
-// With --node-rank given, only node rank 0 tries to serve it (and fails with a clear error when it
-// cannot), as torchrun's static backend.
-//
-// Keys, under "tandem-run/<run id>/r<round>/": joined (counter: the arrival index), agent<i> (JSON of
-// agent i), closed (JSON: the round's node ranks and the workers' MASTER_ADDR/MASTER_PORT, or why it
-// failed), failures (counter) and failure<k> (JSON of the k-th worker failure in the round), done
-// (counter of nodes whose workers all succeeded). "tandem-run/<run id>/open" is the round the store
-// host last opened: an agent starting late joins that one.
-//
-// The store host closes each round (round_rules.h), picks a free port for the workers' own store
-// and publishes it in `closed`; an agent that joined a round after it closed waits for the next.
-// Every wait is bounded: joining by join_timeout, each store call by timeout, and a store that stays
-// unreachable for timeout ends the agent with an error naming its address. SIGINT/SIGTERM/SIGHUP/
-// SIGQUIT arriving while an agent waits here end the wait (RendezvousInterrupted).
+// The agents' rendezvous of a multi-node job (--nnodes N > 1 or MIN:MAX), as torchrun's: agents meet
+// in rounds, each closed round gives every agent its node rank and the workers' store address, and
+// restarts are agreed through it (agent.h). Two backends, by --rdzv-backend:
+//   c10d / static  a dist::TCPStore served by one agent (store_rendezvous.h): that host is a single
+//                  point of failure.
+//   etcd / etcd-v2 an etcd cluster (etcd_rendezvous.h): leases, compare-and-swap rounds, and the
+//                  workers' store hosted each round by the lowest surviving node.
+// Every wait is bounded: joining by join_timeout, each call by the rendezvous timeout, and a rendezvous
+// that stays unreachable for that timeout ends the agent with an error naming its address.
+// SIGINT/SIGTERM/SIGHUP/SIGQUIT arriving while an agent waits here end the wait (RendezvousInterrupted).
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,13 +22,13 @@
 
 #include "options.h"
 
-namespace tandem::dist {
-class TCPStore;
-}
-
 namespace tandem::run {
 
 struct RendezvousError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// The job ended while this agent waited to join (etcd: a standby agent after the others succeeded).
+struct RendezvousFinished : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 struct RendezvousInterrupted : std::runtime_error {
@@ -51,7 +45,7 @@ struct Round {
   int master_port = 0;
 };
 
-// A worker failure as recorded in the store.
+// A worker failure as recorded in the rendezvous.
 struct Failure {
   int node = -1;
   int rank = -1;
@@ -61,57 +55,71 @@ struct Failure {
   std::string host;     // the agent's host name
   bool final = false;   // the agent will not rejoin (interrupted, or its workers could not start)
   std::string line() const;  // "node 1 (host b) rank 3 was killed by SIGKILL (exit code 137)"
+  nlohmann::json json() const;
+  static Failure from(const nlohmann::json& j);
 };
 
 class Rendezvous {
  public:
-  explicit Rendezvous(const RunOptions& o);  // serves or connects; throws RendezvousError
-  ~Rendezvous();
+  virtual ~Rendezvous();
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
 
-  bool is_host() const { return host_; }
-  std::string address() const;  // "tcp://host:port"
+  virtual bool is_host() const = 0;          // serves the rendezvous (c10d's store host)
+  virtual std::string address() const = 0;   // "tcp://host:port", "etcd://a:2379,b:2379"
 
-  int first_round();        // the round a starting agent joins
-  Round join(int round);    // joins `round` (or, when it closed without this agent, a later one)
-  void record_failure(int round, const Failure& f);
+  virtual int first_round() = 0;        // the round a starting agent joins
+  virtual Round join(int round) = 0;    // joins `round` (or, when it closed without this agent, a later one)
+  virtual void record_failure(int round, const Failure& f) = 0;
   // The failure that ends `round`: the first recorded rank killed by a signal, else the first recorded.
-  std::optional<Failure> failure(int round);
-  // Counts this node done; the store host then waits (bounded by the store timeout) until every node
-  // of the round is done, or one failed, so that no agent loses the store before its workers end.
-  void finish(int round, int nnodes);
-  // Says this agent has read the round's outcome and is leaving; the store host waits (bounded by the
-  // grace period plus min(timeout, 5 s)) until all `nnodes` did, so that none loses the store first.
-  void leave(int round, int nnodes);
+  virtual std::optional<Failure> failure(int round) = 0;
+  // Counts this node done (c10d: its store host then waits, bounded, for every node of the round).
+  virtual void finish(int round, int nnodes) = 0;
+  // Says this agent has read the round's outcome and is leaving.
+  virtual void leave(int round, int nnodes) = 0;
 
   // Watches `round` (of `nnodes` nodes) on a thread while the workers run: stop_reason() is then
-  // non-empty once another node recorded a failure, once the store stayed unreachable for the store
-  // timeout, or (with fewer than MAX nodes and restarts left) once an agent waits in the next round,
-  // so that the group restarts with it, as torchrun's scale-up.
+  // non-empty once another node recorded a failure or was lost, once the rendezvous stayed unreachable
+  // for its timeout, or (with fewer than MAX nodes and restarts left) once an agent waits in the next
+  // round, so that the group restarts with it, as torchrun's scale-up.
   void start_watch(int round, int nnodes);
   void stop_watch();
   std::string stop_reason();
   bool store_lost();
+  std::string lost_reason();  // why the rendezvous was lost ("" while it was not)
 
- private:
-  std::string key(int round, const std::string& name) const;
-  void close_round(int round);
-  int64_t poll_count(const std::string& key);
-  // The value of `k` once it exists (polled, stop signals honoured); `why_not` is thrown when it does not
-  // by `limit` seconds after `start`.
-  std::string await_key(const std::string& k, std::chrono::steady_clock::time_point start, double limit, const std::string& why_not);
-  void watch_loop(int round, int nnodes);
+ protected:
+  explicit Rendezvous(const RunOptions& o) : o_(o) {}
+  // One look at the running round: why its workers must stop, or "". Throws (any std::exception)
+  // when the rendezvous cannot be reached; the watch retries until the timeout has passed.
+  virtual std::string watch_once(int round, int nnodes) = 0;
+  // The reason given when the rendezvous stayed unreachable for the timeout (`error`: the last one).
+  virtual std::string lost_text(const std::string& error) const = 0;
+  // Ends the watch and the agent: the rendezvous is lost (`why` says how). When the running watch
+  // already gave another reason to stop, `why` is said at once (nothing else would say it).
+  void set_lost(const std::string& why);
+  // The stop reason when `waiting` agents wait in the round after `round` (of `nnodes` nodes).
+  std::string scale_up_reason(int64_t waiting, int round, int nnodes) const;
 
   RunOptions o_;
-  std::string prefix_;
-  bool host_ = false;
-  std::unique_ptr<dist::TCPStore> store_;
+
+ private:
+  void watch_loop(int round, int nnodes);
   std::thread watcher_;
   std::atomic<bool> watching_{false};
   std::mutex reason_mu_;
   std::string reason_;
+  std::string lost_reason_;
   bool lost_ = false;
 };
+
+// The backend that --rdzv-backend names; throws RendezvousError when it cannot start.
+std::unique_ptr<Rendezvous> make_rendezvous(const RunOptions& o);
+
+// Helpers of the backends.
+std::string hostname();
+std::string seconds_text(double s);
+// A stop signal that arrived while waiting (they are blocked: main() takes them synchronously).
+void throw_if_signalled();
 
 }  // namespace tandem::run

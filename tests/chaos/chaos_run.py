@@ -16,6 +16,13 @@ Guarantees, checked for every job, each a failure of the run when broken:
     exits non-zero and its output names the cause (a "tandem-run: " line saying what failed);
   * no checkpoint is lost: the file `last_checkpoint` names exists and parses as safetensors, and no
     complete checkpoint seen during the job is newer than it.
+With --rdzv-backend etcd: three namespaces on a bridge, one etcd member in each (one cluster for the
+whole run; a member killed with its host is started again before the next job), and three agents per
+job with `--nnodes 2 --rdzv-backend etcd`: two run the job, the third waits as a spare. There
+store-kill is SIGKILL of every process of node rank 0's host (its tandem-run, its worker, which serves
+the workers' store, and its etcd member), agent-kill SIGKILL of the other working node's tandem-run,
+link-cut the link of one working node's host; "completed" means every agent the fault did not kill
+exited 0.
 Writes a markdown table (stdout and --table-out) and JSON (--json-out); exits 1 when a job broke a
 guarantee. Needs root (ip netns): exits 77 (skipped) saying why when it is not root or namespaces
 cannot be created.
@@ -47,6 +54,66 @@ def sh(cmd, check=True):
     if check and r.returncode != 0:
         raise RuntimeError(f"`{cmd}` failed ({r.returncode}): {r.stderr.strip()}")
     return r.stdout
+
+
+class BridgedHosts:
+    """Namespaces <tag>a, <tag>b, <tag>c on a bridge in namespace <tag>s, one etcd member each (--rdzv-backend
+    etcd); removed by close()."""
+
+    def __init__(self, tmp, n=3):
+        t = f"te{os.getpid() % 100000}"
+        self.sw, self.tmp = t + "s", tmp
+        self.names = [t + chr(ord("a") + i) for i in range(n)]
+        self.links = [f"{t}x{i}" for i in range(n)]
+        self.addrs = [f"10.78.0.{i + 1}" for i in range(n)]
+        self.etcd = [None] * n
+        self.close()
+        cmd = f"set -e; ip netns add {self.sw}; ip -n {self.sw} link add br0 type bridge; ip -n {self.sw} link set br0 up"
+        for ns, x, a, i in zip(self.names, self.links, self.addrs, range(n)):
+            y = f"{t}y{i}"
+            cmd += (f"; ip netns add {ns}; ip link add {x} type veth peer name {y}; ip link set {x} netns {ns}; "
+                    f"ip link set {y} netns {self.sw}; ip -n {self.sw} link set {y} master br0; "
+                    f"ip -n {self.sw} link set {y} up; ip -n {ns} addr add {a}/24 dev {x}; "
+                    f"ip -n {ns} link set lo up; ip -n {ns} link set {x} up")
+        sh(cmd)
+        self.endpoints = ",".join(f"{a}:2379" for a in self.addrs)
+
+    def start_etcd(self):
+        """Starts every member not running (a restarted one rejoins from its data dir); waits until each serves."""
+        cluster = ",".join(f"m{i}=http://{a}:2380" for i, a in enumerate(self.addrs))
+        started = []
+        for i, (ns, a) in enumerate(zip(self.names, self.addrs)):
+            if self.etcd[i] is not None and self.etcd[i].poll() is None:
+                continue
+            log = os.path.join(self.tmp, f"etcd{i}.log")
+            argv = ["ip", "netns", "exec", ns, "/usr/bin/etcd", "--name", f"m{i}", "--data-dir",
+                    os.path.join(self.tmp, f"etcd{i}"), "--listen-client-urls", f"http://{a}:2379",
+                    "--advertise-client-urls", f"http://{a}:2379", "--listen-peer-urls", f"http://{a}:2380",
+                    "--initial-advertise-peer-urls", f"http://{a}:2380", "--initial-cluster", cluster,
+                    "--initial-cluster-state", "new", "--initial-cluster-token", "tandem-chaos"]
+            offset = os.path.getsize(log) if os.path.exists(log) else 0
+            self.etcd[i] = subprocess.Popen(argv, stdout=open(log, "a"), stderr=subprocess.STDOUT)
+            started.append((log, offset))
+        t0 = time.monotonic()
+        while started and time.monotonic() - t0 < 60:
+            started = [(g, o) for g, o in started if "ready to serve client requests" not in open(g, errors="replace").read()[o:]]
+            time.sleep(0.2)
+        if started:
+            raise RuntimeError(f"etcd did not start: see {started}")
+
+    def link(self, i, up):
+        sh(f"ip -n {self.names[i]} link set {self.links[i]} {'up' if up else 'down'}")
+
+    def kill_all(self, i):
+        sh(f"ip netns pids {self.names[i]} | xargs -r kill -9", check=False)
+
+    def close(self):
+        for p in self.etcd:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        cmd = "".join(f"ip netns pids {ns} | xargs -r kill -9; ip netns del {ns} 2>/dev/null; " for ns in self.names)
+        sh(cmd + f"ip netns del {self.sw} 2>/dev/null; true", check=False)
 
 
 class TwoHosts:
@@ -115,17 +182,25 @@ class Job:
         os.makedirs(self.dir)
         self.procs, self.logs = [], []
         work = os.path.join(self.dir, "work")  # one work dir, as a shared file system gives both nodes
-        for node, ns in ((0, hosts.a), (1, hosts.b)):
-            argv = ["ip", "netns", "exec", ns, args.run, "--nnodes", "2", "--node-rank", str(node),
-                    "--master-addr", ADDR_A, "--master-port", str(port), "--nproc-per-node", "1",
-                    "--max-restarts", str(args.max_restarts), "--rdzv-conf",
-                    f"timeout={args.store_timeout:g},join_timeout={args.join_timeout:g}",
+        etcd = args.rdzv_backend == "etcd"
+        self.killed = set()  # nodes whose tandem-run the fault killed
+        for node, ns in enumerate(hosts.names if etcd else (hosts.a, hosts.b)):
+            if etcd:  # the nodes join in order: node 0 first, the spare last
+                time.sleep(0.3 if node else 0)
+                rdzv = ["--rdzv-backend", "etcd", "--rdzv-endpoint", hosts.endpoints, "--rdzv-id",
+                        f"{name}-{os.getpid()}", "--rdzv-conf",
+                        f"timeout={args.store_timeout:g},join_timeout={args.job_timeout:g}"]
+            else:
+                rdzv = ["--node-rank", str(node), "--master-addr", ADDR_A, "--master-port", str(port), "--rdzv-conf",
+                        f"timeout={args.store_timeout:g},join_timeout={args.join_timeout:g}"]
+            argv = ["ip", "netns", "exec", ns, args.run, "--nnodes", "2"] + rdzv + [
+                    "--nproc-per-node", "1", "--max-restarts", str(args.max_restarts),
                     args.trainer, "--launcher", "pytorch",
                     "--data-dir", args.data_dir, "--epochs", str(args.epochs), "--limit", str(args.limit),
                     "--test-limit", "256", "--threads", "1", "--log-interval", "5",
                     "--checkpoint-interval", str(args.checkpoint_interval), "--dist-timeout",
                     str(args.dist_timeout), "--work-dir", work, "--save-weights",
-                    os.path.join(self.dir, f"weights{node}.safetensors")]
+                    os.path.join(self.dir, f"weights{0 if etcd else node}.safetensors")]
             log = open(os.path.join(self.dir, f"node{node}.log"), "w")
             env = dict(os.environ, OMP_NUM_THREADS="1", TANDEM_CHAOS_JOB=name)
             self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -159,10 +234,44 @@ def worker_pid(job, node):
     return kids[0] if kids else None
 
 
-def inject(fault, job, hosts, rng):
+def node_ranks(job):
+    """etcd: {node rank: agent index} of the agents in the latest round each one reported."""
+    ranks = {}
+    for i in range(len(job.procs)):
+        found = re.findall(r"rendezvous round (\d+) at \S+: node rank (\d+) of", job.output(i))
+        if found and job.procs[i].poll() is None:
+            ranks[int(found[-1][1])] = (int(found[-1][0]), i)
+    latest = max((r for r, _ in ranks.values()), default=0)
+    return {k: i for k, (r, i) in ranks.items() if r == latest}
+
+
+def inject_etcd(fault, job, hosts, rng):
+    """inject() for --rdzv-backend etcd: faults aimed at the nodes of the running round."""
+    ranks = node_ranks(job)
+    if len(ranks) < 2:
+        return f"{fault}: no round of 2 nodes ran at that moment", None
+    if fault in ("sigkill-rank", "sigstop-rank", "link-cut"):
+        node = ranks[rng.randrange(2)]
+        if fault == "link-cut":
+            secs = rng.uniform(1, 6)
+            hosts.link(node, False)
+            time.sleep(secs)
+            hosts.link(node, True)
+            return f"link of host {node} down for {secs:.1f} s", None
+        return inject(fault, job, hosts, rng, node)
+    node = ranks[0] if fault == "store-kill" else ranks[1]
+    job.killed.add(node)
+    if fault == "store-kill":
+        hosts.kill_all(node)
+        return f"SIGKILL of node rank 0's whole host {node} (tandem-run, worker serving the store, etcd member)", None
+    os.kill(job.procs[node].pid, signal.SIGKILL)
+    return f"SIGKILL of node rank 1's tandem-run (host {node}, pid {job.procs[node].pid})", None
+
+
+def inject(fault, job, hosts, rng, node=None):
     """Applies `fault`; returns a description, and a cleanup callable (or None)."""
     if fault in ("sigkill-rank", "sigstop-rank"):
-        node = rng.randrange(2)
+        node = rng.randrange(2) if node is None else node
         pid = worker_pid(job, node)
         if pid is None:
             return f"{fault}: node {node} had no worker at that moment", None
@@ -216,7 +325,7 @@ def run_job(args, hosts, tmp, name, port, fault=None, at=0.0, rng=None):
     while job.running() and time.monotonic() - t0 < args.job_timeout:
         job.poll_checkpoints()
         if fault and not injected and time.monotonic() - t0 >= at:
-            injected, cleanup = inject(fault, job, hosts, rng)
+            injected, cleanup = (inject_etcd if args.rdzv_backend == "etcd" else inject)(fault, job, hosts, rng)
         time.sleep(0.1)
     hung = job.running()
     seconds = time.monotonic() - t0
@@ -267,6 +376,8 @@ def main():
     ap.add_argument("--table-out")
     ap.add_argument("--json-out")
     ap.add_argument("--keep", help="keep every job's logs and work dirs under this directory")
+    ap.add_argument("--rdzv-backend", choices=["c10d", "etcd"], default="c10d",
+                    help="etcd: three hosts with an etcd member each, two working nodes and a spare")
     args = ap.parse_args()
     args.run = os.path.abspath(os.path.join(args.build, "apps/tandem-run"))
     args.trainer = os.path.abspath(os.path.join(args.build, "apps/tandem-mnist"))
@@ -281,16 +392,24 @@ def main():
     rng = random.Random(args.seed)
     tmp = args.keep or tempfile.mkdtemp(prefix="tandem-chaos-")
     os.makedirs(tmp, exist_ok=True)
+    if args.rdzv_backend == "etcd" and not os.path.exists("/usr/bin/etcd"):
+        why = "--rdzv-backend etcd needs /usr/bin/etcd (Debian's etcd-server; scripts/setup.sh --for test)"
+        if os.environ.get("TANDEM_REQUIRE_DATA") == "1":  # CI installs it: missing there is a failure
+            sys.exit(f"chaos_run: TANDEM_REQUIRE_DATA=1 but {why}")
+        print(f"chaos_run: skipped: {why}")
+        sys.exit(SKIPPED)
     try:
-        hosts = TwoHosts()
+        hosts = BridgedHosts(tmp) if args.rdzv_backend == "etcd" else TwoHosts()
     except RuntimeError as e:  # no iproute2, or a sandbox without network namespaces
         print(f"chaos_run: skipped: cannot create network namespaces here: {e}")
         sys.exit(SKIPPED)
     rows, broken = [], 0
     try:
+        if args.rdzv_backend == "etcd":
+            hosts.start_etcd()
         ref, _, hung, ref_s = run_job(args, hosts, tmp, "reference", args.port)
         codes = [p.returncode for p in ref.procs]
-        if hung or codes != [0, 0]:
+        if hung or any(codes):
             sys.exit(f"chaos_run: the uninterrupted reference job failed (exit codes {codes}):\n"
                      f"{ref.output(0)[-3000:]}\n---\n{ref.output(1)[-3000:]}")
         print(f"reference: {ref_s:.1f} s", flush=True)
@@ -299,26 +418,28 @@ def main():
             fault = faults[i % len(faults)] if args.jobs >= len(faults) else rng.choice(faults)
             at = rng.uniform(0.1, 0.8) * ref_s
             name = f"job{i + 1:02d}"
+            if args.rdzv_backend == "etcd":
+                hosts.start_etcd()  # a member killed with its host in the job before
             job, injected, hung, secs = run_job(args, hosts, tmp, name, args.port + 10 * (i + 1), fault, at, rng)
             codes = [p.returncode for p in job.procs]
-            outs = [job.output(0), job.output(1)]
+            outs = [job.output(n) for n in range(len(job.procs))]
             restarts = max(len(re.findall(r"restarting the worker group", o)) for o in outs)
             problems = []
             if hung:
                 problems.append(f"still running after {args.job_timeout:.0f} s")
-            if codes == [0, 0]:
+            if all(c == 0 for n, c in enumerate(codes) if n not in job.killed):
                 outcome = "completed"
                 if not same_weights(ref_weights, os.path.join(job.dir, "weights0.safetensors")):
                     problems.append("the final weights (rank 0 saves them) differ from the reference")
             else:
                 outcome = "failed"
-                cause = cause_line(outs[0]) or cause_line(outs[1])
+                cause = next((c for c in map(cause_line, outs) if c), "")
                 if not cause:
                     problems.append("no line names the cause")
             ck = check_checkpoints(job)
             if ck:
                 problems.append(ck)
-            cause = "" if outcome == "completed" else (cause_line(outs[0]) or cause_line(outs[1]))
+            cause = "" if outcome == "completed" else next((c for c in map(cause_line, outs) if c), "")
             row = {"job": name, "fault": fault, "at_s": round(at, 1), "injected": injected,
                    "exit_codes": codes, "seconds": round(secs, 1), "restarts": restarts,
                    "outcome": outcome, "cause": cause, "problems": problems,
@@ -336,7 +457,7 @@ def main():
         verdict = "ok" if not r["problems"] else "BROKEN: " + "; ".join(r["problems"])
         detail = detail.replace("|", "\\|")
         table.append(f"| {r['job']} | {r['injected']} (at {r['at_s']} s) | {r['outcome']} | {r['restarts']} | "
-                     f"{r['exit_codes'][0]}, {r['exit_codes'][1]} | {r['seconds']} s | {r['checkpoint']} | "
+                     f"{', '.join(map(str, r['exit_codes']))} | {r['seconds']} s | {r['checkpoint']} | "
                      f"{detail} | {verdict} |")
     text = "\n".join(table)
     print(text)

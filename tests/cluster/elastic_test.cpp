@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "cluster/two_hosts.h"
-#include "core/safetensors.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
@@ -28,12 +27,6 @@ std::vector<std::string> agent(const std::string& nnodes, int port, const std::v
   return argv;
 }
 
-std::map<std::string, std::string> weights(const fs::path& file) {
-  std::map<std::string, std::string> out;
-  for (const auto& [name, t] : tandem::load_safetensors(file.string()))
-    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
-  return out;
-}
 
 }  // namespace
 
@@ -78,13 +71,7 @@ TEST(ElasticTwoHosts, RankKilledOnOneNodeRestartsBothNodesAndEndsBitwiseLikeAnUn
   }
   EXPECT_HAS(a, "restart 1 of the worker group: resuming from the last checkpoint");
   EXPECT_HAS(a, "iter_3.safetensors");
-  const auto want = weights(tmp / "full.safetensors"), got = weights(tmp / "cut.safetensors");
-  ASSERT_FALSE(want.empty());
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, bytes] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_TRUE(got.at(name) == bytes) << name << " differs from the uninterrupted run's";
-  }
+  expect_same_weights(tmp / "full.safetensors", tmp / "cut.safetensors");
 }
 
 // --nnodes 1:2: node b's agent and worker are SIGKILLed together mid-run (every process of its

@@ -151,4 +151,8 @@ TEST(TwoHostsOverVeth, DistTrainShWithTwoNodes) {
   EXPECT_HAS(n0.output(), std::string("rendezvous round 0 at tcp://") + TwoHosts::kAddrA + ":" + std::to_string(port));
   EXPECT_HAS(n0.output(), std::string("store ") + TwoHosts::kAddrA + ":");
   EXPECT_HAS(n0.output(), "Epoch(test) [1]");
+  // The command passes no --rdzv-id: its stores have no token, and each node says so once.
+  for (const std::string& log : {n0.output(), n1.output()})
+    EXPECT_HAS(log, "tandem-run: warning: this multi-node job's stores take any client that can reach them: give "
+                    "every node the same --rdzv-id (or set TANDEM_STORE_TOKEN)");
 }

@@ -5,13 +5,44 @@
 
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "fault/fault_util.h"
 
 namespace tandem::test {
+
+// The tensors of a safetensors file, as bytes by name.
+inline std::map<std::string, std::string> weights(const std::filesystem::path& file) {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, t] : tandem::load_safetensors(file.string()))
+    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+  return out;
+}
+
+// Asserts that `got` holds the same tensors as `want`, bit for bit.
+inline void expect_same_weights(const std::filesystem::path& want_file, const std::filesystem::path& got_file) {
+  const auto want = weights(want_file), got = weights(got_file);
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, bytes] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name << " differs from the uninterrupted run's";
+  }
+}
+
+// Waits (bounded) for two agents and expects both to have exited 0.
+inline void expect_both_succeed(Process& x, Process& y, std::chrono::seconds x_limit, std::chrono::seconds y_limit) {
+  const auto rx = x.wait_for(x_limit), ry = y.wait_for(y_limit);
+  ASSERT_TRUE(rx && ry) << x.output() << "\n---\n" << y.output();
+  EXPECT_EQ(*rx, 0) << x.output();
+  EXPECT_EQ(*ry, 0) << y.output();
+}
 
 // Runs a command through /bin/sh; returns its exit code, its output in *out.
 inline int sh(const std::string& cmd, const std::filesystem::path& log, std::string* out = nullptr) {

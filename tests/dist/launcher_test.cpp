@@ -377,10 +377,32 @@ TEST_F(LauncherTest, UnsupportedRendezvousAndNoGpuForGpuWorkersAreUsageErrors) {
   Result r = run(with_script({"--nproc-per-node", "gpu"}, "true"), {"CUDA_VISIBLE_DEVICES=-1"});
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "--nproc-per-node gpu: no GPU is visible")) << r.err;
+  r = run(with_script({"--rdzv-backend", "zookeeper"}, "true"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "--rdzv-backend zookeeper: expected c10d or static (a TCP store served by one agent), "
+                              "or etcd / etcd-v2")) << r.err;
   r = run(with_script({"--rdzv-backend", "etcd"}, "true"));
   EXPECT_EQ(r.code, 2);
-  EXPECT_TRUE(contains(r.err, "only c10d and static")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT[,HOST:PORT...]")) << r.err;
+  r = run(with_script({"--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "10.0.0.1:2379,10.0.0.2"}, "true"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(contains(r.err, "'10.0.0.2' is not HOST:PORT of an etcd member")) << r.err;
   r = run(with_script({"--rdzv-endpoint", "host:notaport"}, "true"));
   EXPECT_EQ(r.code, 2);
   EXPECT_TRUE(contains(r.err, "expected HOST[:PORT]")) << r.err;
+}
+
+// --rdzv-backend etcd with no etcd at the endpoints: the agent ends within --rdzv-conf timeout, exit
+// code 1, naming every endpoint and what to check.
+TEST_F(LauncherTest, AnUnreachableEtcdEndsTheAgentNamingTheEndpoints) {
+  const std::string a = "127.0.0.1:" + std::to_string(free_port()), b = "127.0.0.1:" + std::to_string(free_port());
+  const Result r = run(with_script({"--nnodes", "2", "--rdzv-backend", "etcd", "--rdzv-endpoint", a + "," + b,
+                                    "--rdzv-id", "job", "--rdzv-conf", "timeout=1"},
+                                   "true"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "tandem-run: error: the etcd rendezvous at etcd://" + a + "," + b +
+                                  " could not be used for 1 s (timeout): no etcd member reachable at http://" + a +
+                                  ",http://" + b))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "is etcd running there, and is --rdzv-endpoint right?")) << r.err;
 }

@@ -1,0 +1,95 @@
+// The models library from its configs, as MMEngine's tools/train.py and tools/test.py run them:
+// `tandem-train configs/resnet/resnet20_fashion.json` (one process, a slice of Fashion-MNIST, two
+// epochs) and `tandem-run --nproc-per-node 2 tandem-train configs/gpt/gpt_char.json` (two ranks,
+// IterBasedTrainLoop, a few dozen iterations on the fortunes corpus) each learn (the training loss
+// falls; ResNet's accuracy beats chance, GPT's validation loss falls below a uniform guess's), and
+// `tandem-test CONFIG CHECKPOINT` on the run's last checkpoint prints the metrics of its last
+// validation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "common/process.h"
+#include "common/require_data.h"
+#include "common/test_util.h"
+
+namespace fs = std::filesystem;
+using namespace tandem::test;
+
+namespace {
+
+const std::string kTrain = TANDEM_BINARY_DIR "/apps/tandem-train";
+const std::string kTest = TANDEM_BINARY_DIR "/apps/tandem-test";
+const std::string kConfigs = TANDEM_SOURCE_DIR "/configs";
+
+// The number after the last `key` in `text` (NaN when absent).
+double last_value(const std::string& text, const std::string& key) {
+  const size_t at = text.rfind(key);
+  return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + key.size()));
+}
+double first_value(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + key.size()));
+}
+
+// tandem-test's output: its last line, the metrics.
+std::string test_metrics(const std::vector<std::string>& argv, const fs::path& log) {
+  EXPECT_EQ(run_process(argv, log), 0) << read_file(log);
+  std::string out = read_file(log);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  return out.substr(out.rfind('\n') + 1);
+}
+
+}  // namespace
+
+TEST(Models, ResNetTrainsFromItsConfigAndTandemTestPrintsTheLastValidation) {
+  TANDEM_NEED_DATA("/usr/share/datasets/fashion-mnist");
+  TempDir tmp("models");
+  const std::vector<std::string> slice = {"--cfg-options", "train_dataloader.dataset.indices=1024",
+                                          "val_dataloader.dataset.indices=512", "train_cfg.max_epochs=2",
+                                          "default_hooks.logger.interval=8"};
+  std::vector<std::string> train = {kTrain, kConfigs + "/resnet/resnet20_fashion.json", "--work-dir", tmp.file("w")};
+  train.insert(train.end(), slice.begin(), slice.end());
+  ASSERT_EQ(run_process(train, tmp / "train.log"), 0) << read_file(tmp / "train.log");
+  const std::string log = read_file(tmp / "train.log");
+  EXPECT_LT(last_value(log, " loss: "), first_value(log, " loss: ")) << log;
+  const double accuracy = last_value(log, "accuracy: ");
+  EXPECT_GT(accuracy, 0.3) << "ten classes: chance is 0.1\n" << log;
+  const std::string metrics = test_metrics({kTest, kConfigs + "/resnet/resnet20_fashion.json", tmp.file("w/iter_32.safetensors"),
+                                            "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512"},
+                                           tmp / "test.log");
+  EXPECT_DOUBLE_EQ(first_value(metrics, "accuracy/top1: "), accuracy) << metrics;
+  EXPECT_DOUBLE_EQ(first_value(metrics, "accuracy/top2: "), last_value(log, "accuracy/top2: ")) << metrics;
+  EXPECT_DOUBLE_EQ(first_value(metrics, "loss: "), last_value(log, "test_loss: ")) << metrics;
+}
+
+TEST(Models, GptTrainsFromItsConfigOnTwoRanksAndTandemTestPrintsTheLastValidation) {
+  TANDEM_NEED_DATA_FILE("/usr/share/games/fortunes", "fortunes");
+  TempDir tmp("models");
+  const std::string config = kConfigs + "/gpt/gpt_char.json";
+  const std::vector<std::string> args = {
+      "--work-dir", tmp.file("w"), "--cfg-options", "train_cfg.max_iters=60", "train_cfg.val_interval=30",
+      "default_hooks.logger.interval=10", "default_hooks.checkpoint.interval=30",
+      R"(param_scheduler=[{"type": "LinearLR", "start_factor": 0.1, "by_epoch": false, "begin": 0, "end": 10}])"};
+  int rc = -1;
+  for (int attempt = 0; attempt < 3 && rc != 0; ++attempt) {  // another port when the free one was taken
+    std::vector<std::string> argv = {kRun, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
+                                     kTrain, config, "--launcher", "pytorch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    rc = run_process(argv, tmp / "train.log");
+    if (read_file(tmp / "train.log").find("already in use") == std::string::npos) break;
+  }
+  const std::string log = read_file(tmp / "train.log");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_LT(last_value(log, " loss: "), first_value(log, " loss: ")) << log;
+  const double first_val = first_value(log, "test_loss: "), last_val = last_value(log, "test_loss: ");
+  EXPECT_LT(last_val, first_val) << log;
+  EXPECT_LT(last_val, std::log(95.0)) << "below a uniform guess over the corpus's characters\n" << log;
+  const std::string metrics =
+      test_metrics({kTest, config, tmp.file("w/iter_60.safetensors"), "--work-dir", tmp.file("w")}, tmp / "test.log");
+  EXPECT_DOUBLE_EQ(first_value(metrics, "loss: "), last_val) << metrics;
+  EXPECT_DOUBLE_EQ(first_value(metrics, "perplexity: "), last_value(log, "perplexity: ")) << metrics;
+}

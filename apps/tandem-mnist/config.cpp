@@ -126,6 +126,7 @@ Json options_to_json(const TrainOptions& o) {
         {"cuda_graph", o.cuda_graph}, {"save_best", o.save_best}}},
       {"custom_hooks", Json::parse(o.custom_hooks)},
       {"val_evaluator", Json::parse(o.val_evaluator)},
+      {"test_evaluator", Json::parse(o.test_evaluator)},
       {"resume", o.resume_from_config},
       {"env", {{"device", o.device}, {"threads", o.threads}}},
       {"load_from", o.init_weights},
@@ -208,6 +209,7 @@ void options_from_json(const Json& c, TrainOptions& o) {
                "), got ", ds.dump());
   o.custom_hooks = spec_list(c, "custom_hooks");
   o.val_evaluator = spec_list(c, "val_evaluator");
+  o.test_evaluator = spec_list(c, "test_evaluator");
   o.resume_from_config = get<bool>(c, "resume");
   o.dist_timeout_s = get<double>(c, "ddp.timeout_s");
   TANDEM_CHECK(o.dist_timeout_s > 0, "config key 'ddp.timeout_s' must be > 0, got ", o.dist_timeout_s);
@@ -243,8 +245,14 @@ Json resolve_config(TrainOptions& o) {
     const std::string source = "config '" + o.config_file + "'";
     Json own = Json::object();
     const Json file = train::load_config_with_bases(o.config_file);
-    for (const auto& [key, value] : file.items())
-      (is_mmengine_key(key) || key == "model" || key == "work_dir" || key == "load_from" ? mm : own)[key] = value;
+    // A .py config's other top-level names are its variables (data_root = '...'), which MMEngine
+    // keeps beside the keys it reads and its Runner ignores: so do we.
+    const bool py = o.config_file.size() > 3 && o.config_file.substr(o.config_file.size() - 3) == ".py";
+    for (const auto& [key, value] : file.items()) {
+      const bool mm_key = is_mmengine_key(key) || key == "model" || key == "work_dir" || key == "load_from";
+      if (!mm_key && py && !config.contains(key)) continue;
+      (mm_key ? mm : own)[key] = value;
+    }
     config = train::merge_config(config, own, source);
   }
   std::vector<std::string> own_options;

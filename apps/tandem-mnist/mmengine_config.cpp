@@ -213,7 +213,7 @@ bool is_mmengine_key(const std::string& k) {
   static const std::set<std::string> keys = {
       "model_wrapper_cfg", "optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg",
       "default_hooks", "custom_hooks", "env_cfg", "dist_params", "auto_scale_lr", "randomness",
-      "train_dataloader", "val_dataloader", "val_evaluator", "launcher", "resume", "compile",
+      "train_dataloader", "val_dataloader", "val_evaluator", "test_evaluator", "launcher", "resume", "compile",
       "default_scope", "log_level", "log_processor", "visualizer", "_base_"};
   return keys.count(k) > 0;
 }
@@ -254,10 +254,8 @@ Json translate_mmengine(const Json& mm, const std::string& src) {
   }
   if (mm.contains("default_hooks")) default_hooks(mm["default_hooks"], src, out);
   if (mm.contains("custom_hooks")) out["custom_hooks"] = mm["custom_hooks"];
-  if (mm.contains("val_evaluator")) {  // one metric or a list, as MMEngine's
-    const Json& e = mm["val_evaluator"];
-    out["val_evaluator"] = e.is_array() ? e : Json::array({e});
-  }
+  for (const char* key : {"val_evaluator", "test_evaluator"})  // one metric or a list, as MMEngine's
+    if (mm.contains(key)) out[key] = mm[key].is_array() ? mm[key] : Json::array({mm[key]});
   data(mm, src, out);
   dist_and_env(mm, src, out);
   if (mm.contains("auto_scale_lr")) {

@@ -82,6 +82,7 @@ struct TrainOptions {
   std::string save_best;        // "" | accuracy | loss
   std::string custom_hooks = "[]";  // JSON array of {type, ...}
   std::string val_evaluator = "[]";  // JSON array of {type, ...} (metrics; empty: Accuracy and Loss)
+  std::string test_evaluator = "[]";  // tandem-test's metrics (empty: val_evaluator's)
   bool resume_from_config = false;  // the config's `resume: true`
 
   // Command line only (not part of the config).

@@ -210,6 +210,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.data_description = describe_data(o.data_dir);
   r.custom_hooks = specs_of<train::HookSpec>(o.custom_hooks, "custom_hooks");
   r.val_evaluator = specs_of<train::MetricSpec>(o.val_evaluator, "val_evaluator");
+  r.test_evaluator = specs_of<train::MetricSpec>(o.test_evaluator, "test_evaluator");
   return r;
 }
 

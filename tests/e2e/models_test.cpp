@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,47 @@ TEST(Models, ResNetTrainsFromItsConfigAndTandemTestPrintsTheLastValidation) {
   EXPECT_DOUBLE_EQ(first_value(metrics, "accuracy/top1: "), accuracy) << metrics;
   EXPECT_DOUBLE_EQ(first_value(metrics, "accuracy/top2: "), last_value(log, "accuracy/top2: ")) << metrics;
   EXPECT_DOUBLE_EQ(first_value(metrics, "loss: "), last_value(log, "test_loss: ")) << metrics;
+  const std::string top3 = test_metrics({kTest, kConfigs + "/resnet/resnet20_fashion.json", tmp.file("w/iter_32.safetensors"),
+                                         "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512",
+                                         R"(test_evaluator=[{"type": "Accuracy", "topk": [1, 3]}])"},
+                                        tmp / "test3.log");
+  EXPECT_DOUBLE_EQ(first_value(top3, "accuracy/top1: "), accuracy) << top3;
+  EXPECT_GE(first_value(top3, "accuracy/top3: "), last_value(log, "accuracy/top2: ")) << top3;
+  EXPECT_EQ(top3.find("loss"), std::string::npos) << "test_evaluator replaces val_evaluator: " << top3;
+}
+
+// An MMEngine config in the literal .py style, trained as written: a warm-up then MultiStepLR by
+// iterations, AdamW with betas, train_cfg by_epoch=False, an EMAHook.
+TEST(Models, MmengineLiteralPyConfigWithWarmupMultiStepAdamWBetasIterLoopAndEmaTrainsAsWritten) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("models");
+  std::ofstream(tmp / "mnist_iter.py") << "data_root = '" << kDigits << R"('
+model = dict(type='MnistNet')
+optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='AdamW', lr=0.002, betas=(0.9, 0.99), weight_decay=0.01))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=10),
+    dict(type='MultiStepLR', by_epoch=False, milestones=[30], gamma=0.1),
+]
+train_cfg = dict(by_epoch=False, max_iters=40, val_interval=20)
+custom_hooks = [dict(type='EMAHook', momentum=0.01)]
+train_dataloader = dict(batch_size=32, dataset=dict(type='MNIST', data_root=data_root, indices=960),
+                        sampler=dict(type='DefaultSampler', shuffle=True))
+val_dataloader = dict(batch_size=100, dataset=dict(type='MNIST', data_root=data_root, indices=500))
+default_hooks = dict(logger=dict(type='LoggerHook', interval=10),
+                     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=20))
+)";
+  ASSERT_EQ(run_process({kTrain, tmp.file("mnist_iter.py"), "--work-dir", tmp.file("w")}, tmp / "train.log"), 0)
+      << read_file(tmp / "train.log");
+  const std::string log = read_file(tmp / "train.log");
+  EXPECT_NE(log.find("Iter(train) [40/40]"), std::string::npos) << log;
+  EXPECT_NE(log.find("Iter(val) [20]"), std::string::npos) << log;
+  EXPECT_NE(log.find("AdamW"), std::string::npos) << log;
+  EXPECT_GT(last_value(log, "accuracy: "), 0.5) << "ten digits: chance is 0.1\n" << log;
+  EXPECT_TRUE(fs::exists(tmp / "w/iter_40.safetensors"));
+  const nlohmann::json c = nlohmann::json::parse(read_file(tmp / "w/config.json"));
+  EXPECT_EQ(c["optimizer_extra"]["betas"], nlohmann::json::parse("[0.9, 0.99]"));
+  EXPECT_EQ(c["train"]["max_iters"], 40);
+  EXPECT_EQ(c["schedule"]["param_scheduler"].size(), 2u);
 }
 
 TEST(Models, GptTrainsFromItsConfigOnTwoRanksAndTandemTestPrintsTheLastValidation) {

@@ -354,6 +354,8 @@ bool Runner::validate_after_iter() const {
 
 ValMetrics Runner::evaluate(data::DataLoader& loader, Evaluator& evaluator) {
   evaluator.reset();
+  // Under DDP each rank evaluates its shard with its own buffers (BatchNorm statistics moved with
+  // its own last batch), as PyTorch DDP and MMEngine's ValLoop do; the checkpoint holds rank 0's.
   {
     NoGradGuard no_grad;
     // FSDP's parameters are sharded between steps: evaluation runs through the wrapper, which gathers.

@@ -1,10 +1,11 @@
-// The models library from its configs, as MMEngine's tools/train.py and tools/test.py run them:
-// `tandem-train configs/resnet/resnet20_fashion.json` (one process, a slice of Fashion-MNIST, two
-// epochs) and `tandem-run --nproc-per-node 2 tandem-train configs/gpt/gpt_char.json` (two ranks,
-// IterBasedTrainLoop, a few dozen iterations on the fortunes corpus) each learn (the training loss
-// falls; ResNet's accuracy beats chance, GPT's validation loss falls below a uniform guess's), and
-// `tandem-test CONFIG CHECKPOINT` on the run's last checkpoint prints the metrics of its last
-// validation.
+// The models library from its configs, as MMEngine's tools/train.py and tools/test.py run them, on
+// two ranks under tandem-run: configs/resnet/resnet20_fashion.json (a slice of Fashion-MNIST, two
+// epochs) and configs/gpt/gpt_char.json (IterBasedTrainLoop, a few dozen iterations on the fortunes
+// corpus) each learn (the training loss falls; ResNet's accuracy beats chance, GPT's validation
+// loss falls below a uniform guess's), and `tandem-test CONFIG CHECKPOINT` on the run's last
+// checkpoint prints the metrics of its last validation (exactly for the GPT; within a point for the
+// ResNet, whose ranks validate with their own BatchNorm statistics) and test_evaluator's when given. An
+// MMEngine literal .py config trains as written.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -45,32 +46,49 @@ std::string test_metrics(const std::vector<std::string>& argv, const fs::path& l
   return out.substr(out.rfind('\n') + 1);
 }
 
+// `tandem-run --nproc-per-node 2 tandem-train CONFIG --launcher pytorch ARGS...` on a free port
+// (another when it was taken in between); returns the exit status.
+int train_two_ranks(const std::string& config, const std::vector<std::string>& args, const fs::path& log) {
+  int rc = -1;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<std::string> argv = {kRun, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
+                                     kTrain, config, "--launcher", "pytorch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    rc = run_process(argv, log);
+    if (rc == 0 || read_file(log).find("already in use") == std::string::npos) break;
+  }
+  return rc;
+}
+
 }  // namespace
 
 TEST(Models, ResNetTrainsFromItsConfigAndTandemTestPrintsTheLastValidation) {
   TANDEM_NEED_DATA("/usr/share/datasets/fashion-mnist");
   TempDir tmp("models");
-  const std::vector<std::string> slice = {"--cfg-options", "train_dataloader.dataset.indices=1024",
-                                          "val_dataloader.dataset.indices=512", "train_cfg.max_epochs=2",
-                                          "default_hooks.logger.interval=8"};
-  std::vector<std::string> train = {kTrain, kConfigs + "/resnet/resnet20_fashion.json", "--work-dir", tmp.file("w")};
-  train.insert(train.end(), slice.begin(), slice.end());
-  ASSERT_EQ(run_process(train, tmp / "train.log"), 0) << read_file(tmp / "train.log");
+  // Two ranks: each validates its shard with its own BatchNorm statistics (as PyTorch DDP and
+  // MMEngine), the checkpoint holds rank 0's; tandem-test, one process, evaluates those, so its
+  // numbers may differ from the last validation's in the last digits.
+  const std::vector<std::string> args = {"--work-dir", tmp.file("w"), "--cfg-options",
+                                         "train_dataloader.dataset.indices=2048", "val_dataloader.dataset.indices=512",
+                                         "train_cfg.max_epochs=2", "default_hooks.logger.interval=8"};
+  ASSERT_EQ(train_two_ranks(kConfigs + "/resnet/resnet20_fashion.json", args, tmp / "train.log"), 0)
+      << read_file(tmp / "train.log");
   const std::string log = read_file(tmp / "train.log");
   EXPECT_LT(last_value(log, " loss: "), first_value(log, " loss: ")) << log;
   const double accuracy = last_value(log, "accuracy: ");
   EXPECT_GT(accuracy, 0.3) << "ten classes: chance is 0.1\n" << log;
-  const std::string metrics = test_metrics({kTest, kConfigs + "/resnet/resnet20_fashion.json", tmp.file("w/iter_32.safetensors"),
-                                            "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512"},
-                                           tmp / "test.log");
-  EXPECT_DOUBLE_EQ(first_value(metrics, "accuracy/top1: "), accuracy) << metrics;
-  EXPECT_DOUBLE_EQ(first_value(metrics, "accuracy/top2: "), last_value(log, "accuracy/top2: ")) << metrics;
-  EXPECT_DOUBLE_EQ(first_value(metrics, "loss: "), last_value(log, "test_loss: ")) << metrics;
-  const std::string top3 = test_metrics({kTest, kConfigs + "/resnet/resnet20_fashion.json", tmp.file("w/iter_32.safetensors"),
-                                         "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512",
-                                         R"(test_evaluator=[{"type": "Accuracy", "topk": [1, 3]}])"},
-                                        tmp / "test3.log");
-  EXPECT_DOUBLE_EQ(first_value(top3, "accuracy/top1: "), accuracy) << top3;
+  const std::string config = kConfigs + "/resnet/resnet20_fashion.json", ckpt = tmp.file("w/iter_32.safetensors");
+  const std::string metrics = test_metrics(
+      {kTest, config, ckpt, "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512"},
+      tmp / "test.log");
+  EXPECT_NEAR(first_value(metrics, "accuracy/top1: "), accuracy, 0.01) << metrics;
+  EXPECT_NEAR(first_value(metrics, "accuracy/top2: "), last_value(log, "accuracy/top2: "), 0.01) << metrics;
+  EXPECT_NEAR(first_value(metrics, "loss: "), last_value(log, "test_loss: "), 0.02) << metrics;
+  const std::string top3 =
+      test_metrics({kTest, config, ckpt, "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512",
+                    R"(test_evaluator=[{"type": "Accuracy", "topk": [1, 3]}])"},
+                   tmp / "test3.log");
+  EXPECT_DOUBLE_EQ(first_value(top3, "accuracy/top1: "), first_value(metrics, "accuracy/top1: ")) << top3;
   EXPECT_GE(first_value(top3, "accuracy/top3: "), last_value(log, "accuracy/top2: ")) << top3;
   EXPECT_EQ(top3.find("loss"), std::string::npos) << "test_evaluator replaces val_evaluator: " << top3;
 }
@@ -117,14 +135,7 @@ TEST(Models, GptTrainsFromItsConfigOnTwoRanksAndTandemTestPrintsTheLastValidatio
       "--work-dir", tmp.file("w"), "--cfg-options", "train_cfg.max_iters=60", "train_cfg.val_interval=30",
       "default_hooks.logger.interval=10", "default_hooks.checkpoint.interval=30",
       R"(param_scheduler=[{"type": "LinearLR", "start_factor": 0.1, "by_epoch": false, "begin": 0, "end": 10}])"};
-  int rc = -1;
-  for (int attempt = 0; attempt < 3 && rc != 0; ++attempt) {  // another port when the free one was taken
-    std::vector<std::string> argv = {kRun, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
-                                     kTrain, config, "--launcher", "pytorch"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    rc = run_process(argv, tmp / "train.log");
-    if (read_file(tmp / "train.log").find("already in use") == std::string::npos) break;
-  }
+  const int rc = train_two_ranks(config, args, tmp / "train.log");
   const std::string log = read_file(tmp / "train.log");
   ASSERT_EQ(rc, 0) << log;
   EXPECT_LT(last_value(log, " loss: "), first_value(log, " loss: ")) << log;

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Benchmarks the training step of the two example models, Tandem against PyTorch 1.13.
 
-Owns: running bench/model_steps (Tandem: examples/resnet/resnet.h and examples/transformer/gpt.h
+Owns: running bench/model_steps (Tandem: train/models/resnet.h and train/models/gpt.h
 built into one program) and bench/pytorch_models.py (the same models and recipes in PyTorch) as
 child processes with the same flags, for each model and thread count, and reporting training
 throughput (samples/s over --iters timed steps after --warmup untimed ones: training loop only,

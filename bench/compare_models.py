@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Benchmarks the training step of the two example models, Tandem against PyTorch 1.13.
 
-Owns: running bench/model_steps (Tandem: examples/resnet/resnet.h and examples/transformer/gpt.h
+Owns: running bench/model_steps (Tandem: train/models/resnet.h and train/models/gpt.h
 built into one program) and bench/pytorch_models.py (the same models and recipes in PyTorch) as
 child processes with the same flags, for each model and thread count, and reporting training
 throughput (samples/s over --iters timed steps after --warmup untimed ones: training loop only,
@@ -17,7 +17,7 @@ stops the script with its exit status and the tail of its output.
 
 Example:
   /usr/bin/python3 bench/compare_models.py --tandem-bin build/bench/model_steps \\
-      --threads 1,2 --repeats 3          # results in bench/runs/<date-time>/compare_models.json
+      --threads 1,2 --repeats 3 --json-out bench/results/compare_models.json
   # PyTorch on both sides, tiny runs (tests this script without a build):
   /usr/bin/python3 bench/compare_models.py --pytorch-both --iters 2 --warmup 1 --repeats 1
 """
@@ -28,8 +28,7 @@ import statistics
 import sys
 import tempfile
 
-from compare_pytorch import fmt_mib, run_child, tail
-from machine import add_output_args, cpu_label, describe, output_path, write_json
+from compare_pytorch import cpu_model, fmt_mib, run_child, tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -63,7 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: both sides train there (the GPU check uses cuda; the PyTorch "
                         "side then needs --python with a CUDA-enabled torch)")
-    add_output_args(p, "compare_models.json")
+    p.add_argument("--json-out", default=None)
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     args = p.parse_args(argv)
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -138,7 +137,7 @@ def measure(args, model, threads, workdir):
 
 def print_table(args, results):
     name = "pytorch(as tandem)" if args.pytorch_both else "tandem"
-    print(f"\n{name} vs PyTorch on {args.device}, host {cpu_label()}; {args.iters} timed steps "
+    print(f"\n{name} vs PyTorch on {args.device}, host {cpu_model()} ({os.cpu_count()} CPUs); {args.iters} timed steps "
           f"after {args.warmup}, median of {args.repeats}\n")
     for m in args.model_list:
         print(f"- {m}: {RECIPES[m]}")
@@ -163,7 +162,6 @@ def print_table(args, results):
 
 def main(argv=None):
     args = parse_args(argv)
-    json_out = output_path(args.json_out, "compare_models.json", args.overwrite)
     if not args.pytorch_both and not os.access(args.tandem_bin, os.X_OK):
         sys.exit(f"--tandem-bin {args.tandem_bin} is not an executable (build the model_steps "
                  "target, or pass --pytorch-both to test this script with PyTorch on both sides)")
@@ -182,19 +180,22 @@ def main(argv=None):
             for threads in args.thread_list:
                 results.append(measure(args, model, threads, workdir))
     print_table(args, results)
-    out = {
-        "what": "training step of examples/resnet and examples/transformer, Tandem "
-                f"(bench/model_steps) vs PyTorch (bench/pytorch_models.py), {args.device}",
-        "tandem_side": "pytorch_models.py" if args.pytorch_both else args.tandem_bin,
-        "machine": describe(args.python),
-        "config": {k: v for k, v in vars(args).items()
-                   if k not in ("json_out", "keep_logs", "overwrite", "model_list", "thread_list")},
-        "recipes": {m: RECIPES[m] for m in args.model_list},
-        "samples_per_s": "median over repeats of batch * iters / seconds of the timed steps",
-        "peak_rss": "the child's own ru_maxrss (os.wait4), max over repeats",
-        "results": results,
-    }
-    write_json(json_out, out)
+    if args.json_out:
+        out = {
+            "what": "training step of examples/resnet and examples/transformer, Tandem "
+                    f"(bench/model_steps) vs PyTorch (bench/pytorch_models.py), {args.device}",
+            "tandem_side": "pytorch_models.py" if args.pytorch_both else args.tandem_bin,
+            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+            "config": {k: v for k, v in vars(args).items()
+                       if k not in ("json_out", "keep_logs", "model_list", "thread_list")},
+            "recipes": {m: RECIPES[m] for m in args.model_list},
+            "samples_per_s": "median over repeats of batch * iters / seconds of the timed steps",
+            "peak_rss": "the child's own ru_maxrss (os.wait4), max over repeats",
+            "results": results,
+        }
+        with open(args.json_out, "w") as f:
+            json.dump(out, f, indent=1)
+            f.write("\n")
     return 0
 
 

@@ -35,7 +35,7 @@
 #include "dist/store/file_store.h"
 #include "optim/optimizer.h"
 #include "rank_processes.h"
-#include "transformer/gpt.h"
+#include "train/models/gpt.h"
 
 namespace {
 

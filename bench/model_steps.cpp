@@ -1,5 +1,5 @@
-// model_steps: the training step of the two example models (examples/resnet/resnet.h and
-// examples/transformer/gpt.h, the very headers the examples build) timed on synthetic data, for
+// model_steps: the training step of the two example models (train/models/resnet.h and
+// train/models/gpt.h of the models library, the very headers the examples build) timed on synthetic data, for
 // bench/compare_models.py, which runs bench/pytorch_models.py with the same flags for PyTorch.
 // Owns: the recipes of the examples' training loops, without their data pipelines, DDP and
 // evaluations:
@@ -40,8 +40,8 @@
 #include "nn/attention.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
-#include "resnet/resnet.h"
-#include "transformer/gpt.h"
+#include "train/models/gpt.h"
+#include "train/models/resnet.h"
 
 using namespace tandem;
 

@@ -229,8 +229,6 @@ def main(argv=None):
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu", choices=["cpu"], help="accepted for flag parity")
-    p.add_argument("--amp", default="off", choices=["off", "bf16"],
-                   help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     p.add_argument("--init-weights", default=None, help="safetensors state_dict to start from")
     p.add_argument("--save-weights", default=None)
     p.add_argument("--metrics-out", default=None, help="JSON lines file (default: stdout only)")
@@ -304,8 +302,7 @@ def main(argv=None):
             yb = y_train.index_select(0, idx)
             t_data = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
-                loss = F.nll_loss(model(xb), yb)
+            loss = F.nll_loss(model(xb), yb)
             loss.backward()
             opt.step()
             loss_v = loss.item()

@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """PyTorch 1.13 reference of bench/model_steps.cpp: the training step of the two example models.
 
-Owns: the PyTorch definitions of examples/resnet/resnet.h (ResNet: the CIFAR ResNet of He et al.
-for 1x28x28 images, torchvision's names) and examples/transformer/gpt.h (GPT: token and position
+Owns: the PyTorch definitions of train/models/resnet.h (ResNet: the CIFAR ResNet of He et al.
+for 1x28x28 images, torchvision's names) and train/models/gpt.h (GPT: token and position
 embeddings, pre-norm blocks with causal nn.MultiheadAttention and a GELU MLP, a final LayerNorm,
 the output layer tied to the token embedding), and their recipes:
   resnet: images N(0, 1) [batch, 1, 28, 28], labels uniform in [0, 10), log_softmax + nll_loss,

@@ -12,12 +12,13 @@
 #   P/lib/libtandem.so*             exports the tandem:: API only (cmake/tandem.map)
 #   P/lib/cmake/Tandem/             find_package(Tandem) -> tandem::tandem; needs Eigen3 and Threads only
 #   P/lib/pkgconfig/tandem.pc       relocatable (paths from ${pcfiledir}); Requires: eigen3
-#   P/bin/tandem-mnist, tandem-run  (tandem-mnist finds P/lib through its RUNPATH when linked shared)
+#   P/bin/tandem-mnist, tandem-train, tandem-test, tandem-run  (each finds P/lib through its RUNPATH when linked shared)
 # Components: runtime (the .so), devel (headers, namelink, CMake package, tandem.pc), apps (bin/).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(TANDEM_PUBLIC_HEADER_DIRS core data dist/store dist/group dist/parallel kernels nn nn/models optim train)
+set(TANDEM_PUBLIC_HEADER_DIRS core data dist/store dist/group dist/parallel kernels nn nn/models optim train
+  train/models)
 # Not installed: internal, or their API names a private dependency's types (train/config.h is
 # built on nlohmann::json, and train/checkpoint.h includes it), which would make that dependency
 # public. scripts/ci/embed.sh fails when an installed header pulls in CUDA, NCCL, Gloo, spdlog,
@@ -57,7 +58,7 @@ endif()
 configure_file(${CMAKE_CURRENT_LIST_DIR}/tandem.pc.in ${PROJECT_BINARY_DIR}/tandem.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/tandem.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig COMPONENT devel)
 
-foreach(app tandem-mnist tandem-run)
+foreach(app tandem-mnist tandem-train tandem-test tandem-run)
   if(TARGET ${app})
     file(RELATIVE_PATH _rel /root/${CMAKE_INSTALL_BINDIR} /root/${CMAKE_INSTALL_LIBDIR})
     set_target_properties(${app} PROPERTIES INSTALL_RPATH "$ORIGIN/${_rel}")

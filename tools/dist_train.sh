@@ -1,12 +1,13 @@
 #!/usr/bin/env sh
 # tools/dist_train.sh CONFIG GPUS [ARGS...]: MMRazor's/MMDetection's distributed training command
-# for Tandem. Starts GPUS workers of tandem-mnist on this node through tandem-run (Tandem's
+# for Tandem. Starts GPUS workers of tandem-train (any model of the models library; MNIST configs
+# train as under tandem-mnist) on this node through tandem-run (Tandem's
 # torchrun), each with `CONFIG --launcher pytorch ARGS...`. With no GPU, or CUDA_VISIBLE_DEVICES=-1,
 # GPUS is the number of CPU processes.
 # Environment, as MMRazor's script: NNODES (1), NODE_RANK (0), PORT (29500), MASTER_ADDR
 # (127.0.0.1). `--cfg-options dist_params.port=N` among ARGS sets the port instead of PORT (the
 # trainer uses it too), so two jobs on one machine are told apart by either.
-# Binaries: $TANDEM_BIN if set, else the repository's build/apps, else tandem-run/tandem-mnist on PATH.
+# Binaries: $TANDEM_BIN if set, else the repository's build/apps, else tandem-run/tandem-train on PATH.
 # Checkpoints and logs go to work_dirs/<config name>/ unless ARGS say --work-dir.
 # POSIX sh (runs under dash): the exit status is tandem-run's (a failing rank's code).
 set -eu
@@ -32,9 +33,9 @@ done
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ -n "${TANDEM_BIN:-}" ]; then
   BIN=$TANDEM_BIN/
-elif [ -x "$ROOT/build/apps/tandem-mnist" ]; then
+elif [ -x "$ROOT/build/apps/tandem-train" ]; then
   BIN=$ROOT/build/apps/
-elif [ -x "$ROOT/bin/tandem-mnist" ]; then
+elif [ -x "$ROOT/bin/tandem-train" ]; then
   BIN=$ROOT/bin/
 else
   BIN=
@@ -46,4 +47,4 @@ exec "${BIN}tandem-run" \
   --master_addr="$MASTER_ADDR" \
   --nproc_per_node="$GPUS" \
   --master_port="$PORT" \
-  "${BIN}tandem-mnist" "$CONFIG" --launcher pytorch "$@"
+  "${BIN}tandem-train" "$CONFIG" --launcher pytorch "$@"

@@ -1,13 +1,13 @@
 #!/usr/bin/env sh
 # tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR [ARGS...]: MMRazor's Slurm training
-# command for Tandem: one srun of GPUS tandem-mnist tasks (--launcher slurm, which reads Slurm's
+# command for Tandem: one srun of GPUS tandem-train tasks (--launcher slurm, which reads Slurm's
 # own variables: no tandem-run), checkpoints and logs in WORK_DIR.
 # Environment, as MMRazor's script: GPUS (8: tasks in all), GPUS_PER_NODE (8: tasks per node),
 # CPUS_PER_TASK (5), SRUN_ARGS (extra srun options), PY_ARGS (extra trainer options, after ARGS);
 # PORT, when set, is the store's port (MASTER_PORT; --cfg-options dist_params.port=N works too).
 # --gres=gpu:GPUS_PER_NODE is asked for only when the partition has GPU resources (sinfo %G) and
 # CUDA_VISIBLE_DEVICES is not -1: on a CPU cluster GPUS counts processes.
-# Binaries: $TANDEM_BIN if set, else the repository's build/apps, else tandem-mnist on PATH.
+# Binaries: $TANDEM_BIN if set, else the repository's build/apps, else tandem-train on PATH.
 # POSIX sh (runs under dash); the exit status is srun's (--kill-on-bad-exit=1: one failed task ends the job).
 set -eu
 
@@ -29,13 +29,13 @@ if [ -n "${PORT:-}" ]; then export MASTER_PORT=$PORT; fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 if [ -n "${TANDEM_BIN:-}" ]; then
-  TRAINER=$TANDEM_BIN/tandem-mnist
-elif [ -x "$ROOT/build/apps/tandem-mnist" ]; then
-  TRAINER=$ROOT/build/apps/tandem-mnist
-elif [ -x "$ROOT/bin/tandem-mnist" ]; then
-  TRAINER=$ROOT/bin/tandem-mnist
+  TRAINER=$TANDEM_BIN/tandem-train
+elif [ -x "$ROOT/build/apps/tandem-train" ]; then
+  TRAINER=$ROOT/build/apps/tandem-train
+elif [ -x "$ROOT/bin/tandem-train" ]; then
+  TRAINER=$ROOT/bin/tandem-train
 else
-  TRAINER=tandem-mnist
+  TRAINER=tandem-train
 fi
 
 GRES=

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tandem::train {
@@ -35,12 +36,23 @@ struct IterOutputs {
   double grad_norm = -1;    // total gradient norm before clipping; -1 when not clipped
   bool joined = false;      // this rank ran out of batches (pad false) and shadowed the others' iteration
   std::vector<int64_t> indices;  // the dataset indices of this rank's batch (empty when joined)
+  // The model's named losses (their sum is `loss`); empty when joined.
+  std::vector<std::pair<std::string, double>> losses;
 };
 
-// What one validation pass measured (summed over every rank's shard).
+// What one validation pass measured (summed over every rank's shard): every metric's named values
+// (train/evaluator.h), and for the common ones their fields (0 when no metric gives them).
 struct ValMetrics {
-  double loss = 0, accuracy = 0;
-  int64_t correct = 0, total = 0;
+  double loss = 0, accuracy = 0;    // "loss", "accuracy/top1"
+  int64_t correct = 0, total = 0;   // top-1 hits and samples
+  std::vector<std::pair<std::string, double>> values;
+  // The value named `name` ("accuracy" is "accuracy/top1"); null when no metric gives it.
+  const double* find(const std::string& name) const {
+    const std::string key = name == "accuracy" ? "accuracy/top1" : name;
+    for (const auto& [k, v] : values)
+      if (k == key) return &v;
+    return nullptr;
+  }
 };
 
 class Hook {

@@ -6,6 +6,7 @@
 #include "dist/parallel/comm_hook.h"
 #include "nn/models/mnist_net.h"
 #include "train/hooks/builtin_hooks.h"
+#include "train/models/zoo.h"
 
 namespace tandem::train {
 namespace {
@@ -72,6 +73,7 @@ Registry<ModelFactory>& models() {
       k.check_known({});
       return std::make_shared<nn::models::MnistNet>();
     });
+    register_model_zoo(*reg);  // ResNet, GPT
     return reg;
   }();
   return *r;

@@ -1,6 +1,6 @@
 // The Runner's registries (MMEngine's MODELS, MODEL_WRAPPERS, OPTIMIZERS, PARAM_SCHEDULERS, HOOKS)
 // and their built-in entries, registered on first use:
-//   models()          MnistNet
+//   models()          MnistNet, and the models library's ResNet and GPT (train/models/zoo.h)
 //   model_wrappers()  MMDistributedDataParallel, DistributedDataParallel (dist::DistributedDataParallel),
 //                     MMFullyShardedDataParallel, FullyShardedDataParallel (dist::FullyShardedDataParallel;
 //                     train/fsdp_wrapper.cpp)

@@ -22,7 +22,6 @@
 #include "dist/parallel/sync_batch_norm.h"
 #include "dist/parallel/zero_redundancy_optimizer.h"
 #include "dist/store/tcp_store.h"
-#include "kernels/elementwise.h"
 #include "nn/amp.h"
 #include "nn/functional.h"
 #include "train/checkpoint.h"
@@ -42,6 +41,10 @@ Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
   TANDEM_CHECK(o_.clip_max_norm >= 0, "optim_wrapper.clip_grad.max_norm must be > 0, got ", o_.clip_max_norm);
   TANDEM_CHECK(o_.train_dataset != nullptr, "Runner: no train_dataset given");
   TANDEM_CHECK(!o_.work_dir.empty(), "Runner: no work_dir given");
+  TANDEM_CHECK(o_.max_iters >= 0, "train_cfg.max_iters must be >= 1, got ", o_.max_iters);
+  TANDEM_CHECK(o_.val_interval >= 0, "train_cfg.val_interval must be >= 0, got ", o_.val_interval);
+  TANDEM_CHECK(o_.max_iters == 0 || o_.pad, "train_cfg.by_epoch False (max_iters) needs ",
+               "train_dataloader.sampler.round_up true: every rank must run the same iterations");
   // Every registered name is looked up now, so an unknown one fails before anything runs or logs.
   if (!o_.model_instance) models().get(o_.model);
   model_wrappers().get(o_.model_wrapper);
@@ -49,6 +52,8 @@ Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
   for (const SchedulerSpec& s : scheduler_specs(o_)) param_schedulers().get(s.type);
   for (const auto* specs : {&o_.default_hooks, &o_.custom_hooks})
     for (const HookSpec& s : *specs) hooks().get(s.type);
+  for (const auto* specs : {&o_.val_evaluator, &o_.test_evaluator})
+    for (const MetricSpec& s : *specs) metric_types().get(s.type);
 }
 
 Runner::~Runner() = default;
@@ -144,6 +149,9 @@ void Runner::setup_data() {
     const int64_t longest = data::DistributedSampler(train_set->size(), world_, 0, false, 0).num_samples();
     iters_ = (longest + o_.batch_size - 1) / o_.batch_size;
   }
+  TANDEM_CHECK(iters_ >= 1, "the train dataset yields no batch (", train_set->size(), " samples)");
+  if (!by_epoch()) o_.max_epochs = (o_.max_iters + iters_ - 1) / iters_;  // the epochs max_iters runs through
+  val_evaluator_ = std::make_unique<Evaluator>(o_.val_evaluator.empty() ? default_evaluator() : o_.val_evaluator);
   if (!o_.data_description.empty()) info("data: " + o_.data_description);
   info("device: " + device_.str() + ", threads: " + std::to_string(num_threads()));
   info("work dir: " + o_.work_dir + (o_.config_name.empty() ? "" : " (config " + o_.config_name + ")"));
@@ -164,6 +172,11 @@ void Runner::setup_model() {
   }
   net_->to(device_);
   net_->train();
+  task_ = dynamic_cast<ModelTask*>(net_.get());
+  if (!task_) {
+    default_task_ = std::make_unique<ClassifierTask>();
+    task_ = default_task_.get();
+  }
   wrapped_ = net_;
   const WrapperFactory wrap = model_wrappers().get(o_.model_wrapper);  // an unknown name fails here, DDP or not
   if (!dist_->active()) return;
@@ -273,14 +286,22 @@ void Runner::setup_hooks() {
 int Runner::train() {
   TANDEM_CHECK(!set_up_, "Runner::train: already ran");
   setup();
-  spdlog::info("training: {} epochs x {} iterations, batch {}{}, {} lr {}", o_.max_epochs, iters_, o_.batch_size,
-               world_ > 1 ? " per rank x " + std::to_string(world_) + " ranks" : "", o_.optimizer, optimizer_->lr());
+  const std::string batch = std::to_string(o_.batch_size) +
+                            (world_ > 1 ? " per rank x " + std::to_string(world_) + " ranks" : "");
+  if (by_epoch())
+    spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o_.max_epochs, iters_, batch,
+                 o_.optimizer, optimizer_->lr());
+  else
+    spdlog::info("training: {} iterations ({} per epoch), batch {}, {} lr {}", o_.max_iters, iters_, batch,
+                 o_.optimizer, optimizer_->lr());
   call_hooks([&](Hook& h) { h.before_run(*this); });
   inner_count_ = global_iter_;
-  for (epoch_ = start_epoch_; epoch_ <= o_.max_epochs && stop_ == 0; ++epoch_) {
+  for (epoch_ = start_epoch_; epoch_ <= o_.max_epochs && stop_ == 0 && global_iter_ < max_iters(); ++epoch_) {
     run_epoch();
-    if (stop_ != 0) break;
-    if (val_loader_ && ((o_.val_interval > 0 && epoch_ % o_.val_interval == 0) || epoch_ == o_.max_epochs)) val();
+    if (stop_ != 0 || stop_training_) break;  // a signal, or EarlyStoppingHook after a validation
+    if (by_epoch() && val_loader_ &&
+        ((o_.val_interval > 0 && epoch_ % o_.val_interval == 0) || epoch_ == o_.max_epochs))
+      val();
     if (stop_training_) break;  // EarlyStoppingHook: this epoch was the last
   }
   epoch_ = std::min(epoch_, o_.max_epochs);
@@ -294,7 +315,7 @@ void Runner::run_epoch() {
   call_hooks([&](Hook& h) { h.before_train_epoch(*this); });
   train_loader_->begin_epoch(sampler_epoch_, first);
   train_batches(first);
-  if (stop_ != 0) return;
+  if (stop_ != 0 || iter_ < iters_) return;  // stopped, or max_iters reached inside the epoch
   iter_ = iters_;
   call_hooks([&](Hook& h) { h.after_train_epoch(*this); });
 }
@@ -313,6 +334,8 @@ void Runner::train_batches(int64_t first) {
     epoch_samples_ += out.batch_size;
     call_hooks([&](Hook& h) { h.after_train_iter(*this, out); });
     if (stop_ != 0) break;
+    if (!by_epoch() && val_loader_ && validate_after_iter()) val();
+    if (!by_epoch() && (global_iter_ >= max_iters() || stop_training_)) return;
   }
   if (!join) return;
   --iter_;  // the last batch run (shadow_iter counts on from it)
@@ -325,45 +348,65 @@ void Runner::train_batches(int64_t first) {
                          std::to_string(shadowed) + " iteration(s) of the others");
 }
 
-ValMetrics Runner::val() {
-  TANDEM_CHECK(val_loader_ != nullptr, "Runner::val: no val_dataset given");
-  call_hooks([&](Hook& h) { h.before_val_epoch(*this); });
-  ValMetrics r;
-  double loss_sum = 0;
+bool Runner::validate_after_iter() const {
+  return (o_.val_interval > 0 && global_iter_ % o_.val_interval == 0) || global_iter_ == max_iters();
+}
+
+ValMetrics Runner::evaluate(data::DataLoader& loader, Evaluator& evaluator) {
+  evaluator.reset();
+  // Under DDP each rank evaluates its shard with its own buffers (BatchNorm statistics moved with
+  // its own last batch), as PyTorch DDP and MMEngine's ValLoop do; the checkpoint holds rank 0's.
   {
     NoGradGuard no_grad;
     // FSDP's parameters are sharded between steps: evaluation runs through the wrapper, which gathers.
     nn::Module& model = fsdp_ ? *wrapped_ : *net_;
     model.eval();
-    val_loader_->begin_epoch(0);
+    loader.begin_epoch(0);
     const amp::Precision precision = amp::parse_precision(o_.amp);
-    while (auto batch = val_loader_->next()) {
-      Tensor x = batch->images.to(device_), y = batch->labels.to(device_);
-      Tensor out;
+    while (auto batch = loader.next()) {
+      const DataBatch b = task_->data_preprocessor()(*batch, device_);
+      Tensor outputs;
       {
-        amp::AutocastGuard autocast(precision);
-        out = model(x);
+        amp::AutocastGuard autocast(precision);  // the network under autocast, the heads after it
+        outputs = model(batch_tensor(b, "inputs"));
       }
-      const int64_t n = x.size(0);
-      loss_sum += F::nll_loss(out, y).item<double>() * static_cast<double>(n);
-      std::vector<int64_t> pred = kernels::argmax(out).to_vector<int64_t>();
-      std::vector<int64_t> truth = batch->labels.to_vector<int64_t>();
-      for (int64_t i = 0; i < n; ++i) r.correct += pred[i] == truth[i];
-      r.total += n;
+      evaluator.process(b, task_->predict(outputs, b), sum_losses(task_->loss(outputs, b)).item<double>());
     }
     model.train();
   }
-  if (dist_->active()) {  // each rank evaluated its own shard: add up the counts
-    const std::vector<double> sums = dist::allreduce_values(
-        *dist_->group, {loss_sum, static_cast<double>(r.correct), static_cast<double>(r.total)}, dist::ReduceOp::Sum,
-        "the evaluation's sums");
-    loss_sum = sums[0];
-    r.correct = static_cast<int64_t>(sums[1]);
-    r.total = static_cast<int64_t>(sums[2]);
-  }
-  r.loss = r.total ? loss_sum / static_cast<double>(r.total) : 0.0;
-  r.accuracy = r.total ? static_cast<double>(r.correct) / static_cast<double>(r.total) : 0.0;
+  // Each rank evaluated its own shard: the evaluator adds up the metrics' sums.
+  return evaluator.evaluate(dist_->active() ? dist_->group.get() : nullptr);
+}
+
+ValMetrics Runner::val() {
+  TANDEM_CHECK(val_loader_ != nullptr, "Runner::val: no val_dataset given");
+  call_hooks([&](Hook& h) { h.before_val_epoch(*this); });
+  const ValMetrics r = evaluate(*val_loader_, *val_evaluator_);
   call_hooks([&](Hook& h) { h.after_val_epoch(*this, r); });
+  return r;
+}
+
+ValMetrics Runner::test() {
+  TANDEM_CHECK(!set_up_, "Runner::test: the Runner already ran; test on a fresh one");
+  const auto& set = o_.test_dataset ? o_.test_dataset : o_.val_dataset;
+  TANDEM_CHECK(set != nullptr, "Runner::test: no test_dataset (or val_dataset) given");
+  TANDEM_CHECK(!o_.load_from.empty() || !o_.resume.empty(), "Runner::test: no weights to test; set load_from ",
+               "(or resume) to a checkpoint");
+  setup();
+  std::shared_ptr<data::Sampler> sampler;
+  if (dist_->active())
+    sampler = std::make_shared<data::ShardSampler>(set->size(), world_, env_.rank);
+  else
+    sampler = std::make_shared<data::SequentialSampler>(set->size());
+  data::DataLoader loader(set, sampler, o_.val_batch_size);
+  Evaluator evaluator(!o_.test_evaluator.empty()   ? o_.test_evaluator
+                      : !o_.val_evaluator.empty() ? o_.val_evaluator
+                                                  : default_evaluator());
+  const ValMetrics r = evaluate(loader, evaluator);
+  std::string line = "Epoch(test) [" + std::to_string(set->size()) + " samples]";
+  for (const auto& [name, value] : r.values) line += fmt::format(" {}: {:.4f}", name, value);
+  info(line);
+  if (dist_->active()) dist_->group->barrier()->wait(dist_->group->timeout());
   return r;
 }
 

@@ -1,8 +1,11 @@
 // train::Runner: MMEngine's Runner for Tandem. It builds a training job from RunnerOptions through
 // the registries (train/registries.h): the model, its wrapper under DDP, the optimizer (with AMP,
-// gradient accumulation and clipping, as MMEngine's OptimWrapper), the parameter schedulers and the
-// hooks; then runs an epoch-based train loop and a validation loop, calling the hooks (train/hook.h)
-// at MMEngine's points. The default hooks (MMEngine's default_hooks, plus Tandem's stop agreement
+// gradient accumulation and clipping, as MMEngine's OptimWrapper), the parameter schedulers, the
+// evaluators (train/evaluator.h) and the hooks; then runs MMEngine's EpochBasedTrainLoop (or, with
+// max_iters > 0, its IterBasedTrainLoop) with a ValLoop, calling the hooks (train/hook.h) at
+// MMEngine's points; test() is the TestLoop. The model follows the model interface of
+// train/model.h: a BaseModel's named losses (summed for backward, each logged) and predictions; a
+// plain nn::Module is a classifier of log-probabilities (nll_loss). The default hooks (MMEngine's default_hooks, plus Tandem's stop agreement
 // and loss check) are: IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
 // DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook.
 //
@@ -32,7 +35,9 @@
 #include "nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "train/evaluator.h"
 #include "train/hook.h"
+#include "train/model.h"
 #include "train/param_scheduler.h"
 #include "train/registry.h"
 
@@ -57,17 +62,23 @@ struct RunnerOptions {
   // MMEngine's param_scheduler as a list (applied in order, see param_scheduler.h); when not empty
   // it is the schedule and param_scheduler / param_scheduler_args are not used.
   std::vector<SchedulerSpec> param_schedulers;
-  // Data: the loss is nll_loss of the model's output (log-probabilities) against the labels.
+  // Data: batches reach the model as named tensors through its data preprocessor (train/model.h).
   std::shared_ptr<const data::Dataset> train_dataset, val_dataset;  // val may be null
+  std::shared_ptr<const data::Dataset> test_dataset;  // test(): the test loop's (null: val_dataset)
+  // val_evaluator / test_evaluator: metrics by registry name (empty: Accuracy and Loss; test: val's).
+  std::vector<MetricSpec> val_evaluator, test_evaluator;
   int64_t batch_size = 64, val_batch_size = 256;
   bool shuffle = true;
   // MMEngine's sampler round_up: pad every rank's share to the same length by repeating samples.
   // false: no sample twice; ranks with fewer batches shadow the others' DDP iterations under
   // dist::Join (their optimizer takes the same steps), so every rank ends each epoch equal.
   bool pad = true;
-  // train_cfg / val_cfg.
+  // train_cfg / val_cfg. max_iters > 0: MMEngine's IterBasedTrainLoop (train_cfg by_epoch=False):
+  // max_iters iterations over as many epochs of the data as that takes (max_epochs is then derived),
+  // validating every val_interval iterations and after the last; else val_interval counts epochs.
   int64_t max_epochs = 1;
-  int64_t val_interval = 1;  // epochs between validations (0: only after the last epoch)
+  int64_t max_iters = 0;
+  int64_t val_interval = 1;  // epochs (or iterations) between validations (0: only at the end)
   uint64_t seed = 1;
   // optim_wrapper: amp off | fp16 (loss scaling) | bf16; accumulative_counts; clip_grad (0: off).
   std::string amp = "off";
@@ -123,6 +134,10 @@ class Runner {
   int train();
   // One validation pass over val_dataset (every rank's shard, summed); calls the val hooks.
   ValMetrics val();
+  // MMEngine's TestLoop: builds the job without training (the model's weights from load_from, or
+  // the resumed checkpoint's), evaluates test_dataset (else val_dataset) with test_evaluator (else
+  // val_evaluator) and logs the metrics. Instead of train(), on a fresh Runner.
+  ValMetrics test();
 
   // State for hooks.
   const RunnerOptions& options() const { return o_; }
@@ -131,6 +146,9 @@ class Runner {
   int64_t global_iter() const { return global_iter_; }  // iterations done in the whole run
   int64_t iters_per_epoch() const { return iters_; }
   int64_t max_epochs() const { return o_.max_epochs; }
+  bool by_epoch() const { return o_.max_iters <= 0; }
+  // Iterations of the whole run: train_cfg.max_iters, or max_epochs x iterations per epoch.
+  int64_t max_iters() const { return by_epoch() ? o_.max_epochs * iters_ : o_.max_iters; }
   double base_lr() const { return base_lr_; }  // the first group's lr before any schedule (MMEngine's base_lr)
   int64_t epoch_samples() const { return epoch_samples_; }  // this rank's samples this epoch
   // Every rank's samples this epoch: world x this rank's when shares are padded to one length;
@@ -142,6 +160,8 @@ class Runner {
   Device device() const { return device_; }
   nn::Module& model() { return *net_; }  // unwrapped
   nn::Module& wrapped_model() { return *wrapped_; }
+  // The model's loss and predict heads: the model itself when it is a BaseModel, else ClassifierTask.
+  ModelTask& task() { return *task_; }
   dist::DistributedDataParallel* ddp() { return ddp_; }  // null without DDP or for another wrapper
   dist::FullyShardedDataParallel* fsdp() { return fsdp_; }  // null unless the wrapper is FSDP
   optim::Optimizer& optimizer() { return *optimizer_; }
@@ -183,11 +203,14 @@ class Runner {
   void reshard_epoch(const Checkpoint& c);  // applies a resumed epoch's offset (epoch_offset_) to the sampler
   void run_epoch();
   IterOutputs run_iter(const data::Batch& batch);
-  IterOutputs eager_step(const Tensor& x, const Tensor& y);
+  IterOutputs eager_step(const DataBatch& batch);
   void step_optimizer(IterOutputs& out, bool to_none);  // clipping, AMP, the step (eager_step's end)
   void train_batches(int64_t first);  // the epoch's batches, then (pad false) Join's shadowing
   void shadow_iter(bool synced);      // a joined rank's part in one iteration of the others
-  Tensor forward_loss(const Tensor& x, const Tensor& y);
+  // The summed loss of the batch (named losses into `named` when given), under autocast.
+  Tensor forward_loss(const DataBatch& batch, IterOutputs* named = nullptr);
+  ValMetrics evaluate(data::DataLoader& loader, Evaluator& evaluator);  // val()'s and test()'s pass
+  bool validate_after_iter() const;  // IterBasedTrainLoop: a validation is due after this iteration
   int finish();
   template <typename F>
   void call_hooks(F&& f) {
@@ -203,6 +226,9 @@ class Runner {
   std::shared_ptr<data::Sampler> train_sampler_, val_sampler_;
   std::unique_ptr<data::DataLoader> train_loader_, val_loader_;
   std::shared_ptr<nn::Module> net_, wrapped_;
+  ModelTask* task_ = nullptr;
+  std::unique_ptr<ModelTask> default_task_;  // a plain module's (ClassifierTask)
+  std::unique_ptr<Evaluator> val_evaluator_;
   dist::DistributedDataParallel* ddp_ = nullptr;
   dist::FullyShardedDataParallel* fsdp_ = nullptr;
   std::unique_ptr<optim::Optimizer> optimizer_;

@@ -22,8 +22,13 @@ std::vector<HookSpec> default_hook_specs(const RunnerOptions& o) {
   add("ParamSchedulerHook");
   add("StopAgreementHook");
   Kwargs& ckpt = add("CheckpointHook");
-  ckpt.set_json("interval", std::to_string(o.checkpoint_interval_epochs));
-  ckpt.set_json("interval_iters", std::to_string(o.checkpoint_interval_iters));
+  if (o.max_iters > 0) {  // IterBasedTrainLoop: by iterations, the last one included
+    ckpt.set("by_epoch", false);
+    ckpt.set_json("interval", std::to_string(o.checkpoint_interval_iters > 0 ? o.checkpoint_interval_iters : o.max_iters));
+  } else {
+    ckpt.set_json("interval", std::to_string(o.checkpoint_interval_epochs));
+    ckpt.set_json("interval_iters", std::to_string(o.checkpoint_interval_iters));
+  }
   ckpt.set_json("max_keep_ckpts", std::to_string(o.max_keep_ckpts));
   if (!o.save_best.empty()) ckpt.set("save_best", o.save_best);
   return specs;

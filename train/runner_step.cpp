@@ -2,7 +2,7 @@
 // (AMP, gradient accumulation, clipping), or the CUDA-graph step for full batches.
 //
 // Accumulation (accumulative_counts = N > 1), exactly MMEngine's counting over the whole run
-// (inner_count = backward passes so far, max = max_epochs x iterations per epoch): the loss is
+// (inner_count = backward passes so far, max = the run's iterations, max_iters()): the loss is
 // divided by N, or by max % N for the iterations of the last, short group at the end of training
 // (groups run across epoch boundaries, as MMEngine's do); under DDP the backward runs inside
 // no_sync() unless inner_count + 1 is a multiple of N or the last iteration, so gradients are
@@ -21,9 +21,13 @@
 
 namespace tandem::train {
 
-Tensor Runner::forward_loss(const Tensor& x, const Tensor& y) {
+Tensor Runner::forward_loss(const DataBatch& batch, IterOutputs* named) {
   amp::AutocastGuard autocast(amp::parse_precision(o_.amp));
-  return F::nll_loss((*wrapped_)(x), y);
+  const ModelOutputs out = run_model(*task_, batch, Mode::kLoss, *wrapped_);
+  // Each loss's value for the log, when the model names more than one (each read syncs a GPU).
+  if (named && out.losses.size() > 1)
+    for (const auto& [name, loss] : out.losses) named->losses.emplace_back(name, loss.item<double>());
+  return sum_losses(out.losses);
 }
 
 IterOutputs Runner::run_iter(const data::Batch& batch) {
@@ -32,22 +36,22 @@ IterOutputs Runner::run_iter(const data::Batch& batch) {
     IterOutputs out;
     out.lr = optimizer_->lr();
     out.loss = graph_step_->step(batch, *optimizer_, [this](const Tensor& x, const Tensor& y) {
-      return forward_loss(x, y);
+      return forward_loss(DataBatch{{"inputs", x}, {"labels", y}});
     }, epoch_, iter_);
     out.batch_size = n;
     out.updated = true;
     return out;
   }
   if (graph_step_) graph_step_->count_partial();
-  return eager_step(batch.images.to(device_), batch.labels.to(device_));
+  return eager_step(task_->data_preprocessor()(batch, device_));
 }
 
-IterOutputs Runner::eager_step(const Tensor& x, const Tensor& y) {
+IterOutputs Runner::eager_step(const DataBatch& batch) {
   IterOutputs out;
-  out.batch_size = x.size(0);
+  out.batch_size = batch_tensor(batch, "inputs").size(0);
   out.lr = optimizer_->lr();
   const int64_t counts = o_.accumulative_counts;
-  const int64_t max_counts = o_.max_epochs * iters_;
+  const int64_t max_counts = max_iters();
   const bool last = inner_count_ + 1 == max_counts;
   const bool sync = (inner_count_ + 1) % counts == 0 || last;
   // Gradients keep their storage when they are bucket views or a CUDA graph writes them.
@@ -56,7 +60,7 @@ IterOutputs Runner::eager_step(const Tensor& x, const Tensor& y) {
   std::unique_ptr<dist::FullyShardedDataParallel::NoSync> fsdp_no_sync;
   if (!sync && ddp_) no_sync = ddp_->no_sync();
   if (!sync && fsdp_) fsdp_no_sync = fsdp_->no_sync();
-  Tensor loss = forward_loss(x, y);
+  Tensor loss = forward_loss(batch, &out);
   out.loss = loss.item<double>();  // syncs a GPU
   if (counts == 1) {
     optimizer_->zero_grad(to_none);
@@ -105,7 +109,7 @@ void Runner::shadow_iter(bool synced) {
   out.loss = std::nan("");
   out.lr = optimizer_->lr();
   ++inner_count_;
-  const bool step = inner_count_ % o_.accumulative_counts == 0 || inner_count_ == o_.max_epochs * iters_;
+  const bool step = inner_count_ % o_.accumulative_counts == 0 || inner_count_ == max_iters();
   TANDEM_CHECK(step == synced, "Join: the training ranks ", synced ? "reduced" : "did not reduce",
                " gradients at global iteration ", global_iter_ + 1, " where this rank's accumulation count says the ",
                "opposite; every rank must use the same optim_wrapper.accumulative_counts");

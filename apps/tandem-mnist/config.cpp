@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "mmengine_config.h"
+#include "train/py_config.h"
+#include "train/models/zoo.h"
 
 namespace tandem::app {
 namespace {
@@ -113,12 +115,18 @@ Json options_to_json(const TrainOptions& o) {
         {"broadcast_buffers", o.broadcast_buffers}, {"static_graph", o.static_graph}, {"port", o.port}}},
       // model_wrapper_cfg's keyword arguments beyond the ddp.* keys (any object; the wrapper checks them).
       {"model_wrapper_extra", o.model_wrapper_extra == "{}" ? Json() : Json::parse(o.model_wrapper_extra)},
+      // The model's keyword arguments and a registered dataset (train/models/zoo.h), as written.
+      {"model_extra", o.model_extra == "{}" ? Json() : Json::parse(o.model_extra)},
+      {"optimizer_extra", o.optimizer_extra == "{}" ? Json() : Json::parse(o.optimizer_extra)},
+      {"dataset", o.dataset == "{}" ? Json() : Json::parse(o.dataset)},
       {"train",
        {{"epochs", o.epochs}, {"seed", o.seed}, {"log_interval", o.log_interval},
-        {"eval_interval", o.eval_interval}, {"checkpoint_interval_iters", o.checkpoint_interval_iters},
+        {"max_iters", o.max_iters}, {"eval_interval", o.eval_interval}, {"checkpoint_interval_iters", o.checkpoint_interval_iters},
         {"checkpoint_interval_epochs", o.checkpoint_interval_epochs}, {"max_keep_ckpts", o.max_keep_ckpts},
         {"cuda_graph", o.cuda_graph}, {"save_best", o.save_best}}},
       {"custom_hooks", Json::parse(o.custom_hooks)},
+      {"val_evaluator", Json::parse(o.val_evaluator)},
+      {"test_evaluator", Json::parse(o.test_evaluator)},
       {"resume", o.resume_from_config},
       {"env", {{"device", o.device}, {"threads", o.threads}}},
       {"load_from", o.init_weights},
@@ -128,7 +136,8 @@ Json options_to_json(const TrainOptions& o) {
 
 void options_from_json(const Json& c, TrainOptions& o) {
   o.model = get<std::string>(c, "model.type");
-  check_choice("model.type", o.model, {"MnistNet"});
+  TANDEM_CHECK(train::models().contains(o.model), "config key 'model.type': '", o.model,
+               "' is not a registered model (see train/models/zoo.h)");
   o.data_dir = get<std::string>(c, "data.data_dir");
   o.batch_size = at_least<int64_t>(c, "data.batch_size", 1);
   o.test_batch_size = at_least<int64_t>(c, "data.test_batch_size", 1);
@@ -181,11 +190,31 @@ void options_from_json(const Json& c, TrainOptions& o) {
   const Json& extra = c.at("model_wrapper_extra");
   TANDEM_CHECK(extra.is_null() || extra.is_object(), "config key 'model_wrapper_cfg' must be an object");
   o.model_wrapper_extra = extra.is_null() ? "{}" : extra.dump();
+  for (const auto& [key, field] : {std::pair<const char*, std::string*>{"model_extra", &o.model_extra},
+                                   std::pair<const char*, std::string*>{"optimizer_extra", &o.optimizer_extra},
+                                   std::pair<const char*, std::string*>{"dataset", &o.dataset}}) {
+    const Json& v = c.at(key);
+    TANDEM_CHECK(v.is_null() || v.is_object(), "config key '", key, "' must be an object, got ", v.dump());
+    *field = v.is_null() ? "{}" : v.dump();
+  }
+  const Json& ds = c.at("dataset");
+  TANDEM_CHECK(ds.is_null() || (ds.contains("type") && ds["type"].is_string() &&
+                                train::datasets().contains(ds["type"].get<std::string>())),
+               "train_dataloader.dataset.type must name a registered dataset (",
+               [] {
+                 std::string names;
+                 for (const std::string& n : train::datasets().names()) names += (names.empty() ? "" : ", ") + n;
+                 return names;
+               }(),
+               "), got ", ds.dump());
   o.custom_hooks = spec_list(c, "custom_hooks");
+  o.val_evaluator = spec_list(c, "val_evaluator");
+  o.test_evaluator = spec_list(c, "test_evaluator");
   o.resume_from_config = get<bool>(c, "resume");
   o.dist_timeout_s = get<double>(c, "ddp.timeout_s");
   TANDEM_CHECK(o.dist_timeout_s > 0, "config key 'ddp.timeout_s' must be > 0, got ", o.dist_timeout_s);
   o.epochs = at_least<int64_t>(c, "train.epochs", 1);
+  o.max_iters = at_least<int64_t>(c, "train.max_iters", 0);
   o.seed = get<uint64_t>(c, "train.seed");
   o.log_interval = at_least<int64_t>(c, "train.log_interval", 1);
   o.eval_interval = at_least<int64_t>(c, "train.eval_interval", 0);
@@ -195,7 +224,6 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.cuda_graph = get<bool>(c, "train.cuda_graph");
   o.save_best = get<std::string>(c, "train.save_best");
   if (o.save_best == "auto") o.save_best = "accuracy";
-  check_choice("train.save_best", o.save_best, {"", "accuracy", "loss"});
   o.device = get<std::string>(c, "env.device");
   o.threads = at_least<int>(c, "env.threads", 0);
   o.init_weights = get<std::string>(c, "load_from");
@@ -217,8 +245,14 @@ Json resolve_config(TrainOptions& o) {
     const std::string source = "config '" + o.config_file + "'";
     Json own = Json::object();
     const Json file = train::load_config_with_bases(o.config_file);
-    for (const auto& [key, value] : file.items())
-      (is_mmengine_key(key) || key == "model" || key == "work_dir" || key == "load_from" ? mm : own)[key] = value;
+    // A .py config's other top-level names are its variables (data_root = '...'), which MMEngine
+    // keeps beside the keys it reads and its Runner ignores: so do we.
+    const bool py = o.config_file.size() > 3 && o.config_file.substr(o.config_file.size() - 3) == ".py";
+    for (const auto& [key, value] : file.items()) {
+      const bool mm_key = is_mmengine_key(key) || key == "model" || key == "work_dir" || key == "load_from";
+      if (!mm_key && py && !config.contains(key)) continue;
+      (mm_key ? mm : own)[key] = value;
+    }
     config = train::merge_config(config, own, source);
   }
   std::vector<std::string> own_options;
@@ -229,8 +263,9 @@ Json resolve_config(TrainOptions& o) {
       own_options.push_back(a);
       continue;
     }
+    // JSON as written, else as MMEngine's DictAction reads it (True, None, (0.9,0.999), a,b).
     Json value = Json::parse(a.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
-    train::set_path_free(mm, key, value.is_discarded() ? Json(a.substr(eq + 1)) : value);
+    train::set_path_free(mm, key, value.is_discarded() ? train::parse_cfg_option_value(a.substr(eq + 1)) : value);
   }
   const std::string mm_source = o.config_file.empty() ? "--cfg-options" : "config '" + o.config_file + "'";
   config = train::merge_config(config, translate_mmengine(mm, mm_source), mm_source);

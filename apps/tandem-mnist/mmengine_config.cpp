@@ -48,7 +48,6 @@ void optim_wrapper(const Json& w, const std::string& src, Json& out) {
   }
   if (w.contains("optimizer")) {
     const Json& o = w["optimizer"];
-    only(o, where + ".optimizer", {"type", "optimizer_type", "lr", "momentum", "weight_decay"});
     static const std::map<std::string, std::string> names = {
         {"Adadelta", "adadelta"}, {"SGD", "sgd"}, {"Adam", "adam"}, {"AdamW", "adamw"}};
     std::string t = o.value("type", "Adadelta");
@@ -68,8 +67,12 @@ void optim_wrapper(const Json& w, const std::string& src, Json& out) {
                  "'");
     out["optimizer"]["type"] = it->second;
     out["optimizer"]["zero_redundancy"] = zero;
-    for (const char* k : {"lr", "momentum", "weight_decay"})
-      if (o.contains(k)) out["optimizer"][k] = o[k];
+    for (const auto& [k, v] : o.items()) {  // beyond lr, momentum, weight_decay: checked by the optimizer
+      if (k == "lr" || k == "momentum" || k == "weight_decay")
+        out["optimizer"][k] = v;
+      else if (k != "type" && k != "optimizer_type")
+        out["optimizer_extra"][k] = v;
+    }
   }
 }
 
@@ -150,7 +153,11 @@ void data(const Json& mm, const std::string& src, Json& out) {
       out["data"]["shuffle"] = d["sampler"].value("shuffle", true);
       out["data"]["pad"] = d["sampler"].value("round_up", true);  // MMEngine's DefaultSampler
     }
-    if (d.contains("dataset")) {
+    // type MNIST: the IDX files of data_root, as data.data_dir (the --data-dir and --limit flags
+    // apply); another type: a registered dataset (train/models/zoo.h) built from its dict as written.
+    if (d.contains("dataset") && d["dataset"].value("type", "MNIST") != "MNIST") {
+      out["dataset"] = d["dataset"];
+    } else if (d.contains("dataset")) {
       only(d["dataset"], src + ": train_dataloader.dataset", {"type", "data_root", "indices"});
       if (d["dataset"].contains("data_root")) out["data"]["data_dir"] = d["dataset"]["data_root"];
       if (d["dataset"].contains("indices")) out["data"]["limit"] = d["dataset"]["indices"];
@@ -206,7 +213,7 @@ bool is_mmengine_key(const std::string& k) {
   static const std::set<std::string> keys = {
       "model_wrapper_cfg", "optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg",
       "default_hooks", "custom_hooks", "env_cfg", "dist_params", "auto_scale_lr", "randomness",
-      "train_dataloader", "val_dataloader", "val_evaluator", "launcher", "resume", "compile",
+      "train_dataloader", "val_dataloader", "val_evaluator", "test_evaluator", "launcher", "resume", "compile",
       "default_scope", "log_level", "log_processor", "visualizer", "_base_"};
   return keys.count(k) > 0;
 }
@@ -214,8 +221,14 @@ bool is_mmengine_key(const std::string& k) {
 Json translate_mmengine(const Json& mm, const std::string& src) {
   Json out = Json::object();
   if (mm.contains("model")) {
-    only(mm["model"], src + ": model", {"type"});
-    out["model"] = mm["model"];
+    const Json& m = mm["model"];
+    TANDEM_CHECK(m.is_object(), src, ": model must be a dict with a type, got ", m.dump());
+    for (const auto& [key, value] : m.items()) {  // the rest: the model's keyword arguments
+      if (key == "type")
+        out["model"]["type"] = value;
+      else
+        out["model_extra"][key] = value;
+    }
   }
   for (const char* k : {"work_dir", "load_from"})
     if (mm.contains(k)) out[k] = mm[k].is_null() ? Json("") : mm[k];
@@ -223,15 +236,26 @@ Json translate_mmengine(const Json& mm, const std::string& src) {
   if (mm.contains("param_scheduler")) param_scheduler(mm["param_scheduler"], src, out);
   if (mm.contains("train_cfg")) {
     const Json& t = mm["train_cfg"];
-    only(t, src + ": train_cfg", {"type", "by_epoch", "max_epochs", "val_interval", "val_begin"});
-    TANDEM_CHECK(t.value("by_epoch", true) && t.value("type", "EpochBasedTrainLoop") == "EpochBasedTrainLoop", src,
-                 ": train_cfg: tandem-mnist runs MMEngine's EpochBasedTrainLoop (by_epoch true); max_epochs counts "
-                 "epochs");
+    only(t, src + ": train_cfg", {"type", "by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"});
+    const std::string loop = t.value("type", t.value("by_epoch", true) ? "EpochBasedTrainLoop" : "IterBasedTrainLoop");
+    TANDEM_CHECK(loop == "EpochBasedTrainLoop" || loop == "IterBasedTrainLoop", src, ": train_cfg.type must be ",
+                 "EpochBasedTrainLoop or IterBasedTrainLoop, got '", loop, "'");
+    TANDEM_CHECK(t.value("by_epoch", loop == "EpochBasedTrainLoop") == (loop == "EpochBasedTrainLoop"), src,
+                 ": train_cfg.by_epoch contradicts train_cfg.type '", loop, "'");
+    if (loop == "IterBasedTrainLoop") {
+      TANDEM_CHECK(t.contains("max_iters") && !t.contains("max_epochs"), src, ": train_cfg by_epoch=False counts ",
+                   "iterations: give max_iters (and no max_epochs)");
+      out["train"]["max_iters"] = t["max_iters"];
+    } else {
+      TANDEM_CHECK(!t.contains("max_iters"), src, ": train_cfg.max_iters needs by_epoch=False (IterBasedTrainLoop)");
+    }
     if (t.contains("max_epochs")) out["train"]["epochs"] = t["max_epochs"];
     if (t.contains("val_interval")) out["train"]["eval_interval"] = t["val_interval"];
   }
   if (mm.contains("default_hooks")) default_hooks(mm["default_hooks"], src, out);
   if (mm.contains("custom_hooks")) out["custom_hooks"] = mm["custom_hooks"];
+  for (const char* key : {"val_evaluator", "test_evaluator"})  // one metric or a list, as MMEngine's
+    if (mm.contains(key)) out[key] = mm[key].is_array() ? mm[key] : Json::array({mm[key]});
   data(mm, src, out);
   dist_and_env(mm, src, out);
   if (mm.contains("auto_scale_lr")) {

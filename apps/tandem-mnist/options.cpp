@@ -53,7 +53,8 @@ void add_distributed_flags(CLI::App& app, TrainOptions& o) {
 }  // namespace
 
 int parse_options(int argc, char** argv, TrainOptions& o) {
-  CLI::App app{"tandem-mnist: train the MNIST convnet (conv-bn-relu-pool x2, fc-relu-fc, log-softmax, NLL)"};
+  CLI::App app{"tandem-train (tandem-mnist): train a registered model from a config (default: the MNIST convnet, "
+               "conv-bn-relu-pool x2, fc-relu-fc, log-softmax, NLL)"};
   // A flag given twice takes its last value (a wrapper script's defaults can be overridden).
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--data-dir", o.data_dir,

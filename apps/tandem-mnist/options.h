@@ -18,6 +18,7 @@ inline constexpr const char* kDefaultDataDir = "/usr/share/datasets/fashion-mnis
 struct TrainOptions {
   std::string data_dir = kDefaultDataDir;
   int64_t epochs = 14;
+  int64_t max_iters = 0;  // > 0: train_cfg by_epoch False (iterations, not epochs)
   int64_t batch_size = 64;
   int64_t test_batch_size = 256;
   double lr = 1.0;
@@ -72,9 +73,16 @@ struct TrainOptions {
   bool broadcast_buffers = true;
   bool static_graph = false;
   std::string model_wrapper_extra = "{}";
+  std::string model_extra = "{}";
+  std::string optimizer_extra = "{}";  // optim_wrapper.optimizer's other keywords (nesterov, betas, eps...)  // the model's keyword arguments (MMEngine's model dict beside type)
+  // train_dataloader.dataset with a type: a dataset of train::datasets() built from this dict (JSON
+  // object), for train and val; "{}": the IDX files of data_dir.
+  std::string dataset = "{}";
   int port = 0;                 // dist_params.port (0: MASTER_PORT)
   std::string save_best;        // "" | accuracy | loss
   std::string custom_hooks = "[]";  // JSON array of {type, ...}
+  std::string val_evaluator = "[]";  // JSON array of {type, ...} (metrics; empty: Accuracy and Loss)
+  std::string test_evaluator = "[]";  // tandem-test's metrics (empty: val_evaluator's)
   bool resume_from_config = false;  // the config's `resume: true`
 
   // Command line only (not part of the config).

@@ -19,6 +19,7 @@
 #include "data/mnist.h"
 #include "dist/store/env.h"
 #include "kernels/linear.h"
+#include "train/models/zoo.h"
 #include "train/registries.h"
 #include "train/runner.h"
 #include "train/stop_signal.h"
@@ -142,6 +143,8 @@ std::vector<Spec> specs_of(const std::string& json_text, const std::string& owne
 train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& config, const Device& device) {
   train::RunnerOptions r;
   r.model = o.model;
+  const train::Json model_args = train::Json::parse(o.model_extra);  // (items() refers to it)
+  for (const auto& [key, value] : model_args.items()) r.model_args.set_json(key, value.dump());
   r.model_wrapper = o.model_wrapper;
   r.model_wrapper_args = wrapper_args(o);
   r.optimizer = o.zero_redundancy ? "ZeroRedundancyOptimizer" : optimizer_name(o.optimizer);
@@ -149,6 +152,8 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.optimizer_args.set("lr", o.lr);
   r.optimizer_args.set("weight_decay", o.weight_decay);
   if (o.optimizer == "sgd") r.optimizer_args.set("momentum", o.momentum);
+  const train::Json optimizer_args = train::Json::parse(o.optimizer_extra);
+  for (const auto& [key, value] : optimizer_args.items()) r.optimizer_args.set_json(key, value.dump());
   if (o.lr_schedule == "list") {
     r.param_schedulers = specs_of<train::SchedulerSpec>(o.param_schedulers, "param_scheduler");
   } else if (o.lr_schedule == "cosine") {
@@ -164,6 +169,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.shuffle = o.shuffle;
   r.pad = o.pad;
   r.max_epochs = o.epochs;
+  r.max_iters = o.max_iters;
   r.val_interval = o.eval_interval;
   r.seed = o.seed;
   r.amp = o.amp == "auto" ? (device.is_cuda() ? "fp16" : "bf16") : o.amp;
@@ -203,10 +209,38 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.load_from = o.init_weights;
   r.data_description = describe_data(o.data_dir);
   r.custom_hooks = specs_of<train::HookSpec>(o.custom_hooks, "custom_hooks");
+  r.val_evaluator = specs_of<train::MetricSpec>(o.val_evaluator, "val_evaluator");
+  r.test_evaluator = specs_of<train::MetricSpec>(o.test_evaluator, "test_evaluator");
   return r;
 }
 
 }  // namespace
+
+void set_datasets(const TrainOptions& o, train::RunnerOptions& r) {
+  const train::Json spec = train::Json::parse(o.dataset);
+  if (spec.empty()) {  // the IDX files of data_dir
+    auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train);
+    auto test_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Test);
+    if (o.limit > 0) train_set->limit(o.limit);
+    if (o.test_limit > 0) test_set->limit(o.test_limit);
+    r.train_dataset = train_set;
+    r.val_dataset = test_set;
+  } else {  // a registered dataset: its dict for train; for val without indices, or test_limit's
+    const std::string type = spec["type"].get<std::string>();
+    train::Kwargs train_args("train_dataloader.dataset"), val_args("val_dataloader.dataset");
+    for (const auto& [key, value] : spec.items()) {
+      if (key == "type") continue;
+      train_args.set_json(key, value.dump());
+      if (key != "indices") val_args.set_json(key, value.dump());
+    }
+    if (o.test_limit > 0) val_args.set_json("indices", std::to_string(o.test_limit));
+    r.train_dataset = train::datasets().get(type)(train_args, "train");
+    r.val_dataset = train::datasets().get(type)(val_args, "val");
+    r.data_description = type + " " + spec.value("data_root", "");
+  }
+  r.data_description += " (" + std::to_string(r.train_dataset->size()) + " train, " +
+                        std::to_string(r.val_dataset->size()) + " test samples)";
+}
 
 int run_training(const TrainOptions& o, const train::Json& config) {
   if (o.threads > 0) set_num_threads(o.threads);
@@ -220,14 +254,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
   // --amp alone: fp16 on CUDA (with loss scaling), bf16 on CPU, as torch.autocast's defaults.
   const Device amp_device = o.amp == "auto" ? dist::resolve_device(o.device, 0) : Device::cpu();
   train::RunnerOptions r = runner_options(o, config, amp_device);
-  auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train);
-  auto test_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Test);
-  if (o.limit > 0) train_set->limit(o.limit);
-  if (o.test_limit > 0) test_set->limit(o.test_limit);
-  r.data_description += " (" + std::to_string(train_set->size()) + " train, " + std::to_string(test_set->size()) +
-                        " test samples)";
-  r.train_dataset = train_set;
-  r.val_dataset = test_set;
+  set_datasets(o, r);
   train::Runner runner(std::move(r));
   runner.register_hook(std::make_shared<DebugSignalHook>(o, false));
   runner.register_hook(std::make_shared<DebugSignalHook>(o, true));
@@ -245,6 +272,23 @@ int run_training(const TrainOptions& o, const train::Json& config) {
     profiler::set_enabled(false);
     spdlog::info("profile (wall time per op, this rank):\n{}",
                  profiler::report(kernels::measure_gemm_peak_gflops(num_threads())));
+  }
+  return 0;
+}
+
+int run_test(const TrainOptions& o, const train::Json& config) {
+  if (o.threads > 0) set_num_threads(o.threads);
+  const Device amp_device = o.amp == "auto" ? dist::resolve_device(o.device, 0) : Device::cpu();
+  train::RunnerOptions r = runner_options(o, config, amp_device);
+  set_datasets(o, r);
+  r.work_dir += "/test";  // beside the training run's files, not over its config.json and logs
+  r.resume.clear();
+  train::Runner runner(std::move(r));
+  const train::ValMetrics v = runner.test();
+  if (runner.rank() == 0) {
+    std::string line;
+    for (const auto& [name, value] : v.values) line += fmt::format("{}{}: {:.4f}", line.empty() ? "" : " ", name, value);
+    std::printf("%s\n", line.c_str());
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 // runner_example: a program that trains its own model through train::Runner, built against the
-// installed package only. It registers its model ("Mlp"), its own DDP wrapper ("CountingDDP",
+// installed package only. It registers its model ("Mlp", with the model interface: two named
+// losses), its own DDP wrapper ("CountingDDP",
 // derived from dist::DistributedDataParallel, as MMEngine's MODEL_WRAPPERS.register_module) and a
 // hook, then:
 //   1. trains 3 epochs straight (work dir A);
@@ -26,6 +27,8 @@
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/module.h"
+#include "nn/pointwise.h"
+#include "train/model.h"
 #include "train/registries.h"
 #include "train/runner.h"
 
@@ -35,17 +38,26 @@ namespace {
 
 constexpr int64_t kFeatures = 16, kHidden = 32, kClasses = 4, kSamples = 512;
 
-class Mlp : public nn::Module {
+// [runner-model]
+// The model interface (MMEngine's BaseModel): forward() is the network (what DDP runs), loss()
+// names the losses of its outputs on a batch (the Runner sums them for backward and logs each),
+// predict() what the evaluator reads (by default the outputs).
+class Mlp : public train::BaseModel {
  public:
   Mlp() {
     fc1_ = register_module("fc1", std::make_shared<nn::Linear>(kFeatures, kHidden));
     fc2_ = register_module("fc2", std::make_shared<nn::Linear>(kHidden, kClasses));
   }
   Tensor forward(const Tensor& x) override { return F::log_softmax(fc2_->forward(F::relu(fc1_->forward(x)))); }
+  train::LossList loss(const Tensor& log_probs, const train::DataBatch& batch) override {
+    return {{"loss_cls", F::nll_loss(log_probs, train::batch_tensor(batch, "labels"))},
+            {"loss_l2", F::scale(F::sum(F::mul(fc1_->weight, fc1_->weight)), 1e-4)}};
+  }
 
  private:
   std::shared_ptr<nn::Linear> fc1_, fc2_;
 };
+// [runner-model]
 
 // [runner-wrapper]
 // A DDP wrapper of the program's own: DistributedDataParallel plus a forward counter. Deriving from
@@ -103,6 +115,7 @@ class LossWatch : public train::Hook {
   std::string name() const override { return "LossWatch"; }
   void before_train_epoch(train::Runner&) override { sum_ = 0, n_ = 0; }
   void after_train_iter(train::Runner&, const train::IterOutputs& out) override {
+    if (!out.joined) TANDEM_CHECK(out.losses.size() == 2, "the Runner did not report Mlp's two named losses");
     if (first < 0) first = out.loss;
     sum_ += out.loss, ++n_;
     last = sum_ / n_;

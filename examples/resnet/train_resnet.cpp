@@ -1,6 +1,6 @@
-// train_resnet: a ResNet-20-shaped network (resnet.h) trained on Fashion-MNIST through
-// train::Runner, built against the installed package only. The program registers its model under
-// the name "ResNet" (kwargs width, blocks_per_stage) and builds the Runner by that name; started by
+// train_resnet: a ResNet-20-shaped network (the models library's train/models/resnet.h) trained on
+// Fashion-MNIST through train::Runner, built against the installed package only. The library
+// registers the model as "ResNet" (kwargs width, blocks_per_stage) and the Runner builds it by that name; started by
 // tandem-run (or torchrun: RANK is set) the Runner picks the "pytorch" launcher and wraps the model
 // in DDP (gradients all-reduced over Gloo), alone it trains in one process.
 // Data: the IDX files under --data-dir (data::MnistDataset reads Fashion-MNIST's layout too),
@@ -28,16 +28,12 @@
 #include "core/thread_pool.h"
 #include "data/mnist.h"
 #include "kernels/linear.h"
-#include "resnet.h"
-#include "train/registries.h"
+#include "train/models/zoo.h"
 #include "train/runner.h"
 
 using namespace tandem;
 
 namespace {
-
-// Fashion-MNIST's training-set pixel mean and standard deviation (of pixel / 255).
-constexpr double kFashionMean = 0.2860, kFashionStd = 0.3530;
 
 struct Options {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
@@ -123,14 +119,10 @@ double mean(const std::vector<double>& v, size_t begin, size_t end) {
 
 int run(const Options& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  // [resnet-register]
-  train::models().register_module("ResNet", [](const train::Kwargs& k) -> std::shared_ptr<nn::Module> {
-    k.check_known({"width", "blocks_per_stage"});
-    return std::make_shared<resnet::ResNet>(k.integer("width", 16), k.integer("blocks_per_stage", 3));
-  });
-  // [resnet-register]
-  auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train, kFashionMean, kFashionStd);
-  auto test_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Test, kFashionMean, kFashionStd);
+  auto train_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Train, train::kFashionMean,
+                                                        train::kFashionStd);
+  auto test_set = std::make_shared<data::MnistDataset>(o.data_dir, data::Split::Test, train::kFashionMean,
+                                                       train::kFashionStd);
   if (o.limit > 0) train_set->limit(o.limit);
   if (o.test_limit > 0) test_set->limit(o.test_limit);
 

@@ -1,4 +1,4 @@
-// train_gpt: a small GPT-style character language model (gpt.h) trained data-parallel with
+// train_gpt: a small GPT-style character language model (the models library's train/models/gpt.h) trained data-parallel with
 // DistributedDataParallel over Gloo, built against the installed Tandem package only.
 // Corpus: Debian's `fortunes` package (/usr/share/games/fortunes, installed by scripts/setup.sh),
 // or --corpus FILE|DIR. 95% of the characters train, the last 5% validate.
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "char_data.h"
+#include "train/models/char_corpus.h"
 #include "core/autograd.h"
 #include "core/error.h"
 #include "core/profiler.h"
@@ -33,7 +33,7 @@
 #include "dist/store/env.h"
 #include "dist/group/process_group_factory.h"
 #include "dist/store/tcp_store.h"
-#include "gpt.h"
+#include "train/models/gpt.h"
 #include "kernels/linear.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"

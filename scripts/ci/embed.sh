@@ -75,7 +75,8 @@ cmake --build "$BUILD" -j "$JOBS"
 step "install into $PREFIX"
 cmake --install "$BUILD" --prefix "$PREFIX" >/dev/null
 for f in lib/libtandem.so lib/cmake/Tandem/TandemConfig.cmake lib/cmake/Tandem/TandemConfigVersion.cmake \
-         lib/pkgconfig/tandem.pc bin/tandem-run bin/tandem-mnist include/tandem/core/tensor.h; do
+         lib/pkgconfig/tandem.pc bin/tandem-run bin/tandem-mnist bin/tandem-train bin/tandem-test \
+         include/tandem/core/tensor.h include/tandem/train/model.h include/tandem/train/models/zoo.h; do
   [[ -e "$PREFIX/$f" ]] || fail "not installed: $PREFIX/$f"
 done
 

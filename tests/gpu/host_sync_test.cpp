@@ -23,7 +23,7 @@
 #include "nn/models/mnist_net.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
-#include "transformer/gpt.h"
+#include "train/models/gpt.h"
 
 using namespace tandem;
 using namespace tandem::gpu_test;

@@ -1,12 +1,14 @@
 // CheckpointHook: saves resumable checkpoints into the work dir's rotation (iter_<global>.safetensors,
 // last_checkpoint, at most max_keep_ckpts kept):
 //   - every `interval` epochs and after the last (by_epoch true), or every `interval` iterations
-//     (by_epoch false); plus every `interval_iters` iterations (Tandem's, 0: off);
+//     (by_epoch false, and after the run's last iteration); plus every `interval_iters` iterations (Tandem's, 0: off);
 //   - at the iteration where the ranks agreed to stop (StopAgreementHook), so a stopped run resumes;
-//   - save_best "accuracy" (or "auto") / "loss": after each validation that beats the best so far,
-//     best_<metric>_epoch_<e>.safetensors (+ state), replacing the previous best (rule: greater for
-//     accuracy, less for loss, or as `rule` says).
+//   - save_best "accuracy" (or "auto"), "loss" or any metric the evaluator names ("perplexity",
+//     "accuracy/top5"): after each validation that beats the best so far,
+//     best_<metric>_epoch_<e> (iter_<i> by iterations).safetensors (+ state, '/' written '_'), replacing the previous best
+//     (rule: less for loss and perplexity, else greater, or as `rule` says).
 // Saving is rank 0's; the others only count.
+#include <algorithm>
 #include <filesystem>
 
 #include "train/checkpoint.h"
@@ -27,7 +29,8 @@ class CheckpointHook : public Hook {
 
   void after_train_iter(Runner& r, const IterOutputs&) override {
     const int64_t g = r.global_iter();
-    const bool due = (!by_epoch_ && interval_ > 0 && g % interval_ == 0) || (interval_iters_ > 0 && g % interval_iters_ == 0);
+    const bool due = (!by_epoch_ && interval_ > 0 && (g % interval_ == 0 || g == r.max_iters())) ||
+                     (interval_iters_ > 0 && g % interval_iters_ == 0);
     if (r.stop() != 0 || due) r.save_checkpoint(r.epoch(), r.iter_in_epoch(), "", max_keep_);
   }
 
@@ -38,13 +41,19 @@ class CheckpointHook : public Hook {
 
   void after_val_epoch(Runner& r, const ValMetrics& v) override {
     if (best_metric_.empty()) return;
-    const double value = best_metric_ == "loss" ? v.loss : v.accuracy;
+    const double* named = v.find(best_metric_);
+    const double value = best_metric_ == "loss" ? v.loss : best_metric_ == "accuracy" ? v.accuracy : named ? *named : 0;
+    TANDEM_CHECK(best_metric_ == "loss" || best_metric_ == "accuracy" || named, "default_hooks.checkpoint.save_best '",
+                 best_metric_, "' is not a validation metric");
     const bool greater = rule_ == "greater";
     if (have_best_ && (greater ? value <= best_ : value >= best_)) return;
     have_best_ = true;
     best_ = value;
-    const std::string path =
-        r.work_dir() + "/best_" + best_metric_ + "_epoch_" + std::to_string(r.epoch()) + ".safetensors";
+    std::string file_metric = best_metric_;
+    std::replace(file_metric.begin(), file_metric.end(), '/', '_');
+    const std::string path = r.work_dir() + "/best_" + file_metric +
+                             (r.by_epoch() ? "_epoch_" + std::to_string(r.epoch())
+                                           : "_iter_" + std::to_string(r.global_iter())) + ".safetensors";
     r.save_checkpoint(r.epoch() + 1, 0, path);  // on every rank: collective under FSDP, a no-op past rank 0 otherwise
     if (r.rank() != 0) return;
     if (!last_best_.empty() && last_best_ != path) {
@@ -75,9 +84,8 @@ std::shared_ptr<Hook> make_checkpoint_hook(const Kwargs& k) {
   TANDEM_CHECK(interval_iters >= 0, k.owner(), ".interval_iters must be >= 0 (0: off), got ", interval_iters);
   std::string best = k.has("save_best") && k.items().at("save_best") != "null" ? k.string("save_best", "") : "";
   if (best == "auto") best = "accuracy";
-  TANDEM_CHECK(best.empty() || best == "accuracy" || best == "loss", k.owner(),
-               ".save_best must be \"auto\", \"accuracy\" or \"loss\", got \"", best, "\"");
-  std::string rule = k.string("rule", best == "loss" ? "less" : "greater");
+  // Any metric of the evaluator (checked at the first validation); lower is better for losses.
+  std::string rule = k.string("rule", best == "loss" || best == "perplexity" ? "less" : "greater");
   TANDEM_CHECK(rule == "greater" || rule == "less", k.owner(), ".rule must be \"greater\" or \"less\", got \"", rule, "\"");
   return std::make_shared<CheckpointHook>(interval, k.boolean("by_epoch", true), interval_iters,
                                           max_keep < 0 ? 0 : max_keep, best, rule);

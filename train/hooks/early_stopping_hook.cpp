@@ -49,11 +49,14 @@ class EarlyStoppingHook : public Hook {
     std::optional<double> score;
     if (monitor_ == "accuracy" || monitor_ == "accuracy/top1") score = v.accuracy;
     if (monitor_ == "loss" || monitor_ == "test_loss") score = v.loss;
+    if (const double* value = v.find(monitor_); !score && value) score = *value;
     if (!score) {
+      std::string available = "accuracy, loss";
+      for (const auto& [name, value] : v.values) available += ", " + name;
       TANDEM_CHECK(!strict_, "custom_hooks.EarlyStoppingHook.monitor '", monitor_,
-                   "' is not a validation metric (available: accuracy, loss); or set strict=False");
-      spdlog::warn("EarlyStoppingHook: skipped, the validation has no metric '{}' (available: accuracy, loss)",
-                   monitor_);
+                   "' is not a validation metric (available: ", available, "); or set strict=False");
+      spdlog::warn("EarlyStoppingHook: skipped, the validation has no metric '{}' (available: {})", monitor_,
+                   available);
       return;
     }
     const std::string why = check(*score);

@@ -27,8 +27,8 @@ class EMAHook : public Hook {
   void before_run(Runner& r) override {
     TANDEM_CHECK(begin_epoch_ <= r.max_epochs(), "custom_hooks.EMAHook.begin_epoch must be <= max_epochs (",
                  r.max_epochs(), "), got ", begin_epoch_);
-    TANDEM_CHECK(begin_iter_ <= r.max_epochs() * r.iters_per_epoch(), "custom_hooks.EMAHook.begin_iter must be <= "
-                 "the run's iterations (", r.max_epochs() * r.iters_per_epoch(), "), got ", begin_iter_);
+    TANDEM_CHECK(begin_iter_ <= r.max_iters(), "custom_hooks.EMAHook.begin_iter must be <= "
+                 "the run's iterations (", r.max_iters(), "), got ", begin_iter_);
     if (!loaded_) ema_.reset(tensors(r));
   }
   void after_train_iter(Runner& r, const IterOutputs&) override {

@@ -64,6 +64,7 @@ class LoggerHook : public Hook {
       Json record = {{"type", "train"}, {"epoch", r.epoch()}, {"iter", r.iter_in_epoch()}, {"loss", out.loss},
                      {"lr", out.lr}, {"time", r.iter_time()}, {"data_time", r.data_time()}};
       if (out.grad_norm >= 0) record["grad_norm"] = out.grad_norm;
+      for (const auto& [name, value] : out.losses) record[name] = value;
       if (out.joined) record["joined"] = true;  // out of batches: shadowed the others (no loss)
       if (dist::DistributedDataParallel* ddp = r.ddp()) {  // what the reducer did in this step
         const auto& st = ddp->reducer().stats();
@@ -74,16 +75,19 @@ class LoggerHook : public Hook {
       }
       m->write(record);
     }
-    const int64_t it = r.iter_in_epoch(), iters = r.iters_per_epoch();
-    if (it % interval_ != 0 && it != iters) return;
+    const int64_t it = r.iter_in_epoch(), iters = r.iters_per_epoch(), g = r.global_iter();
+    // By epoch: each epoch's every interval-th and last iteration; by iterations: the run's.
+    if (r.by_epoch() ? it % interval_ != 0 && it != iters : g % interval_ != 0 && g != r.max_iters()) return;
     const double avg = window_time_ / window_n_;
-    const double eta = avg * static_cast<double>((iters - it) + (r.max_epochs() - r.epoch()) * iters);
+    const double eta = avg * static_cast<double>(r.max_iters() - g);
     const int64_t memory = peak_memory_mb(r.device());
-    spdlog::info(
-        "Epoch(train) [{}][{}/{}] base_lr: {:.4e} lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} memory: {} "
-        "loss: {:.4f}{}",
-        r.epoch(), it, iters, r.base_lr(), out.lr, format_eta(eta), avg, window_data_ / window_n_, memory, out.loss,
-        out.grad_norm >= 0 ? fmt::format(" grad_norm: {:.4f}", out.grad_norm) : std::string());
+    std::string named;  // each of several named losses after their sum
+    for (const auto& [name, value] : out.losses) named += fmt::format(" {}: {:.4f}", name, value);
+    const std::string where = r.by_epoch() ? fmt::format("Epoch(train) [{}][{}/{}]", r.epoch(), it, iters)
+                                           : fmt::format("Iter(train) [{}/{}]", g, r.max_iters());
+    spdlog::info("{} base_lr: {:.4e} lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} memory: {} loss: {:.4f}{}{}",
+                 where, r.base_lr(), out.lr, format_eta(eta), avg, window_data_ / window_n_, memory, out.loss, named,
+                 out.grad_norm >= 0 ? fmt::format(" grad_norm: {:.4f}", out.grad_norm) : std::string());
     if (scalars_) {
       Json s = {{"base_lr", r.base_lr()}, {"lr", out.lr}, {"data_time", window_data_ / window_n_},
                 {"loss", out.loss},       {"time", avg},   {"memory", memory},
@@ -106,12 +110,20 @@ class LoggerHook : public Hook {
   }
 
   void after_val_epoch(Runner& r, const ValMetrics& v) override {
-    if (MetricsWriter* m = r.metrics())
-      m->write({{"type", "eval"}, {"epoch", r.epoch()}, {"test_loss", v.loss}, {"test_accuracy", v.accuracy}});
-    if (scalars_)
-      scalars_->write({{"accuracy", v.accuracy}, {"test_loss", v.loss}, {"epoch", r.epoch()}, {"step", r.global_iter()}});
-    spdlog::info("Epoch(test) [{}] test_loss: {:.4f} accuracy: {:.4f} ({}/{})", r.epoch(), v.loss, v.accuracy,
-                 v.correct, v.total);
+    Json record = {{"type", "eval"}, {"epoch", r.epoch()}, {"test_loss", v.loss}, {"test_accuracy", v.accuracy}};
+    Json scalars = {{"accuracy", v.accuracy}, {"test_loss", v.loss}, {"epoch", r.epoch()}, {"step", r.global_iter()}};
+    std::string others;  // the metrics besides accuracy/top1 and loss
+    for (const auto& [name, value] : v.values) {
+      record[name] = scalars[name] = value;
+      if (name != "accuracy/top1" && name != "loss") others += fmt::format(" {}: {:.4f}", name, value);
+    }
+    if (!r.by_epoch()) record["iter"] = r.global_iter();
+    if (MetricsWriter* m = r.metrics()) m->write(record);
+    if (scalars_) scalars_->write(scalars);
+    const std::string where = r.by_epoch() ? fmt::format("Epoch(test) [{}]", r.epoch())
+                                           : fmt::format("Iter(val) [{}]", r.global_iter());
+    spdlog::info("{} test_loss: {:.4f} accuracy: {:.4f} ({}/{}){}", where, v.loss, v.accuracy, v.correct, v.total,
+                 others);
   }
 
  private:

@@ -55,7 +55,9 @@ Registry<WrapperFactory>& model_wrappers();
 // (dict(type='transformer_auto_wrap_policy' | 'ModuleWrapPolicy', transformer_layer_cls=[names]) or
 // dict(type='size_based_auto_wrap_policy', min_num_params=N); the type may carry PyTorch's module
 // path), forward_prefetch, backward_prefetch ('BACKWARD_PRE', 'BACKWARD_POST' or None);
-// mixed_precision and cpu_offload are refused until they exist. The DDP keys are accepted at their
+// mixed_precision=dict(param_dtype, reduce_dtype, buffer_dtype, _module_classes_to_ignore) as
+// PyTorch's MixedPrecision (not with --amp), cpu_offload=True or dict(offload_params=True) (on a CPU
+// run: accepted, one info line, nothing changes); docs/fsdp.md. The DDP keys are accepted at their
 // defaults only (they do not apply to FSDP).
 std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k);
 // ZeroRedundancyOptimizer's keyword arguments split: the optimizer_type it wraps (checked present) and

@@ -1,6 +1,7 @@
 // allreduce_bench: latency and bus bandwidth of the engine's ProcessGroupGloo::allreduce against Gloo's
-// own algorithms called directly, for float32 messages of 4 KiB .. 256 MiB (x4 steps), so the engine's
-// overhead (queue, worker thread, reduction function) shows as a ratio per size.
+// own algorithms called directly, for float32 messages of 4 KiB .. 256 MiB (x4 steps, plus 25 MiB, DDP's
+// default bucket, and 100 MiB), so the engine's overhead (queue, worker thread, reduction function) shows
+// as a ratio per size.
 // Run one process per rank under a torchrun-like launcher (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT):
 //   tandem-run --nproc-per-node 2 build-bench/bench/allreduce_bench --benchmark_out=ar.json
 // A single process without those variables runs as world 1 (every algorithm is a copy or a no-op).
@@ -33,6 +34,10 @@
 // Only rank 0 prints and writes --benchmark_out. Own flags (removed before Google Benchmark sees the rest):
 //   --quick          sizes 4 KiB .. 16 MiB and fewer iterations
 //   --max-mb=M       largest message (MiB, default 256)
+//   --sizes=LIST     exactly these sizes instead, comma-separated bytes with an optional K, M or G
+//                    (KiB, MiB, GiB): --sizes=4M,25M,100M
+//   --overwrite      let --benchmark_out replace an existing file (refused otherwise, so a run does
+//                    not silently replace the committed bench/results/allreduce.json)
 //   --budget-mb=M    bytes moved per benchmark, sets the iterations (default 2048; --quick 128),
 //                    at least 3 and at most 500 (--quick 100)
 // Each variant checks its result once (ones on every rank sum to the world size) before timing.
@@ -51,6 +56,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -281,11 +288,63 @@ void connect(int64_t timeout_ms) {
     j.nccl = dist::make_process_group("nccl", j.store, env.rank, env.world_size, timeout, -1);
 }
 
+// "25M" -> 25 MiB; bytes with an optional K/M/G (binary) suffix. Exits with a message on anything else.
+int64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const int64_t scale = unit.empty() ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : 0;
+  const int64_t bytes = static_cast<int64_t>(v * static_cast<double>(scale));
+  if (used == 0 || scale == 0 || bytes < 4) {
+    std::cerr << "allreduce_bench: --sizes: '" << text
+              << "' is not a size; expected bytes (at least 4) with an optional K, M or G, e.g. 25M\n";
+    std::exit(2);
+  }
+  return bytes / 4 * 4;  // whole float32 elements
+}
+
+std::vector<int64_t> parse_sizes(const std::string& list) {
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    out.push_back(parse_size(list.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// The x4 ladder from 4 KiB to max_mb, with DDP's default bucket (25 MiB) and 100 MiB where they fit.
+std::vector<int64_t> default_sizes(double max_mb) {
+  const auto max_bytes = static_cast<int64_t>(max_mb * (1 << 20));
+  std::vector<int64_t> out;
+  for (int64_t b = 4096; b <= max_bytes; b *= 4) out.push_back(b);
+  for (int64_t b : {int64_t{25} << 20, int64_t{100} << 20})
+    if (b <= max_bytes) out.push_back(b);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, overwrite = false;
   double max_mb = 256, budget_mb = -1;
+  std::string sizes_arg, out_path;
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
     const std::string a = argv[i];
@@ -295,9 +354,21 @@ int main(int argc, char** argv) {
       max_mb = std::stod(a.substr(9));
     } else if (a.rfind("--budget-mb=", 0) == 0) {
       budget_mb = std::stod(a.substr(12));
+    } else if (a.rfind("--sizes=", 0) == 0) {
+      sizes_arg = a.substr(8);
+    } else if (a == "--overwrite") {
+      overwrite = true;
     } else {
+      if (a.rfind("--benchmark_out=", 0) == 0) out_path = a.substr(16);
       args.push_back(argv[i]);
     }
+  }
+  const char* rank_env = std::getenv("RANK");
+  if (!out_path.empty() && !overwrite && (!rank_env || std::string(rank_env) == "0") &&
+      std::filesystem::exists(out_path)) {
+    std::cerr << "allreduce_bench: " << out_path
+              << " exists: pass --overwrite to replace it, or name another --benchmark_out file\n";
+    return 2;
   }
   if (quick) max_mb = std::min(max_mb, 16.0);
   if (budget_mb <= 0) budget_mb = quick ? 128 : 2048;
@@ -317,8 +388,7 @@ int main(int argc, char** argv) {
                args.end());
   }
 
-  std::vector<int64_t> sizes;
-  for (int64_t b = 4096; b <= static_cast<int64_t>(max_mb * (1 << 20)); b *= 4) sizes.push_back(b);
+  const std::vector<int64_t> sizes = sizes_arg.empty() ? default_sizes(max_mb) : parse_sizes(sizes_arg);
   using Algorithm = gloo::AllreduceOptions::Algorithm;
   // Size-major order: every variant of one size runs back to back, so a drift in machine load
   // affects the ratios at a size less than it would if each variant swept all sizes in turn.
@@ -353,6 +423,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&bargc, args.data());
   benchmark::AddCustomContext("world_size", std::to_string(job().world));
   benchmark::AddCustomContext("transport", "gloo tcp " + job().device->str());
+  benchmark::AddCustomContext("cpu_model", cpu_model());
   if (auto* gloo = dynamic_cast<dist::ProcessGroupGloo*>(job().engine.get()))
     benchmark::AddCustomContext("engine_transport", gloo->allreduce_transport());
   if (rank == 0) {

@@ -32,11 +32,10 @@ fails or times out stops the script with its status and the tail of its output.
 
 Example:
   /usr/bin/python3 bench/compare_ddp.py --tandem-bin build/apps/tandem-mnist \\
-      --tandem-run build/apps/tandem-run --repeats 3 --json-out bench-ddp-cpu.json
+      --tandem-run build/apps/tandem-run --repeats 3     # results in bench/runs/<date-time>/compare_ddp.json
 """
 import argparse
 import concurrent.futures
-import json
 import os
 import socket
 import statistics
@@ -46,7 +45,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from compare_pytorch import cpu_model, run_measured  # noqa: E402
+from compare_pytorch import run_measured  # noqa: E402
+from machine import add_output_args, cpu_label, describe, output_path, write_json  # noqa: E402
 
 # (framework, ranks): ranks 0 is the pair of independent 1-rank runs.
 CONFIGS = [("tandem", 1), ("tandem", 2), ("tandem", 0), ("pytorch", 1), ("pytorch", 2), ("pytorch", 0)]
@@ -79,7 +79,7 @@ def parse_args(argv=None):
                         f"(default {','.join(DEFAULT)}; ratios need both of their configurations)")
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration; samples/s is the median")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-    p.add_argument("--json-out", default=None)
+    add_output_args(p, "compare_ddp.json")
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     args = p.parse_args(argv)
     if args.tandem_run is None:
@@ -133,6 +133,7 @@ def run_once(args, side, ranks, rep, workdir):
 
 def main(argv=None):
     args = parse_args(argv)
+    json_out = output_path(args.json_out, "compare_ddp.json", args.overwrite)
     wanted = {c.strip() for c in args.only.split(",") if c.strip()} if args.only else set(DEFAULT)
     configs = [c for c in CONFIGS if config_name(*c) in wanted]
     unknown = wanted - {config_name(*c) for c in CONFIGS}
@@ -188,7 +189,7 @@ def main(argv=None):
     recipe = (f"{args.optimizer} lr {args.lr}, batch {args.batch_size} per rank, {args.epochs} epoch(s) of "
               f"{args.limit} samples{', unshuffled' if args.no_shuffle else ', shuffled'}, 1 thread per rank")
     loads = [r["load_avg_1min_before"] for rs in runs.values() for r in rs]
-    print(f"\nDDP scaling on {cpu_model()} ({os.cpu_count()} CPUs); {recipe}; load before runs "
+    print(f"\nDDP scaling on {cpu_label()}; {recipe}; load before runs "
           f"{min(loads):.2f}-{max(loads):.2f}; median of {args.repeats}\n")
     print("| | 1 rank x 1 thread samples/s | 2 ranks x 1 thread samples/s | 2 ranks / 1 rank "
           "| 2 independent processes: sum / lockstep samples/s | sum / 1 rank | lockstep / 1 rank "
@@ -202,21 +203,18 @@ def main(argv=None):
     print(f"| tandem / PyTorch | {fmt(ratios['tandem_over_pytorch_1rank'], '.2f')} | "
           f"{fmt(ratios['tandem_over_pytorch_2ranks'], '.2f')} | | | | | |")
 
-    if args.json_out:
-        out = {
-            "what": "DDP scaling, 1 vs 2 ranks x 1 thread: tandem-mnist (tandem-run) and PyTorch 1.13 "
-                    "DistributedDataParallel over gloo (bench/pytorch_mnist.py), CPU",
-            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-            "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "keep_logs")},
-            "samples_per_s": "median over repeats of the mean over timed epochs of rank 0's epoch lines' "
-                             "samples_per_s (samples of all ranks / rank 0's training-loop seconds); "
-                             "for a pair, the sum over its two processes of the mean over their middle "
-                             "epochs",
-            "results": res, "ratios": ratios,
-        }
-        with open(args.json_out, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    out = {
+        "what": "DDP scaling, 1 vs 2 ranks x 1 thread: tandem-mnist (tandem-run) and PyTorch 1.13 "
+                "DistributedDataParallel over gloo (bench/pytorch_mnist.py), CPU",
+        "machine": describe(args.python),
+        "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "keep_logs", "overwrite")},
+        "samples_per_s": "median over repeats of the mean over timed epochs of rank 0's epoch lines' "
+                         "samples_per_s (samples of all ranks / rank 0's training-loop seconds); "
+                         "for a pair, the sum over its two processes of the mean over their middle "
+                         "epochs",
+        "results": res, "ratios": ratios,
+    }
+    write_json(json_out, out)
     return 0
 
 

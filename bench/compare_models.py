@@ -17,7 +17,7 @@ stops the script with its exit status and the tail of its output.
 
 Example:
   /usr/bin/python3 bench/compare_models.py --tandem-bin build/bench/model_steps \\
-      --threads 1,2 --repeats 3 --json-out bench/results/compare_models.json
+      --threads 1,2 --repeats 3          # results in bench/runs/<date-time>/compare_models.json
   # PyTorch on both sides, tiny runs (tests this script without a build):
   /usr/bin/python3 bench/compare_models.py --pytorch-both --iters 2 --warmup 1 --repeats 1
 """
@@ -28,7 +28,8 @@ import statistics
 import sys
 import tempfile
 
-from compare_pytorch import cpu_model, fmt_mib, run_child, tail
+from compare_pytorch import fmt_mib, run_child, tail
+from machine import add_output_args, cpu_label, describe, output_path, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -62,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu",
                    help="cpu, cuda or cuda:N: both sides train there (the GPU check uses cuda; the PyTorch "
                         "side then needs --python with a CUDA-enabled torch)")
-    p.add_argument("--json-out", default=None)
+    add_output_args(p, "compare_models.json")
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     args = p.parse_args(argv)
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -137,7 +138,7 @@ def measure(args, model, threads, workdir):
 
 def print_table(args, results):
     name = "pytorch(as tandem)" if args.pytorch_both else "tandem"
-    print(f"\n{name} vs PyTorch on {args.device}, host {cpu_model()} ({os.cpu_count()} CPUs); {args.iters} timed steps "
+    print(f"\n{name} vs PyTorch on {args.device}, host {cpu_label()}; {args.iters} timed steps "
           f"after {args.warmup}, median of {args.repeats}\n")
     for m in args.model_list:
         print(f"- {m}: {RECIPES[m]}")
@@ -162,6 +163,7 @@ def print_table(args, results):
 
 def main(argv=None):
     args = parse_args(argv)
+    json_out = output_path(args.json_out, "compare_models.json", args.overwrite)
     if not args.pytorch_both and not os.access(args.tandem_bin, os.X_OK):
         sys.exit(f"--tandem-bin {args.tandem_bin} is not an executable (build the model_steps "
                  "target, or pass --pytorch-both to test this script with PyTorch on both sides)")
@@ -180,22 +182,19 @@ def main(argv=None):
             for threads in args.thread_list:
                 results.append(measure(args, model, threads, workdir))
     print_table(args, results)
-    if args.json_out:
-        out = {
-            "what": "training step of examples/resnet and examples/transformer, Tandem "
-                    f"(bench/model_steps) vs PyTorch (bench/pytorch_models.py), {args.device}",
-            "tandem_side": "pytorch_models.py" if args.pytorch_both else args.tandem_bin,
-            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-            "config": {k: v for k, v in vars(args).items()
-                       if k not in ("json_out", "keep_logs", "model_list", "thread_list")},
-            "recipes": {m: RECIPES[m] for m in args.model_list},
-            "samples_per_s": "median over repeats of batch * iters / seconds of the timed steps",
-            "peak_rss": "the child's own ru_maxrss (os.wait4), max over repeats",
-            "results": results,
-        }
-        with open(args.json_out, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    out = {
+        "what": "training step of examples/resnet and examples/transformer, Tandem "
+                f"(bench/model_steps) vs PyTorch (bench/pytorch_models.py), {args.device}",
+        "tandem_side": "pytorch_models.py" if args.pytorch_both else args.tandem_bin,
+        "machine": describe(args.python),
+        "config": {k: v for k, v in vars(args).items()
+                   if k not in ("json_out", "keep_logs", "overwrite", "model_list", "thread_list")},
+        "recipes": {m: RECIPES[m] for m in args.model_list},
+        "samples_per_s": "median over repeats of batch * iters / seconds of the timed steps",
+        "peak_rss": "the child's own ru_maxrss (os.wait4), max over repeats",
+        "results": results,
+    }
+    write_json(json_out, out)
     return 0
 
 

@@ -20,7 +20,6 @@ Example:
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from machine import add_output_args, cpu_label, describe, output_path, write_json  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -56,7 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per (program, threads); samples/s is the median, RSS the max")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-    p.add_argument("--json-out", default=None)
+    p.add_argument("--amp", default="off", choices=["off", "bf16"],
+                   help="bf16: tandem-mnist --amp bf16 against PyTorch's bf16 autocast (torch.autocast('cpu'))")
+    add_output_args(p, "compare_pytorch.json")
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     return p.parse_args(argv)
 
@@ -69,6 +72,8 @@ def common_flags(args, threads, metrics):
              "--test-batch-size", str(args.test_batch_size or args.batch_size),
              "--threads", str(threads),
              "--device", "cpu", "--metrics-out", metrics]
+    if args.amp != "off":
+        flags += ["--amp", args.amp]
     if args.no_shuffle:
         flags.append("--no-shuffle")
     return flags
@@ -166,16 +171,6 @@ def measure(args, side, threads, workdir):
     }
 
 
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
 
 def fmt_mib(b):
     return f"{b / 2**20:.0f}"
@@ -183,6 +178,7 @@ def fmt_mib(b):
 
 def main(argv=None):
     args = parse_args(argv)
+    json_out = output_path(args.json_out, "compare_pytorch.json", args.overwrite)
     try:
         thread_counts = [int(t) for t in args.threads.split(",") if t.strip()]
     except ValueError:
@@ -213,8 +209,10 @@ def main(argv=None):
 
     recipe = (f"{args.optimizer} lr {args.lr}, batch {args.batch_size}, "
               f"{args.epochs} epoch(s) of {args.limit} samples"
-              f"{', unshuffled' if args.no_shuffle else ', shuffled'}")
-    print(f"\n{tandem_name} vs PyTorch on {cpu_model()} ({os.cpu_count()} CPUs); {recipe}\n")
+              f"{', unshuffled' if args.no_shuffle else ', shuffled'}"
+              f"{', ' + args.amp + ' autocast' if args.amp != 'off' else ''}")
+    machine = describe(args.python)
+    print(f"\n{tandem_name} vs PyTorch {machine['pytorch']} on {cpu_label(machine['cpu'])}; {recipe}\n")
     print(f"| threads | {tandem_name} samples/s | PyTorch samples/s | ratio | "
           f"{tandem_name} peak RSS MiB | PyTorch peak RSS MiB | ratio | last loss t / p |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|")
@@ -225,20 +223,17 @@ def main(argv=None):
               f"{fmt_mib(p['peak_rss_bytes'])} | {r['ratio_peak_rss']:.2f} | "
               f"{t['last_train_loss']:.3f} / {p['last_train_loss']:.3f} |")
 
-    if args.json_out:
-        out = {
-            "what": "tandem-mnist vs PyTorch 1.13 (bench/pytorch_mnist.py), CPU",
-            "tandem_side": "pytorch_mnist.py" if args.pytorch_both else args.tandem_bin,
-            "machine": {"cpu": cpu_model(), "cpus": os.cpu_count(), "python": sys.version.split()[0]},
-            "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "keep_logs")},
-            "samples_per_s": "median over repeats of the mean over timed epochs of the epoch "
-                             "lines' samples_per_s (training loop only)",
-            "peak_rss": "the child's own ru_maxrss (os.wait4), max over repeats",
-            "results": results,
-        }
-        with open(args.json_out, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+    out = {
+        "what": "tandem-mnist vs PyTorch (bench/pytorch_mnist.py), CPU",
+        "tandem_side": "pytorch_mnist.py" if args.pytorch_both else args.tandem_bin,
+        "machine": machine,
+        "config": {k: v for k, v in vars(args).items() if k not in ("json_out", "keep_logs", "overwrite")},
+        "samples_per_s": "median over repeats of the mean over timed epochs of the epoch "
+                         "lines' samples_per_s (training loop only)",
+        "peak_rss": "the child's own ru_maxrss (os.wait4), max over repeats",
+        "results": results,
+    }
+    write_json(json_out, out)
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""DDP bucket-size sweep, tandem against PyTorch DDP, in one run; writes bench/results/ddp_buckets.json.
+"""DDP bucket-size sweep, tandem against PyTorch DDP, in one run; writes its JSON to a fresh bench/runs/<date-time>/ folder (or --json-out).
 
 Owns: running, per model (mnist, mlp), one after another and never concurrently:
   compute-only   1 process x --threads, no communication: build-bench/bench/ddp_buckets --mode compute
@@ -42,6 +42,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from machine import add_output_args, describe, output_path, write_json  # noqa: E402
 DEFAULT_CAPS = "0.25,1,5,25,100,none,auto"
 
 
@@ -65,7 +67,7 @@ def parse_args(argv=None):
                    help="DDP's gradient_as_bucket_view on both sides (grads are views of the buckets: no copies)")
     p.add_argument("--only", default="tandem,pytorch", help="frameworks to run")
     p.add_argument("--timeout", type=float, default=900, help="seconds per child")
-    p.add_argument("--json-out", default=os.path.join(HERE, "results", "ddp_buckets.json"))
+    add_output_args(p, "ddp_buckets.json")
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = 3 if args.quick else 20
@@ -79,15 +81,6 @@ def free_port():
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
-
-def cpu_model():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def child_env(threads):
@@ -281,6 +274,7 @@ def markdown(data):
 
 def main(argv=None):
     args = parse_args(argv)
+    json_out = output_path(args.json_out, "ddp_buckets.json", args.overwrite)
     frameworks = [f for f in ("tandem", "pytorch") if f in args.only.split(",")]
     caps = args.caps.split(",")
     for f in ("ddp_buckets",):
@@ -303,7 +297,7 @@ def main(argv=None):
         results[model] = per
     data = {
         "what": "DDP bucket sweep: step time, exposed communication, hidden share; tandem vs PyTorch 1.13 DDP (gloo)",
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform()},
+        "machine": dict(describe(args.python), platform=platform.platform()),
         "settings": {"nproc": args.nproc, "threads": args.threads, "batch": args.batch, "steps": args.steps,
                      "warmup": args.warmup, "repeats": args.repeats, "caps": caps, "quick": args.quick,
                      "mlp": [args.mlp_in, args.mlp_hidden, args.mlp_layers],
@@ -313,12 +307,9 @@ def main(argv=None):
         "results": results,
     }
     data["summary"] = summarise(results, frameworks)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
-    with open(args.json_out, "w") as f:
-        json.dump(data, f, indent=1)
     print()
     print(markdown(data))
-    print(f"wrote {args.json_out}")
+    write_json(json_out, data)
 
 
 if __name__ == "__main__":

@@ -214,9 +214,11 @@ int main(int argc, char** argv) {
   app.add_option("--embd", o.embd, "GPT width")->check(CLI::PositiveNumber);
   app.add_option("--layers", o.layers, "GPT blocks")->check(CLI::PositiveNumber);
   app.add_option("--heads", o.heads, "attention heads (divides the width)")->check(CLI::PositiveNumber);
-  app.add_option("--json", o.json_path, "write every rank's numbers here");
+  bool overwrite = false;
+  bench::add_json_output(app, o.json_path, overwrite);
   bench::add_rank_options(app, o.rank, o.world, o.store, o.out);
   app.add_option("--mode", o.mode, "(internal)");
   CLI11_PARSE(app, argc, argv);
+  bench::refuse_to_write_over("fsdp_memory", o.json_path, overwrite);
   return bench::run_rank_or_drive("fsdp_memory", o.rank, [&] { run_rank(o); }, [&] { return drive(o); });
 }

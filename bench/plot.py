@@ -11,8 +11,11 @@ Owns: turning bench/results/ddp_buckets.json (bench/ddp_buckets.py) and bench/re
                                    call the engine's TCP path makes: its overhead)
   results/ddp_buckets.md, results/allreduce.md   the same numbers as markdown tables
   (a sweep run with --gradient-as-bucket-view writes ddp_buckets_<model>_view.png and ddp_buckets_view.md)
-Either input may be missing (its outputs are skipped). Uses Debian's python3-matplotlib (Agg backend).
-Example:  /usr/bin/python3 bench/plot.py            (reads and writes bench/results/)
+Either input may be missing (its outputs are skipped). Rates and times are drawn on log axes, so the
+slow and the fast variants both stay readable; titles name the CPU and the transports in words. Outputs go
+next to the inputs (--in-dir, default bench/results/) or to --out-dir; an existing output is replaced only
+with --overwrite. Uses Debian's python3-matplotlib (Agg backend).
+Example:  /usr/bin/python3 bench/plot.py --in-dir bench/runs/<date-time>   (a fresh sweep's folder)
 """
 import argparse
 import json
@@ -55,8 +58,8 @@ def plot_ddp(data, outdir):
             ax.set_xticklabels(caps)
             ax.set_xlabel("bucket_cap_mb (none = one bucket after backward)")
             ax.grid(alpha=0.3)
-        ax1.set_ylabel("step time, ms (rank 0, median)")
-        ax1.set_ylim(bottom=0)
+        ax1.set_ylabel("step time, ms (rank 0, median; log)")
+        ax1.set_yscale("log")
         ax1.legend(fontsize=7)
         ax2.set_ylabel("hidden share = 1 - exposed / all-reduce\n(clipped at -1)", fontsize=9)
         ax2.set_ylim(-1.05, 1.05)
@@ -65,7 +68,7 @@ def plot_ddp(data, outdir):
         params = next(iter(per.values()))["compute"]["params"]
         st = data["settings"]
         fig.suptitle(f"DDP bucket sweep, {model} ({params / 1e6:.1f}M params), {st['nproc']} ranks x "
-                     f"{st['threads']} thread, batch {st['batch']}/rank, {data['machine']['cpu']}"
+                     f"{st['threads']} thread, batch {st['batch']}/rank, {cpu_name(data)}"
                      f"{', gradient_as_bucket_view' if st.get('gradient_as_bucket_view') else ''}"
                      f"{' (quick)' if st.get('quick') else ''}", fontsize=10)
         fig.tight_layout()
@@ -112,6 +115,25 @@ def human(nbytes):
     return f"{nbytes} B"
 
 
+def cpu_name(data):
+    """The CPU a result was measured on, from either result format's machine block."""
+    cpu = data.get("machine", {}).get("cpu", "unknown CPU")
+    return cpu.get("model", "unknown CPU") if isinstance(cpu, dict) else cpu
+
+
+def allreduce_title(ctx):
+    """'all-reduce, 2 ranks on one host, AMD EPYC; engine: shared memory (...); Gloo: TCP over lo (127.0.0.1)'
+    from allreduce_bench's context (its transport string is Gloo's device description)."""
+    fields = dict(f.strip().split("=", 1) for f in ctx.get("transport", "").split(",") if "=" in f)
+    gloo = "TCP"
+    if fields.get("iface"):
+        gloo += f" over {fields['iface']}"
+    if fields.get("addr"):
+        gloo += f" ({fields['addr'].strip('[]')})"
+    return (f"all-reduce of float32 messages, {ctx.get('world_size', '?')} ranks, {ctx.get('cpu_model', 'unknown CPU')}; "
+            f"engine: {ctx.get('engine_transport', '?')}; Gloo's own algorithms: {gloo}")
+
+
 def plot_allreduce(data, outdir):
     runs = load_allreduce(data)
     if not runs:
@@ -138,7 +160,7 @@ def plot_allreduce(data, outdir):
                  label="engine_buffer (in place, DDP's buckets) / fastest raw Gloo variant")
     ax2.plot([r[0] for r in same], [r[1] for r in same], "s--", color="tab:green",
              label="engine_tcp / gloo_ring (the call the engine's TCP path makes)")
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=7, loc="best", framealpha=0.8)
     ax2.axhline(1.0, color="gray", lw=0.8)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
@@ -146,13 +168,13 @@ def plot_allreduce(data, outdir):
         ax.set_xticklabels([human(s) for s in sizes], rotation=45, fontsize=7)
         ax.set_xlabel("message size (float32)")
         ax.grid(alpha=0.3)
-    ax1.set_ylabel("bus bandwidth GB/s = 2(n-1)/n x bytes / median time")
+    ax1.set_ylabel("bus bandwidth GB/s = 2(n-1)/n x bytes / median time (log)")
+    ax1.set_yscale("log")
     ax1.legend(fontsize=8)
     ax2.set_ylabel("engine time / raw Gloo time (log)")
     ax2.set_yscale("log")
     ctx = data.get("context", {})
-    fig.suptitle(f"all-reduce, {ctx.get('world_size', '?')} ranks, raw Gloo: {ctx.get('transport', 'gloo tcp')}, "
-                 f"engine: {ctx.get('engine_transport', '?')}", fontsize=9)
+    fig.suptitle(allreduce_title(ctx), fontsize=9)
     fig.tight_layout()
     png = os.path.join(outdir, "allreduce.png")
     fig.savefig(png, dpi=100)
@@ -176,20 +198,39 @@ def plot_allreduce(data, outdir):
     return [png, md]
 
 
+def outputs(data_kind, data, outdir):
+    """The files plot_ddp / plot_allreduce would write for `data`."""
+    if data_kind == "allreduce":
+        return [os.path.join(outdir, n) for n in ("allreduce.png", "allreduce.md")]
+    suffix = view_suffix(data)
+    return ([os.path.join(outdir, f"ddp_buckets_{m}{suffix}.png") for m in data["results"]] +
+            [os.path.join(outdir, f"ddp_buckets{suffix}.md")])
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="plots and tables from bench/results/*.json")
-    p.add_argument("--ddp-json", default=os.path.join(HERE, "results", "ddp_buckets.json"))
-    p.add_argument("--allreduce-json", default=os.path.join(HERE, "results", "allreduce.json"))
-    p.add_argument("--out-dir", default=os.path.join(HERE, "results"))
+    p = argparse.ArgumentParser(description="plots and tables from the communication benchmarks' JSON")
+    p.add_argument("--in-dir", default=os.path.join(HERE, "results"),
+                   help="folder with ddp_buckets.json and/or allreduce.json (default bench/results)")
+    p.add_argument("--ddp-json", default=None, help="default: IN_DIR/ddp_buckets.json")
+    p.add_argument("--allreduce-json", default=None, help="default: IN_DIR/allreduce.json")
+    p.add_argument("--out-dir", default=None, help="default: IN_DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs that exist already")
     args = p.parse_args(argv)
+    args.ddp_json = args.ddp_json or os.path.join(args.in_dir, "ddp_buckets.json")
+    args.allreduce_json = args.allreduce_json or os.path.join(args.in_dir, "allreduce.json")
+    args.out_dir = args.out_dir or args.in_dir
     os.makedirs(args.out_dir, exist_ok=True)
+    inputs = []
+    for kind, path in (("ddp", args.ddp_json), ("allreduce", args.allreduce_json)):
+        if os.path.exists(path):
+            with open(path) as f:
+                inputs.append((kind, json.load(f)))
+    existing = [o for kind, data in inputs for o in outputs(kind, data, args.out_dir) if os.path.exists(o)]
+    if existing and not args.overwrite:
+        sys.exit(f"{existing[0]} exists: pass --overwrite to replace it, or --out-dir another folder")
     written = []
-    if os.path.exists(args.ddp_json):
-        with open(args.ddp_json) as f:
-            written += plot_ddp(json.load(f), args.out_dir)
-    if os.path.exists(args.allreduce_json):
-        with open(args.allreduce_json) as f:
-            written += plot_allreduce(json.load(f), args.out_dir)
+    for kind, data in inputs:
+        written += (plot_ddp if kind == "ddp" else plot_allreduce)(data, args.out_dir)
     if not written:
         sys.exit(f"nothing to plot: neither {args.ddp_json} nor {args.allreduce_json} exists")
     for w in written:

@@ -13,7 +13,7 @@ the trainer's default recipe (Adadelta lr 1.0, StepLR 0.7 per epoch, batch 64 pe
 
 Example (the numbers in bench/README.md):
   /usr/bin/python3 bench/powersgd.py --tandem-bin build/apps/tandem-mnist \\
-      --tandem-run build/apps/tandem-run --epochs 2 --seeds 1 2 --json-out bench/results/powersgd.json
+      --tandem-run build/apps/tandem-run --epochs 2 --seeds 1 2          # results in bench/runs/<date-time>/powersgd.json
 """
 import argparse
 import json
@@ -22,6 +22,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import add_output_args, describe, output_path, write_json  # noqa: E402
 
 SETTINGS = [
     ("allreduce", []),
@@ -63,8 +66,9 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--start-iter", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--json-out")
+    add_output_args(ap, "powersgd.json")
     args = ap.parse_args()
+    json_out = output_path(args.json_out, "powersgd.json", args.overwrite)
     results = {}
     for seed in args.seeds:
         for name, flags in SETTINGS:
@@ -83,9 +87,8 @@ def main():
         ratio = sum(r["comm_bytes"] for r in runs) / sum(r["bucket_bytes"] for r in runs)
         rows.append({"setting": name, "accuracy": acc, "accuracy_delta": delta, "bytes_ratio": ratio, "runs": runs})
         print(f"| {name} | {acc:.4f} | {delta:+.4f} | {ratio:.4f} |")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"recipe": vars(args), "rows": rows}, f, indent=1)
+    recipe = {k: v for k, v in vars(args).items() if k not in ("json_out", "overwrite")}
+    write_json(json_out, {"machine": describe(), "recipe": recipe, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -229,6 +229,8 @@ def main(argv=None):
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu", choices=["cpu"], help="accepted for flag parity")
+    p.add_argument("--amp", default="off", choices=["off", "bf16"],
+                   help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     p.add_argument("--init-weights", default=None, help="safetensors state_dict to start from")
     p.add_argument("--save-weights", default=None)
     p.add_argument("--metrics-out", default=None, help="JSON lines file (default: stdout only)")
@@ -302,7 +304,8 @@ def main(argv=None):
             yb = y_train.index_select(0, idx)
             t_data = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            loss = F.nll_loss(model(xb), yb)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+                loss = F.nll_loss(model(xb), yb)
             loss.backward()
             opt.step()
             loss_v = loss.item()

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -23,6 +24,21 @@
 extern char** environ;
 
 namespace bench {
+
+// --json FILE and --overwrite, as every benchmark's output rule: an existing result file is replaced only
+// when asked, so a run does not silently change the committed bench/results/ files. Call
+// refuse_to_write_over after parsing.
+inline void add_json_output(CLI::App& app, std::string& path, bool& overwrite) {
+  app.add_option("--json", path, "write every rank's numbers here (an existing file only with --overwrite)");
+  app.add_flag("--overwrite", overwrite, "let --json replace an existing file");
+}
+
+// Exits with status 2 and one line when `path` exists and `overwrite` is false.
+inline void refuse_to_write_over(const std::string& tool, const std::string& path, bool overwrite) {
+  if (path.empty() || overwrite || !std::filesystem::exists(path)) return;
+  std::cerr << tool << ": " << path << " exists: pass --overwrite to replace it, or name another --json file\n";
+  std::exit(2);
+}
 
 // This process's peak resident set (VmHWM), in bytes; -1 when /proc does not say.
 inline int64_t peak_rss_bytes() {

@@ -197,10 +197,12 @@ int main(int argc, char** argv) {
   app.add_option("--mlp-in", o.mlp_in, "mlp input features");
   app.add_option("--mlp-hidden", o.mlp_hidden, "mlp hidden width");
   app.add_option("--mlp-layers", o.mlp_layers, "mlp hidden layers");
-  app.add_option("--json", o.json_path, "write every rank's numbers here");
+  bool overwrite = false;
+  bench::add_json_output(app, o.json_path, overwrite);
   bench::add_rank_options(app, o.rank, o.world, o.store, o.out);
   app.add_option("--model", o.model, "(internal)");
   app.add_option("--mode", o.mode, "(internal) unsharded | zero");
   CLI11_PARSE(app, argc, argv);
+  bench::refuse_to_write_over("zero_memory", o.json_path, overwrite);
   return bench::run_rank_or_drive("zero_memory", o.rank, [&] { run_rank(o); }, [&] { return drive(o); });
 }

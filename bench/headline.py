@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""The headline table: every ratio against PyTorch that the README states, from one run folder.
+
+Owns: reading the JSON files that bench/run_all.sh leaves in its run folder (compare_pytorch.json,
+compare_pytorch_bf16.json, compare_models.json, compare_ddp.json, ddp_buckets.json, allreduce.json) and
+writing one markdown table, table.md, headed by the CPU (model, cores, the flags that choose kernels),
+the PyTorch version it was compared with and the date. A file that is missing leaves its rows out and
+is named under the table, so a partial run still reports what it measured.
+Assumes: the files' formats as the scripts of bench/ write them. Only the standard library.
+Example:  /usr/bin/python3 bench/headline.py bench/runs/<date-time>
+"""
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from machine import cpu_label, describe  # noqa: E402
+
+
+def load(folder, name):
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def count(n, word):
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def per_threads(results, key="threads"):
+    return {r[key]: r for r in results}
+
+
+def mnist_rows(fp32, bf16):
+    rows = []
+    if fp32:
+        for t, r in sorted(per_threads(fp32["results"]).items()):
+            rows.append((f"MNIST trainer, {count(t, 'thread')}, samples/s", r["tandem"]["samples_per_s"],
+                         r["pytorch"]["samples_per_s"], r["ratio_samples_per_s"]))
+        worst = max(fp32["results"], key=lambda r: r["tandem"]["peak_rss_bytes"])
+        rows.append(("MNIST trainer, peak RSS MiB", worst["tandem"]["peak_rss_bytes"] / 2**20,
+                     worst["pytorch"]["peak_rss_bytes"] / 2**20, worst["ratio_peak_rss"]))
+    if bf16:
+        own = per_threads(fp32["results"]) if fp32 else {}
+        for t, r in sorted(per_threads(bf16["results"]).items()):
+            rows.append((f"MNIST trainer, bf16 autocast, {count(t, 'thread')}, samples/s", r["tandem"]["samples_per_s"],
+                         r["pytorch"]["samples_per_s"], r["ratio_samples_per_s"]))
+            if t in own:
+                rows.append((f"  bf16 / own fp32, {count(t, 'thread')}", r["tandem"]["samples_per_s"] / own[t]["tandem"]["samples_per_s"],
+                             r["pytorch"]["samples_per_s"] / own[t]["pytorch"]["samples_per_s"], None))
+    return rows
+
+
+def model_rows(models):
+    rows = []
+    for r in models["results"] if models else []:
+        rows.append((f"{r['model']} training step, {count(r['threads'], 'thread')}, samples/s", r["tandem"]["samples_per_s"],
+                     r["pytorch"]["samples_per_s"], r["ratio_samples_per_s"]))
+    return rows
+
+
+def ddp_rows(ddp, buckets):
+    rows = []
+    if ddp:
+        res, ratios = ddp["results"], ddp["ratios"]
+        for n in (1, 2):
+            t, p = res.get(f"tandem{n}"), res.get(f"pytorch{n}")
+            if t and p:
+                rows.append((f"MNIST DDP, {count(n, 'rank')} x 1 thread, samples/s", t["samples_per_s"], p["samples_per_s"],
+                             t["samples_per_s"] / p["samples_per_s"]))
+        if "tandem_2_over_1" in ratios and "pytorch_2_over_1" in ratios:
+            rows.append(("  2 ranks / 1 rank", ratios["tandem_2_over_1"], ratios["pytorch_2_over_1"], None))
+    mlp = (buckets or {}).get("summary", {}).get("mlp", {})
+    if "tandem" in mlp and "pytorch" in mlp:
+        t, p = mlp["tandem"], mlp["pytorch"]
+        rows.append(("MLP compute-only step, ms", t["compute_ms"], p["compute_ms"], t["compute_ms"] / p["compute_ms"]))
+        cap = "25" if "25" in mlp.get("tandem_over_pytorch", {}) else None
+        if cap:
+            sweep = buckets["results"]["mlp"]
+            ts, ps = sweep["tandem"]["sweep"][cap]["step_ms"], sweep["pytorch"]["sweep"][cap]["step_ms"]
+            rows.append(("MLP DDP step, 2 ranks, bucket cap 25 MiB, ms", ts, ps, ts / ps))
+        rows.append(("MLP all-reduce of all gradients, ms", t["allreduce_all_ms"], p["allreduce_all_ms"],
+                     t["allreduce_all_ms"] / p["allreduce_all_ms"]))
+    return rows
+
+
+def allreduce_rows(data):
+    """The engine's in-place all-reduce against Gloo's ring over TCP, per size (median iteration)."""
+    rows, runs = [], {}
+    for b in (data or {}).get("benchmarks", []):
+        if b.get("run_type", "iteration") == "iteration" and "median_us" in b:
+            runs.setdefault(b["name"].split("/")[0], {})[int(b["bytes"])] = b["median_us"]
+    ours, ring = runs.get("engine_buffer", {}), runs.get("gloo_ring", {})
+    for size in sorted(set(ours) & set(ring)):
+        rows.append((f"all-reduce {size / 2**20:g} MiB, 2 ranks, us (engine in place / Gloo ring)", ours[size],
+                     ring[size], ours[size] / ring[size]))
+    return rows
+
+
+def fmt(v):
+    if v is None:
+        return ""
+    return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def table(folder):
+    fp32, bf16 = load(folder, "compare_pytorch.json"), load(folder, "compare_pytorch_bf16.json")
+    models, ddp = load(folder, "compare_models.json"), load(folder, "compare_ddp.json")
+    buckets, allreduce = load(folder, "ddp_buckets.json"), load(folder, "allreduce.json")
+    machine = next((d["machine"] for d in (fp32, models, ddp, bf16) if d and isinstance(d.get("machine", {}).get("cpu"), dict)),
+                   None) or describe()
+    rows = mnist_rows(fp32, bf16) + model_rows(models) + ddp_rows(ddp, buckets) + allreduce_rows(allreduce)
+    lines = [f"Measured on {cpu_label(machine['cpu'])}; peer: PyTorch {machine.get('pytorch') or 'not found'}; "
+             f"{time.strftime('%Y-%m-%d', time.localtime(os.path.getmtime(folder)))}; folder {os.path.basename(os.path.abspath(folder))}",
+             "", "| what | Tandem | PyTorch | Tandem / PyTorch |", "|---|---:|---:|---:|"]
+    lines += [f"| {what} | {fmt(t)} | {fmt(p)} | {fmt(r)} |" for what, t, p, r in rows]
+    missing = [n for n, d in (("compare_pytorch.json", fp32), ("compare_pytorch_bf16.json", bf16),
+                              ("compare_models.json", models), ("compare_ddp.json", ddp),
+                              ("ddp_buckets.json", buckets), ("allreduce.json", allreduce)) if d is None]
+    if missing:
+        lines += ["", "Not measured in this run (file missing): " + ", ".join(missing)]
+    return "\n".join(lines) + "\n", rows
+
+
+def main(argv):
+    if len(argv) != 1 or not os.path.isdir(argv[0]):
+        sys.exit("usage: bench/headline.py RUN_FOLDER (a folder that bench/run_all.sh filled)")
+    text, rows = table(argv[0])
+    if not rows:
+        sys.exit(f"{argv[0]}: no benchmark results in it (expected the JSON files of bench/run_all.sh)")
+    with open(os.path.join(argv[0], "table.md"), "w") as f:
+        f.write(text)
+    print(text, end="")
+    print(f"\ntable: {os.path.join(argv[0], 'table.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,126 @@
+// The benchmark outputs' rules, end to end: bench/run_all.sh --quick fills one fresh folder with every
+// script's JSON and a table that names the CPU and has every headline row, each ratio the quotient of its
+// two figures; a second run into the same folder is refused. allreduce_bench takes --sizes (DDP's default
+// 25 MiB bucket among them), states the CPU model, and never writes over a result file without
+// --overwrite; the Python scripts refuse the same. Nothing here is timed: the figures are only checked
+// for consistency with each other.
+// Assumes: /usr/bin/python3 with PyTorch and Fashion-MNIST under /usr/share/datasets (scripts/setup.sh
+// --for test installs both; without them the test skips, or fails under TANDEM_REQUIRE_DATA=1).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/process.h"
+#include "common/require_data.h"
+#include "common/test_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace tandem;
+
+const std::string kPython = "/usr/bin/python3";
+const std::string kFashion = "/usr/share/datasets/fashion-mnist";
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "";
+}
+
+TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
+  TANDEM_NEED_DATA_FILE(kFashion, "train-images-idx3-ubyte.gz");
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
+  test::TempDir tmp("bench_run_all");
+  const fs::path out = tmp / "run", log = tmp / "log";
+  const std::vector<std::string> argv = {"/bin/bash", TANDEM_SOURCE_DIR "/bench/run_all.sh", "--quick", "--no-build",
+                                         "--build",   TANDEM_BINARY_DIR,                        "--out",   out.string()};
+  ASSERT_EQ(test::run_process(argv, log), 0) << test::read_file(log);
+
+  for (const char* f : {"compare_pytorch.json", "compare_pytorch_bf16.json", "compare_models.json", "compare_ddp.json",
+                        "ddp_buckets.json", "allreduce.json", "table.md"})
+    EXPECT_TRUE(fs::exists(out / f)) << f;
+  const json mnist = json::parse(test::read_file(out / "compare_pytorch.json"));
+  EXPECT_EQ(mnist["machine"]["cpu"]["model"].get<std::string>(), cpu_model());
+  EXPECT_FALSE(mnist["machine"]["pytorch"].is_null()) << "the peer's version is recorded";
+
+  const std::string table = test::read_file(out / "table.md");
+  EXPECT_NE(table.find("Measured on " + cpu_model()), std::string::npos) << table;
+  EXPECT_EQ(table.find("Not measured"), std::string::npos) << table;
+  for (const char* row : {"MNIST trainer, 1 thread", "MNIST trainer, 2 threads", "bf16 autocast, 2 threads",
+                          "bf16 / own fp32", "resnet training step, 2 threads", "gpt training step, 1 thread",
+                          "MNIST DDP, 2 ranks", "MLP DDP step, 2 ranks, bucket cap 25 MiB",
+                          "MLP all-reduce of all gradients", "all-reduce 4 MiB"})
+    EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;
+  // Every row with a ratio: the ratio is Tandem / PyTorch as printed (to the printed precision).
+  const std::regex line(R"(\| ([^|]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|)");
+  int checked = 0;
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), line); it != std::sregex_iterator(); ++it) {
+    const double t = std::stod((*it)[2]), p = std::stod((*it)[3]), r = std::stod((*it)[4]);
+    ASSERT_GT(p, 0) << (*it)[0];
+    EXPECT_NEAR(r, t / p, 0.02 * t / p + 0.01) << (*it)[0];
+    ++checked;
+  }
+  EXPECT_GE(checked, 12) << table;
+
+  // The folder is never written over.
+  EXPECT_EQ(test::run_process(argv, tmp / "again"), 2);
+  EXPECT_NE(test::read_file(tmp / "again").find("exists"), std::string::npos) << test::read_file(tmp / "again");
+  EXPECT_EQ(test::read_file(out / "table.md"), table);
+}
+
+#ifdef TANDEM_ALLREDUCE_BENCH
+TEST(BenchScripts, AllreduceBenchTakesSizesAndWritesOverOnlyWhenTold) {
+  test::TempDir tmp("bench_sizes");
+  const fs::path out = tmp / "ar.json", log = tmp / "log";
+  auto bench = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {TANDEM_ALLREDUCE_BENCH, "--budget-mb=1", "--benchmark_filter=^engine/",
+                                     "--benchmark_out=" + out.string(), "--benchmark_out_format=json"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run_process(argv, log);
+  };
+  ASSERT_EQ(bench({"--sizes=25M,4K,4K"}), 0) << test::read_file(log);
+  const std::string first = test::read_file(out);
+  const json j = json::parse(first);
+  std::set<int64_t> sizes;
+  for (const json& b : j["benchmarks"])
+    if (b.value("run_type", "iteration") == "iteration") sizes.insert(b["bytes"].get<double>());
+  EXPECT_EQ(sizes, (std::set<int64_t>{4096, 25 << 20}));
+  EXPECT_EQ(j["context"]["cpu_model"].get<std::string>(), cpu_model());
+
+  EXPECT_EQ(bench({"--sizes=4K"}), 2);
+  EXPECT_NE(test::read_file(log).find("--overwrite"), std::string::npos) << test::read_file(log);
+  EXPECT_EQ(test::read_file(out), first) << "a refused run leaves the file as it was";
+  EXPECT_EQ(bench({"--sizes=4K", "--overwrite"}), 0) << test::read_file(log);
+  EXPECT_NE(test::read_file(out), first);
+
+  EXPECT_EQ(bench({"--sizes=4K,25MB", "--overwrite"}), 2);
+  EXPECT_NE(test::read_file(log).find("'25MB' is not a size"), std::string::npos) << test::read_file(log);
+}
+#endif
+
+TEST(BenchScripts, ComparisonScriptsRefuseToWriteOverAResult) {
+  if (!fs::exists(kPython)) GTEST_SKIP() << "needs " << kPython;
+  test::TempDir tmp("bench_refuse");
+  const fs::path out = tmp / "kept.json", log = tmp / "log";
+  std::ofstream(out) << "{\"kept\": true}\n";
+  for (const char* script : {"compare_pytorch.py", "compare_models.py", "compare_ddp.py", "ddp_buckets.py"}) {
+    const int rc = test::run_process({kPython, std::string(TANDEM_SOURCE_DIR "/bench/") + script, "--json-out",
+                                      out.string()},
+                                     log);
+    EXPECT_NE(rc, 0) << script;
+    EXPECT_NE(test::read_file(log).find("exists: pass --overwrite"), std::string::npos)
+        << script << ": " << test::read_file(log);
+    EXPECT_EQ(test::read_file(out), "{\"kept\": true}\n") << script;
+  }
+}
+
+}  // namespace

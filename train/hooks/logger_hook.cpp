@@ -114,7 +114,9 @@ class LoggerHook : public Hook {
     Json scalars = {{"accuracy", v.accuracy}, {"test_loss", v.loss}, {"epoch", r.epoch()}, {"step", r.global_iter()}};
     std::string others;  // the metrics besides accuracy/top1 and loss
     for (const auto& [name, value] : v.values) {
-      record[name] = scalars[name] = value;
+      record[name] = value;
+      // scalars.json's "loss" is the training loss of the progress lines; the validation's is test_loss.
+      if (name != "loss") scalars[name] = value;
       if (name != "accuracy/top1" && name != "loss") others += fmt::format(" {}: {:.4f}", name, value);
     }
     if (!r.by_epoch()) record["iter"] = r.global_iter();

@@ -2,6 +2,9 @@
 #include "etcd_client.h"
 
 #include <curl/curl.h>
+#include <dlfcn.h>
+
+#include <type_traits>
 
 #include <array>
 
@@ -118,18 +121,61 @@ std::string base64_decode(const std::string& text) {
   return out;
 }
 
+namespace {
+
+// libcurl, loaded when the first etcd client starts: tandem-run does not link it, since only the etcd
+// backend needs it (and the GPU bundle carries tandem-run without libcurl and its TLS libraries).
+struct CurlApi {
+  CURLcode (*global_init)(long) = nullptr;
+  void (*global_cleanup)() = nullptr;
+  CURL* (*easy_init)() = nullptr;
+  void (*easy_cleanup)(CURL*) = nullptr;
+  void (*easy_reset)(CURL*) = nullptr;
+  CURLcode (*easy_setopt)(CURL*, CURLoption, ...) = nullptr;
+  CURLcode (*easy_perform)(CURL*) = nullptr;
+  CURLcode (*easy_getinfo)(CURL*, CURLINFO, ...) = nullptr;
+  const char* (*easy_strerror)(CURLcode) = nullptr;
+};
+
+// Throws std::runtime_error naming the library and the fix when it cannot be loaded.
+const CurlApi& curl_api() {
+  static const CurlApi api = [] {
+    void* lib = dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+      throw std::runtime_error(std::string("the etcd backend needs libcurl (Debian's libcurl4): ") + dlerror());
+    CurlApi a;
+    auto load = [lib](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+      if (!fn) throw std::runtime_error(std::string("libcurl.so.4 has no ") + name + ": install Debian's libcurl4");
+    };
+    load(a.global_init, "curl_global_init");
+    load(a.global_cleanup, "curl_global_cleanup");
+    load(a.easy_init, "curl_easy_init");
+    load(a.easy_cleanup, "curl_easy_cleanup");
+    load(a.easy_reset, "curl_easy_reset");
+    load(a.easy_setopt, "curl_easy_setopt");
+    load(a.easy_perform, "curl_easy_perform");
+    load(a.easy_getinfo, "curl_easy_getinfo");
+    load(a.easy_strerror, "curl_easy_strerror");
+    return a;
+  }();
+  return api;
+}
+
+}  // namespace
+
 EtcdClient::EtcdClient(std::vector<std::string> endpoints, double request_timeout_s)
     : timeout_ms_(static_cast<long>(request_timeout_s * 1000)) {
   for (const std::string& e : endpoints) urls_.push_back(etcd_url(e));
   if (urls_.empty()) throw std::invalid_argument("no etcd endpoint given");
-  curl_global_init(CURL_GLOBAL_DEFAULT);  // reference-counted; the first call happens before any thread
-  curl_ = curl_easy_init();
+  curl_api().global_init(CURL_GLOBAL_DEFAULT);  // reference-counted; the first call happens before any thread
+  curl_ = curl_api().easy_init();
   if (!curl_) throw std::runtime_error("libcurl could not start a session");
 }
 
 EtcdClient::~EtcdClient() {
-  curl_easy_cleanup(static_cast<CURL*>(curl_));
-  curl_global_cleanup();
+  curl_api().easy_cleanup(static_cast<CURL*>(curl_));
+  curl_api().global_cleanup();
 }
 
 std::string EtcdClient::endpoints() const {
@@ -139,26 +185,27 @@ std::string EtcdClient::endpoints() const {
 }
 
 Json EtcdClient::post(const std::string& url, const std::string& body, std::string& failure, bool& answered) {
+  const CurlApi& api = curl_api();
   CURL* c = static_cast<CURL*>(curl_);
   std::string reply;
-  curl_easy_reset(c);
-  curl_easy_setopt(c, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
-  curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &reply);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms_);
-  curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms_, 2000L));
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(c, CURLOPT_PROXY, "");  // members are reached directly, whatever http_proxy says
-  const CURLcode rc = curl_easy_perform(c);
+  api.easy_reset(c);
+  api.easy_setopt(c, CURLOPT_URL, url.c_str());
+  api.easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
+  api.easy_setopt(c, CURLOPT_POSTFIELDSIZE, static_cast<long>(body.size()));
+  api.easy_setopt(c, CURLOPT_WRITEFUNCTION, append_body);
+  api.easy_setopt(c, CURLOPT_WRITEDATA, &reply);
+  api.easy_setopt(c, CURLOPT_TIMEOUT_MS, timeout_ms_);
+  api.easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, std::min(timeout_ms_, 2000L));
+  api.easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  api.easy_setopt(c, CURLOPT_PROXY, "");  // members are reached directly, whatever http_proxy says
+  const CURLcode rc = api.easy_perform(c);
   long status = 0;
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+  api.easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   if (rc != CURLE_OK) {
     double connected = 0;
-    curl_easy_getinfo(c, CURLINFO_CONNECT_TIME, &connected);
+    api.easy_getinfo(c, CURLINFO_CONNECT_TIME, &connected);
     answered = connected > 0;  // connected, then no answer in time: a member waiting for a quorum
-    failure = url + ": " + curl_easy_strerror(rc);
+    failure = url + ": " + api.easy_strerror(rc);
     return nullptr;
   }
   answered = true;

@@ -210,14 +210,17 @@ TEST(EtcdThreeHosts, LosingQuorumEndsEveryAgentNamingTheCauseAndKeepsTheLastChec
   TempDir tmp("etcd-quorum");
   ETCD_HOSTS(tmp, hosts, etcd);
   const std::string ep = etcd.endpoints();
-  Process a(hosts.in(0, agent("2", ep, "quorum", tmp / "w", {"--epochs", "80"})), tmp / "a.log", {"OMP_NUM_THREADS=1"});
+  // Epochs enough that the job cannot end by itself within the bound below on any machine: only the lost
+  // quorum ends it.
+  const std::vector<std::string> epochs = {"--epochs", "100000"};
+  Process a(hosts.in(0, agent("2", ep, "quorum", tmp / "w", epochs)), tmp / "a.log", {"OMP_NUM_THREADS=1"});
   ASSERT_TRUE(a.wait_for_text("joining the rendezvous at etcd://", seconds(30))) << a.output();  // node rank 0
-  Process b(hosts.in(1, agent("2", ep, "quorum", tmp / "w", {"--epochs", "80"})), tmp / "b.log", {"OMP_NUM_THREADS=1"});
+  Process b(hosts.in(1, agent("2", ep, "quorum", tmp / "w", epochs)), tmp / "b.log", {"OMP_NUM_THREADS=1"});
   ASSERT_TRUE(a.wait_for_text("Epoch(train) [2][1/5]", seconds(120))) << a.output() << "\n---\n" << b.output();
   ASSERT_EQ(::kill(etcd.member_process(1).pid(), SIGKILL), 0);
   ASSERT_EQ(::kill(etcd.member_process(2).pid(), SIGKILL), 0);
   // Bound: timeout=10 counted from the first failed call (each call at most 5 s), the grace period,
-  // with margin; the 80 epochs would take longer.
+  // with margin.
   const auto ra = a.wait_for(seconds(90)), rb = b.wait_for(seconds(30));
   ASSERT_TRUE(ra && rb) << a.output() << "\n---\n" << b.output();
   for (const std::string& log : {a.output(), b.output()}) {

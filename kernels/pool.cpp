@@ -13,9 +13,8 @@ namespace tandem::kernels {
 namespace {
 
 MaxPoolAxis axis(int64_t in, int64_t k, int64_t s, int64_t pad, int64_t d, bool ceil_mode, int64_t adaptive) {
-  MaxPoolAxis a{in, adaptive, k, s, pad, d, adaptive > 0};
-  if (adaptive <= 0) a.out = avg_pool_out_size(in, d * (k - 1) + 1, s, pad, ceil_mode);
-  return a;
+  const int64_t out = adaptive > 0 ? adaptive : avg_pool_out_size(in, d * (k - 1) + 1, s, pad, ceil_mode);
+  return MaxPoolAxis{in, out, k, s, pad, d, adaptive > 0};
 }
 
 }  // namespace

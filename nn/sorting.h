@@ -12,12 +12,12 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "nn/reduction.h"  // MaxOutput
 
 namespace tandem::nn::functional {
 
-struct SortOutput {
-  Tensor values, indices;  // indices: int64, the positions along dim
-};
+// values, and indices: int64, the positions along dim (the pair max(x, dim) returns).
+using SortOutput = MaxOutput;
 
 SortOutput sort(const Tensor& x, int64_t dim = -1, bool descending = false);
 Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);  // int64, no gradient

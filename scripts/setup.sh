@@ -38,6 +38,7 @@ PACKAGES=(
   g++ cmake ninja-build pkg-config zlib1g-dev
   libeigen3-dev libgloo-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   libcurl4-openssl-dev  # tandem-run's etcd rendezvous (etcd's v3 JSON gateway)
+  libisal-dev  # CRC-32C: checkpoint checksums, TensorBoard event files
   dataset-fashion-mnist
   fortunes  # English prose for examples/transformer (/usr/share/games/fortunes)
 )

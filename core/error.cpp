@@ -9,7 +9,7 @@ void check_failed(const char* file, int line, const char* cond, const std::strin
   const char* base = std::strrchr(file, '/');
   std::string where = base ? std::string(base + 1) : std::string(file);
   std::string text = msg.empty() ? std::string("check failed: ") + (cond ? cond : "") : msg;
-  throw Error(text + " [" + where + ":" + std::to_string(line) + "]");
+  throw Error(text, where + ":" + std::to_string(line));
 }
 
 }  // namespace tandem::detail

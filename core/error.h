@@ -1,17 +1,25 @@
-// Errors and checks. Library code throws tandem::Error carrying the failing
-// check's file:line and a message built from any streamable arguments; only
-// apps catch, print one line and exit.
+// Errors and checks. Library code throws tandem::Error with a message built from any streamable
+// arguments, written for the person who made the mistake (what was wrong, what was expected, the
+// fix); the failing check's file:line travels beside it (where()), out of the message, so a user
+// sees no source tags. Only apps catch: they print one line and exit (their --verbose adds where()).
 #pragma once
 
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace tandem {
 
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what, std::string where = "")
+      : std::runtime_error(what), where_(std::move(where)) {}
+  // "file.cpp:123" of the check that failed, or "" for an error thrown without one.
+  const std::string& where() const { return where_; }
+
+ private:
+  std::string where_;
 };
 
 namespace detail {

@@ -33,7 +33,12 @@ def load(path):
 
 
 def plot_curve(args):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit(f"analyze_logs.py: error: plot_curve draws with matplotlib, which {sys.executable} does not "
+                         "have; install it (Debian: apt install python3-matplotlib, which /usr/bin/python3 uses) "
+                         "or run this script with a Python that has it")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -41,6 +41,8 @@ else
   BIN=
 fi
 
+# tandem-run names PORT, not its own --master-port, when the port is taken.
+export TANDEM_LAUNCH_SCRIPT=tools/dist_train.sh
 exec "${BIN}tandem-run" \
   --nnodes="$NNODES" \
   --node_rank="$NODE_RANK" \

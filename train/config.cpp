@@ -97,7 +97,13 @@ std::string closest_key(const std::string& key, const std::vector<std::string>& 
 
 Json load_config_file(const std::string& path) {
   std::ifstream in(path);
-  TANDEM_CHECK(in.good(), "cannot read config file '", path, "'");
+  if (!in.good()) {
+    std::error_code ec;
+    const bool exists = std::filesystem::exists(path, ec);
+    TANDEM_FAIL("cannot read config file '", path, "': ",
+                exists ? "it exists but cannot be opened (check its permissions)"
+                       : "no such file (configs/ holds the bundled ones, e.g. configs/mnist/mnist_net_adadelta.json)");
+  }
   try {
     return Json::parse(in, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const Json::exception& e) {  // parse errors, and numbers out of range

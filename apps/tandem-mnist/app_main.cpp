@@ -18,17 +18,24 @@
 namespace tandem::app {
 namespace {
 
-// Runs `job`; an error ends it with one line on stderr and exit code 1.
+// One line on stderr: the program, the message, and with --verbose the check that raised it.
+void print_error(const char* name, const Error& e, bool verbose) {
+  const bool tag = verbose && !e.where().empty();
+  std::fprintf(stderr, "%s: error: %s%s%s%s\n", name, e.what(), tag ? " [" : "", tag ? e.where().c_str() : "",
+               tag ? "]" : "");
+}
+
+// Runs `job`; an error ends it with one line on stderr and exit code `code`.
 template <typename F>
-int guarded(const char* name, F&& job) {
+int guarded(const char* name, bool verbose, int code, F&& job) {
   try {
     return job();
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
+    print_error(name, e, verbose);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: unexpected error: %s\n", name, e.what());
   }
-  return 1;
+  return code;
 }
 
 }  // namespace
@@ -40,17 +47,13 @@ int train_main(const char* name, int argc, char** argv) {
   if (options.local_rank >= 0) ::setenv("LOCAL_RANK", std::to_string(options.local_rank).c_str(), /*overwrite=*/0);
   spdlog::set_pattern("%Y/%m/%d %H:%M:%S - %v");
   train::Json config;
-  try {
-    config = resolve_config(options);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", name, e.what());
-    return 2;
-  }
+  if (int code = guarded(name, options.verbose, 2, [&] { return config = resolve_config(options), 0; }); code != 0)
+    return code;
   if (options.print_config) {
     std::printf("%s\n", config.dump(2).c_str());
     return 0;
   }
-  return guarded(name, [&] {
+  return guarded(name, options.verbose, 1, [&] {
     train::StopSignal::install();
     return run_training(options, config);
   });
@@ -71,7 +74,7 @@ int test_main(const char* name, int argc, char** argv) {
   if (int code = parse_options(static_cast<int>(argp.size()), argp.data(), options); code >= 0) return code;
   if (options.local_rank >= 0) ::setenv("LOCAL_RANK", std::to_string(options.local_rank).c_str(), /*overwrite=*/0);
   spdlog::set_pattern("%Y/%m/%d %H:%M:%S - %v");
-  return guarded(name, [&] { return run_test(options, resolve_config(options)); });
+  return guarded(name, options.verbose, 1, [&] { return run_test(options, resolve_config(options)); });
 }
 
 }  // namespace tandem::app

@@ -91,6 +91,21 @@ std::string spec_list(const Json& c, const std::string& key) {
   return list.dump();
 }
 
+// A top-level key that is neither MMEngine's nor tandem-mnist's own: named with the closest of both.
+void check_top_level_key(const std::string& source, const std::string& key, const Json& own_tree) {
+  if (is_mmengine_key(key) || own_tree.contains(key)) return;
+  std::vector<std::string> all(mmengine_keys().begin(), mmengine_keys().end());
+  std::string theirs, ours;
+  for (const std::string& k : all) theirs += (theirs.empty() ? "" : ", ") + k;
+  for (const auto& [k, v] : own_tree.items()) {
+    all.push_back(k);
+    ours += (ours.empty() ? "" : ", ") + k;
+  }
+  const std::string guess = train::closest_key(key, all);
+  TANDEM_FAIL(source, ": unknown config key '", key, "'", guess.empty() ? "" : " (did you mean '" + guess + "'?)",
+              "; MMEngine's keys: ", theirs, "; Tandem's own: ", ours);
+}
+
 }  // namespace
 
 Json options_to_json(const TrainOptions& o) {
@@ -251,6 +266,7 @@ Json resolve_config(TrainOptions& o) {
     for (const auto& [key, value] : file.items()) {
       const bool mm_key = is_mmengine_key(key) || key == "model" || key == "work_dir" || key == "load_from";
       if (!mm_key && py && !config.contains(key)) continue;
+      check_top_level_key(source, key, config);
       (mm_key ? mm : own)[key] = value;
     }
     config = train::merge_config(config, own, source);
@@ -259,6 +275,7 @@ Json resolve_config(TrainOptions& o) {
   for (const std::string& a : o.cfg_options) {
     const size_t eq = a.find('=');
     const std::string key = a.substr(0, eq), top = key.substr(0, key.find('.'));
+    if (eq != std::string::npos) check_top_level_key("--cfg-options", top, config);
     if (eq == std::string::npos || !is_mmengine_key(top)) {
       own_options.push_back(a);
       continue;
@@ -268,10 +285,14 @@ Json resolve_config(TrainOptions& o) {
     train::set_path_free(mm, key, value.is_discarded() ? train::parse_cfg_option_value(a.substr(eq + 1)) : value);
   }
   const std::string mm_source = o.config_file.empty() ? "--cfg-options" : "config '" + o.config_file + "'";
-  config = train::merge_config(config, translate_mmengine(mm, mm_source), mm_source);
-  for (const std::string& a : own_options) train::apply_override(config, a);
-  for (const std::string& key : o.given_keys) train::set_path(config, key, train::get_path(flags, key), "flag");
-  options_from_json(config, o);
+  try {  // errors about keys the MMEngine tree set name them as the user wrote them
+    config = train::merge_config(config, translate_mmengine(mm, mm_source), mm_source);
+    for (const std::string& a : own_options) train::apply_override(config, a);
+    for (const std::string& key : o.given_keys) train::set_path(config, key, train::get_path(flags, key), "flag");
+    options_from_json(config, o);
+  } catch (const Error& e) {
+    throw Error(in_mmengine_terms(e.what(), mm), e.where());
+  }
   return config;
 }
 

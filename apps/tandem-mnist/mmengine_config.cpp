@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <set>
+#include <vector>
 
 #include "core/error.h"
 #include "train/registries.h"
@@ -12,14 +13,21 @@ namespace {
 
 using train::Json;
 
-// Throws naming the first key of `obj` outside `known`.
+// Throws naming the first key of `obj` outside `known`, as the user wrote it, with the closest known key.
 void only(const Json& obj, const std::string& where, std::initializer_list<const char*> known) {
-  TANDEM_CHECK(obj.is_object(), where, " must be an object, got ", obj.dump());
+  // `where` is "SOURCE: a.b": the key's path in the user's terms is a.b.KEY.
+  const size_t colon = where.rfind(": ");
+  const std::string path = colon == std::string::npos ? where : where.substr(colon + 2);
+  const std::string source = colon == std::string::npos ? "config" : where.substr(0, colon);
+  TANDEM_CHECK(obj.is_object(), where, " must be a dict, got ", obj.dump());
+  const std::vector<std::string> names(known.begin(), known.end());
   for (const auto& [key, value] : obj.items()) {
-    bool ok = false;
+    if (std::find(names.begin(), names.end(), key) != names.end()) continue;
+    const std::string guess = train::closest_key(key, names);
     std::string list;
-    for (const char* k : known) ok = ok || key == k, list += (list.empty() ? "" : ", ") + std::string(k);
-    TANDEM_CHECK(ok, where, ": key '", key, "' is not supported by tandem-mnist (supported: ", list, ")");
+    for (const std::string& k : names) list += (list.empty() ? "" : ", ") + k;
+    TANDEM_FAIL(source, ": unknown key '", path, ".", key, "'",
+                guess.empty() ? "" : " (did you mean '" + path + "." + guess + "'?)", "; ", path, " takes ", list);
   }
 }
 
@@ -207,16 +215,64 @@ void dist_and_env(const Json& mm, const std::string& src, Json& out) {
   if (mm.contains("launcher")) out["ddp"]["launcher"] = mm["launcher"];
 }
 
+const std::vector<std::pair<std::string, std::string>>& mmengine_sources() {
+  // (tandem-mnist key, the MMEngine key translate_mmengine copies into it unchanged)
+  static const std::vector<std::pair<std::string, std::string>> table = {
+      {"train.epochs", "train_cfg.max_epochs"},
+      {"train.max_iters", "train_cfg.max_iters"},
+      {"train.eval_interval", "train_cfg.val_interval"},
+      {"train.log_interval", "default_hooks.logger.interval"},
+      {"train.max_keep_ckpts", "default_hooks.checkpoint.max_keep_ckpts"},
+      {"train.save_best", "default_hooks.checkpoint.save_best"},
+      {"train.seed", "randomness.seed"},
+      {"data.batch_size", "train_dataloader.batch_size"},
+      {"data.test_batch_size", "val_dataloader.batch_size"},
+      {"data.data_dir", "train_dataloader.dataset.data_root"},
+      {"data.limit", "train_dataloader.dataset.indices"},
+      {"data.test_limit", "val_dataloader.dataset.indices"},
+      {"optimizer.lr", "optim_wrapper.optimizer.lr"},
+      {"optimizer.momentum", "optim_wrapper.optimizer.momentum"},
+      {"optimizer.weight_decay", "optim_wrapper.optimizer.weight_decay"},
+      {"optimizer.accumulative_counts", "optim_wrapper.accumulative_counts"},
+      {"optimizer.clip_grad_max_norm", "optim_wrapper.clip_grad.max_norm"},
+      {"optimizer.clip_grad_norm_type", "optim_wrapper.clip_grad.norm_type"},
+      {"ddp.timeout_s", "env_cfg.dist_cfg.timeout"},
+      {"ddp.port", "dist_params.port"},
+      {"ddp.launcher", "launcher"},
+  };
+  return table;
+}
+
 }  // namespace
 
-bool is_mmengine_key(const std::string& k) {
+std::string in_mmengine_terms(const std::string& message, const Json& mm) {
+  std::string out = message;
+  for (const auto& [own, theirs] : mmengine_sources()) {
+    const Json* at = &mm;
+    for (size_t begin = 0; at && begin <= theirs.size();) {  // does the user's config hold `theirs`?
+      const size_t dot = std::min(theirs.find('.', begin), theirs.size());
+      const std::string part = theirs.substr(begin, dot - begin);
+      at = at->is_object() && at->contains(part) ? &(*at)[part] : nullptr;
+      begin = dot + 1;
+    }
+    const std::string quoted = "'" + own + "'";
+    if (at == nullptr) continue;
+    for (size_t pos = out.find(quoted); pos != std::string::npos; pos = out.find(quoted, pos + theirs.size() + 2))
+      out.replace(pos, quoted.size(), "'" + theirs + "'");
+  }
+  return out;
+}
+
+const std::set<std::string>& mmengine_keys() {
   static const std::set<std::string> keys = {
       "model_wrapper_cfg", "optim_wrapper", "param_scheduler", "train_cfg", "val_cfg", "test_cfg",
       "default_hooks", "custom_hooks", "env_cfg", "dist_params", "auto_scale_lr", "randomness",
       "train_dataloader", "val_dataloader", "val_evaluator", "test_evaluator", "launcher", "resume", "compile",
       "default_scope", "log_level", "log_processor", "visualizer", "_base_"};
-  return keys.count(k) > 0;
+  return keys;
 }
+
+bool is_mmengine_key(const std::string& k) { return mmengine_keys().count(k) > 0; }
 
 Json translate_mmengine(const Json& mm, const std::string& src) {
   Json out = Json::object();

@@ -6,6 +6,7 @@
 // value Tandem cannot honour is an error naming it and what is supported, never silently dropped.
 #pragma once
 
+#include <set>
 #include <string>
 
 #include "train/config.h"
@@ -14,6 +15,11 @@ namespace tandem::app {
 
 // True for a top-level key of MMEngine's shape that tandem-mnist's own tree does not have.
 bool is_mmengine_key(const std::string& top_level_key);
+// Those keys, sorted.
+const std::set<std::string>& mmengine_keys();
+// `message` with each quoted tandem-mnist key that the user's MMEngine tree `mm` set through a
+// direct translation named as the user wrote it ('train.epochs' -> 'train_cfg.max_epochs').
+std::string in_mmengine_terms(const std::string& message, const train::Json& mm);
 // The tandem-mnist keys `mm` sets (a partial tree, to merge onto the defaults); `mm` holds only
 // MMEngine keys (and model / work_dir / load_from). `source` names the file in errors.
 train::Json translate_mmengine(const train::Json& mm, const std::string& source);

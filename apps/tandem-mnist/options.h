@@ -96,6 +96,7 @@ struct TrainOptions {
   int local_rank = -1;                   // --local_rank/--local-rank (LOCAL_RANK wins); -1: not given
   bool profile = false;
   bool print_config = false;  // print the resolved config as JSON and exit
+  bool verbose = false;       // errors also name the source line that raised them
   int64_t debug_sigterm_at = 0;  // test hook: rank 0 raises SIGTERM after this global iteration
   int64_t debug_sigkill_at = 0;  // test hook: rank 0 raises SIGKILL after this global iteration
   int debug_sigkill_rank = 0;    // test hook: the rank --debug-sigkill-at kills
@@ -108,5 +109,7 @@ struct TrainOptions {
 // Parses argv. Returns the exit code to use when the program should stop now
 // (help printed, or a bad flag reported on stderr in one line), else -1.
 int parse_options(int argc, char** argv, TrainOptions& out);
+// argv[0] without its directory ("tandem-train"), the name errors start with.
+std::string program_name(const char* argv0);
 
 }  // namespace tandem::app

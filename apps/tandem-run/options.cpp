@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "cli_checks.h"
 #include "etcd_client.h"
 
 namespace tandem::run {
@@ -136,19 +137,19 @@ int parse_options(int argc, char** argv, RunOptions& o) {
       app.add_option("--node-rank,--node_rank", o.node_rank,
                      "this node's index, 0 .. nnodes-1 (kept in every round; without it, a multi-node job numbers "
                      "its nodes by arrival, the rendezvous host first)")
-          ->check(CLI::NonNegativeNumber);
+          ->check(tandem::app::at_least(0));
   app.add_option("--master-addr,--master_addr", o.master_addr, "one node: rank 0's store address; several: the rendezvous host (node 0)");
   app.add_option("--master-port,--master_port", o.master_port, "one node: rank 0's store port; several: the rendezvous store's port (the workers get another)")
-      ->check(CLI::Range(1, 65535));
+      ->check(tandem::app::between(1, 65535));
   app.add_flag("--standalone", o.standalone, "one node: listen on 127.0.0.1 and pick a free port");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "restart the whole worker group up to this many times after a failure (with several nodes: "
                  "every node's group together, the count shared by all nodes)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tandem::app::at_least(0));
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "write each rank's stdout and stderr to DIR/rank_<r>.log instead of the console");
   app.add_option("--grace-period", o.grace_seconds, "seconds between SIGTERM and SIGKILL when ending workers")
-      ->check(CLI::NonNegativeNumber);
+      ->check(tandem::app::at_least(0));
   bool no_python = false;
   app.add_flag("--no-python,--no_python", no_python, "accepted for torchrun compatibility (always the case)");
   bool use_env = false;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 
@@ -27,9 +28,14 @@ int try_bind(const sockaddr* sa, socklen_t len, int family) {
 }
 
 std::string in_use(const std::string& addr, int port) {
+  // Under MMRazor's tools/dist_train.sh the port is its PORT variable, not a flag the user typed.
+  const char* script = std::getenv("TANDEM_LAUNCH_SCRIPT");
+  const std::string fix = script && *script
+                              ? std::string("choose another with PORT=") + std::to_string(port + 1) + " sh " + script +
+                                    " ..."
+                              : "choose another with --master-port, or use --standalone";
   return "MASTER_PORT " + std::to_string(port) + " on " + addr +
-         " is already in use (another job or a leftover worker?); choose another with --master-port, "
-         "or use --standalone";
+         " is already in use (another job or a leftover worker?); " + fix;
 }
 
 }  // namespace

@@ -54,6 +54,7 @@ Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
     for (const HookSpec& s : *specs) hooks().get(s.type);
   for (const auto* specs : {&o_.val_evaluator, &o_.test_evaluator})
     for (const MetricSpec& s : *specs) metric_types().get(s.type);
+  check_vis_backends(o_.vis_backends, "visualizer.vis_backends");
 }
 
 Runner::~Runner() = default;

@@ -105,6 +105,9 @@ struct RunnerOptions {
   int64_t max_keep_ckpts = 3;              // 0: all
   std::string save_best;                   // "" | "accuracy" | "loss": also keep the best checkpoint
   std::string metrics_out;                 // extra JSON-lines file
+  // MMEngine's visualizer.vis_backends: where the LoggerHook's scalars go, in <work_dir>/vis_data:
+  // "LocalVisBackend" (scalars.json), "TensorboardVisBackend" (event files); each at most once.
+  std::vector<std::string> vis_backends = {"LocalVisBackend"};
   std::string resume;     // "": no; "auto": the work dir's last checkpoint; else a checkpoint path
   // Resume a checkpoint written by another number of ranks: the samples its epoch already consumed
   // (iterations x batch x its world size) stay consumed, the rest of that epoch's order is sharded over
@@ -115,6 +118,11 @@ struct RunnerOptions {
   std::vector<HookSpec> default_hooks;  // empty: the defaults above
   std::vector<HookSpec> custom_hooks;
 };
+
+// The vis backends RunnerOptions::vis_backends may name.
+inline const std::vector<std::string> kVisBackends = {"LocalVisBackend", "TensorboardVisBackend"};
+// Throws, naming `where` ("visualizer.vis_backends"), for a name outside kVisBackends or one given twice.
+void check_vis_backends(const std::vector<std::string>& names, const std::string& where);
 
 class MetricsWriter;
 struct Checkpoint;

@@ -3,6 +3,7 @@
 
 #include <spdlog/sinks/basic_file_sink.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "train/runner_internal.h"
@@ -32,6 +33,18 @@ std::vector<HookSpec> default_hook_specs(const RunnerOptions& o) {
   ckpt.set_json("max_keep_ckpts", std::to_string(o.max_keep_ckpts));
   if (!o.save_best.empty()) ckpt.set("save_best", o.save_best);
   return specs;
+}
+
+void check_vis_backends(const std::vector<std::string>& names, const std::string& where) {
+  std::string supported;
+  for (const std::string& k : kVisBackends) supported += (supported.empty() ? "" : ", ") + k;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string at = where + "[" + std::to_string(i) + "]";
+    TANDEM_CHECK(std::find(kVisBackends.begin(), kVisBackends.end(), names[i]) != kVisBackends.end(), at, ": vis backend '",
+                 names[i], "' is not supported by Tandem (supported: ", supported, "); remove it or use one of those");
+    TANDEM_CHECK(std::find(names.begin(), names.begin() + i, names[i]) == names.begin() + i, at, ": vis backend '",
+                 names[i], "' is listed twice; give each vis backend once");
+  }
 }
 
 std::vector<SchedulerSpec> scheduler_specs(const RunnerOptions& o) {

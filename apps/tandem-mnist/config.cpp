@@ -8,6 +8,7 @@
 #include "mmengine_config.h"
 #include "train/py_config.h"
 #include "train/models/zoo.h"
+#include "train/runner.h"
 
 namespace tandem::app {
 namespace {
@@ -138,7 +139,7 @@ Json options_to_json(const TrainOptions& o) {
        {{"epochs", o.epochs}, {"seed", o.seed}, {"log_interval", o.log_interval},
         {"max_iters", o.max_iters}, {"eval_interval", o.eval_interval}, {"checkpoint_interval_iters", o.checkpoint_interval_iters},
         {"checkpoint_interval_epochs", o.checkpoint_interval_epochs}, {"max_keep_ckpts", o.max_keep_ckpts},
-        {"cuda_graph", o.cuda_graph}, {"save_best", o.save_best}}},
+        {"cuda_graph", o.cuda_graph}, {"save_best", o.save_best}, {"vis_backends", o.vis_backends}}},
       {"custom_hooks", Json::parse(o.custom_hooks)},
       {"val_evaluator", Json::parse(o.val_evaluator)},
       {"test_evaluator", Json::parse(o.test_evaluator)},
@@ -239,6 +240,12 @@ void options_from_json(const Json& c, TrainOptions& o) {
   o.cuda_graph = get<bool>(c, "train.cuda_graph");
   o.save_best = get<std::string>(c, "train.save_best");
   if (o.save_best == "auto") o.save_best = "accuracy";
+  const Json& vis = train::get_path(c, "train.vis_backends");
+  TANDEM_CHECK(vis.is_array() && std::all_of(vis.begin(), vis.end(), [](const Json& v) { return v.is_string(); }),
+               "config key 'train.vis_backends' must be a list of vis backend names (LocalVisBackend, "
+               "TensorboardVisBackend), got ", vis.dump());
+  o.vis_backends = vis.get<std::vector<std::string>>();
+  train::check_vis_backends(o.vis_backends, "config key 'train.vis_backends'");
   o.device = get<std::string>(c, "env.device");
   o.threads = at_least<int>(c, "env.threads", 0);
   o.init_weights = get<std::string>(c, "load_from");

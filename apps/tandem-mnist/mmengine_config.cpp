@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "train/registries.h"
+#include "train/runner.h"
 
 namespace tandem::app {
 namespace {
@@ -150,6 +151,30 @@ void default_hooks(const Json& h, const std::string& src, Json& out) {
       if (spec.contains("save_best") && !spec["save_best"].is_null()) out["train"]["save_best"] = spec["save_best"];
     }
   }
+}
+
+// MMEngine's visualizer: its vis_backends (a list of {type} dicts, one dict, or none) as
+// train.vis_backends; the type (Visualizer, or a downstream one such as DetLocalVisualizer) only
+// draws images, which Tandem's Runner does not, so any *Visualizer is taken.
+void visualizer(const Json& v, const std::string& src, Json& out) {
+  const std::string where = src + ": visualizer";
+  only(v, where, {"type", "name", "vis_backends"});
+  const std::string type = v.value("type", "Visualizer");
+  TANDEM_CHECK(type.size() >= 10 && type.compare(type.size() - 10, 10, "Visualizer") == 0, where, ".type must be ",
+               "Visualizer (or a downstream *Visualizer), got '", type, "'");
+  Json list = v.value("vis_backends", Json::array());
+  if (list.is_object()) list = Json::array({list});
+  TANDEM_CHECK(list.is_array(), where, ".vis_backends must be a list of dicts with a type, got ", list.dump());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = where + ".vis_backends[" + std::to_string(i) + "]";
+    TANDEM_CHECK(list[i].is_object() && list[i].contains("type") && list[i]["type"].is_string(), at,
+                 " must be a dict with a type (LocalVisBackend or TensorboardVisBackend), got ", list[i].dump());
+    only(list[i], at, {"type"});
+    names.push_back(list[i]["type"].get<std::string>());
+  }
+  train::check_vis_backends(names, where + ".vis_backends");
+  out["train"]["vis_backends"] = names;
 }
 
 void data(const Json& mm, const std::string& src, Json& out) {
@@ -309,6 +334,7 @@ Json translate_mmengine(const Json& mm, const std::string& src) {
     if (t.contains("val_interval")) out["train"]["eval_interval"] = t["val_interval"];
   }
   if (mm.contains("default_hooks")) default_hooks(mm["default_hooks"], src, out);
+  if (mm.contains("visualizer") && !mm["visualizer"].is_null()) visualizer(mm["visualizer"], src, out);
   if (mm.contains("custom_hooks")) out["custom_hooks"] = mm["custom_hooks"];
   for (const char* key : {"val_evaluator", "test_evaluator"})  // one metric or a list, as MMEngine's
     if (mm.contains(key)) out[key] = mm[key].is_array() ? mm[key] : Json::array({mm[key]});

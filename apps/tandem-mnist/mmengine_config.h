@@ -1,7 +1,7 @@
 // MMEngine-shaped configs for tandem-mnist: the keys an MMEngine user writes (model,
 // model_wrapper_cfg, optim_wrapper, param_scheduler, train_cfg, val_cfg, default_hooks,
 // custom_hooks, env_cfg, dist_params, auto_scale_lr, randomness, train_dataloader,
-// val_dataloader, launcher, work_dir, load_from, resume, compile) translated onto tandem-mnist's
+// val_dataloader, visualizer, launcher, work_dir, load_from, resume, compile) translated onto tandem-mnist's
 // own config tree (config.h), one key at a time; docs/training.md lists every mapping. A key or
 // value Tandem cannot honour is an error naming it and what is supported, never silently dropped.
 #pragma once

@@ -41,6 +41,8 @@ struct TrainOptions {
   std::string init_weights;
   std::string save_weights;
   std::string metrics_out;
+  // MMEngine's visualizer.vis_backends (train.vis_backends): LocalVisBackend, TensorboardVisBackend.
+  std::vector<std::string> vis_backends = {"LocalVisBackend"};
   // Distributed data parallel.
   std::string launcher = "none";  // none | pytorch | slurm | mpi
   std::string backend = "auto";   // auto | gloo | nccl

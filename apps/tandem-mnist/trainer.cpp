@@ -195,6 +195,7 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.max_keep_ckpts = o.max_keep_ckpts;
   r.save_best = o.save_best;
   r.metrics_out = o.metrics_out;
+  r.vis_backends = o.vis_backends;
   r.resume = !o.resume.empty() ? o.resume : o.resume_from_config ? "auto" : "";
   // A group tandem-run restarted (--max-restarts) resumes from the work dir's last checkpoint by
   // itself, so a failure costs at most the iterations since that checkpoint. Every rank must see

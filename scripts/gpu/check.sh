@@ -16,6 +16,9 @@
 #   epoch_cuda, epoch_cpu, accuracy_parity
 #                         configs/mnist_adadelta_cosine_1ep.json on cuda and on cpu, same seed: final test
 #                         accuracies within GPU_CHECK_MAX_ACC_DIFF (0.01)
+#   tensorboard_events    epoch_cuda's TensorBoard event files (TensorboardVisBackend) read back by TensorBoard's
+#                         EventAccumulator (or, when tensorboard is not installed, by check_util.py, saying
+#                         so): the same scalars as its vis_data/scalars.json
 #   bench_tandem          tandem-mnist on cuda, 3 epochs of 12800 (first dropped), eager and --cuda-graph
 #   bench_pytorch         bench/gpu_step.py (PyTorch eager and torch.compile, same net, recipe, GPU), with
 #                         the ratios tandem / pytorch; skipped when no python has a CUDA-enabled torch
@@ -445,10 +448,32 @@ sync_bn: [0-9]+ BatchNorm layer\(s\) synchronised across $NGPU ranks" train ddp_
     --comm-hook fp16 "${DDP[@]}" "${COMMON[@]}"
 }
 
+# tensorboard_events: the event files epoch_cuda's TensorboardVisBackend wrote, read back by TensorBoard's own
+# EventAccumulator (in GPU_CHECK_TORCH_PYTHON or $PY, whichever imports tensorboard), else by check_util.py's
+# reader, saying so; either way every record's CRCs and, per tag, the (step, value) pairs of scalars.json.
+step_tensorboard() {
+  local t py=$PY p res note
+  t=$(now)
+  for p in ${GPU_CHECK_TORCH_PYTHON:-} "$PY"; do
+    if timeout 60 "$p" -c 'import tensorboard' >/dev/null 2>&1; then py=$p && break; fi
+  done
+  run tensorboard_events 60 "$py" "$SRC/scripts/gpu/check_util.py" events "$OUT/work/epoch_cuda/vis_data"
+  res=$(tail -n 2 "$OUT/logs/tensorboard_events.log" | head -n 1)
+  note=$("$PY" -c 'import json,sys; d=json.loads(sys.argv[1]); print("; ".join(str(d[k]) for k in ("reader", "note", "error") if k in d))' \
+         "$res" 2>/dev/null)
+  if ((RC == 0)); then
+    record tensorboard_events pass "$(since "$t")" "$CMDLINE" "event files equal scalars.json; read by $note" "$res"
+  else
+    record tensorboard_events fail "$(since "$t")" "$CMDLINE" "${note:-$(why tensorboard_events)}" "$res"
+  fi
+}
+
 step_epochs() {
   local cfg=(--config "$SRC/configs/mnist_adadelta_cosine_1ep.json" "${COMMON[@]}") a b t nums
-  train epoch_cuda 120 0.8 "$MNIST" "${cfg[@]}" --device cuda
+  train epoch_cuda 120 0.8 "$MNIST" "${cfg[@]}" --device cuda \
+    --cfg-options 'visualizer.vis_backends=[{"type":"LocalVisBackend"},{"type":"TensorboardVisBackend"}]'
   a=$LAST_NUMS
+  step_tensorboard
   train epoch_cpu 180 0.8 "$MNIST" "${cfg[@]}" --device cpu
   b=$LAST_NUMS
   t=$(now)

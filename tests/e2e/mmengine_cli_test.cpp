@@ -115,6 +115,51 @@ TEST(MMEngineConfig, UnsupportedKeysAndCyclesAreOneLineErrors) {
   expect_one_line_error(read_file(tmp / "log"), "two configs given");
 }
 
+// MMEngine's visualizer: its vis_backends reach the Runner (train.vis_backends), from a .py config
+// that names them in a variable first as MMDetection's do; a run writes scalars.json and a TensorBoard
+// event file; any other vis backend, from --cfg-options or a JSON config, is a one-line error naming
+// it and the supported ones.
+TEST(MMEngineConfig, VisualizerVisBackendsReachTheRunnerAndOthersAreRefused) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("mmcli");
+  std::ofstream(tmp / "tb.py") << R"(_base_ = [')" << kConfigs << R"(/mnist_adadelta.json']
+vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
+visualizer = dict(type='Visualizer', vis_backends=vis_backends, name='visualizer')
+train_cfg = dict(max_epochs=1)
+)";
+  EXPECT_EQ(print_config(tmp, {tmp.file("tb.py")})["train"]["vis_backends"],
+            json::parse(R"(["LocalVisBackend", "TensorboardVisBackend"])"));
+  EXPECT_EQ(print_config(tmp, {})["train"]["vis_backends"], json::parse(R"(["LocalVisBackend"])"));  // the default
+  EXPECT_EQ(run_process({kTrainer, tmp.file("tb.py"), "--data-dir", kDigits, "--limit", "128", "--test-limit", "64",
+                         "--work-dir", tmp.file("w")},
+                        tmp / "log"),
+            0)
+      << read_file(tmp / "log");
+  int events = 0;
+  for (const auto& f : fs::directory_iterator(tmp / "w" / "vis_data"))
+    events += f.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_EQ(events, 1);
+  EXPECT_TRUE(fs::exists(tmp / "w" / "vis_data" / "scalars.json"));
+
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options",
+                         R"(visualizer.vis_backends=[{"type":"TensorboardVisBackend"},{"type":"WandbVisBackend"}])",
+                         "--print-config"},
+                        tmp / "log"),
+            2);
+  expect_one_line_error(read_file(tmp / "log"),
+                        "--cfg-options: visualizer.vis_backends[1]: vis backend 'WandbVisBackend' is not supported by "
+                        "Tandem (supported: LocalVisBackend, TensorboardVisBackend); remove it or use one of those");
+  std::ofstream(tmp / "ml.json") << R"({"visualizer": {"type": "Visualizer",
+      "vis_backends": [{"type": "MLflowVisBackend"}]}})";
+  EXPECT_EQ(run_process({kTrainer, tmp.file("ml.json"), "--print-config"}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "visualizer.vis_backends[0]: vis backend 'MLflowVisBackend' is not "
+                                                "supported by Tandem (supported: LocalVisBackend, TensorboardVisBackend)");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", R"(train.vis_backends=["ClearMLVisBackend"])", "--print-config"},
+                        tmp / "log"),
+            2);
+  expect_one_line_error(read_file(tmp / "log"), "config key 'train.vis_backends'[0]: vis backend 'ClearMLVisBackend'");
+}
+
 TEST(MMEngineConfig, UnknownWrapperTypeNamesTheRegisteredOnes) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("mmcli");

@@ -3,7 +3,10 @@
 // the epoch's throughput line; the validation line; one metrics JSON line per iteration, epoch
 // and validation (the Runner's MetricsWriter); and, as MMEngine's LocalVisBackend, the scalars of
 // every progress line and validation in <work_dir>/vis_data/scalars.json (JSON lines, "step" the
-// global iteration; appended across resumes), which tools/analyze_logs.py plots. Rank 0 only.
+// global iteration; appended across resumes), which tools/analyze_logs.py plots; as MMEngine's
+// TensorboardVisBackend, the same records' numbers (every key but step, under its own name as the
+// tag) at that step in a TensorBoard event file in vis_data (train/tensorboard_writer.h). Which of
+// the two: RunnerOptions::vis_backends (MMEngine's visualizer.vis_backends). Rank 0 only.
 // memory: on a CUDA device, as MMEngine's get_max_cuda_memory: the most device memory the caching
 // allocator handed out at once since the previous line, in MiB (the peak is reset after each line);
 // on the CPU (where MMEngine logs none), this process's peak resident set in MiB.
@@ -19,6 +22,7 @@
 #include "train/metrics_writer.h"
 #include "train/runner.h"
 #include "train/runner_internal.h"
+#include "train/tensorboard_writer.h"
 
 namespace tandem::train {
 namespace {
@@ -44,10 +48,14 @@ class LoggerHook : public Hook {
   int priority() const override { return kBelowNormal; }
 
   void before_run(Runner& r) override {
-    if (!r.metrics()) return;  // rank 0 writes the job's files
+    // Rank 0 writes the job's files; no vis backends (MMEngine's visualizer without any): no vis_data.
+    if (!r.metrics() || r.options().vis_backends.empty()) return;
     const std::string dir = r.work_dir() + "/vis_data";
     std::filesystem::create_directories(dir);
-    scalars_ = std::make_unique<MetricsWriter>(dir + "/scalars.json", /*append=*/true);
+    for (const std::string& backend : r.options().vis_backends) {
+      if (backend == "LocalVisBackend") scalars_ = std::make_unique<MetricsWriter>(dir + "/scalars.json", true);
+      if (backend == "TensorboardVisBackend") events_ = std::make_unique<TensorboardWriter>(dir);
+    }
   }
 
   void before_train_epoch(Runner&) override {
@@ -88,12 +96,12 @@ class LoggerHook : public Hook {
     spdlog::info("{} base_lr: {:.4e} lr: {:.4e} eta: {} time: {:.3f} data_time: {:.3f} memory: {} loss: {:.4f}{}{}",
                  where, r.base_lr(), out.lr, format_eta(eta), avg, window_data_ / window_n_, memory, out.loss, named,
                  out.grad_norm >= 0 ? fmt::format(" grad_norm: {:.4f}", out.grad_norm) : std::string());
-    if (scalars_) {
+    if (scalars_ || events_) {
       Json s = {{"base_lr", r.base_lr()}, {"lr", out.lr}, {"data_time", window_data_ / window_n_},
                 {"loss", out.loss},       {"time", avg},   {"memory", memory},
                 {"epoch", r.epoch()},     {"iter", it},    {"step", r.global_iter()}};
       if (out.grad_norm >= 0) s["grad_norm"] = out.grad_norm;
-      scalars_->write(s);
+      add_scalars(s);
     }
     window_time_ = window_data_ = 0;
     window_n_ = 0;
@@ -121,7 +129,7 @@ class LoggerHook : public Hook {
     }
     if (!r.by_epoch()) record["iter"] = r.global_iter();
     if (MetricsWriter* m = r.metrics()) m->write(record);
-    if (scalars_) scalars_->write(scalars);
+    add_scalars(scalars);
     const std::string where = r.by_epoch() ? fmt::format("Epoch(test) [{}]", r.epoch())
                                            : fmt::format("Iter(val) [{}]", r.global_iter());
     spdlog::info("{} test_loss: {:.4f} accuracy: {:.4f} ({}/{}){}", where, v.loss, v.accuracy, v.correct, v.total,
@@ -133,7 +141,18 @@ class LoggerHook : public Hook {
   Clock::time_point epoch_start_ = Clock::now();
   double window_time_ = 0, window_data_ = 0;
   int64_t window_n_ = 0;
-  std::unique_ptr<MetricsWriter> scalars_;  // <work_dir>/vis_data/scalars.json
+  // One vis_data record to each vis backend: scalars.json as it is; TensorBoard its numbers at "step".
+  void add_scalars(const Json& record) {
+    if (scalars_) scalars_->write(record);
+    if (!events_) return;
+    TensorboardScalars values;
+    for (const auto& [key, value] : record.items())
+      if (key != "step" && value.is_number()) values.emplace_back(key, value.get<float>());
+    events_->add_scalars(record.at("step").get<int64_t>(), values);
+  }
+
+  std::unique_ptr<MetricsWriter> scalars_;     // <work_dir>/vis_data/scalars.json (LocalVisBackend)
+  std::unique_ptr<TensorboardWriter> events_;  // vis_data/events.out.tfevents.* (TensorboardVisBackend)
 };
 
 }  // namespace

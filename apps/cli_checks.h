@@ -1,4 +1,4 @@
-// Range checks for the apps' CLI11 options whose messages read as a person writes a range:
+// Range and choice checks for the apps' CLI11 options whose messages read as a person writes a range:
 // "--epochs: must be >= 1, got 0" (CLI11's own PositiveNumber prints the range's end, a
 // 309-digit number). A missing value ("--auto-scale-lr --work-dir x") is named as missing.
 #pragma once
@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace tandem::app {
 
@@ -46,6 +47,19 @@ inline CLI::Validator above(double low) {
 inline CLI::Validator between(double low, double high) {
   return detail::number_check("between " + detail::number_text(low) + " and " + detail::number_text(high),
                               [low, high](double v) { return v >= low && v <= high; });
+}
+
+// One of `choices` ("--optimizer: 'rmsprop' is not one of adadelta, sgd, adam").
+inline CLI::Validator one_of(std::vector<std::string> choices) {
+  std::string list;
+  for (const std::string& c : choices) list += (list.empty() ? "" : ", ") + c;
+  return CLI::Validator(
+      [choices, list](std::string& text) -> std::string {
+        for (const std::string& c : choices)
+          if (text == c) return "";
+        return "'" + text + "' is not one of " + list;
+      },
+      "{" + list + "}", "");
 }
 
 }  // namespace tandem::app

@@ -19,6 +19,13 @@ fi
 CONFIG=$1
 GPUS=$2
 shift 2
+if [ ! -f "$CONFIG" ]; then
+  echo "dist_train.sh: error: config '$CONFIG' not found (configs/ holds the bundled ones)" >&2
+  exit 2
+fi
+case $GPUS in
+  ''|*[!0-9]*|0) echo "dist_train.sh: error: GPUS must be a number of processes >= 1, got '$GPUS'" >&2; exit 2 ;;
+esac
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}

@@ -107,7 +107,11 @@ Json load_config_file(const std::string& path) {
   try {
     return Json::parse(in, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
   } catch (const Json::exception& e) {  // parse errors, and numbers out of range
-    TANDEM_FAIL("config file '", path, "' is not valid JSON: ", e.what());
+    // nlohmann's text without its "[json.exception.parse_error.101] " tag.
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos)
+      what = what.substr(what.find("] ") + 2);
+    TANDEM_FAIL("config file '", path, "' is not valid JSON: ", what);
   }
 }
 

@@ -8,6 +8,7 @@
 
 #include "cli_checks.h"
 #include "config.h"
+#include "train/config.h"
 
 namespace tandem::app {
 
@@ -17,9 +18,9 @@ namespace {
 void add_distributed_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--launcher", o.launcher,
                  "none (one process), pytorch (tandem-run/torchrun variables), slurm (srun), mpi (mpirun)")
-      ->check(CLI::IsMember({"none", "pytorch", "slurm", "mpi"}));
+      ->check(one_of({"none", "pytorch", "slurm", "mpi"}));
   app.add_option("--backend", o.backend, "collectives: auto (nccl on GPUs, gloo on CPUs), gloo or nccl")
-      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+      ->check(one_of({"auto", "gloo", "nccl"}));
   app.add_option("--bucket-cap-mb", o.bucket_cap_mb,
                  "DDP gradient bucket size in MiB after the first (0: auto, measured at start-up)")
       ->check(at_least(0));
@@ -32,7 +33,7 @@ void add_distributed_flags(CLI::App& app, TrainOptions& o) {
                "DDP: gradients live in the bucket buffers (saves a copy and memory)");
   app.add_option("--comm-hook", o.comm_hook,
                  "DDP bucket communication: allreduce, fp16 or bf16 (compressed), powersgd (low-rank)")
-      ->check(CLI::IsMember({"allreduce", "fp16", "bf16", "powersgd"}));
+      ->check(one_of({"allreduce", "fp16", "bf16", "powersgd"}));
   app.add_option("--powersgd-rank", o.powersgd_rank, "PowerSGD: rank of the gradient approximation")
       ->check(at_least(1));
   app.add_option("--powersgd-start-iter", o.powersgd_start_iter,
@@ -49,6 +50,22 @@ void add_distributed_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--dist-timeout", o.dist_timeout_s, "seconds any distributed wait may take before failing")
       ->check(above(0));
   app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
+}
+
+// The first argument no option took: an unknown flag with the closest known one, or a stray word.
+std::string unexpected_argument(const CLI::App& app) {
+  const std::vector<std::string> rest = app.remaining();
+  if (rest.empty()) return "";
+  const std::string& arg = rest.front();
+  if (arg.rfind("-", 0) != 0 || arg == "-")
+    return "unexpected argument '" + arg + "' (the config is the only positional argument)";
+  const std::string flag = arg.substr(0, arg.find('='));
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : app.get_options())
+    if (!opt->get_group().empty())
+      for (const std::string& n : opt->get_lnames()) names.push_back("--" + n);
+  const std::string guess = train::closest_key(flag, names);
+  return "unknown flag " + flag + (guess.empty() ? "" : " (did you mean " + guess + "?)");
 }
 
 }  // namespace
@@ -73,9 +90,9 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--gamma", o.gamma, "StepLR decay of the learning rate per epoch")->check(above(0));
   app.add_option("--lr-schedule", o.lr_schedule,
                  "step: multiply by --gamma after every epoch; cosine: anneal to 0 over all iterations")
-      ->check(CLI::IsMember({"step", "cosine"}));
+      ->check(one_of({"step", "cosine"}));
   app.add_option("--optimizer", o.optimizer, "adadelta, sgd or adam")
-      ->check(CLI::IsMember({"adadelta", "sgd", "adam"}));
+      ->check(one_of({"adadelta", "sgd", "adam"}));
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(at_least(0));
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")->check(at_least(0));
   app.add_option("--seed", o.seed, "seed for weights and shuffling");
@@ -142,12 +159,17 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_option("--debug-sigkill-rank", o.debug_sigkill_rank, "")->group("");  // test hook
   app.add_option("--debug-samples-out", o.debug_samples_out, "")->group("");    // test hook
   app.add_option("--debug-hold-at", o.debug_hold_at, "")->group("");        // test hook
+  app.allow_extras();  // reported below, with the closest flag
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", program_name(argv[0]).c_str(), e.what());
+    return 2;
+  }
+  if (const std::string extra = unexpected_argument(app); !extra.empty()) {
+    std::fprintf(stderr, "%s: error: %s (see --help)\n", program_name(argv[0]).c_str(), extra.c_str());
     return 2;
   }
   o.shuffle = !no_shuffle;

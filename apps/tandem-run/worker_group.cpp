@@ -157,7 +157,7 @@ class Supervisor {
 
  private:
   GroupResult spawn_failed(int rank, const std::string& err) {
-    say(rank >= 0 ? "cannot start rank " + std::to_string(rank) + ": " + err : err);
+    say("error: " + (rank >= 0 ? "cannot start rank " + std::to_string(rank) + ": " + err : err));
     GroupResult r;
     r.kind = GroupResult::Kind::kSpawnFailed;
     r.exit_code = err.find("Permission denied") != std::string::npos ? 126 : 127;

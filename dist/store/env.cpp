@@ -347,9 +347,10 @@ Device resolve_device(const std::string& text, int local_rank, int visible_count
   const Device d = Device::parse(text);
   if (d.is_cpu()) return d;
   TANDEM_CHECK(visible_count > 0, "--device ", text, ": no CUDA device is visible",
-               why_none.empty() ? std::string() : " (" + why_none + ")");
+               why_none.empty() ? std::string() : " (" + why_none + ")", "; train on the CPU with --device cpu");
   if (text == "cuda") return Device::cuda(cuda_device_for(local_rank, visible_count, visible_devices));
-  TANDEM_CHECK(d.index < visible_count, "--device ", text, ": only ", visible_count, " CUDA device(s) visible");
+  TANDEM_CHECK(d.index < visible_count, "--device ", text, ": only ", visible_count,
+               " CUDA device(s) visible; name one of cuda:0 .. cuda:", visible_count - 1, ", or use --device cuda");
   return d;
 }
 

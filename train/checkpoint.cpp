@@ -1,5 +1,7 @@
 // Checkpoint files (see checkpoint.h). POSIX file calls for the fsyncs; the
-// tensor files go through save_safetensors, which is itself atomic per file.
+// tensor files go through save_safetensors, which is itself atomic per file and
+// checksums every tensor and the header; loading turns a file's damage into
+// CheckpointDamaged, and auto resume skips damaged checkpoints for older ones.
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -32,7 +34,57 @@ std::string parent_dir(const std::string& path) {
   return p.empty() ? "." : p.string();
 }
 
+// n of ".../iter_<n>.safetensors", -1 for another name.
+int64_t iter_of(const std::string& path) {
+  static const std::regex name(R"(iter_(\d{1,18})\.safetensors)");
+  std::smatch m;
+  const std::string file = fs::path(path).filename().string();
+  return std::regex_match(file, m, name) ? std::stoll(m[1].str()) : -1;
+}
+
+// What to do about a damaged checkpoint: the newest earlier one beside it, or starting again.
+std::string advice(const std::string& checkpoint) {
+  const int64_t n = iter_of(checkpoint);
+  const std::string own = fs::path(checkpoint).filename().string();
+  std::string earlier;
+  for (const std::string& p : CheckpointManager::list(parent_dir(checkpoint)))  // oldest first
+    if (n < 0 ? fs::path(p).filename() != own : iter_of(p) < n) earlier = p;
+  const std::string files = own + " and " + fs::path(state_path(checkpoint)).filename().string();
+  if (!earlier.empty())
+    return "resume from an earlier checkpoint (--resume " + earlier + ") or delete this one (" + files + ")";
+  return "no earlier checkpoint is beside it: delete it (" + files + ") and start the run again without --resume";
+}
+
+Checkpoint read_checkpoint(const std::string& path, const std::string& sp) {
+  Checkpoint c;
+  c.weights = load_safetensors(path);
+  const auto md = load_safetensors_metadata(sp);
+  auto it = md.find(kMetaKey);
+  TANDEM_CHECK(it != md.end(), "checkpoint state '", sp, "' has no \"", kMetaKey, "\" metadata");
+  c.meta = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  if (!c.meta.is_object() || c.meta.value("format", "") != kFormat)
+    throw CheckpointDamaged(path, sp, std::string("its training state (__metadata__ \"") + kMetaKey + "\") is not a " +
+                                          kFormat + " JSON object");
+  for (auto& [k, t] : load_safetensors(sp)) {
+    if (k.rfind("optimizer.", 0) == 0)
+      c.optimizer[k.substr(10)] = t;
+    else if (k.rfind("scaler.", 0) == 0)
+      c.scaler[k.substr(7)] = t;
+    else if (is_hook_state(k))
+      c.extra[k] = t;
+    else
+      TANDEM_FAIL("checkpoint state '", sp, "': unexpected tensor '", k,
+                  "' (expected optimizer.*, scaler.* or <what>_state_dict.*)");
+  }
+  return c;
+}
+
 }  // namespace
+
+CheckpointDamaged::CheckpointDamaged(const std::string& checkpoint, std::string file, std::string damage)
+    : Error("checkpoint file '" + file + "' is damaged: " + damage + "; " + advice(checkpoint)),
+      file_(std::move(file)),
+      damage_(std::move(damage)) {}
 
 std::string state_path(const std::string& weights_path) {
   const std::string suffix = ".safetensors";
@@ -104,26 +156,12 @@ Checkpoint load_checkpoint(const std::string& path) {
   const std::string sp = state_path(path);
   TANDEM_CHECK(fs::exists(sp), "checkpoint '", path, "' has no training state: '", sp,
                "' is missing (plain weights load with --init-weights, not --resume)");
-  Checkpoint c;
-  c.weights = load_safetensors(path);
-  const auto md = load_safetensors_metadata(sp);
-  auto it = md.find(kMetaKey);
-  TANDEM_CHECK(it != md.end(), "checkpoint state '", sp, "' has no \"", kMetaKey, "\" metadata");
-  c.meta = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-  TANDEM_CHECK(c.meta.is_object() && c.meta.value("format", "") == kFormat, "checkpoint state '", sp,
-               "': metadata is not a ", kFormat, " object");
-  for (auto& [k, t] : load_safetensors(sp)) {
-    if (k.rfind("optimizer.", 0) == 0)
-      c.optimizer[k.substr(10)] = t;
-    else if (k.rfind("scaler.", 0) == 0)
-      c.scaler[k.substr(7)] = t;
-    else if (is_hook_state(k))
-      c.extra[k] = t;
-    else
-      TANDEM_FAIL("checkpoint state '", sp, "': unexpected tensor '", k,
-                  "' (expected optimizer.*, scaler.* or <what>_state_dict.*)");
+  try {
+    return read_checkpoint(path, sp);
+  } catch (const SafetensorsError& e) {
+    const std::string tensor = e.tensor().empty() ? "" : "tensor '" + e.tensor() + "': ";
+    throw CheckpointDamaged(path, e.path(), tensor + e.problem());
   }
-  return c;
 }
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t max_keep) : dir_(std::move(dir)), max_keep_(max_keep) {
@@ -171,6 +209,33 @@ std::string CheckpointManager::latest(const std::string& dir) {
   std::getline(in, path);
   TANDEM_CHECK(!path.empty(), "--resume: '", pointer, "' is empty");
   return path;
+}
+
+std::pair<std::string, Checkpoint> CheckpointManager::load_latest_intact(
+    const std::string& dir, const std::function<void(const std::string&)>& say) {
+  const std::string newest = latest(dir);
+  std::vector<std::string> candidates = {newest};
+  const int64_t n = iter_of(newest);
+  const std::vector<std::string> all = list(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)  // newest first
+    if (n < 0 ? fs::path(*it).filename() != fs::path(newest).filename() : iter_of(*it) < n) candidates.push_back(*it);
+  std::string skipped;  // "'<file>' is damaged (<why>); '<file>' is missing"
+  auto skip = [&](const std::string& what) { skipped += (skipped.empty() ? "" : "; ") + what; };
+  for (const std::string& c : candidates) {
+    if (!fs::exists(c) || !fs::exists(state_path(c))) {
+      skip("'" + (fs::exists(c) ? state_path(c) : c) + "' is missing");
+      continue;
+    }
+    try {
+      Checkpoint checkpoint = load_checkpoint(c);
+      if (!skipped.empty()) say("resuming from " + c + ", the newest intact checkpoint in " + dir + ": " + skipped);
+      return {c, std::move(checkpoint)};
+    } catch (const CheckpointDamaged& e) {
+      skip("'" + e.file() + "' is damaged (" + e.damage() + ")");
+    }
+  }
+  TANDEM_FAIL("--resume: no intact checkpoint in '", dir, "': ", skipped,
+              "; start the run again without --resume (from scratch), or resume another run's checkpoint");
 }
 
 }  // namespace tandem::train

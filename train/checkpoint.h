@@ -12,10 +12,18 @@
 // CheckpointManager names a checkpoint in `last_checkpoint` only after both are
 // durable, so a failed or interrupted save never removes or corrupts the
 // previous good checkpoint. Errors are tandem::Error naming the path.
+//
+// Damage: both files carry CRC-32C checksums (core/safetensors.h: one per tensor
+// and one over the header, which holds the state JSON), so a changed byte, a
+// truncation or a zeroed page anywhere in either file is refused on load with
+// CheckpointDamaged, one line naming the file, the tensor where there is one and
+// what to do. Files written before checksums load unverified, with a notice.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/safetensors.h"
@@ -32,11 +40,25 @@ struct Checkpoint {
   Json meta = Json::object();
 };
 
+// A checkpoint file whose content is wrong. what() is one line: "checkpoint file '<file>' is damaged:
+// [tensor '<name>': ]<problem>; resume from an earlier checkpoint (--resume <its path>) or delete this
+// one (<both files>)" (or, with no earlier checkpoint beside it, to delete it and start again).
+class CheckpointDamaged : public Error {
+ public:
+  CheckpointDamaged(const std::string& checkpoint, std::string file, std::string damage);
+  const std::string& file() const { return file_; }      // the damaged file: the weights or the state
+  const std::string& damage() const { return damage_; }  // "[tensor '<name>': ]<problem>"
+
+ private:
+  std::string file_, damage_;
+};
+
 // foo.safetensors -> foo.state.safetensors
 std::string state_path(const std::string& weights_path);
 
 void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
-// Throws naming the file when either file is missing or not a Tandem checkpoint.
+// Throws naming the file when either file is missing or not a Tandem checkpoint, CheckpointDamaged
+// when either file's content is wrong.
 Checkpoint load_checkpoint(const std::string& path);
 
 // Writes `content` to `path` atomically (temporary file, fsync, rename, fsync dir).
@@ -54,6 +76,11 @@ class CheckpointManager {
   std::string save(const Checkpoint& checkpoint, int64_t global_iter);
   // The checkpoint named by <dir>/last_checkpoint; throws naming the file if there is none.
   static std::string latest(const std::string& dir);
+  // Auto resume: the checkpoint latest() names, loaded; when it is damaged or missing, the newest
+  // older iter_<n> checkpoint of the directory that loads, after one line through `say` naming the
+  // damaged one(s) and the one resumed. Throws when none loads (never an empty result).
+  static std::pair<std::string, Checkpoint> load_latest_intact(const std::string& dir,
+                                                               const std::function<void(const std::string&)>& say);
   // Weights paths of the iter_<n> checkpoints in the directory, oldest (smallest n) first.
   static std::vector<std::string> list(const std::string& dir);
   const std::string& dir() const { return dir_; }

@@ -289,7 +289,11 @@ int Runner::train() {
   setup();
   const std::string batch = std::to_string(o_.batch_size) +
                             (world_ > 1 ? " per rank x " + std::to_string(world_) + " ranks" : "");
-  if (by_epoch())
+  if (!resume_path_.empty() && global_iter_ >= max_iters())
+    spdlog::info("the run is finished: its last checkpoint, {}, is at global iteration {} of {}; nothing is left to "
+                 "train (to train longer, raise {} and resume)", resume_path_, global_iter_, max_iters(),
+                 by_epoch() ? "train_cfg.max_epochs (--epochs)" : "train_cfg.max_iters");
+  else if (by_epoch())
     spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o_.max_epochs, iters_, batch,
                  o_.optimizer, optimizer_->lr());
   else

@@ -106,7 +106,15 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
 
 void Runner::load_resume_checkpoint() {
   if (resume_path_.empty()) return;
-  resume_ckpt_ = std::make_unique<Checkpoint>(load_checkpoint(resume_path_));
+  if (o_.resume == "auto") {  // the newest intact checkpoint of the work dir, saying which were skipped
+    auto [path, checkpoint] = CheckpointManager::load_latest_intact(o_.work_dir, [&](const std::string& line) {
+      if (env_.rank == 0) spdlog::warn("{}", line);
+    });
+    resume_path_ = path;
+    resume_ckpt_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  } else {
+    resume_ckpt_ = std::make_unique<Checkpoint>(load_checkpoint(resume_path_));
+  }
   check_resumable(*resume_ckpt_, resume_path_, o_, identity(o_, o_.train_dataset->size()), world_, iters_);
 }
 

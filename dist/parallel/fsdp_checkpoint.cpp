@@ -210,7 +210,11 @@ void FullyShardedDataParallel::load_sharded(const std::string& dir, optim::Optim
     const std::string path = shard_file(dir, file_rank, old_world);
     TANDEM_CHECK(fs::exists(path), "FSDP checkpoint ", dir, ": ", path, " is missing (written with ", old_world,
                  " ranks; every rank's file is needed)");
-    old.push_back(load_safetensors(path));
+    try {
+      old.push_back(load_safetensors(path));
+    } catch (const SafetensorsError& e) {  // a changed byte, a truncation: the checksums or the header say so
+      TANDEM_FAIL("FSDP checkpoint ", dir, " is damaged: ", e.what(), "; load an earlier checkpoint");
+    }
   }
   NoGradGuard no_grad;
   std::map<std::string, Tensor> opt_state;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -345,6 +346,21 @@ TEST(FsdpCheckpoint, ShardedCheckpointReshardsOntoAnotherWorldSize) {
     dist::FullyShardedDataParallel single(other, ctx->group, dist::FSDPOptions{});  // one root unit
     const std::string msg = test::error_of([&] { single.load_sharded(from); });
     EXPECT_NE(msg.find("it has 3 units, this model has 1"), std::string::npos) << msg;
+    // A shard file with one byte of its data changed fails its CRC-32C check on every rank (each
+    // reads all 3 files), before any collective, naming the file.
+    const std::string damaged = ctx->param + "/damaged", shard = damaged + "/shard-2-of-3.safetensors";
+    if (ctx->rank == 0) {
+      std::filesystem::copy(from, damaged);
+      std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(shard) - 5));
+      f.put('\x7f');
+    }
+    ctx->group->barrier()->wait(ctx->group->timeout());
+    Trained fresh = make_fsdp(*ctx);
+    const std::string bad = test::error_of([&] { fresh.fsdp->load_sharded(damaged, fresh.opt.get()); });
+    EXPECT_NE(bad.find("FSDP checkpoint " + damaged + " is damaged: safetensors file '" + shard + "', tensor '"),
+              std::string::npos) << bad;
+    EXPECT_NE(bad.find("fails its CRC-32C check"), std::string::npos) << bad;
     if (ctx->rank != 0) return;
     const auto units = t.fsdp->units();
     for (size_t k = 0; k < units.size(); ++k) {

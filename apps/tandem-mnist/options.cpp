@@ -52,6 +52,15 @@ void add_distributed_flags(CLI::App& app, TrainOptions& o) {
   app.add_flag("--sync-bn", o.sync_bn, "DDP: synchronise BatchNorm statistics across ranks (SyncBatchNorm)");
 }
 
+// Hidden flags the fault tests drive the trainer with.
+void add_test_hooks(CLI::App& app, TrainOptions& o) {
+  app.add_option("--debug-sigterm-at", o.debug_sigterm_at, "")->group("");
+  app.add_option("--debug-sigkill-at", o.debug_sigkill_at, "")->group("");
+  app.add_option("--debug-sigkill-rank", o.debug_sigkill_rank, "")->group("");
+  app.add_option("--debug-samples-out", o.debug_samples_out, "")->group("");
+  app.add_option("--debug-hold-at", o.debug_hold_at, "")->group("");
+}
+
 // The first argument no option took: an unknown flag with the closest known one, or a stray word.
 std::string unexpected_argument(const CLI::App& app) {
   const std::vector<std::string> rest = app.remaining();
@@ -154,11 +163,7 @@ int parse_options(int argc, char** argv, TrainOptions& o) {
   app.add_flag("--print-config", o.print_config, "print the resolved config (JSON) and exit");
   app.add_flag("--verbose", o.verbose, "errors also name the source line that raised them");
   app.add_flag("--profile", o.profile, "time every op and print a table at the end");
-  app.add_option("--debug-sigterm-at", o.debug_sigterm_at, "")->group("");  // test hook
-  app.add_option("--debug-sigkill-at", o.debug_sigkill_at, "")->group("");  // test hook
-  app.add_option("--debug-sigkill-rank", o.debug_sigkill_rank, "")->group("");  // test hook
-  app.add_option("--debug-samples-out", o.debug_samples_out, "")->group("");    // test hook
-  app.add_option("--debug-hold-at", o.debug_hold_at, "")->group("");        // test hook
+  add_test_hooks(app, o);
   app.allow_extras();  // reported below, with the closest flag
   try {
     app.parse(argc, argv);

@@ -76,23 +76,29 @@ void CudaGraphStep::report() const {
 }
 
 std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int world) {
+  // Named as both spellings say it: the trainer's flag and MMEngine's key.
   if (o.amp == "fp16")
-    return "cuda_graph cannot capture amp fp16: the loss scaler reads found_inf on the host every step; use bf16 "
-           "or no amp";
+    return "--cuda-graph (compile) cannot capture --amp fp16: the loss scaler reads found_inf on the host every "
+           "step; use --amp bf16 (no scaler) or --amp off";
   if (o.optimizer == "Adam" || o.optimizer == "AdamW")
-    return "cuda_graph cannot capture optimizer " + o.optimizer +
-           ": its bias correction changes every step and would be frozen in the graph; use SGD or Adadelta";
+    return "--cuda-graph (compile) cannot capture the " + o.optimizer +
+           " optimizer: its bias correction changes every step and would be frozen in the graph; use SGD or Adadelta";
   for (const SchedulerSpec& s : scheduler_specs(o))
     if (s.type != "StepLR")
-      return "cuda_graph needs an lr that is constant within an epoch (the lr is frozen in the captured optimizer "
-             "kernels); use param_scheduler StepLR, not " + s.type;
+      return "--cuda-graph (compile) needs an lr that is constant within an epoch (the lr is frozen in the captured "
+             "optimizer kernels); use --lr-schedule step (param_scheduler StepLR), not " + s.type;
   if (o.accumulative_counts > 1 || o.clip_max_norm > 0)
-    return "cuda_graph cannot capture optim_wrapper.accumulative_counts > 1 or clip_grad; drop one or the other";
-  if (o.launcher != "none")  // DDP, even of one rank
-    return "cuda_graph does not support DDP (launcher " + o.launcher + ", " + std::to_string(world) +
-           (world == 1 ? " rank" : " ranks") + "): the reducer's bucket hooks are host logic that a replayed graph "
-           "skips; use launcher none";
-  if (!device.is_cuda()) return "cuda_graph needs a CUDA device, got device " + device.str();
+    return "--cuda-graph (compile) cannot capture optim_wrapper.accumulative_counts > 1 or clip_grad; drop one or "
+           "the other";
+  if (o.launcher != "none") {  // DDP, even of one rank
+    const std::string backend = o.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : o.backend;
+    return "--cuda-graph (compile) does not support DDP (" + std::to_string(world) + (world == 1 ? " rank" : " ranks") +
+           " over " + backend + ", --launcher " + o.launcher + "): the reducer's bucket hooks are host logic that a "
+           "replayed graph skips; run without a launcher (--launcher none) or drop --cuda-graph";
+  }
+  if (!device.is_cuda())
+    return "--cuda-graph (compile) needs a CUDA device, got --device " + o.device + " (resolved to " + device.str() +
+           ")";
   return "";
 }
 

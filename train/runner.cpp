@@ -40,6 +40,9 @@ Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
                o_.accumulative_counts);
   TANDEM_CHECK(o_.clip_max_norm >= 0, "optim_wrapper.clip_grad.max_norm must be > 0, got ", o_.clip_max_norm);
   TANDEM_CHECK(o_.train_dataset != nullptr, "Runner: no train_dataset given");
+  TANDEM_CHECK(o_.amp == "off" || o_.amp == "fp16" || o_.amp == "bf16" || o_.amp == "auto",
+               "amp must be off, fp16, bf16 or auto, got '", o_.amp, "'");
+  TANDEM_CHECK(o_.threads >= 0, "env_cfg threads (--threads) must be >= 0, got ", o_.threads);
   TANDEM_CHECK(!o_.work_dir.empty(), "Runner: no work_dir given");
   TANDEM_CHECK(o_.max_iters >= 0, "train_cfg.max_iters must be >= 1, got ", o_.max_iters);
   TANDEM_CHECK(o_.val_interval >= 0, "train_cfg.val_interval must be >= 0, got ", o_.val_interval);
@@ -78,8 +81,10 @@ int64_t Runner::epoch_samples_all() const {
 void Runner::setup() {
   env_ = o_.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o_.launcher);
   if (o_.port > 0) env_.master_port = o_.port;  // dist_params.port
+  if (o_.threads > 0) set_num_threads(o_.threads);
   device_ = dist::resolve_device(o_.device, env_.local_rank);
   if (device_.is_cuda()) set_cuda_device(device_.index);
+  if (o_.amp == "auto") o_.amp = device_.is_cuda() ? "fp16" : "bf16";  // as torch.autocast's defaults
   const std::string why = o_.cuda_graph ? cuda_graph_refusal(o_, device_, env_.world_size) : "";
   TANDEM_CHECK(why.empty(), why);
   if (env_.rank == 0) {  // rank 0 writes the job's files

@@ -80,14 +80,17 @@ struct RunnerOptions {
   int64_t max_iters = 0;
   int64_t val_interval = 1;  // epochs (or iterations) between validations (0: only at the end)
   uint64_t seed = 1;
-  // optim_wrapper: amp off | fp16 (loss scaling) | bf16; accumulative_counts; clip_grad (0: off).
+  // optim_wrapper: amp off | fp16 (loss scaling) | bf16 | auto (MMEngine's --amp: fp16 on a CUDA
+  // device, bf16 on the CPU, decided once the device is known); accumulative_counts; clip_grad (0: off).
   std::string amp = "off";
   int64_t accumulative_counts = 1;
   double clip_max_norm = 0.0;
   double clip_norm_type = 2.0;
   int64_t auto_scale_lr_base_batch = 0;  // 0: off; else lr *= batch x world / this
-  // env_cfg, launcher, dist_params.
+  // env_cfg, launcher, dist_params. The Runner decides each once, in setup: the device from `device`
+  // and the rank's LOCAL_RANK, the backend from it (auto: nccl on CUDA, gloo on the CPU), the threads.
   std::string device = "auto";
+  int threads = 0;  // CPU threads of the kernels (0: OMP_NUM_THREADS, else every core)
   std::string launcher = "none";
   std::string backend = "auto";  // auto | gloo | nccl
   double dist_timeout_s = 300.0;

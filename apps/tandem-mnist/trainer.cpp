@@ -78,29 +78,6 @@ class DebugSamplesHook : public train::Hook {
   std::ofstream file_;
 };
 
-// Why --cuda-graph cannot run with these settings ("" when it can). `world` is the launcher's world
-// size; any launcher but none means DDP, even with one rank.
-std::string cuda_graph_refusal(const TrainOptions& o, const Device& device, int world) {
-  if (o.amp == "fp16")
-    return "--cuda-graph cannot capture --amp fp16: the loss scaler reads found_inf on the host every step; "
-           "use --amp bf16 (no scaler) or --amp off";
-  if (o.optimizer == "adam" || o.optimizer == "adamw")
-    return "--cuda-graph cannot capture --optimizer " + o.optimizer + ": its bias correction changes every step and "
-           "would be frozen in the graph; use --optimizer sgd or adadelta";
-  if (o.lr_schedule == "cosine")
-    return "--cuda-graph needs an lr that is constant within an epoch (the lr is frozen in the captured "
-           "optimizer kernels); use --lr-schedule step, not cosine";
-  if (o.launcher != "none") {
-    const std::string backend = o.backend == "auto" ? (device.is_cuda() ? "nccl" : "gloo") : o.backend;
-    return "--cuda-graph does not support DDP (" + std::to_string(world) + (world == 1 ? " rank" : " ranks") +
-           " over " + backend + ", --launcher " + o.launcher + "): the reducer's bucket hooks are host logic that "
-           "a replayed graph skips; run without a launcher (--launcher none) or drop --cuda-graph";
-  }
-  if (!device.is_cuda())
-    return "--cuda-graph needs a CUDA device, got --device " + o.device + " (resolved to " + device.str() + ")";
-  return "";
-}
-
 std::string describe_data(const std::string& dir) {
   if (dir == kDefaultDataDir) return "Fashion-MNIST (Debian's dataset-fashion-mnist) in " + dir;
   return dir;
@@ -140,7 +117,7 @@ std::vector<Spec> specs_of(const std::string& json_text, const std::string& owne
   return out;
 }
 
-train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& config, const Device& device) {
+train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& config) {
   train::RunnerOptions r;
   r.model = o.model;
   const train::Json model_args = train::Json::parse(o.model_extra);  // (items() refers to it)
@@ -172,12 +149,13 @@ train::RunnerOptions runner_options(const TrainOptions& o, const train::Json& co
   r.max_iters = o.max_iters;
   r.val_interval = o.eval_interval;
   r.seed = o.seed;
-  r.amp = o.amp == "auto" ? (device.is_cuda() ? "fp16" : "bf16") : o.amp;
+  r.amp = o.amp;
   r.accumulative_counts = o.accumulative_counts;
   r.clip_max_norm = o.clip_max_norm;
   r.clip_norm_type = o.clip_norm_type;
   r.auto_scale_lr_base_batch = o.auto_scale_lr_base_batch;
   r.device = o.device;
+  r.threads = o.threads;
   r.launcher = o.launcher;
   r.backend = o.backend;
   r.dist_timeout_s = o.dist_timeout_s;
@@ -244,17 +222,8 @@ void set_datasets(const TrainOptions& o, train::RunnerOptions& r) {
 }
 
 int run_training(const TrainOptions& o, const train::Json& config) {
-  if (o.threads > 0) set_num_threads(o.threads);
   if (o.profile) profiler::set_enabled(true);
-  if (o.cuda_graph) {
-    const dist::DistEnv env = o.launcher == "none" ? dist::DistEnv{} : dist::env_from_launcher(o.launcher);
-    const Device device = dist::resolve_device(o.device, env.local_rank);
-    const std::string why = cuda_graph_refusal(o, device, env.world_size);
-    TANDEM_CHECK(why.empty(), why);
-  }
-  // --amp alone: fp16 on CUDA (with loss scaling), bf16 on CPU, as torch.autocast's defaults.
-  const Device amp_device = o.amp == "auto" ? dist::resolve_device(o.device, 0) : Device::cpu();
-  train::RunnerOptions r = runner_options(o, config, amp_device);
+  train::RunnerOptions r = runner_options(o, config);  // the Runner decides threads, device, backend and amp
   set_datasets(o, r);
   train::Runner runner(std::move(r));
   runner.register_hook(std::make_shared<DebugSignalHook>(o, false));
@@ -278,9 +247,7 @@ int run_training(const TrainOptions& o, const train::Json& config) {
 }
 
 int run_test(const TrainOptions& o, const train::Json& config) {
-  if (o.threads > 0) set_num_threads(o.threads);
-  const Device amp_device = o.amp == "auto" ? dist::resolve_device(o.device, 0) : Device::cpu();
-  train::RunnerOptions r = runner_options(o, config, amp_device);
+  train::RunnerOptions r = runner_options(o, config);
   set_datasets(o, r);
   r.work_dir += "/test";  // beside the training run's files, not over its config.json and logs
   r.resume.clear();

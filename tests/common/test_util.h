@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 
 #include "core/error.h"
@@ -75,19 +77,35 @@ inline size_t lines_in(const std::string& s) {
   return n;
 }
 
-// A TCP port that was free on 127.0.0.1 a moment ago.
+// A TCP port that was free on every interface a moment ago, outside the kernel's ephemeral range
+// (ip_local_port_range): a port the kernel hands out (port 0, outgoing connections) can be taken by any
+// other test's socket between this call and the listen, as happened to a Slurm job's store under
+// ctest -j. Below that range only explicit choices collide, and a random pick makes that unlikely.
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  const int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
+  int low = 32768, high = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768, high = 60999;
+    std::fclose(f);
+  }
+  // [10000, low) when that is wide enough, else (high, 65535].
+  const bool below = low - 10000 >= 2000;
+  const int first = below ? 10000 : high + 1, count = below ? low - 10000 : 65535 - high;
+  static thread_local std::mt19937 pick{std::random_device{}()};
+  for (int attempt = 0; attempt < 500 && count > 0; ++attempt) {
+    const int port = first + static_cast<int>(pick() % static_cast<unsigned>(count));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));  // as TCPStore binds
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
+  ADD_FAILURE() << "free_port: no free port found outside the ephemeral range";
+  return 0;
 }
 
 // The message of the tandem::Error that f throws (a test failure if none).

@@ -163,22 +163,22 @@ TEST(WorkDir, UnusableWorkDirIsAClearError) {
   expect_one_line_error(read_file(tmp / "log"), "cannot create work dir");
 }
 
-// --cuda-graph refuses what it cannot capture correctly, before touching the work dir or the data:
+// --cuda-graph refuses what it cannot capture correctly (the Runner decides, in setup), before touching the work dir:
 // one line, exit 1. The device check comes last, so every other refusal is testable on a CPU machine.
 TEST(CudaGraph, RefusesCpuFp16AdamCosineAndDdpInOneLine) {
   TempDir tmp("config");
   const std::string wd = tmp.file("wd");
   EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--device", "cpu", "--work-dir", wd}, tmp / "log"), 1);
-  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph needs a CUDA device, got --device cpu");
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph (compile) needs a CUDA device, got --device cpu");
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "train.cuda_graph=true", "env.device=cpu", "--work-dir", wd},
                         tmp / "log"),
             1);
-  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph needs a CUDA device");
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph (compile) needs a CUDA device");
   EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--amp", "fp16", "--work-dir", wd}, tmp / "log"), 1);
-  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph cannot capture --amp fp16");
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph (compile) cannot capture --amp fp16");
   EXPECT_NE(read_file(tmp / "log").find("use --amp bf16"), std::string::npos);
   EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--optimizer", "adam", "--work-dir", wd}, tmp / "log"), 1);
-  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph cannot capture --optimizer adam");
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph (compile) cannot capture the Adam optimizer");
   EXPECT_EQ(run_process({kTrainer, "--cuda-graph", "--lr-schedule", "cosine", "--work-dir", wd}, tmp / "log"), 1);
   expect_one_line_error(read_file(tmp / "log"), "use --lr-schedule step");
   // DDP: a torchrun-style environment for rank 0 of 2 (the refusal comes before any connection).
@@ -189,7 +189,7 @@ TEST(CudaGraph, RefusesCpuFp16AdamCosineAndDdpInOneLine) {
   const int rc = run_process(
       {kTrainer, "--cuda-graph", "--launcher", "pytorch", "--backend", "gloo", "--work-dir", wd}, tmp / "log");
   EXPECT_EQ(rc, 1);
-  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph does not support DDP (2 ranks over gloo");
+  expect_one_line_error(read_file(tmp / "log"), "--cuda-graph (compile) does not support DDP (2 ranks over gloo");
   // One launched rank is DDP too (a group and a reducer, as PyTorch's world size 1).
   ::setenv("WORLD_SIZE", "1", 1);
   ::setenv("LOCAL_WORLD_SIZE", "1", 1);
@@ -198,7 +198,7 @@ TEST(CudaGraph, RefusesCpuFp16AdamCosineAndDdpInOneLine) {
   for (auto& [k, v] : env) ::unsetenv(k);
   EXPECT_EQ(rc1, 1);
   expect_one_line_error(read_file(tmp / "log"),
-                        "--cuda-graph does not support DDP (1 rank over gloo, --launcher pytorch)");
+                        "--cuda-graph (compile) does not support DDP (1 rank over gloo, --launcher pytorch)");
   EXPECT_NE(read_file(tmp / "log").find("--launcher none"), std::string::npos);
   EXPECT_FALSE(fs::exists(wd)) << "a refused run leaves no work dir";
 }

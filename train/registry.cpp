@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/config.h"
+
 namespace tandem::train {
 namespace {
 
@@ -57,7 +59,9 @@ void Kwargs::check_known(const std::vector<std::string>& known) const {
     if (ok) continue;
     std::string list;
     for (const std::string& k : known) list += (list.empty() ? "" : ", ") + k;
-    TANDEM_FAIL(owner_, ": unknown argument '", key, "'; expected one of: ", list.empty() ? "(none)" : list);
+    const std::string guess = closest_key(key, known);
+    TANDEM_FAIL(owner_, ": unknown argument '", key, "'", guess.empty() ? "" : " (did you mean '" + guess + "'?)",
+                "; expected one of: ", list.empty() ? "(none)" : list);
   }
 }
 

@@ -210,8 +210,9 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
                          "--data-dir", kDigits, "--limit", "64", "--epochs", "1", "--work-dir", tmp.file("bad")},
                         tmp / "bad.log"),
             1);
-  EXPECT_NE(read_file(tmp / "bad.log").find("error: param_scheduler.MultiStepLR: unknown argument 'milestone'; "
-                                            "expected one of: milestones, gamma, by_epoch, begin, end"),
+  EXPECT_NE(read_file(tmp / "bad.log").find("error: param_scheduler.MultiStepLR: unknown argument 'milestone' "
+                                            "(did you mean 'milestones'?); expected one of: milestones, gamma, by_epoch, "
+                                            "begin, end"),
             std::string::npos)
       << read_file(tmp / "bad.log");
   std::ofstream(tmp / "warm.json") << R"({"_base_": ")" << kConfigs << R"(/mnist_adadelta.json",

@@ -147,7 +147,8 @@ TEST(ParamScheduler, BadKeywordArgumentsAreOneLineErrorsNamingTheKey) {
     return error_of([&] { build(*opt, Json::array({Json::parse(entry)}), 10, 2); });
   };
   std::string e = err(R"({"type": "MultiStepLR", "milestone": [1]})");
-  EXPECT_HAS(e, "param_scheduler.MultiStepLR: unknown argument 'milestone'; expected one of: milestones, gamma, "
+  EXPECT_HAS(e, "param_scheduler.MultiStepLR: unknown argument 'milestone' (did you mean 'milestones'?); "
+                "expected one of: milestones, gamma, "
                 "by_epoch, begin, end, convert_to_iter_based");
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   EXPECT_HAS(err(R"({"type": "MultiStepLR"})"), "param_scheduler.MultiStepLR.milestones is required");

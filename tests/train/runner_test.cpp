@@ -46,7 +46,7 @@ TEST(Registry, KwargsAreTypeCheckedAndUnknownOnesNamed) {
   Kwargs u("optim_wrapper.optimizer");
   u.set("momentun", 0.9);
   const std::string e = test::error_of([&] { optimizers().get("SGD")({}, u); });
-  EXPECT_NE(e.find("unknown argument 'momentun'; expected one of: lr, momentum"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown argument 'momentun' (did you mean 'momentum'?); expected one of: lr, momentum"), std::string::npos) << e;
   Kwargs d("model_wrapper_cfg");
   d.set("find_unused_parameter", true);
   EXPECT_NE(test::error_of([&] { ddp_options_from_kwargs(d); }).find("unknown argument 'find_unused_parameter'"),

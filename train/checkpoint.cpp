@@ -42,16 +42,23 @@ int64_t iter_of(const std::string& path) {
   return std::regex_match(file, m, name) ? std::stoll(m[1].str()) : -1;
 }
 
+// The checkpoints of `dir` older than `checkpoint` (all others when its name has no iteration), oldest first.
+std::vector<std::string> earlier_checkpoints(const std::string& dir, const std::string& checkpoint) {
+  const int64_t n = iter_of(checkpoint);
+  const fs::path own = fs::path(checkpoint).filename();
+  std::vector<std::string> out;
+  for (const std::string& p : CheckpointManager::list(dir))  // oldest first
+    if (n < 0 ? fs::path(p).filename() != own : iter_of(p) < n) out.push_back(p);
+  return out;
+}
+
 // What to do about a damaged checkpoint: the newest earlier one beside it, or starting again.
 std::string advice(const std::string& checkpoint) {
-  const int64_t n = iter_of(checkpoint);
-  const std::string own = fs::path(checkpoint).filename().string();
-  std::string earlier;
-  for (const std::string& p : CheckpointManager::list(parent_dir(checkpoint)))  // oldest first
-    if (n < 0 ? fs::path(p).filename() != own : iter_of(p) < n) earlier = p;
-  const std::string files = own + " and " + fs::path(state_path(checkpoint)).filename().string();
+  const std::vector<std::string> earlier = earlier_checkpoints(parent_dir(checkpoint), checkpoint);
+  const std::string files =
+      fs::path(checkpoint).filename().string() + " and " + fs::path(state_path(checkpoint)).filename().string();
   if (!earlier.empty())
-    return "resume from an earlier checkpoint (--resume " + earlier + ") or delete this one (" + files + ")";
+    return "resume from an earlier checkpoint (--resume " + earlier.back() + ") or delete this one (" + files + ")";
   return "no earlier checkpoint is beside it: delete it (" + files + ") and start the run again without --resume";
 }
 
@@ -215,10 +222,8 @@ std::pair<std::string, Checkpoint> CheckpointManager::load_latest_intact(
     const std::string& dir, const std::function<void(const std::string&)>& say) {
   const std::string newest = latest(dir);
   std::vector<std::string> candidates = {newest};
-  const int64_t n = iter_of(newest);
-  const std::vector<std::string> all = list(dir);
-  for (auto it = all.rbegin(); it != all.rend(); ++it)  // newest first
-    if (n < 0 ? fs::path(*it).filename() != fs::path(newest).filename() : iter_of(*it) < n) candidates.push_back(*it);
+  const std::vector<std::string> earlier = earlier_checkpoints(dir, newest);
+  candidates.insert(candidates.end(), earlier.rbegin(), earlier.rend());  // newest first
   std::string skipped;  // "'<file>' is damaged (<why>); '<file>' is missing"
   auto skip = [&](const std::string& what) { skipped += (skipped.empty() ? "" : "; ") + what; };
   for (const std::string& c : candidates) {

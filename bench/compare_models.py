@@ -64,6 +64,9 @@ def parse_args(argv=None):
                    help="cpu, cuda or cuda:N: both sides train there (the GPU check uses cuda; the PyTorch "
                         "side then needs --python with a CUDA-enabled torch)")
     add_output_args(p, "compare_models.json")
+    p.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
+                   help="both sides run the forward under autocast in that dtype (fp16: CUDA only on "
+                        "PyTorch's side)")
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     args = p.parse_args(argv)
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -77,6 +80,9 @@ def parse_args(argv=None):
         p.error(f"--threads: expected comma-separated integers, got {args.threads!r}")
     if not args.thread_list or min(args.thread_list) < 1:
         p.error(f"--threads: expected integers >= 1, got {args.threads!r}")
+    if args.amp == "fp16" and not args.device.startswith("cuda"):
+        p.error("--amp fp16 needs --device cuda: PyTorch's CPU autocast runs bfloat16 only, so there is no "
+                "float16 peer to compare with on the CPU (use --amp bf16)")
     if args.iters < 1 or args.warmup < 0 or args.repeats < 1:
         p.error("--iters and --repeats must be >= 1, --warmup >= 0")
     return args
@@ -84,7 +90,8 @@ def parse_args(argv=None):
 
 def command(args, side, model, threads, metrics):
     flags = ["--model", model, "--iters", str(args.iters), "--warmup", str(args.warmup),
-             "--threads", str(threads), "--metrics-out", metrics, "--device", args.device]
+             "--threads", str(threads), "--metrics-out", metrics, "--device", args.device,
+             "--amp", args.amp]
     if side == "pytorch" or args.pytorch_both:
         return [args.python, args.pytorch_script] + flags
     return [args.baseline_bin if side == "baseline" else args.tandem_bin] + flags
@@ -136,9 +143,13 @@ def measure(args, model, threads, workdir):
     return out
 
 
+def amp_label(args):
+    return f", amp {args.amp}" if args.amp != "off" else ""
+
+
 def print_table(args, results):
     name = "pytorch(as tandem)" if args.pytorch_both else "tandem"
-    print(f"\n{name} vs PyTorch on {args.device}, host {cpu_label()}; {args.iters} timed steps "
+    print(f"\n{name} vs PyTorch on {args.device}{amp_label(args)}, host {cpu_label()}; {args.iters} timed steps "
           f"after {args.warmup}, median of {args.repeats}\n")
     for m in args.model_list:
         print(f"- {m}: {RECIPES[m]}")

@@ -2,7 +2,7 @@
 """The headline table: every ratio against PyTorch that the README states, from one run folder.
 
 Owns: reading the JSON files that bench/run_all.sh leaves in its run folder (compare_pytorch.json,
-compare_pytorch_bf16.json, compare_models.json, compare_ddp.json, ddp_buckets.json, allreduce.json) and
+compare_pytorch_bf16.json, compare_models.json, compare_models_bf16.json, compare_ddp.json, ddp_buckets.json, allreduce.json) and
 writing one markdown table, table.md, headed by the CPU (model, cores, the flags that choose kernels),
 the PyTorch version it was compared with and the date. A file that is missing leaves its rows out and
 is named under the table, so a partial run still reports what it measured.
@@ -55,11 +55,20 @@ def mnist_rows(fp32, bf16):
     return rows
 
 
-def model_rows(models):
+def model_rows(models, bf16):
     rows = []
     for r in models["results"] if models else []:
         rows.append((f"{r['model']} training step, {count(r['threads'], 'thread')}, samples/s", r["tandem"]["samples_per_s"],
                      r["pytorch"]["samples_per_s"], r["ratio_samples_per_s"]))
+    own = {(r["model"], r["threads"]): r for r in models["results"]} if models else {}
+    for r in bf16["results"] if bf16 else []:
+        key, label = (r["model"], r["threads"]), f"{r['model']} training step, bf16 autocast, {count(r['threads'], 'thread')}"
+        rows.append((f"{label}, samples/s", r["tandem"]["samples_per_s"], r["pytorch"]["samples_per_s"],
+                     r["ratio_samples_per_s"]))
+        if key in own:
+            rows.append((f"  bf16 / own fp32, {r['model']}, {count(r['threads'], 'thread')}",
+                         r["tandem"]["samples_per_s"] / own[key]["tandem"]["samples_per_s"],
+                         r["pytorch"]["samples_per_s"] / own[key]["pytorch"]["samples_per_s"], None))
     return rows
 
 
@@ -110,16 +119,18 @@ def fmt(v):
 def table(folder):
     fp32, bf16 = load(folder, "compare_pytorch.json"), load(folder, "compare_pytorch_bf16.json")
     models, ddp = load(folder, "compare_models.json"), load(folder, "compare_ddp.json")
+    models_bf16 = load(folder, "compare_models_bf16.json")
     buckets, allreduce = load(folder, "ddp_buckets.json"), load(folder, "allreduce.json")
     machine = next((d["machine"] for d in (fp32, models, ddp, bf16) if d and isinstance(d.get("machine", {}).get("cpu"), dict)),
                    None) or describe()
-    rows = mnist_rows(fp32, bf16) + model_rows(models) + ddp_rows(ddp, buckets) + allreduce_rows(allreduce)
+    rows = mnist_rows(fp32, bf16) + model_rows(models, models_bf16) + ddp_rows(ddp, buckets) + allreduce_rows(allreduce)
     lines = [f"Measured on {cpu_label(machine['cpu'])}; peer: PyTorch {machine.get('pytorch') or 'not found'}; "
              f"{time.strftime('%Y-%m-%d', time.localtime(os.path.getmtime(folder)))}; folder {os.path.basename(os.path.abspath(folder))}",
              "", "| what | Tandem | PyTorch | Tandem / PyTorch |", "|---|---:|---:|---:|"]
     lines += [f"| {what} | {fmt(t)} | {fmt(p)} | {fmt(r)} |" for what, t, p, r in rows]
     missing = [n for n, d in (("compare_pytorch.json", fp32), ("compare_pytorch_bf16.json", bf16),
-                              ("compare_models.json", models), ("compare_ddp.json", ddp),
+                              ("compare_models.json", models), ("compare_models_bf16.json", models_bf16),
+                              ("compare_ddp.json", ddp),
                               ("ddp_buckets.json", buckets), ("allreduce.json", allreduce)) if d is None]
     if missing:
         lines += ["", "Not measured in this run (file missing): " + ", ".join(missing)]

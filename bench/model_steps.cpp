@@ -19,6 +19,9 @@
 // Usage: model_steps --model resnet|gpt [--iters N] [--warmup N] [--batch-size N] [--threads N]
 //        [--width W] [--blocks B] [--layers L] [--heads H] [--dim D] [--block-size T] [--vocab V]
 //        [--seed S] [--metrics-out FILE] [--profile] [--fused-attention on|off] [--device cpu|cuda[:N]]
+//        [--amp off|bf16|fp16]
+// --amp: the forward runs under autocast (nn/amp.h, as the trainer's --amp), the weights and the optimizer stay
+// float32; fp16 scales the loss with a GradScaler (the GPT unscales before clipping), as PyTorch's recipe does.
 // --device: the model and the pool of batches are moved there before the clock starts; each step's
 // loss.item() waits for the device, so the timed interval covers the device's work.
 #include <CLI/CLI.hpp>
@@ -37,8 +40,10 @@
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "kernels/linear.h"
+#include "nn/amp.h"
 #include "nn/attention.h"
 #include "optim/clip_grad.h"
+#include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
 #include "train/models/gpt.h"
 #include "train/models/resnet.h"
@@ -56,6 +61,7 @@ struct Options {
   bool profile = false;
   std::string fused_attention = "on";
   std::string device = "cpu";
+  std::string amp = "off";
 };
 
 struct Batch {
@@ -66,9 +72,18 @@ struct Batch {
 struct Recipe {
   std::shared_ptr<nn::Module> model;
   std::unique_ptr<optim::Optimizer> opt;
+  std::shared_ptr<optim::GradScaler> scaler;  // enabled for --amp fp16 only
   std::vector<Batch> batches;
   std::function<double(const Batch&)> step;
 };
+
+// fp16 scales the loss (PyTorch's GradScaler defaults); otherwise a disabled scaler, whose calls are plain
+// backward and step.
+std::shared_ptr<optim::GradScaler> make_scaler(amp::Precision p) {
+  optim::GradScalerOptions so;
+  so.enabled = p == amp::Precision::kFloat16;
+  return std::make_shared<optim::GradScaler>(so);
+}
 
 Recipe resnet_recipe(const Options& o, std::mt19937& rng, Device device) {
   Recipe r;
@@ -87,11 +102,18 @@ Recipe resnet_recipe(const Options& o, std::mt19937& rng, Device device) {
     r.batches.push_back({Tensor::from_vector(x, {o.batch, 1, 28, 28}).to(device), Tensor::from_vector(y, {o.batch}).to(device)});
   }
   optim::Optimizer* opt = r.opt.get();
-  r.step = [net, opt](const Batch& b) {
+  const amp::Precision p = amp::parse_precision(o.amp);
+  auto scaler = r.scaler = make_scaler(p);
+  r.step = [net, opt, p, scaler](const Batch& b) {
     opt->zero_grad();
-    const Tensor loss = F::nll_loss(net->forward(b.x), b.y);
-    loss.backward();
-    opt->step();
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(p);
+      loss = F::nll_loss(net->forward(b.x), b.y);
+    }
+    scaler->scale(loss).backward();
+    scaler->step(*opt);
+    scaler->update();
     return loss.item<double>();
   };
   return r;
@@ -123,13 +145,21 @@ Recipe gpt_recipe(const Options& o, std::mt19937& rng, Device device) {
   }
   optim::Optimizer* opt = r.opt.get();
   const int64_t vocab = o.vocab;
-  r.step = [net, opt, vocab](const Batch& b) {
-    const Tensor logits = net->forward(b.x);
-    const Tensor loss = F::cross_entropy(F::reshape(logits, {-1, vocab}), F::reshape(b.y, {-1}));
+  const amp::Precision p = amp::parse_precision(o.amp);
+  auto scaler = r.scaler = make_scaler(p);
+  r.step = [net, opt, vocab, p, scaler](const Batch& b) {
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(p);
+      const Tensor logits = net->forward(b.x);
+      loss = F::cross_entropy(F::reshape(logits, {-1, vocab}), F::reshape(b.y, {-1}));
+    }
     opt->zero_grad();
-    loss.backward();
+    scaler->scale(loss).backward();
+    scaler->unscale(*opt);
     optim::clip_grad_norm_(net->parameters(), 1.0);
-    opt->step();
+    scaler->step(*opt);
+    scaler->update();
     return loss.item<double>();
   };
   return r;
@@ -163,7 +193,7 @@ int run(const Options& o) {
                       {"batch_size", o.batch},  {"iters", o.iters},        {"warmup", o.warmup},
                       {"seconds", seconds},     {"samples_per_s", samples / seconds},
                       {"first_loss", first},    {"last_loss", last},       {"params", params},
-                      {"device", o.device}};
+                      {"device", o.device},     {"amp", o.amp}};
   if (o.model == "gpt") j["fused_attention"] = o.fused_attention;
   if (o.model == "gpt") j["tokens_per_s"] = samples * static_cast<double>(o.block) / seconds;
   if (o.metrics_out.empty()) {
@@ -205,6 +235,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--device", o.device, "cpu (default), cuda or cuda:N");
   app.add_flag("--profile", o.profile, "per-op wall time over the timed steps");
+  app.add_option("--amp", o.amp, "off (default), bf16 or fp16: the forward under autocast, as the trainer's --amp")
+      ->check(CLI::IsMember({"off", "bf16", "fp16"}));
   CLI11_PARSE(app, argc, argv);
   if (o.batch == 0) o.batch = o.model == "resnet" ? 64 : 16;
   if (o.model == "gpt" && o.dim % o.heads != 0) {

@@ -9,6 +9,8 @@ the output layer tied to the token embedding), and their recipes:
           SGD lr 0.1, momentum 0.9, Nesterov, weight decay 5e-4;
   gpt:    token windows uniform in [0, vocab), cross-entropy on the next token, AdamW lr 3e-3,
           betas 0.9/0.99, weight decay 0.1 on matrices only, clip_grad_norm_ 1.0.
+--amp bf16|fp16 runs the forward under torch.autocast (fp16 with a GradScaler, on CUDA only), as
+model_steps --amp does under Tandem's autocast.
 Same flags and the same JSON line as model_steps (bench/compare_models.py runs both); the
 initialisation is PyTorch's own (it does not change the work of a step).
 Guarantees: 8 batches are made before the clock starts and cycled; --warmup steps are untimed,
@@ -131,12 +133,28 @@ def parse_args(argv=None):
     p.add_argument("--metrics-out", default=None)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: model and batches live there")
+    p.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
+                   help="the forward under torch.autocast in that dtype (fp16: with a GradScaler, CUDA only)")
     args = p.parse_args(argv)
+    if args.amp == "fp16" and not args.device.startswith("cuda"):
+        p.error("--amp fp16 needs --device cuda: PyTorch's CPU autocast runs bfloat16 only (it would "
+                "silently run float32)")
     if args.iters < 1 or args.warmup < 0 or args.batch_size < 0 or args.threads < 1:
         p.error("--iters and --threads must be >= 1, --warmup and --batch-size >= 0")
     if args.batch_size == 0:
         args.batch_size = 64 if args.model == "resnet" else 16
     return args
+
+
+def autocast(a):
+    """torch.autocast in --amp's dtype, or a disabled one for --amp off."""
+    dtype = torch.float16 if a.amp == "fp16" else torch.bfloat16
+    return torch.autocast(device_type=torch.device(a.device).type, dtype=dtype, enabled=a.amp != "off")
+
+
+def make_scaler(a):
+    """A GradScaler for --amp fp16; for off and bf16 a disabled one (plain backward and step)."""
+    return torch.cuda.amp.GradScaler(enabled=a.amp == "fp16")
 
 
 def resnet_recipe(a, gen):
@@ -146,11 +164,15 @@ def resnet_recipe(a, gen):
                 torch.randint(0, 10, (a.batch_size,), generator=gen)) for _ in range(8)]
     batches = [(x.to(a.device), y.to(a.device)) for x, y in batches]
 
+    scaler = make_scaler(a)
+
     def step(b):
         opt.zero_grad()
-        loss = F.nll_loss(net(b[0]), b[1])
-        loss.backward()
-        opt.step()
+        with autocast(a):
+            loss = F.nll_loss(net(b[0]), b[1])
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
     return net, batches, step
 
@@ -166,13 +188,18 @@ def gpt_recipe(a, gen):
         seq = torch.randint(0, a.vocab, (a.batch_size, a.block_size + 1), generator=gen)
         batches.append((seq[:, :-1].contiguous().to(a.device), seq[:, 1:].contiguous().to(a.device)))
 
+    scaler = make_scaler(a)
+
     def step(b):
-        logits = net(b[0])
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), b[1].reshape(-1))
+        with autocast(a):
+            logits = net(b[0])
+            loss = F.cross_entropy(logits.reshape(-1, a.vocab), b[1].reshape(-1))
         opt.zero_grad()
-        loss.backward()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         return loss.item()
     return net, batches, step
 
@@ -206,6 +233,7 @@ def main(argv=None):
            "iters": a.iters, "warmup": a.warmup, "seconds": seconds,
            "samples_per_s": samples / seconds, "first_loss": first, "last_loss": last,
            "params": sum(p.numel() for p in net.parameters()), "device": a.device,
+           "amp": a.amp,
            "torch": torch.__version__}
     if a.model == "gpt":
         rec["tokens_per_s"] = samples * a.block_size / seconds

@@ -3,7 +3,7 @@
 // must hold whatever the speed: both sides built the same networks (equal parameter counts, the
 // examples' 68,642 and 110,528), the GPT's loss before any update is near ln(vocabulary) on both
 // sides (the tied N(0, 0.02) embedding starts near uniform), every number is positive and the
-// ratios are the quotients of the reported numbers. Nothing is timed. Without the bench targets
+// ratios are the quotients of the reported numbers; --amp bf16 reaches both sides. Nothing is timed. Without the bench targets
 // (TANDEM_BUILD_BENCH=OFF) the script runs PyTorch on both sides. Bad --models names the valid ones.
 // Assumes: /usr/bin/python3 with PyTorch 1.13 (scripts/setup.sh).
 #include <gtest/gtest.h>
@@ -79,6 +79,36 @@ TEST(BenchScripts, CompareModelsRunsBothModelsOnBothSidesWithEqualNetworks) {
     EXPECT_NEAR(r.at("ratio_peak_rss").get<double>(),
                 t.at("peak_rss_bytes").get<double>() / p.at("peak_rss_bytes").get<double>(), 1e-9);
   }
+}
+
+// --amp bf16 reaches both sides: each run says so, and the GPT's first loss (before any update) is still
+// near ln(vocabulary) with bfloat16 logits.
+TEST(BenchScripts, CompareModelsAmpRunsBothSidesUnderAutocast) {
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
+  test::TempDir tmp("bench_models");
+  const fs::path out = tmp / "models.json", log = tmp / "log";
+  const int rc = test::run_process(compare_models({"--models", "gpt", "--amp", "bf16", "--json-out", out}), log);
+  ASSERT_EQ(rc, 0) << test::read_file(log);
+  EXPECT_NE(test::read_file(log).find("amp bf16"), std::string::npos) << test::read_file(log);
+  const json res = json::parse(test::read_file(out)).at("results");
+  ASSERT_EQ(res.size(), 1u) << res.dump(1);
+  for (const char* side : {"tandem", "pytorch"}) {
+    SCOPED_TRACE(side);
+    const json& run = res[0].at(side).at("runs").at(0);
+    EXPECT_EQ(run.at("amp"), "bf16");
+    EXPECT_NEAR(run.at("first_loss").get<double>(), std::log(99.0), 0.05);
+    EXPECT_TRUE(std::isfinite(run.at("last_loss").get<double>()));
+  }
+}
+
+TEST(BenchScripts, CompareModelsRefusesFloat16OnTheCpuWherePyTorchHasNoPeer) {
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
+  test::TempDir tmp("bench_models");
+  const fs::path log = tmp / "log";
+  const int rc = test::run_process(compare_models({"--amp", "fp16"}), log);
+  const std::string text = test::read_file(log);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text.find("--amp fp16 needs --device cuda"), std::string::npos) << text;
 }
 
 TEST(BenchScripts, CompareModelsRejectsAnUnknownModelNamingTheValidOnes) {

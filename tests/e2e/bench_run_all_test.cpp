@@ -45,7 +45,8 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
                                          "--build",   TANDEM_BINARY_DIR,                        "--out",   out.string()};
   ASSERT_EQ(test::run_process(argv, log), 0) << test::read_file(log);
 
-  for (const char* f : {"compare_pytorch.json", "compare_pytorch_bf16.json", "compare_models.json", "compare_ddp.json",
+  for (const char* f : {"compare_pytorch.json", "compare_pytorch_bf16.json", "compare_models.json", "compare_models_bf16.json",
+                        "compare_ddp.json",
                         "ddp_buckets.json", "allreduce.json", "table.md"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   const json mnist = json::parse(test::read_file(out / "compare_pytorch.json"));
@@ -57,6 +58,7 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
   EXPECT_EQ(table.find("Not measured"), std::string::npos) << table;
   for (const char* row : {"MNIST trainer, 1 thread", "MNIST trainer, 2 threads", "bf16 autocast, 2 threads",
                           "bf16 / own fp32", "resnet training step, 2 threads", "gpt training step, 1 thread",
+                          "gpt training step, bf16 autocast, 2 threads", "bf16 / own fp32, resnet, 1 thread",
                           "MNIST DDP, 2 ranks", "MLP DDP step, 2 ranks, bucket cap 25 MiB",
                           "MLP all-reduce of all gradients", "all-reduce 4 MiB"})
     EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;

@@ -23,6 +23,8 @@
 // The collectives of sharding, on the engine's groups (engine, engine_tcp, nccl as above); <bytes> is
 // the full buffer (reduce-scatter's input, all-gather's output), each rank's shard is bytes/world:
 //   rs_engine, rs_engine_tcp, rs_nccl   ProcessGroup::reduce_scatter_tensor (sum) then Work::wait
+//   rs_engine_buffer                    the same with the input in ProcessGroup::comm_buffer: in place
+//                                       in shared memory on one host (no staging through the slots)
 //   ag_engine, ag_engine_tcp, ag_nccl   ProcessGroup::all_gather_into_tensor then Work::wait
 // Their bus bandwidth is (n-1)/n * bytes / time (each rank sends and receives that much at best, as
 // nccl-tests counts it); all-reduce's is 2(n-1)/n * bytes / time.
@@ -180,11 +182,14 @@ void bm_engine(benchmark::State& state, dist::ProcessGroup& pg) {
       });
 }
 
-// reduce_scatter_tensor of `bytes` (ones everywhere: every element of the shard is the world size).
-void bm_reduce_scatter(benchmark::State& state, dist::ProcessGroup& pg) {
+// reduce_scatter_tensor of `bytes` (ones everywhere: every element of the shard is the world size);
+// the input in the group's comm_buffer when `buffer` (in place in shared memory on one host).
+void bm_reduce_scatter(benchmark::State& state, dist::ProcessGroup& pg, bool buffer = false) {
   const int64_t bytes = state.range(0), w = job().world, n = bytes / 4 / w;
   const Device dev = device_of(pg);
-  Tensor in = Tensor::ones({n * w}, kFloat32, dev), out = Tensor::zeros({n}, kFloat32, dev);
+  Tensor in = buffer ? pg.comm_buffer(n * w, kFloat32, dev) : Tensor::empty({n * w}, kFloat32, dev);
+  Tensor out = Tensor::zeros({n}, kFloat32, dev);
+  in.fill_(1.0);
   time_loop(
       state, n * w * 4, [&] { out.fill_(0.0); }, [&] { pg.reduce_scatter_tensor(out, in)->wait(pg.timeout()); },
       [&] {
@@ -403,6 +408,7 @@ int main(int argc, char** argv) {
       {"halving_doubling", [](benchmark::State& s) { bm_algorithm<gloo::AllreduceHalvingDoubling<float>>(s); }},
   };
   variants.push_back({"rs_engine", [](benchmark::State& s) { bm_reduce_scatter(s, *job().engine); }});
+  variants.push_back({"rs_engine_buffer", [](benchmark::State& s) { bm_reduce_scatter(s, *job().engine, true); }});
   variants.push_back({"rs_engine_tcp", [](benchmark::State& s) { bm_reduce_scatter(s, *job().engine_tcp); }});
   variants.push_back({"ag_engine", [](benchmark::State& s) { bm_all_gather(s, *job().engine); }});
   variants.push_back({"ag_engine_tcp", [](benchmark::State& s) { bm_all_gather(s, *job().engine_tcp); }});

@@ -301,6 +301,8 @@ ProcessGroupGloo::AllreducePaths ProcessGroupGloo::allreduce_paths() const {
   if (impl_->shm) {
     p.in_place = impl_->shm->in_place_calls();
     p.through_slots = impl_->shm->slot_calls();
+    p.reduce_scatter_in_place = impl_->shm->reduce_scatter_in_place_calls();
+    p.reduce_scatter_through_slots = impl_->shm->reduce_scatter_slot_calls();
   }
   return p;
 }

@@ -76,6 +76,7 @@ class ProcessGroupGloo : public ProcessGroup {
   // comm_buffer, staged through the shared slots, or over Gloo's TCP pairs.
   struct AllreducePaths {
     int64_t in_place = 0, through_slots = 0, tcp = 0;
+    int64_t reduce_scatter_in_place = 0, reduce_scatter_through_slots = 0;  // reduce_scatter_tensor's, on shm
   };
   AllreducePaths allreduce_paths() const;
 

@@ -39,7 +39,9 @@ struct alignas(64) RankControl {
   std::atomic<uint32_t> arrived;   // barriers this rank has reached
   std::atomic<uint32_t> sleepers;  // ranks in futex_wait on `arrived`
   std::atomic<int32_t> pid;
-  // The call this rank is in: which buffer (-1: none) and where, and the element count and size.
+  // The call this rank is in: its kind, which buffer (-1: none) and where (a broadcast: the
+  // root), and the element count and size.
+  std::atomic<int32_t> kind;
   std::atomic<int32_t> buffer;
   std::atomic<int64_t> offset;
   std::atomic<uint64_t> count;
@@ -51,15 +53,14 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 constexpr size_t kPage = 4096;
 constexpr size_t kSmallBytes = 64 * 1024;  // chunks up to this are reduced whole by every rank
 constexpr size_t kInPlaceBlockBytes = 64 * 1024;  // summed, then copied to every buffer, while in L2
-// RankControl::buffer of a rank in a broadcast / an all-gather (an all-reduce publishes -1 or
-// the buffer it runs in).
-constexpr int32_t kBroadcast = -2, kAllgather = -3, kReduceScatter = -4;
+// RankControl::kind: the collective a rank is in.
+constexpr int32_t kAllreduce = 0, kBroadcast = 1, kAllgather = 2, kReduceScatter = 3;
 
-const char* kind_name(int32_t buffer) {
-  return buffer == kBroadcast        ? "a broadcast"
-         : buffer == kAllgather     ? "an all-gather"
-         : buffer == kReduceScatter ? "a reduce-scatter"
-                                    : "an all-reduce";
+const char* kind_name(int32_t kind) {
+  return kind == kBroadcast        ? "a broadcast"
+         : kind == kAllgather     ? "an all-gather"
+         : kind == kReduceScatter ? "a reduce-scatter"
+                                  : "an all-reduce";
 }
 constexpr int kSpins = 2000;               // pause loops before sleeping on the futex
 constexpr Millis kSlice{50};               // futex sleep between liveness checks
@@ -356,27 +357,34 @@ ShmAllreduce::Buffer ShmAllreduce::allocate(Store& store, size_t bytes, Millis t
   return out;
 }
 
+std::vector<unsigned char*> ShmAllreduce::locate(const void* data, size_t nbytes, int32_t& buffer,
+                                                 int64_t& offset) const {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  buffer = -1;
+  offset = -1;
+  std::vector<unsigned char*> copies;
+  std::lock_guard<std::mutex> lock(registry_->mu);
+  for (const auto& e : registry_->entries) {
+    const unsigned char* mine = e.base[static_cast<size_t>(rank_)];
+    if (bytes < mine || bytes + nbytes > mine + e.bytes) continue;
+    buffer = e.id;
+    offset = bytes - mine;
+    for (unsigned char* b : e.base) copies.push_back(b + offset);
+    break;
+  }
+  return copies;
+}
+
 void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const ReduceFn& fn, Millis timeout) {
   const auto deadline = Clock::now() + timeout;
   auto* bytes = static_cast<unsigned char*>(data);
   const size_t nbytes = count * elem_size;
   // Is the tensor inside one of the shared buffers? Then the peers' data lies at the same offset
   // of their copies, if they pass the same range.
-  int buffer = -1;
+  int32_t buffer = -1;
   int64_t offset = -1;
-  std::vector<unsigned char*> copies;
-  {
-    std::lock_guard<std::mutex> lock(registry_->mu);
-    for (const auto& e : registry_->entries) {
-      unsigned char* mine = e.base[static_cast<size_t>(rank_)];
-      if (bytes < mine || bytes + nbytes > mine + e.bytes) continue;
-      buffer = e.id;
-      offset = bytes - mine;
-      for (unsigned char* b : e.base) copies.push_back(b + offset);
-      break;
-    }
-  }
-  const bool same_place = agree(buffer, offset, count, elem_size, deadline, timeout);
+  const std::vector<unsigned char*> copies = locate(bytes, nbytes, buffer, offset);
+  const bool same_place = agree(kAllreduce, buffer, offset, count, elem_size, deadline, timeout);
   if (same_place && buffer >= 0 && nbytes > kSmallBytes) {
     reduce_in_place(copies, count, elem_size, fn, deadline, timeout);
     ++in_place_calls_;
@@ -386,9 +394,10 @@ void ShmAllreduce::allreduce(void* data, size_t count, size_t elem_size, const R
   }
 }
 
-bool ShmAllreduce::agree(int32_t buffer, int64_t offset, size_t count, size_t elem_size, Clock::time_point deadline,
-                         Millis timeout) {
+bool ShmAllreduce::agree(int32_t kind, int32_t buffer, int64_t offset, size_t count, size_t elem_size,
+                         Clock::time_point deadline, Millis timeout) {
   auto* ctl = static_cast<RankControl*>(base_);
+  ctl[rank_].kind.store(kind);
   ctl[rank_].buffer.store(buffer);
   ctl[rank_].offset.store(offset);
   ctl[rank_].count.store(count);
@@ -398,12 +407,12 @@ bool ShmAllreduce::agree(int32_t buffer, int64_t offset, size_t count, size_t el
   // are this call's on every rank.
   bool same = true;
   for (int q = 0; q < size_; ++q) {
-    const int32_t b = ctl[q].buffer.load();
+    const int32_t k = ctl[q].kind.load(), b = ctl[q].buffer.load();
     const int64_t o = ctl[q].offset.load();
-    if (std::string(kind_name(b)) != kind_name(buffer))
-      TANDEM_FAIL("the ranks disagree on the collective: rank ", q, " is in ", kind_name(b), ", rank ", rank_,
-                  " in ", kind_name(buffer));
-    if (buffer == kBroadcast && o != offset)
+    if (k != kind)
+      TANDEM_FAIL("the ranks disagree on the collective: rank ", q, " is in ", kind_name(k), ", rank ", rank_,
+                  " in ", kind_name(kind));
+    if (kind == kBroadcast && o != offset)
       TANDEM_FAIL("the ranks disagree on the broadcast's root: rank ", q, " names ", o, ", rank ", rank_,
                   " names ", offset);
     const uint64_t c = ctl[q].count.load(), e = ctl[q].elem_size.load();
@@ -417,7 +426,7 @@ bool ShmAllreduce::agree(int32_t buffer, int64_t offset, size_t count, size_t el
 
 void ShmAllreduce::broadcast(void* data, size_t nbytes, int root, Millis timeout) {
   const auto deadline = Clock::now() + timeout;
-  agree(kBroadcast, root, nbytes, 1, deadline, timeout);  // published as (kBroadcast, root)
+  agree(kBroadcast, -1, root, nbytes, 1, deadline, timeout);  // the root published as the offset
   auto* bytes = static_cast<unsigned char*>(data);
   for (size_t off = 0; off < nbytes; off += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, nbytes - off);
@@ -436,7 +445,7 @@ void ShmAllreduce::allgather(const void* input, const std::vector<void*>& output
   TANDEM_CHECK(static_cast<int>(outputs.size()) == size_, "allgather: ", outputs.size(), " outputs for ", size_,
                " ranks");
   const auto deadline = Clock::now() + timeout;
-  agree(kAllgather, 0, nbytes, 1, deadline, timeout);
+  agree(kAllgather, -1, 0, nbytes, 1, deadline, timeout);
   const auto* in = static_cast<const unsigned char*>(input);
   for (size_t off = 0; off < nbytes; off += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, nbytes - off);
@@ -457,10 +466,23 @@ void ShmAllreduce::allgather(const void* input, const std::vector<void*>& output
 void ShmAllreduce::reduce_scatter(const void* input, void* output, size_t count, size_t elem_size,
                                   const ReduceFn& fn, Millis timeout) {
   const auto deadline = Clock::now() + timeout;
-  agree(kReduceScatter, 0, count, elem_size, deadline, timeout);
   const auto* in = static_cast<const unsigned char*>(input);
   auto* out = static_cast<unsigned char*>(output);
-  const size_t ranks = static_cast<size_t>(size_);
+  const size_t ranks = static_cast<size_t>(size_), part_bytes = count * elem_size;
+  // In place when every rank's input lies at the same offset of a shared buffer and the output
+  // overlaps the input nowhere but (exactly) this rank's own part, which no peer reads.
+  int32_t buffer = -1;
+  int64_t offset = -1;
+  std::vector<unsigned char*> copies = locate(in, ranks * part_bytes, buffer, offset);
+  const bool apart = out + part_bytes <= in || out >= in + ranks * part_bytes;
+  if (!apart && out != in + static_cast<size_t>(rank_) * part_bytes) buffer = -1, copies.clear();
+  const bool same_place = agree(kReduceScatter, buffer, offset, count, elem_size, deadline, timeout);
+  if (same_place && buffer >= 0 && ranks * part_bytes > kSmallBytes) {
+    reduce_scatter_in_place(copies, out, count, elem_size, fn, deadline, timeout);
+    ++rs_in_place_calls_;
+    return;
+  }
+  ++rs_slot_calls_;
   const size_t chunk = std::max<size_t>(1, slot_bytes_ / (ranks * elem_size));  // elements per rank per chunk
   for (size_t off = 0; off < count; off += chunk) {
     const size_t n = std::min(chunk, count - off), nbytes = n * elem_size;
@@ -476,6 +498,27 @@ void ShmAllreduce::reduce_scatter(const void* input, void* output, size_t count,
     fn(dst, slot(set, 0) + at, slot(set, 1) + at, n);
     for (int q = 2; q < size_; ++q) fn(dst, dst, slot(set, q) + at, n);
   }
+}
+
+void ShmAllreduce::reduce_scatter_in_place(const std::vector<unsigned char*>& copies, unsigned char* out,
+                                           size_t count, size_t elem_size, const ReduceFn& fn,
+                                           Clock::time_point deadline, Millis timeout) {
+  // Every rank's input is ready (agree's barrier). This rank alone reads part rank_ of the copies;
+  // it folds them in rank order (the slot path's order, so the same bits) block by block into its
+  // output. An output that is this rank's own part of its input is operand rank_ of the fold: from
+  // rank 2 on it would be overwritten before it is read, so there the sum goes through a scratch block.
+  const size_t part = static_cast<size_t>(rank_) * count * elem_size;
+  const bool aliased = out == copies[static_cast<size_t>(rank_)] + part && rank_ >= 2;
+  const size_t block = std::max<size_t>(1, kInPlaceBlockBytes / elem_size);
+  std::vector<unsigned char> scratch(aliased ? block * elem_size : 0);
+  for (size_t b = 0; b < count; b += block) {
+    const size_t at = part + b * elem_size, n = std::min(block, count - b);
+    unsigned char* dst = aliased ? scratch.data() : out + b * elem_size;
+    fn(dst, copies[0] + at, copies[1] + at, n);
+    for (int q = 2; q < size_; ++q) fn(dst, dst, copies[static_cast<size_t>(q)] + at, n);
+    if (aliased) std::memcpy(out + b * elem_size, dst, n * elem_size);
+  }
+  barrier(deadline, timeout);  // no peer reads this rank's input any more
 }
 
 namespace {

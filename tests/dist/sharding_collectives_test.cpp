@@ -42,11 +42,17 @@ Tensor input_of(int rank, int64_t n, float (*f)(int, int64_t)) {
   return t;
 }
 
-// reduce_scatter_tensor of `per_rank` elements a rank against the rank-order fold, bit for bit.
-void check_reduce_scatter(ProcessGroupGloo& pg, int64_t per_rank, ReduceOp op, float (*f)(int, int64_t)) {
+// reduce_scatter_tensor of `per_rank` elements a rank against the rank-order fold, bit for bit. The
+// input and output are fresh tensors unless given (the input is then filled here, the output may be
+// a part of it).
+void check_reduce_scatter(ProcessGroupGloo& pg, int64_t per_rank, ReduceOp op, float (*f)(int, int64_t),
+                          Tensor in = Tensor(), Tensor out = Tensor()) {
   const int64_t total = per_rank * pg.size();
-  Tensor in = input_of(pg.rank(), total, f);
-  Tensor out = Tensor::full({per_rank}, -7.0, kFloat32);
+  if (in.defined())
+    in.copy_(input_of(pg.rank(), total, f));
+  else
+    in = input_of(pg.rank(), total, f);
+  if (!out.defined()) out = Tensor::full({per_rank}, -7.0, kFloat32);
   auto work = pg.reduce_scatter_tensor(out, in, op);
   work->wait(pg.timeout());
   CHILD_CHECK(work->is_completed(), work->description());
@@ -106,6 +112,38 @@ TEST_P(ShardingRanks, ReduceScatterIsTheRankOrderFoldOfEachChunk) {
     for (int64_t n : {int64_t{1}, int64_t{5}, int64_t{16385}, (int64_t{1} << 19) + 3})
       for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
         check_reduce_scatter(pg, n, op, rounding_input);
+  }, options()));
+}
+
+// An input in the group's comm_buffer (as FSDP's or DDP's flat buffers can be): on shared memory each
+// rank folds its part of the peers' inputs where they lie, in rank order, so the bits are the slot
+// path's. Also with the output being this rank's own part of the input (from rank 2 on, an operand
+// the fold reads late), with small messages (through the slots) and with ranks at different
+// offsets (through the slots: the ranks agree on the path).
+TEST_P(ShardingRanks, ReduceScatterInPlaceOnACommBufferIsTheRankOrderFold) {
+  const bool shm = std::get<1>(GetParam());
+  expect_all_ok(run_job(ranks(), [shm](ProcessGroupGloo& pg, Store&) {
+    const int w = pg.size();
+    const int64_t big = (int64_t{1} << 19) + 3;
+    Tensor buf = pg.comm_buffer(big * w + 64, kFloat32, Device::cpu());
+    const auto before = pg.allreduce_paths();
+    int64_t in_place = 0, slots = 0;
+    for (int64_t n : {int64_t{16385}, big, int64_t{5}}) {
+      Tensor in = buf.slice(0, 0, n * w);
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) check_reduce_scatter(pg, n, op, rounding_input, in);
+      check_reduce_scatter(pg, n, ReduceOp::Sum, rounding_input, in, in.slice(0, pg.rank() * n, (pg.rank() + 1) * n));
+      (n * w * 4 > 64 * 1024 ? in_place : slots) += 3;
+    }
+    const int64_t n = 20000, shift = pg.rank() == 0 ? 0 : 16;
+    check_reduce_scatter(pg, n, ReduceOp::Sum, rounding_input, buf.slice(0, shift, shift + n * w));
+    ++slots;
+    const auto after = pg.allreduce_paths();
+    if (shm)
+      CHILD_CHECK(after.reduce_scatter_in_place - before.reduce_scatter_in_place == in_place &&
+                      after.reduce_scatter_through_slots - before.reduce_scatter_through_slots == slots,
+                  "in place ", after.reduce_scatter_in_place - before.reduce_scatter_in_place, " (expected ",
+                  in_place, "), through the slots ",
+                  after.reduce_scatter_through_slots - before.reduce_scatter_through_slots, " (expected ", slots, ")");
   }, options()));
 }
 

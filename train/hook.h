@@ -71,6 +71,9 @@ class Hook {
   virtual void after_val_epoch(Runner&, const ValMetrics&) {}
   // A checkpoint is about to be written (rank 0): a hook adds its state to Checkpoint::extra.
   virtual void before_save_checkpoint(Runner&, Checkpoint&) {}
+  // Under FSDP, on every rank, before that (saving is collective there): a hook whose state is
+  // sharded gathers it into Checkpoint::extra (rank 0's checkpoint is the one written).
+  virtual void gather_for_checkpoint(Runner&, Checkpoint&) {}
   // A resume has restored the checkpoint's weights, optimizer, schedule and position.
   virtual void after_load_checkpoint(Runner&, const Checkpoint&) {}
 };

@@ -70,6 +70,7 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
     // checkpoint is an ordinary one (tandem-test, load_from) and resumes on any world size.
     for (auto& [name, t] : fsdp_->full_state_dict()) c.weights[name] = t;
     c.optimizer = fsdp_->full_optimizer_state(*optimizer_);
+    call_hooks([&](Hook& h) { h.gather_for_checkpoint(*this, c); });
   }
   if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(optimizer_.get()))
     zero->consolidate_state_dict(0);  // collective: every rank's shard of the state on rank 0

@@ -252,6 +252,14 @@ Tensor FullyShardedDataParallel::forward(const Tensor& x) {
   }
   order_recorded_ = true;
   bury(true);  // no op is running now
+  if (!GradMode::enabled()) {
+    // No backward follows (evaluation): every unit is released, the root and SHARD_GRAD_OP's too,
+    // so that the next forward gathers the shards as they are then (an EMA swapped out again after
+    // validation, a loaded checkpoint).
+    for (size_t k = 0; k < units_.size(); ++k) free_unit(k, /*deferred=*/false);
+    phase_ = Phase::Idle;
+    return y;
+  }
   if (reshard_after_forward())
     for (size_t k = 0; k < units_.size(); ++k)
       if (!units_[k]->root()) free_unit(k, /*deferred=*/false);
@@ -275,7 +283,7 @@ void FullyShardedDataParallel::reduce_unit(size_t k) {
   u.reduced = true;
   NoGradGuard no_grad;
   const int world = group_->size() * (hybrid() ? options_.replicate_group->size() : 1);
-  Tensor flat = Tensor::zeros({u.total}, u.reduce_dtype, u.device);
+  Tensor flat = reduce_input(k);
   for (size_t i = 0; i < u.params.size(); ++i) {
     Tensor& p = u.params[i].second;
     const Tensor g = p.grad();
@@ -299,6 +307,30 @@ void FullyShardedDataParallel::reduce_unit(size_t k) {
   }
   u.reduce_in = flat;
   free_unit(k, /*deferred=*/false);  // between backward's nodes: nothing holds a pointer into it
+}
+
+Tensor FullyShardedDataParallel::reduce_input(size_t k) {
+  Unit& u = *units_[k];
+  // NO_SHARD all-reduces in place into the buffer and keeps it as the result: fresh memory there.
+  if (!sharded() || !u.device.is_cpu()) return Tensor::zeros({u.total}, u.reduce_dtype, u.device);
+  if (!reduce_slots_[0].buffer.defined()) {  // the first reduction: the same on every rank
+    int64_t bytes = 0;
+    for (auto& unit : units_)
+      if (unit->device.is_cpu())
+        bytes = std::max(bytes, unit->total * static_cast<int64_t>(element_size(unit->reduce_dtype)));
+    for (ReduceSlot& slot : reduce_slots_) slot.buffer = group_->comm_buffer((bytes + 3) / 4, kFloat32, Device::cpu());
+  }
+  ReduceSlot& slot = reduce_slots_[next_reduce_slot_];
+  next_reduce_slot_ ^= 1;
+  if (slot.user >= 0) {  // the reduction that read it last: done before the buffer is written again
+    Unit& last = *units_[static_cast<size_t>(slot.user)];
+    if (last.reducing) last.reducing->wait(group_->timeout());
+    last.reduce_in = Tensor();
+  }
+  slot.user = static_cast<int64_t>(k);
+  Tensor flat = Tensor::from_storage(slot.buffer.storage(), {u.total}, u.reduce_dtype);
+  flat.zero_();
+  return flat;
 }
 
 void FullyShardedDataParallel::finish_backward() {

@@ -205,6 +205,14 @@ class FullyShardedDataParallel : public nn::Module {
   // parameters must be parameters(), in that order.
   std::map<std::string, Tensor> full_optimizer_state(const optim::Optimizer& optimizer);
   std::map<std::string, Tensor> shard_optimizer_state(const std::map<std::string, Tensor>& full) const;
+  // Tensors laid out as parameters() (one shard-sized tensor per unit, in unit order, e.g. an
+  // exponential moving average of the shards) as the module's full parameters: collective, each
+  // unit's all-gathered and cut into the module's parameters (their names and shapes), as
+  // full_state_dict gathers the weights. shard_tensors is its inverse on this rank (no
+  // communication): from the module's full parameters by name (every one needed; a missing or
+  // misshapen one throws naming it), this rank's shard of each unit (zeros in the padding).
+  nn::NamedTensors unshard_tensors(const std::vector<Tensor>& shards);
+  std::vector<Tensor> shard_tensors(const std::map<std::string, Tensor>& full) const;
   void save_sharded(const std::string& dir, const optim::Optimizer* optimizer = nullptr);
   void load_sharded(const std::string& dir, optim::Optimizer* optimizer = nullptr);
 
@@ -238,6 +246,11 @@ class FullyShardedDataParallel : public nn::Module {
   void prefetch_after(size_t k, bool forward);
   void on_grad_ready(size_t k);
   void reduce_unit(size_t k);
+  // The zeroed flat buffer unit k's gradients are reduced from: on a sharded CPU unit, one of two
+  // buffers from the group's comm_buffer (over shared memory the reduce-scatter then reads the
+  // peers' inputs in place), used in turn, each reused once the reduction that last used it has
+  // finished; else fresh memory.
+  Tensor reduce_input(size_t k);
   void finish_backward();
   // The unit whose per-element optimizer state "state.<unit>.<buffer>" is (shard-sized, or the
   // unit's full size when `full`); null for scalars, other keys and NO_SHARD.
@@ -275,6 +288,12 @@ class FullyShardedDataParallel : public nn::Module {
   std::vector<std::pair<std::shared_ptr<Storage>, uint64_t>> graveyard_;  // (memory, recorded_ops() then)
   int64_t peak_gathered_ = 0;
   std::map<std::string, DType> buffer_dtypes_;  // buffers cast to buffer_dtype: their own dtype
+  struct ReduceSlot {
+    Tensor buffer;       // comm_buffer bytes (as float32) of the largest sharded CPU unit's reduction
+    int64_t user = -1;   // the unit whose reduction used it last
+  };
+  ReduceSlot reduce_slots_[2];
+  int next_reduce_slot_ = 0;
   Stats stats_;
 };
 

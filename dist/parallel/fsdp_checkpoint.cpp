@@ -128,6 +128,52 @@ std::map<std::string, Tensor> FullyShardedDataParallel::shard_optimizer_state(
   return out;
 }
 
+nn::NamedTensors FullyShardedDataParallel::unshard_tensors(const std::vector<Tensor>& shards) {
+  TANDEM_CHECK(shards.size() == units_.size(), "FullyShardedDataParallel::unshard_tensors: ", shards.size(),
+               " tensors for ", units_.size(), " units (one per parameters() entry expected)");
+  NoGradGuard no_grad;
+  nn::NamedTensors out;
+  for (size_t k = 0; k < units_.size(); ++k) {
+    const Unit& u = *units_[k];
+    const Tensor& t = shards[k];
+    TANDEM_CHECK(t.numel() == u.shard_numel, "FullyShardedDataParallel::unshard_tensors: tensor ", k, " has ",
+                 t.numel(), " elements, ", u.describe(), " has ", u.shard_numel, " a rank");
+    Tensor full = t.to(u.device).contiguous();
+    if (sharded()) {  // under cpu_offload gathered on the unit's device, as the shards are
+      full = Tensor::empty({u.total}, t.dtype(), u.device);
+      group_->all_gather_into_tensor(full, t.to(u.device).contiguous())->wait(group_->timeout());
+    }
+    full = full.reshape({full.numel()});
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const Tensor& p = u.params[i].second;
+      out.emplace_back(u.params[i].first,
+                       full.slice(0, u.offsets[i], u.offsets[i] + p.numel()).reshape(p.shape()).to(t.device()).clone());
+    }
+  }
+  return out;
+}
+
+std::vector<Tensor> FullyShardedDataParallel::shard_tensors(const std::map<std::string, Tensor>& full) const {
+  NoGradGuard no_grad;
+  std::vector<Tensor> out;
+  for (const auto& unit : units_) {
+    const Unit& u = *unit;
+    Tensor flat = Tensor::zeros({u.total}, u.shard.dtype(), u.shard.device());
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      const auto& [name, p] = u.params[i];
+      const auto it = full.find(name);
+      TANDEM_CHECK(it != full.end(), "FullyShardedDataParallel::shard_tensors: no tensor for parameter '", name,
+                   "'");
+      TANDEM_CHECK(it->second.shape() == p.shape(), "FullyShardedDataParallel::shard_tensors: '", name,
+                   "' is ", it->second.str(), ", the module's parameter ", p.str());
+      flat.slice(0, u.offsets[i], u.offsets[i] + p.numel()).copy_(it->second.reshape({p.numel()}));
+    }
+    const int64_t lo = sharded() ? group_->rank() * u.shard_numel : 0;
+    out.push_back(flat.slice(0, lo, lo + u.shard_numel).clone());
+  }
+  return out;
+}
+
 void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim::Optimizer* optimizer) {
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::save_sharded: called during forward or between gather_full_params() "

@@ -32,14 +32,14 @@ class Block : public nn::Module {
   std::shared_ptr<nn::Linear> fc1, fc2;
 };
 
-// 13 -> 16, two residual blocks, 16 -> 5: 7 parameter tensors in the blocks, 4 outside.
+// 13 -> d (16), two residual blocks, d -> 5: 7 parameter tensors in the blocks, 4 outside.
 class Net : public nn::Module {
  public:
-  Net() {
-    in = register_module("in", std::make_shared<nn::Linear>(13, 16));
-    b0 = register_module("b0", std::make_shared<Block>(16));
-    b1 = register_module("b1", std::make_shared<Block>(16));
-    out = register_module("out", std::make_shared<nn::Linear>(16, 5));
+  explicit Net(int64_t d = 16) {
+    in = register_module("in", std::make_shared<nn::Linear>(13, d));
+    b0 = register_module("b0", std::make_shared<Block>(d));
+    b1 = register_module("b1", std::make_shared<Block>(d));
+    out = register_module("out", std::make_shared<nn::Linear>(d, 5));
   }
   Tensor forward(const Tensor& x) override {
     return F::log_softmax(out->forward(b1->forward(b0->forward(F::relu(in->forward(x))))));

@@ -9,7 +9,11 @@
 //   - with mixed_precision=dict(param_dtype='bfloat16') it reaches DDP's accuracy, and a run killed
 //     mid-epoch resumes bitwise; cpu_offload on the CPU says so in one line and changes nothing (the
 //     uninterrupted run offloads, the killed and resumed one does not, and their losses are equal);
-//   - a mixed precision dtype it does not know, and mixed precision with --amp, are refused naming the fix.
+//   - a mixed precision dtype it does not know, and mixed precision with --amp, are refused naming the fix;
+//   - with an EMAHook (each rank averaging its own shards) its checkpoints hold DDP's ema_state_dict
+//     bit for bit (full tensors, the module's names), it validates with the averages as DDP does
+//     (within rank 1's own BatchNorm statistics), and a run killed mid-epoch resumes with the losses
+//     and averages of an uninterrupted run, bit for bit.
 // And MMEngine's optim_wrapper.optimizer=dict(type='ZeroRedundancyOptimizer', optimizer_type=...)
 // under DDP: the same losses as the plain optimizer, bit for bit (its sharded step is the
 // unsharded one), and a bitwise resume from a checkpoint holding the consolidated state.
@@ -17,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -26,6 +31,7 @@
 
 #include "common/process.h"
 #include "metrics.h"
+#include "train/checkpoint.h"
 #include "common/require_data.h"
 #include "common/test_util.h"
 
@@ -40,7 +46,8 @@ const std::vector<std::string> kFsdp = {
     "model_wrapper_cfg.auto_wrap_policy={\"type\": \"size_based_auto_wrap_policy\", \"min_num_params\": 5000}"};
 
 std::vector<std::string> two_ranks(const TempDir& tmp, const std::string& name, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {kRun,         "--standalone", "--nproc-per-node", "2",  "--grace-period",
+  std::vector<std::string> argv = {kRun,         "--master-port", std::to_string(free_port()), "--nproc-per-node", "2",
+                                   "--grace-period",
                                    "60",         kTrainer,       "--launcher",       "pytorch", "--device",
                                    "cpu",        "--dist-timeout", "120",            "--data-dir", kDigits,
                                    "--epochs",   "2",            "--limit",          "640", "--test-limit",
@@ -142,6 +149,75 @@ TEST(FsdpTrainer, MixedPrecisionMistakesAreRefusedNamingTheFix) {
   EXPECT_NE(read_file(tmp / "amp.log").find("mixed_precision.param_dtype=float16 and autocast (bf16"),
             std::string::npos)
       << read_file(tmp / "amp.log");
+}
+
+namespace {
+
+// The ema_state_dict of the work dir's last checkpoint.
+tandem::TensorMap last_ema(const fs::path& work_dir) {
+  const tandem::train::Checkpoint c =
+      tandem::train::load_checkpoint(tandem::train::CheckpointManager::latest(work_dir.string()));
+  tandem::TensorMap ema;
+  for (const auto& [name, t] : c.extra)
+    if (name.rfind("ema_state_dict.", 0) == 0) ema[name] = t;
+  return ema;
+}
+
+// Every "eval" record: (test_loss, test_accuracy).
+std::vector<std::pair<double, double>> evals(const fs::path& file) {
+  std::vector<std::pair<double, double>> out;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("type", "") == "eval") out.emplace_back(j.at("test_loss"), j.at("test_accuracy"));
+  }
+  return out;
+}
+
+bool same_bits(const tandem::Tensor& a, const tandem::Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && a.nbytes() == b.nbytes() &&
+         std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST(FsdpTrainer, EmaHookValidatesSavesAndResumesAsUnderDdp) {
+  TANDEM_NEED_DATA(kDigits);
+  TempDir tmp("fsdp-ema");
+  const std::string hook = R"(custom_hooks=[{"type": "EMAHook", "momentum": 0.1}])";
+  std::vector<std::string> fsdp = kFsdp;
+  fsdp.push_back(hook);
+  ASSERT_EQ(run_process(two_ranks(tmp, "ddp", {"--cfg-options", hook}), tmp / "ddp.log"), 0) << read_file(tmp / "ddp.log");
+  ASSERT_EQ(run_process(two_ranks(tmp, "full", fsdp), tmp / "full.log"), 0) << read_file(tmp / "full.log");
+  const auto ddp_evals = evals(tmp / "ddp.jsonl"), fsdp_evals = evals(tmp / "full.jsonl");
+  ASSERT_EQ(ddp_evals.size(), 2u);
+  ASSERT_EQ(fsdp_evals.size(), ddp_evals.size());
+  // The averages are DDP's bit for bit; rank 1 validates with its own BatchNorm statistics under
+  // FSDP (PyTorch's: no broadcast_buffers), hence a tolerance on the validation itself.
+  for (size_t e = 0; e < ddp_evals.size(); ++e) {
+    EXPECT_NEAR(fsdp_evals[e].first, ddp_evals[e].first, 0.02 * ddp_evals[e].first) << "epoch " << e + 1;
+    EXPECT_NEAR(fsdp_evals[e].second, ddp_evals[e].second, 0.01) << "epoch " << e + 1;
+  }
+  const tandem::TensorMap ddp_ema = last_ema(tmp / "ddp"), fsdp_ema = last_ema(tmp / "full");
+  ASSERT_EQ(fsdp_ema.size(), ddp_ema.size());
+  ASSERT_TRUE(ddp_ema.count("ema_state_dict.module.conv1.weight")) << "the module's own names";
+  for (const auto& [name, t] : ddp_ema)
+    EXPECT_TRUE(fsdp_ema.count(name) && same_bits(fsdp_ema.at(name), t)) << name;
+  const tandem::train::Checkpoint last =
+      tandem::train::load_checkpoint(tandem::train::CheckpointManager::latest(tmp.file("full")));
+  EXPECT_FALSE(same_bits(last.weights.at("conv1.weight"), fsdp_ema.at("ema_state_dict.module.conv1.weight")))
+      << "the average is not the weights";
+  std::vector<std::string> cut = fsdp;
+  cut.insert(cut.end(), {"--debug-sigkill-at", "7"});
+  ASSERT_EQ(run_process(two_ranks(tmp, "cut", cut), tmp / "cut1.log"), 137) << read_file(tmp / "cut1.log");
+  fsdp.push_back("--resume");
+  ASSERT_EQ(run_process(two_ranks(tmp, "cut", fsdp), tmp / "cut2.log"), 0) << read_file(tmp / "cut2.log");
+  const Losses full = read_losses(tmp / "full.jsonl"), again = read_losses(tmp / "cut.jsonl");
+  ASSERT_EQ(again.size(), full.size());
+  for (const auto& [at, loss] : full) EXPECT_EQ(again.at(at), loss) << "epoch " << at.first << " iter " << at.second;
+  const tandem::TensorMap resumed = last_ema(tmp / "cut");
+  ASSERT_EQ(resumed.size(), fsdp_ema.size());
+  for (const auto& [name, t] : fsdp_ema) EXPECT_TRUE(resumed.count(name) && same_bits(resumed.at(name), t)) << name;
 }
 
 namespace {

@@ -18,49 +18,10 @@
 #include "common/process.h"
 #include "common/require_data.h"
 #include "common/test_util.h"
+#include "model_runs.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
-
-namespace {
-
-const std::string kTrain = TANDEM_BINARY_DIR "/apps/tandem-train";
-const std::string kTest = TANDEM_BINARY_DIR "/apps/tandem-test";
-const std::string kConfigs = TANDEM_SOURCE_DIR "/configs";
-
-// The number after the last `key` in `text` (NaN when absent).
-double last_value(const std::string& text, const std::string& key) {
-  const size_t at = text.rfind(key);
-  return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + key.size()));
-}
-double first_value(const std::string& text, const std::string& key) {
-  const size_t at = text.find(key);
-  return at == std::string::npos ? std::nan("") : std::stod(text.substr(at + key.size()));
-}
-
-// tandem-test's output: its last line, the metrics.
-std::string test_metrics(const std::vector<std::string>& argv, const fs::path& log) {
-  EXPECT_EQ(run_process(argv, log), 0) << read_file(log);
-  std::string out = read_file(log);
-  while (!out.empty() && out.back() == '\n') out.pop_back();
-  return out.substr(out.rfind('\n') + 1);
-}
-
-// `tandem-run --nproc-per-node 2 tandem-train CONFIG --launcher pytorch ARGS...` on a free port
-// (another when it was taken in between); returns the exit status.
-int train_two_ranks(const std::string& config, const std::vector<std::string>& args, const fs::path& log) {
-  int rc = -1;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<std::string> argv = {kRun, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()),
-                                     kTrain, config, "--launcher", "pytorch"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    rc = run_process(argv, log);
-    if (rc == 0 || read_file(log).find("already in use") == std::string::npos) break;
-  }
-  return rc;
-}
-
-}  // namespace
 
 TEST(Models, ResNetTrainsFromItsConfigAndTandemTestPrintsTheLastValidation) {
   TANDEM_NEED_DATA("/usr/share/datasets/fashion-mnist");

@@ -5,6 +5,10 @@
 // ema_state_dict.module.<name> and ema_state_dict.steps tensors in the state file (the weights file
 // keeps the model's own weights), and a resume restores them; a checkpoint without them starts the
 // average from the resumed weights, with a warning.
+// Under FullyShardedDataParallel each rank averages its own shards (the wrapper's parameters(), no
+// gathers) and the module's buffers; validation swaps the averaged shards in (the wrapper gathers
+// them as it runs), and checkpoints hold the averages as the module's full tensors, gathered as
+// the weights are (the same ema_state_dict as under DDP), sliced back into shards on a resume.
 #include <spdlog/spdlog.h>
 
 #include "train/checkpoint.h"
@@ -48,8 +52,18 @@ class EMAHook : public Hook {
     ema_.swap_with(tensors(r));
     swapped_ = false;
   }
-  void before_save_checkpoint(Runner&, Checkpoint& c) override {
-    if (!ema_.empty()) ema_.save(c.extra, kPrefix);
+  void gather_for_checkpoint(Runner& r, Checkpoint& c) override {
+    if (ema_.empty()) return;
+    TensorMap own;  // "module.<unit>.flat_param" (shards), "module.<buffer>", "steps"
+    ema_.save(own, "");
+    std::vector<Tensor> shards;
+    for (const auto& [name, t] : r.fsdp()->named_parameters()) shards.push_back(own.at("module." + name));
+    for (auto& [name, t] : r.fsdp()->unshard_tensors(shards)) own["module." + name] = t;  // collective
+    for (auto& [name, t] : r.fsdp()->named_parameters()) own.erase("module." + name);
+    for (auto& [key, t] : own) c.extra[kPrefix + key] = t;
+  }
+  void before_save_checkpoint(Runner& r, Checkpoint& c) override {
+    if (!ema_.empty() && !r.fsdp()) ema_.save(c.extra, kPrefix);  // under FSDP gather_for_checkpoint did
   }
   void after_load_checkpoint(Runner& r, const Checkpoint& c) override {
     if (c.extra.count(std::string(kPrefix) + "steps") == 0) {
@@ -57,13 +71,33 @@ class EMAHook : public Hook {
       return;
     }
     ema_.reset(tensors(r));
-    ema_.load(c.extra, kPrefix);
+    ema_.load(r.fsdp() ? sharded(*r.fsdp(), c.extra) : c.extra, kPrefix);
     loaded_ = true;
   }
 
  private:
+  // The averaged tensors: the model's parameters (and buffers); under FSDP this rank's shards of
+  // the parameters, then the module's buffers.
   nn::NamedTensors tensors(Runner& r) const {
+    if (dist::FullyShardedDataParallel* f = r.fsdp()) {
+      nn::NamedTensors out = f->named_parameters();
+      if (update_buffers_)
+        for (auto& b : f->module().named_buffers()) out.push_back(b);
+      return out;
+    }
     return update_buffers_ ? r.model().state_dict() : r.model().named_parameters();
+  }
+  // A checkpoint's full ema_state_dict with the parameters replaced by this rank's shards.
+  static TensorMap sharded(dist::FullyShardedDataParallel& f, const TensorMap& extra) {
+    const std::string module = std::string(kPrefix) + "module.";
+    std::map<std::string, Tensor> full;
+    for (const auto& [key, t] : extra)
+      if (key.rfind(module, 0) == 0) full[key.substr(module.size())] = t;
+    TensorMap out = extra;
+    const std::vector<Tensor> shards = f.shard_tensors(full);
+    const nn::NamedTensors names = f.named_parameters();
+    for (size_t k = 0; k < shards.size(); ++k) out[module + names[k].first] = shards[k];
+    return out;
   }
   ExponentialMovingAverage ema_;
   bool update_buffers_;

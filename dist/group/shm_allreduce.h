@@ -4,7 +4,8 @@
 // Owns: the mapping of the segment (POSIX shm, named only while the ranks attach, then
 // unlinked, so nothing stays in /dev/shm even when a rank is killed) and this rank's barrier
 // sequence. Layout: a control block (per rank: an arrival counter on its own cache line, the
-// pid, the call it is in) then two sets of `size` slots of `slot_bytes` each, used alternately chunk by chunk.
+// pid, the call it is in) then two sets of `size` slots of `slot_bytes` each, used alternately
+// chunk by chunk.
 // Buffers (allocate(), behind ProcessGroup::comm_buffer): each rank's buffer is a segment of its
 // own that every peer maps too. An allreduce over a range that every rank passes at the same
 // offset of such a buffer runs in place: rank r sums the r-th part reading the peers' buffers

@@ -318,7 +318,8 @@ Tensor FullyShardedDataParallel::reduce_input(size_t k) {
     for (auto& unit : units_)
       if (unit->device.is_cpu())
         bytes = std::max(bytes, unit->total * static_cast<int64_t>(element_size(unit->reduce_dtype)));
-    for (ReduceSlot& slot : reduce_slots_) slot.buffer = group_->comm_buffer((bytes + 3) / 4, kFloat32, Device::cpu());
+    for (ReduceSlot& slot : reduce_slots_)
+      slot.buffer = group_->comm_buffer((bytes + 3) / 4, kFloat32, Device::cpu());
   }
   ReduceSlot& slot = reduce_slots_[next_reduce_slot_];
   next_reduce_slot_ ^= 1;

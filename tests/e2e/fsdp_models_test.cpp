@@ -58,6 +58,11 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
   return a;
 }
 
+// A run's arguments: its work dir and metrics file named `name` in `tmp`, then `args`.
+std::vector<std::string> named(const TempDir& tmp, const std::string& name, const std::vector<std::string>& args) {
+  return with({"--work-dir", tmp.file(name), "--metrics-out", tmp.file(name + ".jsonl")}, args);
+}
+
 void expect_losses_match(const Losses& ddp, const Losses& fsdp, size_t iterations, double tolerance) {
   ASSERT_EQ(ddp.size(), iterations);
   ASSERT_EQ(fsdp.size(), ddp.size());
@@ -78,7 +83,7 @@ void expect_bitwise(const Losses& full, const Losses& again) {
 // losses are `full`'s bit for bit.
 void expect_resume_bitwise(const TempDir& tmp, const std::string& config, const std::vector<std::string>& args,
                            int kill_at, const Losses& full) {
-  const std::vector<std::string> cut = with({"--work-dir", tmp.file("cut"), "--metrics-out", tmp.file("cut.jsonl")}, args);
+  const std::vector<std::string> cut = named(tmp, "cut", args);
   ASSERT_EQ(train_two_ranks(config, with(cut, {"--debug-sigkill-at", std::to_string(kill_at)}), tmp / "cut1.log"), 137)
       << read_file(tmp / "cut1.log");
   ASSERT_EQ(train_two_ranks(config, with(cut, {"--resume"}), tmp / "cut2.log"), 0) << read_file(tmp / "cut2.log");
@@ -100,10 +105,8 @@ TEST(FsdpModels, ResNetTrainsAsDdpResumesBitwiseAndTandemTestPrintsDdpsMetrics) 
   const std::vector<std::string> fsdp = with(run, {
       "model_wrapper_cfg.type=MMFullyShardedDataParallel",
       R"(model_wrapper_cfg.auto_wrap_policy={"type": "size_based_auto_wrap_policy", "min_num_params": 2000})"});
-  ASSERT_EQ(train_two_ranks(config, with({"--work-dir", tmp.file("ddp"), "--metrics-out", tmp.file("ddp.jsonl")}, run),
-                            tmp / "ddp.log"), 0) << read_file(tmp / "ddp.log");
-  ASSERT_EQ(train_two_ranks(config, with({"--work-dir", tmp.file("fsdp"), "--metrics-out", tmp.file("fsdp.jsonl")}, fsdp),
-                            tmp / "fsdp.log"), 0) << read_file(tmp / "fsdp.log");
+  ASSERT_EQ(train_two_ranks(config, named(tmp, "ddp", run), tmp / "ddp.log"), 0) << read_file(tmp / "ddp.log");
+  ASSERT_EQ(train_two_ranks(config, named(tmp, "fsdp", fsdp), tmp / "fsdp.log"), 0) << read_file(tmp / "fsdp.log");
   const std::string log = read_file(tmp / "fsdp.log");
   EXPECT_NE(log.find("fsdp: FULL_SHARD, 13 unit(s)"), std::string::npos) << log;
   const Losses full = read_losses(tmp / "fsdp.jsonl");
@@ -136,15 +139,14 @@ TEST(FsdpModels, GptTrainsAsDdpResumesBitwiseAndTandemTestPrintsTheLastValidatio
       "model_wrapper_cfg.type=MMFullyShardedDataParallel",
       R"(model_wrapper_cfg.auto_wrap_policy={"type": "torch.distributed.fsdp.wrap.transformer_auto_wrap_policy", )"
       R"("transformer_layer_cls": ["Block"]})"});
-  ASSERT_EQ(train_two_ranks(config, with({"--work-dir", tmp.file("ddp"), "--metrics-out", tmp.file("ddp.jsonl")}, run),
-                            tmp / "ddp.log"), 0) << read_file(tmp / "ddp.log");
-  ASSERT_EQ(train_two_ranks(config, with({"--work-dir", tmp.file("fsdp"), "--metrics-out", tmp.file("fsdp.jsonl")}, fsdp),
-                            tmp / "fsdp.log"), 0) << read_file(tmp / "fsdp.log");
+  ASSERT_EQ(train_two_ranks(config, named(tmp, "ddp", run), tmp / "ddp.log"), 0) << read_file(tmp / "ddp.log");
+  ASSERT_EQ(train_two_ranks(config, named(tmp, "fsdp", fsdp), tmp / "fsdp.log"), 0) << read_file(tmp / "fsdp.log");
   const std::string log = read_file(tmp / "fsdp.log");
   EXPECT_NE(log.find("fsdp: FULL_SHARD, 3 unit(s)"), std::string::npos) << "two Blocks and the root\n" << log;
   const Losses full = read_losses(tmp / "fsdp.jsonl");
   expect_losses_match(read_losses(tmp / "ddp.jsonl"), full, 24, kClipTolerance);
-  const double ddp_val = last_eval(tmp / "ddp.jsonl").at("test_loss"), val = last_eval(tmp / "fsdp.jsonl").at("test_loss");
+  const double ddp_val = last_eval(tmp / "ddp.jsonl").at("test_loss");
+  const double val = last_eval(tmp / "fsdp.jsonl").at("test_loss");
   EXPECT_NEAR(val, ddp_val, kClipTolerance * ddp_val);
   const std::string metrics = test_metrics(
       {kTest, config, tmp.file("fsdp/iter_24.safetensors"), "--work-dir", tmp.file("fsdp-test")}, tmp / "test.log");

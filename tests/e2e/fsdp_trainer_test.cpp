@@ -187,7 +187,8 @@ TEST(FsdpTrainer, EmaHookValidatesSavesAndResumesAsUnderDdp) {
   const std::string hook = R"(custom_hooks=[{"type": "EMAHook", "momentum": 0.1}])";
   std::vector<std::string> fsdp = kFsdp;
   fsdp.push_back(hook);
-  ASSERT_EQ(run_process(two_ranks(tmp, "ddp", {"--cfg-options", hook}), tmp / "ddp.log"), 0) << read_file(tmp / "ddp.log");
+  ASSERT_EQ(run_process(two_ranks(tmp, "ddp", {"--cfg-options", hook}), tmp / "ddp.log"), 0)
+      << read_file(tmp / "ddp.log");
   ASSERT_EQ(run_process(two_ranks(tmp, "full", fsdp), tmp / "full.log"), 0) << read_file(tmp / "full.log");
   const auto ddp_evals = evals(tmp / "ddp.jsonl"), fsdp_evals = evals(tmp / "full.jsonl");
   ASSERT_EQ(ddp_evals.size(), 2u);

@@ -16,53 +16,107 @@ std::shared_ptr<nn::Module> wrap_ddp(const WrapContext& c, const Kwargs& k) {
 }
 
 std::pair<double, double> betas(const Kwargs& k) {
-  if (!k.has("betas")) return {0.9, 0.999};
   const nlohmann::json v = nlohmann::json::parse(k.items().at("betas"), nullptr, false);
-  TANDEM_CHECK(v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number(), k.owner(),
-               ".betas must be two numbers [beta1, beta2], got ", k.items().at("betas"));
+  TANDEM_CHECK(v.is_array() && v.size() == 2 && v[0].is_number() && v[1].is_number(), k.label("betas"),
+               " must be two numbers [beta1, beta2], got ", k.items().at("betas"));
   return {v[0].get<double>(), v[1].get<double>()};
 }
 
+// Keyword schemas: the defaults are the option structs' own (optim/optimizer.h, dist/parallel/*.h).
+Schema adadelta_schema() {
+  const optim::AdadeltaOptions d;
+  return {at_least(arg_number("lr", d.lr, "learning rate"), 0),
+          between(arg_number("rho", d.rho, "decay of the running averages"), 0, 1),
+          at_least(arg_number("eps", d.eps, "added to the denominators"), 0),
+          at_least(arg_number("weight_decay", d.weight_decay, "L2 penalty"), 0)};
+}
+
+Schema sgd_schema() {
+  const optim::SGDOptions d;
+  return {at_least(arg_number("lr", d.lr, "learning rate"), 0),
+          at_least(arg_number("momentum", d.momentum, "momentum factor"), 0),
+          at_least(arg_number("dampening", d.dampening, "dampening of the momentum"), 0),
+          at_least(arg_number("weight_decay", d.weight_decay, "L2 penalty"), 0),
+          arg_bool("nesterov", d.nesterov, "Nesterov momentum")};
+}
+
+Schema adam_schema(bool decoupled) {
+  const optim::AdamOptions d;
+  const std::string betas = nlohmann::json::array({d.beta1, d.beta2}).dump();
+  return {at_least(arg_number("lr", d.lr, "learning rate"), 0),
+          arg_of("betas", ArgKind::List, betas, "[beta1, beta2]: decays of the moment estimates"),
+          at_least(arg_number("eps", d.eps, "added to the denominator"), 0),
+          at_least(arg_number("weight_decay", decoupled ? 1e-2 : d.weight_decay,
+                              decoupled ? "decoupled weight decay" : "L2 penalty"),
+                   0)};
+}
+
 optim::AdamOptions adam_options(const Kwargs& k, bool decoupled) {
-  k.check_known({"lr", "betas", "eps", "weight_decay"});
   optim::AdamOptions a;
-  a.lr = k.number("lr", 1e-3);
+  a.lr = k.number("lr", a.lr);
   std::tie(a.beta1, a.beta2) = betas(k);
-  a.eps = k.number("eps", 1e-8);
-  a.weight_decay = k.number("weight_decay", decoupled ? 1e-2 : 0.0);
+  a.eps = k.number("eps", a.eps);
+  a.weight_decay = k.number("weight_decay", a.weight_decay);
   a.decoupled_weight_decay = decoupled;
   return a;
 }
 
+// StepLR's keywords (MMEngine's): the common range keys and its own. `end` has no default (absent:
+// unbounded).
+Schema step_lr_schema() {
+  return {arg_bool("by_epoch", true, "step per epoch (false: per iteration)"),
+          at_least(arg_int("begin", 0, "first step the scheduler acts at"), 0),
+          arg_of("end", ArgKind::Int, "", "step it stops at (absent: the end of the run)"),
+          arg_bool("convert_to_iter_based", false, "epochs converted into iterations"),
+          at_least(arg_int("step_size", 1, "steps between decays"), 1),
+          above(arg_number("gamma", 0.1, "the lr's factor at each decay"), 0)};
+}
+
 }  // namespace
 
+Schema ddp_schema() {
+  const dist::DDPOptions d;
+  const dist::CommHookOptions h;
+  return {arg_bool("find_unused_parameters", d.reducer.find_unused_parameters,
+                   "allow parameters that get no gradient in an iteration"),
+          arg_bool("broadcast_buffers", d.broadcast_buffers, "broadcast rank 0's buffers at each forward"),
+          at_least(arg_number("bucket_cap_mb", d.reducer.bucket_cap_mb,
+                              "gradient bucket size in MiB after the first (0: measured at start-up)"),
+                   0),
+          above(arg_number("first_bucket_cap_mb", d.reducer.first_bucket_cap_mb, "size of the first bucket"), 0),
+          arg_bool("gradient_as_bucket_view", d.reducer.gradient_as_bucket_view,
+                   "gradients live in the bucket buffers"),
+          arg_bool("static_graph", d.reducer.static_graph, "the same graph every iteration"),
+          arg_string("comm_hook", "allreduce", {}, "allreduce, fp16, bf16, powersgd or a registered hook"),
+          at_least(arg_int("powersgd_rank", h.powersgd_rank, "PowerSGD's matrix approximation rank"), 1),
+          at_least(arg_int("powersgd_start_iter", h.powersgd_start_iter,
+                           "PowerSGD: iterations of plain all-reduce first"),
+                   0)};
+}
+
+
 const std::vector<std::string>& ddp_kwarg_names() {
-  static const std::vector<std::string> names = {"find_unused_parameters", "broadcast_buffers",
-                                                 "bucket_cap_mb",          "first_bucket_cap_mb",
-                                                 "gradient_as_bucket_view", "static_graph",
-                                                 "comm_hook",              "powersgd_rank",
-                                                 "powersgd_start_iter"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const ArgSpec& a : ddp_schema()) out.push_back(a.key);
+    return out;
+  }();
   return names;
 }
 
-dist::DDPOptions ddp_options_from_kwargs(const Kwargs& k) {
-  k.check_known(ddp_kwarg_names());
+dist::DDPOptions ddp_options_from_kwargs(const Kwargs& given) {
+  const Kwargs k = apply_schema(given, ddp_schema());
   dist::DDPOptions d;
   d.broadcast_buffers = k.boolean("broadcast_buffers", d.broadcast_buffers);
   d.reducer.find_unused_parameters = k.boolean("find_unused_parameters", d.reducer.find_unused_parameters);
   d.reducer.bucket_cap_mb = k.number("bucket_cap_mb", d.reducer.bucket_cap_mb);
   d.reducer.first_bucket_cap_mb = k.number("first_bucket_cap_mb", d.reducer.first_bucket_cap_mb);
-  TANDEM_CHECK(d.reducer.first_bucket_cap_mb > 0, k.owner(), ".first_bucket_cap_mb must be > 0, got ",
-               d.reducer.first_bucket_cap_mb);
   d.reducer.gradient_as_bucket_view = k.boolean("gradient_as_bucket_view", d.reducer.gradient_as_bucket_view);
   d.reducer.static_graph = k.boolean("static_graph", d.reducer.static_graph);
   dist::CommHookOptions hook;
   hook.powersgd_rank = static_cast<int>(k.integer("powersgd_rank", hook.powersgd_rank));
   hook.powersgd_start_iter = k.integer("powersgd_start_iter", hook.powersgd_start_iter);
-  TANDEM_CHECK(hook.powersgd_rank >= 1, k.owner(), ".powersgd_rank must be >= 1, got ", hook.powersgd_rank);
-  TANDEM_CHECK(hook.powersgd_start_iter >= 0, k.owner(), ".powersgd_start_iter must be >= 0, got ",
-               hook.powersgd_start_iter);
-  if (k.has("comm_hook")) d.reducer.comm_hook = dist::comm_hook_by_name(k.string("comm_hook", "allreduce"), hook);
+  d.reducer.comm_hook = dist::comm_hook_by_name(k.string("comm_hook", "allreduce"), hook);
   return d;
 }
 
@@ -92,8 +146,8 @@ std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& k) {
 Registry<WrapperFactory>& model_wrappers() {
   static Registry<WrapperFactory>* r = [] {
     auto* reg = new Registry<WrapperFactory>("model wrapper");
-    reg->register_module("MMDistributedDataParallel", wrap_ddp);
-    reg->register_module("DistributedDataParallel", wrap_ddp);
+    reg->register_module("MMDistributedDataParallel", wrap_ddp, ddp_schema());
+    reg->register_module("DistributedDataParallel", wrap_ddp, ddp_schema());
     reg->register_module("MMFullyShardedDataParallel", wrap_fsdp);
     reg->register_module("FullyShardedDataParallel", wrap_fsdp);
     return reg;
@@ -110,24 +164,34 @@ Registry<OptimizerFactory>& optimizers() {
       const auto [inner, rest] = zero_inner_optimizer(k);
       return optimizers().get(inner)(std::move(p), rest);
     });
-    reg->register_module("Adadelta", [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
-      k.check_known({"lr", "rho", "eps", "weight_decay"});
-      return std::make_unique<optim::Adadelta>(
-          std::move(p), optim::AdadeltaOptions{k.number("lr", 1.0), k.number("rho", 0.9), k.number("eps", 1e-6),
-                                               k.number("weight_decay", 0.0)});
-    });
-    reg->register_module("SGD", [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
-      k.check_known({"lr", "momentum", "dampening", "weight_decay", "nesterov"});
-      return std::make_unique<optim::SGD>(
-          std::move(p), optim::SGDOptions{k.number("lr", 0.01), k.number("momentum", 0.0), k.number("dampening", 0.0),
-                                          k.number("weight_decay", 0.0), k.boolean("nesterov", false)});
-    });
-    reg->register_module("Adam", [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
-      return std::make_unique<optim::Adam>(std::move(p), adam_options(k, false));
-    });
-    reg->register_module("AdamW", [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
-      return std::make_unique<optim::AdamW>(std::move(p), adam_options(k, true));
-    });
+    reg->register_module(
+        "Adadelta",
+        [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::Adadelta>(
+              std::move(p), optim::AdadeltaOptions{k.number("lr", 0), k.number("rho", 0), k.number("eps", 0),
+                                                   k.number("weight_decay", 0)});
+        },
+        adadelta_schema());
+    reg->register_module(
+        "SGD",
+        [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::SGD>(
+              std::move(p), optim::SGDOptions{k.number("lr", 0), k.number("momentum", 0), k.number("dampening", 0),
+                                              k.number("weight_decay", 0), k.boolean("nesterov", false)});
+        },
+        sgd_schema());
+    reg->register_module(
+        "Adam",
+        [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::Adam>(std::move(p), adam_options(k, false));
+        },
+        adam_schema(false));
+    reg->register_module(
+        "AdamW",
+        [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
+          return std::make_unique<optim::AdamW>(std::move(p), adam_options(k, true));
+        },
+        adam_schema(true));
     return reg;
   }();
   return *r;
@@ -136,7 +200,7 @@ Registry<OptimizerFactory>& optimizers() {
 Registry<SchedulerFactory>& param_schedulers() {
   static Registry<SchedulerFactory>* r = [] {
     auto* reg = new Registry<SchedulerFactory>("param scheduler");
-    reg->register_module("StepLR", make_step_lr);
+    reg->register_module("StepLR", make_step_lr, step_lr_schema());
     reg->register_module("CosineAnnealingLR", make_cosine_lr);
     reg->register_module("MultiStepLR", make_multi_step_lr);
     reg->register_module("LinearLR", make_linear_lr);

@@ -72,6 +72,8 @@ Registry<HookFactory>& hooks();
 // gradient_as_bucket_view, static_graph, comm_hook (allreduce | fp16 | bf16 | a registered name).
 // An unknown key throws naming the known ones.
 dist::DDPOptions ddp_options_from_kwargs(const Kwargs& kwargs);
+// DDP's keyword schema (its defaults read from dist::DDPOptions and dist::CommHookOptions).
+Schema ddp_schema();
 const std::vector<std::string>& ddp_kwarg_names();
 
 }  // namespace tandem::train

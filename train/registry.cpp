@@ -3,6 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <sstream>
+
 #include "train/config.h"
 
 namespace tandem::train {
@@ -18,7 +21,145 @@ nlohmann::json parse(const Kwargs& k, const std::string& key) {
 
 std::string shown(const nlohmann::json& v) { return v.dump(); }
 
+std::string number_text(double v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
+const char* kind_text(ArgKind kind) {
+  switch (kind) {
+    case ArgKind::Number: return "a number";
+    case ArgKind::Int: return "an integer";
+    case ArgKind::Bool: return "true or false";
+    case ArgKind::String: return "a string";
+    case ArgKind::List: return "a list";
+    case ArgKind::Dict: return "a dict";
+    case ArgKind::Any: break;
+  }
+  return "any value";
+}
+
+bool kind_ok(ArgKind kind, const nlohmann::json& v) {
+  switch (kind) {
+    case ArgKind::Number: return v.is_number();
+    case ArgKind::Int: return v.is_number_integer();
+    case ArgKind::Bool: return v.is_boolean();
+    case ArgKind::String: return v.is_string();
+    case ArgKind::List: return v.is_array();
+    case ArgKind::Dict: return v.is_object();
+    case ArgKind::Any: break;
+  }
+  return true;
+}
+
+// The range of `a` as text: ">= 0", "> 0", "between 1 and 65535"; "" when unbounded.
+std::string range_text(const ArgSpec& a) {
+  const bool low = std::isfinite(a.min), high = std::isfinite(a.max);
+  if (low && high) return "between " + number_text(a.min) + " and " + number_text(a.max);
+  if (low) return (a.min_open ? "> " : ">= ") + number_text(a.min);
+  if (high) return "<= " + number_text(a.max);
+  return "";
+}
+
+// Throws when `v` (the value of a.key in k) breaks the spec.
+void check_value(const Kwargs& k, const ArgSpec& a, const nlohmann::json& v) {
+  const std::string who = k.label(a.key);
+  if (v.is_null() && a.nullable) return;
+  const std::string range = range_text(a);
+  TANDEM_CHECK(kind_ok(a.kind, v), who, " must be ", kind_text(a.kind), range.empty() ? "" : " " + range,
+               a.nullable ? " (or null)" : "", ", got ", shown(v));
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    TANDEM_CHECK((a.min_open ? x > a.min : x >= a.min) && x <= a.max, who, " must be ", range, ", got ",
+                 number_text(x));
+  }
+  if (v.is_string() && !a.choices.empty()) {
+    std::string list;
+    bool ok = false;
+    for (const std::string& c : a.choices) {
+      ok = ok || c == v.get<std::string>();
+      list += (list.empty() ? "" : ", ") + c;
+    }
+    TANDEM_CHECK(ok, who, " must be one of ", list, "; got ", shown(v));
+  }
+}
+
 }  // namespace
+
+std::string Kwargs::label(const std::string& key) const {
+  const std::string path = owner_.empty() ? key : owner_ + "." + key;
+  auto it = origins_.find(key);
+  if (it == origins_.end()) return "config key '" + path + "'";
+  if (it->second.rfind("--", 0) == 0 && it->second != "--cfg-options") return it->second + " (" + path + "):";
+  return it->second + ": config key '" + path + "'";
+}
+
+ArgSpec arg_number(const std::string& key, double def, const std::string& doc) {
+  return ArgSpec{.key = key, .kind = ArgKind::Number, .default_json = nlohmann::json(def).dump(), .doc = doc};
+}
+ArgSpec arg_int(const std::string& key, int64_t def, const std::string& doc) {
+  return ArgSpec{.key = key, .kind = ArgKind::Int, .default_json = std::to_string(def), .doc = doc};
+}
+ArgSpec arg_bool(const std::string& key, bool def, const std::string& doc) {
+  return ArgSpec{.key = key, .kind = ArgKind::Bool, .default_json = def ? "true" : "false", .doc = doc};
+}
+ArgSpec arg_string(const std::string& key, const std::string& def, std::vector<std::string> choices,
+                   const std::string& doc) {
+  return ArgSpec{.key = key, .kind = ArgKind::String, .default_json = nlohmann::json(def).dump(),
+                 .choices = std::move(choices), .doc = doc};
+}
+ArgSpec arg_of(const std::string& key, ArgKind kind, const std::string& default_json, const std::string& doc) {
+  return ArgSpec{.key = key, .kind = kind, .default_json = default_json, .doc = doc};
+}
+ArgSpec at_least(ArgSpec a, double min) {
+  a.min = min;
+  return a;
+}
+ArgSpec above(ArgSpec a, double min) {
+  a.min = min;
+  a.min_open = true;
+  return a;
+}
+ArgSpec between(ArgSpec a, double min, double max) {
+  a.min = min;
+  a.max = max;
+  return a;
+}
+ArgSpec nullable(ArgSpec a) {
+  a.nullable = true;
+  return a;
+}
+
+Kwargs apply_schema(const Kwargs& k, const Schema& schema) {
+  std::vector<std::string> names;
+  for (const ArgSpec& a : schema) names.push_back(a.key);
+  k.check_known(names);
+  Kwargs out = k;
+  for (const ArgSpec& a : schema) {
+    if (k.has(a.key)) {
+      const nlohmann::json v = parse(k, a.key);
+      check_value(k, a, v);
+      if (a.kind == ArgKind::Number && v.is_number_integer()) out.set(a.key, v.get<double>());  // 300 is 300.0
+    } else if (!a.default_json.empty()) {
+      out.set_json(a.key, a.default_json);
+    }
+  }
+  return out;
+}
+
+std::string describe_schema(const Schema& schema) {
+  std::string out;
+  for (const ArgSpec& a : schema) {
+    const std::string range = range_text(a);
+    std::string choices;
+    for (const std::string& c : a.choices) choices += (choices.empty() ? "" : "|") + c;
+    out += a.key + " (" + kind_text(a.kind) + (range.empty() ? "" : " " + range) +
+           (choices.empty() ? "" : ": " + choices) + (a.default_json.empty() ? "" : ", default " + a.default_json) +
+           "): " + a.doc + "\n";
+  }
+  return out;
+}
 
 void Kwargs::set(const std::string& key, double v) { values_[key] = nlohmann::json(v).dump(); }
 void Kwargs::set(const std::string& key, bool v) { values_[key] = v ? "true" : "false"; }

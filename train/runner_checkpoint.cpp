@@ -40,6 +40,7 @@ void check_resumable(const Checkpoint& c, const std::string& path, const RunnerO
   const Json saved = c.meta.value("config", Json::object());
   const Json now = o.config_json.empty() ? Json::object() : Json::parse(o.config_json);
   for (const std::string& key : o.resume_keys) {
+    if (!saved.is_object() || !saved.contains(key.substr(0, key.find('.')))) continue;  // an older config's shape
     const Json& then_v = get_path(saved, key);
     const Json& now_v = get_path(now, key);
     TANDEM_CHECK(then_v == now_v, "checkpoint '", path, "' was written with ", key, " = ", then_v.dump(),

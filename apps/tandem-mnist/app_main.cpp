@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
+#include "flags.h"
 #include "core/error.h"
 #include "options.h"
 #include "train/stop_signal.h"
@@ -41,16 +41,16 @@ int guarded(const char* name, bool verbose, int code, F&& job) {
 }  // namespace
 
 int train_main(const char* name, int argc, char** argv) {
-  TrainOptions options;
+  AppOptions options;
   if (int code = parse_options(argc, argv, options); code >= 0) return code;
   // --local_rank=N, as MMEngine's tools/train.py: the environment's LOCAL_RANK wins when both are set.
   if (options.local_rank >= 0) ::setenv("LOCAL_RANK", std::to_string(options.local_rank).c_str(), /*overwrite=*/0);
   spdlog::set_pattern("%Y/%m/%d %H:%M:%S - %v");
-  train::Json config;
+  ResolvedConfig config;
   if (int code = guarded(name, options.verbose, 2, [&] { return config = resolve_config(options), 0; }); code != 0)
     return code;
   if (options.print_config) {
-    std::printf("%s\n", config.dump(2).c_str());
+    std::printf("%s\n", config.tree.dump(2).c_str());
     return 0;
   }
   return guarded(name, options.verbose, 1, [&] {
@@ -70,11 +70,14 @@ int test_main(const char* name, int argc, char** argv) {
   for (int i = 3; i < argc; ++i) args.emplace_back(argv[i]);
   std::vector<char*> argp;
   for (std::string& a : args) argp.push_back(a.data());
-  TrainOptions options;
+  AppOptions options;
   if (int code = parse_options(static_cast<int>(argp.size()), argp.data(), options); code >= 0) return code;
   if (options.local_rank >= 0) ::setenv("LOCAL_RANK", std::to_string(options.local_rank).c_str(), /*overwrite=*/0);
   spdlog::set_pattern("%Y/%m/%d %H:%M:%S - %v");
-  return guarded(name, options.verbose, 1, [&] { return run_test(options, resolve_config(options)); });
+  ResolvedConfig config;
+  if (int code = guarded(name, options.verbose, 2, [&] { return config = resolve_config(options), 0; }); code != 0)
+    return code;
+  return guarded(name, options.verbose, 1, [&] { return run_test(options, config); });
 }
 
 }  // namespace tandem::app

@@ -1,0 +1,377 @@
+// The top-level sections' schemas and complete_run_config (see run_config.h): each section's keys
+// checked once against its schema and its defaults filled in; the registered types' dicts (model,
+// model_wrapper_cfg, optim_wrapper.optimizer, param_scheduler, custom_hooks, evaluators, datasets)
+// checked against the type's own schema when it has one.
+#include <algorithm>
+
+#include "core/error.h"
+#include "train/evaluator.h"
+#include "train/models/zoo.h"
+#include "train/registries.h"
+#include "train/run_config.h"
+#include "train/runner.h"
+
+namespace tandem::train {
+namespace {
+
+ArgSpec fixed_type(const std::string& type) { return arg_string("type", type, {type}, "the hook's type"); }
+ArgSpec accepted(const std::string& key, ArgKind kind, const std::string& doc) { return arg_of(key, kind, "", doc); }
+ArgSpec with_default(ArgSpec a, const std::string& json_text) {
+  a.default_json = json_text;
+  return a;
+}
+
+std::vector<std::pair<std::string, Schema>> make_sections() {
+  const char* loops = "EpochBasedTrainLoop or IterBasedTrainLoop";
+  return {
+      {"",
+       {arg_string("launcher", "none", {"none", "pytorch", "slurm", "mpi"}, "how the ranks were started"),
+        arg_string("work_dir", "", {}, "where logs, config.json and checkpoints go (\"\": work_dirs/<config name>)"),
+        nullable(arg_of("load_from", ArgKind::String, "null", "initial weights (safetensors)")),
+        arg_bool("resume", false, "resume from the work dir's last checkpoint"),
+        arg_of("compile", ArgKind::Any, "false", "true: capture the steady-state step as a CUDA graph"),
+        arg_of("sync_bn", ArgKind::Any, "null", "'torch' (or true): SyncBatchNorm across ranks"),
+        accepted("default_scope", ArgKind::Any, "accepted, not used"),
+        accepted("log_level", ArgKind::Any, "accepted, not used"),
+        accepted("log_processor", ArgKind::Any, "accepted, not used")}},
+      {"train_cfg",
+       {arg_string("type", "EpochBasedTrainLoop", {"EpochBasedTrainLoop", "IterBasedTrainLoop"}, loops),
+        arg_of("by_epoch", ArgKind::Bool, "", "true: EpochBasedTrainLoop; false: IterBasedTrainLoop"),
+        at_least(arg_int("max_epochs", 14, "training epochs (EpochBasedTrainLoop)"), 1),
+        at_least(arg_of("max_iters", ArgKind::Int, "", "training iterations (IterBasedTrainLoop)"), 1),
+        at_least(arg_int("val_interval", 1, "epochs (iterations) between validations (0: only at the end)"), 0),
+        accepted("val_begin", ArgKind::Int, "accepted, not used")}},
+      {"val_cfg", {arg_string("type", "ValLoop", {"ValLoop"}, "the validation loop")}},
+      {"test_cfg", {arg_string("type", "TestLoop", {"TestLoop"}, "the test loop")}},
+      {"train_dataloader",
+       {at_least(arg_int("batch_size", 64, "training batch size per rank"), 1),
+        arg_of("dataset", ArgKind::Dict, "", "the dataset: a registered type and its keywords"),
+        arg_of("sampler", ArgKind::Dict, "", "DefaultSampler's shuffle and round_up"),
+        accepted("num_workers", ArgKind::Int, "accepted: batches are loaded in the training process"),
+        accepted("persistent_workers", ArgKind::Bool, "accepted, not used")}},
+      {"train_dataloader.sampler",
+       {arg_string("type", "DefaultSampler", {"DefaultSampler"}, "the sampler"),
+        arg_bool("shuffle", true, "shuffle the samples each epoch"),
+        arg_bool("round_up", true, "pad every rank's share to one length (false: no repeats, Join)")}},
+      {"val_dataloader",
+       {at_least(arg_int("batch_size", 256, "evaluation batch size"), 1),
+        arg_of("dataset", ArgKind::Dict, "", "the train dataset's dict without indices, these keys on top"),
+        arg_of("sampler", ArgKind::Dict, "", "DefaultSampler"),
+        accepted("num_workers", ArgKind::Int, "accepted: batches are loaded in the training process"),
+        accepted("persistent_workers", ArgKind::Bool, "accepted, not used")}},
+      {"val_dataloader.sampler",
+       {arg_string("type", "DefaultSampler", {"DefaultSampler"}, "the sampler"),
+        arg_bool("shuffle", false, "validation visits the samples in order")}},
+      {"optim_wrapper",
+       {arg_string("type", "OptimWrapper", {"OptimWrapper", "AmpOptimWrapper"}, "AmpOptimWrapper: mixed precision"),
+        arg_of("optimizer", ArgKind::Dict, "", "a registered optimizer and its keywords"),
+        at_least(arg_int("accumulative_counts", 1, "backward passes per optimizer step"), 1),
+        nullable(arg_of("clip_grad", ArgKind::Dict, "null", "dict(max_norm, norm_type): clip the gradients' norm")),
+        with_default(nullable(arg_string("dtype", "", {"float16", "bfloat16"}, "AmpOptimWrapper's dtype (null: by device)")),
+                     "null"),
+        arg_string("loss_scale", "dynamic", {"dynamic"}, "AmpOptimWrapper's loss scaler (float16)")}},
+      {"optim_wrapper.clip_grad",
+       {above(arg_of("max_norm", ArgKind::Number, "", "the largest total norm"), 0),
+        at_least(arg_number("norm_type", 2.0, "the norm's p"), 1)}},
+      {"default_hooks.timer", {fixed_type("IterTimerHook")}},
+      {"default_hooks.logger",
+       {fixed_type("LoggerHook"), at_least(arg_int("interval", 100, "iterations between progress lines"), 1)}},
+      {"default_hooks.param_scheduler", {fixed_type("ParamSchedulerHook")}},
+      {"default_hooks.sampler_seed", {fixed_type("DistSamplerSeedHook")}},
+      {"default_hooks.checkpoint",
+       {fixed_type("CheckpointHook"), at_least(arg_int("interval", 1, "epochs (by_epoch false: iterations)"), 0),
+        arg_bool("by_epoch", true, "interval counts epochs"),
+        at_least(arg_int("interval_iters", 0, "also every N iterations (0: off)"), 0),
+        at_least(arg_int("max_keep_ckpts", 3, "checkpoints kept (-1 or 0: all)"), -1),
+        with_default(nullable(arg_string("save_best", "", {}, "also keep the best checkpoint by this metric ('auto')")),
+                     "null"),
+        with_default(nullable(arg_string("rule", "", {"greater", "less"}, "how save_best compares")), ""),
+        accepted("save_last", ArgKind::Bool, "accepted: the last checkpoint is always saved")}},
+      {"env_cfg",
+       {arg_bool("cudnn_benchmark", false, "accepted, not used"),
+        accepted("mp_cfg", ArgKind::Dict, "accepted, not used"),
+        arg_of("dist_cfg", ArgKind::Dict, "", "backend and timeout of the process group"),
+        arg_string("device", "auto", {}, "auto, cpu, cuda or cuda:N"),
+        at_least(arg_int("threads", 0, "CPU threads (0: OMP_NUM_THREADS or every core)"), 0)}},
+      {"env_cfg.dist_cfg",
+       {arg_string("backend", "auto", {"auto", "gloo", "nccl"}, "collectives (auto: nccl on GPUs, gloo on CPUs)"),
+        above(arg_number("timeout", 300, "seconds any distributed wait may take"), 0)}},
+      {"dist_params",
+       {accepted("backend", ArgKind::String, "accepted (env_cfg.dist_cfg.backend decides)"),
+        between(arg_int("port", 0, "rank 0's store port (0: MASTER_PORT)"), 0, 65535)}},
+      {"auto_scale_lr",
+       {arg_bool("enable", false, "lr *= (batch size x world size) / base_batch_size"),
+        at_least(arg_int("base_batch_size", 64, "the batch the lr was tuned for"), 1)}},
+      {"randomness",
+       {nullable(at_least(arg_int("seed", 1, "seed of weights and shuffling"), 0)),
+        arg_bool("deterministic", true, "accepted: Tandem's kernels are deterministic"),
+        arg_bool("diff_rank_seed", false, "every rank uses one seed here (true is refused)")}},
+      {"visualizer",
+       {arg_string("type", "Visualizer", {}, "any *Visualizer (Tandem draws no images)"),
+        accepted("name", ArgKind::String, "accepted, not used"),
+        arg_of("vis_backends", ArgKind::Any, R"([{"type": "LocalVisBackend"}])",
+               "LocalVisBackend, TensorboardVisBackend")}},
+  };
+}
+
+// The top-level keys the Runner reads besides the sections': the registered types' dicts.
+const Schema& section_schema(const std::string& path) {
+  for (const auto& [p, schema] : run_config_sections())
+    if (p == path) return schema;
+  TANDEM_FAIL("no config section '", path, "'");
+}
+
+const std::vector<std::string> kTypedKeys = {"model", "model_wrapper_cfg", "optim_wrapper", "param_scheduler",
+                                             "custom_hooks", "val_evaluator", "test_evaluator", "default_hooks"};
+
+Json* node_at(Json& tree, const std::string& path) {
+  Json* node = &tree;
+  size_t start = 0;
+  while (!path.empty()) {
+    const size_t dot = path.find('.', start);
+    const std::string key = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!node->is_object()) return nullptr;
+    node = &(*node)[key];
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return node;
+}
+
+std::string join_path(const std::string& a, const std::string& b) { return a.empty() ? b : a + "." + b; }
+
+[[noreturn]] void unknown_key(const std::string& path, const std::string& key, const Schema& s, const Origins& o,
+                              const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> names = extra;
+  for (const ArgSpec& a : s) names.push_back(a.key);
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  const std::string full = join_path(path, key), guess = closest_key(key, names);
+  auto it = o.find(full);
+  TANDEM_FAIL(it == o.end() ? "" : it->second + ": ", path.empty() ? "unknown config key '" : "unknown key '", full,
+              "'", guess.empty() ? "" : " (did you mean '" + join_path(path, guess) + "'?)", "; ",
+              path.empty() ? "known keys" : path + " takes", ": ", list);
+}
+
+// The dict at `path` checked against `s` and completed in place.
+void complete_section(Json& tree, const std::string& path, const Schema& s, const Origins& o,
+                      const std::vector<std::string>& extra_keys = {}) {
+  Json* node = node_at(tree, path);
+  if (node->is_null()) *node = Json::object();
+  TANDEM_CHECK(node->is_object(), key_label(path, o), " must be a dict, got ", node->dump());
+  Kwargs k(path);
+  for (const auto& [key, value] : node->items()) {
+    if (std::find(extra_keys.begin(), extra_keys.end(), key) != extra_keys.end()) continue;
+    if (std::none_of(s.begin(), s.end(), [&](const ArgSpec& a) { return a.key == key; }))
+      unknown_key(path, key, s, o, extra_keys);
+    k.set_json(key, value.dump());
+    if (o.count(join_path(path, key))) k.set_origin(key, o.at(join_path(path, key)));
+  }
+  const Kwargs done = apply_schema(k, s);
+  for (const auto& [key, text] : done.items()) (*node)[key] = Json::parse(text);
+}
+
+// A registered type's dict at `path`: its type checked, then its schema applied when it has one.
+template <typename Factory>
+void complete_typed(Json& dict, const std::string& path, const Registry<Factory>& reg, const Origins& o,
+                    const char* what) {
+  TANDEM_CHECK(dict.is_object() && dict.contains("type") && dict["type"].is_string(), key_label(path, o),
+               " must be a dict with a \"type\" (a registered ", what, "), got ", dict.dump());
+  const std::string type = dict["type"].get<std::string>();
+  if (!reg.contains(type)) {
+    std::string known;
+    for (const std::string& n : reg.names()) known += (known.empty() ? "" : ", ") + n;
+    const std::string guess = closest_key(type, reg.names());
+    TANDEM_FAIL(key_label(join_path(path, "type"), o), " '", type, "' is not a registered ", what,
+                guess.empty() ? "" : " (did you mean '" + guess + "'?)", " (registered: ", known, ")");
+  }
+  const Schema* s = reg.schema(type);
+  if (!s) return;
+  const Kwargs done = apply_schema(kwargs_at(dict, path, o), *s);
+  for (const auto& [key, text] : done.items()) dict[key] = Json::parse(text);
+}
+
+// One dict or a list of them (MMEngine allows both) as a list, each entry a registered type.
+template <typename Factory>
+void complete_typed_list(Json& tree, const std::string& key, const Registry<Factory>& reg, const Origins& given,
+                         const char* what) {
+  Json& v = tree[key];
+  if (v.is_null()) v = Json::array();
+  Origins o = given;
+  if (v.is_object()) {  // the single dict is the list's entry 0, in errors too
+    v = Json::array({v});
+    for (const auto& [path, source] : given)
+      if (path.rfind(key + ".", 0) == 0) o[key + "[0]" + path.substr(key.size())] = source;
+  }
+  TANDEM_CHECK(v.is_array(), key_label(key, o), " must be a list of dicts with a \"type\", got ", v.dump());
+  for (size_t i = 0; i < v.size(); ++i) complete_typed(v[i], key + "[" + std::to_string(i) + "]", reg, o, what);
+}
+
+void complete_optimizer(Json& tree, const Origins& o) {
+  Json& opt = tree["optim_wrapper"]["optimizer"];
+  const std::string path = "optim_wrapper.optimizer";
+  if (opt.is_object() && opt.value("type", "") == "ZeroRedundancyOptimizer") {
+    // MMEngine's ZeroRedundancyOptimizer(optimizer_type=...): the wrapped optimizer's schema applies.
+    TANDEM_CHECK(opt.contains("optimizer_type") && opt["optimizer_type"].is_string(), key_label(path, o),
+                 " type ZeroRedundancyOptimizer needs optimizer_type (Adadelta, SGD, Adam or AdamW)");
+    Json inner = opt;
+    inner.erase("optimizer_type");
+    inner["type"] = opt["optimizer_type"];
+    complete_typed(inner, path, optimizers(), o, "optimizer");
+    inner["optimizer_type"] = inner["type"];
+    inner["type"] = "ZeroRedundancyOptimizer";
+    opt = inner;
+    return;
+  }
+  TANDEM_CHECK(!opt.is_object() || !opt.contains("optimizer_type"), key_label(path + ".optimizer_type", o),
+               " is only for type ZeroRedundancyOptimizer");
+  complete_typed(opt, path, optimizers(), o, "optimizer");
+}
+
+void complete_train_cfg(Json& tree, const Origins& o) {
+  Json& t = tree["train_cfg"];
+  const bool iter_type = t.is_object() && t.value("type", "") == "IterBasedTrainLoop";
+  const bool iter_flag = t.is_object() && t.contains("by_epoch") && t["by_epoch"] == false;
+  if (t.is_object() && (iter_type || iter_flag)) {
+    TANDEM_CHECK(!t.contains("by_epoch") || t["by_epoch"] == false, key_label("train_cfg.by_epoch", o),
+                 " contradicts train_cfg.type 'IterBasedTrainLoop'");
+    TANDEM_CHECK(!t.contains("type") || iter_type, key_label("train_cfg.by_epoch", o),
+                 " false contradicts train_cfg.type '", t.value("type", ""), "'");
+    TANDEM_CHECK(t.contains("max_iters"), key_label("train_cfg", o),
+                 ": by_epoch=False counts iterations: give max_iters (and no max_epochs)");
+    TANDEM_CHECK(!o.count("train_cfg.max_epochs"), key_label("train_cfg.max_epochs", o),
+                 " does not apply to IterBasedTrainLoop (train_cfg.max_iters counts the run)");
+    t.erase("max_epochs");  // the defaults' epochs; the iterations decide
+    t["type"] = "IterBasedTrainLoop";
+  } else if (t.is_object()) {
+    TANDEM_CHECK(!t.contains("max_iters"), key_label("train_cfg.max_iters", o),
+                 " needs by_epoch=False (IterBasedTrainLoop)");
+  }
+  complete_section(tree, "train_cfg", section_schema("train_cfg"), o);
+  t["by_epoch"] = t["type"] == "EpochBasedTrainLoop";
+}
+
+// val_dataloader.dataset: the train dataset's dict without its indices, the val dict's keys on top
+// (a val dict of another type stands alone).
+void complete_datasets(Json& tree, const Origins& o) {
+  Json& train = tree["train_dataloader"]["dataset"];
+  complete_typed(train, "train_dataloader.dataset", datasets(), o, "dataset");
+  Json& val = tree["val_dataloader"]["dataset"];
+  if (val.is_null()) val = Json::object();
+  TANDEM_CHECK(val.is_object(), key_label("val_dataloader.dataset", o), " must be a dict, got ", val.dump());
+  if (!val.contains("type") || val["type"] == train["type"]) {
+    Json merged = train;
+    merged.erase("indices");
+    for (const auto& [key, value] : val.items()) merged[key] = value;
+    val = merged;
+  }
+  complete_typed(val, "val_dataloader.dataset", datasets(), o, "dataset");
+}
+
+void complete_default_hooks(Json& tree, const Origins& o) {
+  Json& h = tree["default_hooks"];
+  if (h.is_null()) h = Json::object();
+  TANDEM_CHECK(h.is_object(), key_label("default_hooks", o), " must be a dict of hooks, got ", h.dump());
+  const std::vector<std::string> names = {"timer", "logger", "param_scheduler", "checkpoint", "sampler_seed",
+                                          "visualization"};
+  for (const auto& [name, spec] : h.items())
+    if (std::find(names.begin(), names.end(), name) == names.end()) unknown_key("default_hooks", name, {}, o, names);
+  for (const auto& [path, schema] : run_config_sections())
+    if (path.rfind("default_hooks.", 0) == 0 && !(h.contains(path.substr(14)) && h[path.substr(14)].is_null()))
+      complete_section(tree, path, schema, o);
+}
+
+void complete_cross_checks(Json& tree, const Origins& o) {
+  const Json& w = tree["optim_wrapper"];
+  TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["dtype"].is_null(), key_label("optim_wrapper.dtype", o),
+               " needs type AmpOptimWrapper");
+  if (!w["clip_grad"].is_null()) complete_section(tree, "optim_wrapper.clip_grad", section_schema("optim_wrapper.clip_grad"), o);
+  TANDEM_CHECK(w["clip_grad"].is_null() || w["clip_grad"].contains("max_norm"),
+               key_label("optim_wrapper.clip_grad", o), " needs max_norm");
+  TANDEM_CHECK(!tree["randomness"]["diff_rank_seed"].get<bool>(), key_label("randomness.diff_rank_seed", o),
+               ": every rank uses one seed here");
+  const Json& sync = tree["sync_bn"];
+  TANDEM_CHECK(sync.is_null() || sync.is_boolean() || sync == "torch", key_label("sync_bn", o),
+               " must be 'torch', true, false or null, got ", sync.dump());
+  Json& vis = tree["visualizer"]["vis_backends"];
+  if (vis.is_object()) vis = Json::array({vis});
+  TANDEM_CHECK(vis.is_array(), key_label("visualizer.vis_backends", o), " must be a list of dicts with a type, got ",
+               vis.dump());
+  std::vector<std::string> names;
+  for (size_t i = 0; i < vis.size(); ++i) {
+    const std::string at = "visualizer.vis_backends[" + std::to_string(i) + "]";
+    TANDEM_CHECK(vis[i].is_object() && vis[i].size() == 1 && vis[i].contains("type") && vis[i]["type"].is_string(),
+                 key_label(at, o), " must be a dict with only a type (LocalVisBackend or TensorboardVisBackend), got ",
+                 vis[i].dump());
+    names.push_back(vis[i]["type"].get<std::string>());
+  }
+  auto it = o.find("visualizer.vis_backends");
+  check_vis_backends(names, (it == o.end() ? "" : it->second + ": ") + std::string("visualizer.vis_backends"));
+  const std::string vtype = tree["visualizer"]["type"].get<std::string>();
+  TANDEM_CHECK(vtype.size() >= 10 && vtype.compare(vtype.size() - 10, 10, "Visualizer") == 0,
+               key_label("visualizer.type", o), " must be Visualizer (or a downstream *Visualizer), got '", vtype, "'");
+}
+
+}  // namespace
+
+bool is_run_config_key(const std::string& key) {
+  if (std::find(kTypedKeys.begin(), kTypedKeys.end(), key) != kTypedKeys.end()) return true;
+  for (const auto& [path, schema] : run_config_sections()) {
+    if (path == key) return true;
+    if (path.empty() && std::any_of(schema.begin(), schema.end(), [&](const ArgSpec& a) { return a.key == key; }))
+      return true;
+  }
+  return false;
+}
+
+const std::vector<std::pair<std::string, Schema>>& run_config_sections() {
+  static const std::vector<std::pair<std::string, Schema>> sections = make_sections();
+  return sections;
+}
+
+std::string key_label(const std::string& path, const Origins& origins) {
+  const size_t dot = path.rfind('.');
+  Kwargs k(dot == std::string::npos ? "" : path.substr(0, dot));
+  const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+  if (origins.count(path)) k.set_origin(key, origins.at(path));
+  return k.label(key);
+}
+
+Kwargs kwargs_at(const Json& dict, const std::string& path, const Origins& origins) {
+  Kwargs k(path);
+  for (const auto& [key, value] : dict.items()) {
+    if (key == "type") continue;
+    k.set_json(key, value.dump());
+    if (origins.count(path + "." + key)) k.set_origin(key, origins.at(path + "." + key));
+  }
+  return k;
+}
+
+Json complete_run_config(const Json& given, const Origins& o) {
+  Json tree = given;
+  TANDEM_CHECK(tree.is_object(), "a config must be a dict of keys, got ", tree.dump());
+  std::vector<std::string> top = kTypedKeys;
+  for (const auto& [path, schema] : run_config_sections())
+    if (!path.empty() && path.find('.') == std::string::npos && path != "optim_wrapper") top.push_back(path);
+  tree.erase("_base_");
+  complete_section(tree, "", section_schema(""), o, top);
+  tree.erase("_base_");
+  complete_train_cfg(tree, o);
+  for (const auto& [path, schema] : run_config_sections())
+    if (!path.empty() && path != "train_cfg" && path.rfind("default_hooks.", 0) != 0 &&
+        path != "optim_wrapper.clip_grad")
+      complete_section(tree, path, schema, o);
+  complete_default_hooks(tree, o);
+  complete_cross_checks(tree, o);
+  complete_typed(tree["model"], "model", models(), o, "model");
+  complete_typed(tree["model_wrapper_cfg"], "model_wrapper_cfg", model_wrappers(), o, "model wrapper");
+  complete_optimizer(tree, o);
+  complete_typed_list(tree, "param_scheduler", param_schedulers(), o, "param scheduler");
+  complete_typed_list(tree, "custom_hooks", hooks(), o, "hook");
+  complete_typed_list(tree, "val_evaluator", metric_types(), o, "metric");
+  complete_typed_list(tree, "test_evaluator", metric_types(), o, "metric");
+  complete_datasets(tree, o);
+  return tree;
+}
+
+}  // namespace tandem::train

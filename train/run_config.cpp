@@ -2,6 +2,7 @@
 // the one translation of Tandem's former own-shape keys into MMEngine's.
 #include "train/run_config.h"
 
+#include <algorithm>
 #include <functional>
 
 #include "core/error.h"
@@ -176,6 +177,23 @@ Json file_tree(const std::string& file) {
   return merge_inherited(mm, translate_own_schema(own, source));
 }
 
+// `file` merged onto the built-in defaults; a registered type's dict that names another type than
+// the default's replaces it whole (the default's keywords belong to the default's type).
+Json merge_onto_defaults(const Json& defaults, const Json& file) {
+  Json out = merge_inherited(defaults, file);
+  for (const char* path : {"model", "model_wrapper_cfg", "optim_wrapper.optimizer", "param_scheduler",
+                           "train_dataloader.dataset"}) {
+    std::string pointer = std::string("/") + path;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    const Json::json_pointer at(pointer);
+    if (!file.contains(at) || !defaults.contains(at)) continue;
+    const Json& mine = file.at(at);
+    if (mine.is_object() && mine.contains("type") && mine["type"] != defaults.at(at).value("type", Json()))
+      out[at] = mine;
+  }
+  return out;
+}
+
 }  // namespace
 
 bool is_own_schema_key(const std::string& k) {
@@ -221,7 +239,7 @@ LoadedConfig load_run_config(const std::string& file, const std::vector<std::str
   if (!file.empty()) {
     const Json mm = file_tree(file);
     record_origins(mm, "", "config '" + file + "'", c.origins);
-    c.tree = merge_inherited(c.tree, mm);
+    c.tree = merge_onto_defaults(c.tree, mm);
   }
   for (const std::string& a : cfg_options) {
     const size_t eq = a.find('=');

@@ -235,7 +235,7 @@ void complete_train_cfg(Json& tree, const Origins& o) {
   if (t.is_object() && (iter_type || iter_flag)) {
     TANDEM_CHECK(!t.contains("by_epoch") || t["by_epoch"] == false, key_label("train_cfg.by_epoch", o),
                  " contradicts train_cfg.type 'IterBasedTrainLoop'");
-    TANDEM_CHECK(!t.contains("type") || iter_type, key_label("train_cfg.by_epoch", o),
+    TANDEM_CHECK(!o.count("train_cfg.type") || iter_type, key_label("train_cfg.by_epoch", o),
                  " false contradicts train_cfg.type '", t.value("type", ""), "'");
     TANDEM_CHECK(t.contains("max_iters"), key_label("train_cfg", o),
                  ": by_epoch=False counts iterations: give max_iters (and no max_epochs)");

@@ -1,8 +1,8 @@
 // tandem-mnist's configs and work dir, end to end: precedence (defaults <
 // --config < --cfg-options < flags the user gave), the reference recipe in
 // configs/ equal to the defaults, every shipped config valid, config errors as
-// one line with exit code 2, and the work dir's contents (config.json, text
-// log with the console's lines, metrics, checkpoints kept to max_keep_ckpts).
+// one line with exit code 2, and the work dir's contents (config.json in MMEngine's
+// shape, text log with the console's lines, metrics, checkpoints kept to max_keep_ckpts).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -36,37 +36,45 @@ json print_config(const TempDir& tmp, std::vector<std::string> args) {
 
 }  // namespace
 
+// A file of Tandem's former own shape is read through one translation into MMEngine's keys; the
+// printed config is MMEngine's tree with every default filled in.
 TEST(Config, PrecedenceIsDefaultsThenFileThenCfgOptionsThenGivenFlags) {
   TempDir tmp("config");
   std::ofstream(tmp / "my.json") << R"({"optimizer": {"lr": 0.5, "type": "sgd"}, "train": {"epochs": 4,
       "log_interval": 9}, "ddp": {"bucket_cap_mb": 5}})";
   json c = print_config(tmp, {"--config", tmp.file("my.json")});
-  EXPECT_EQ(c["optimizer"]["lr"], 0.5);
-  EXPECT_EQ(c["optimizer"]["type"], "sgd");
-  EXPECT_EQ(c["train"]["epochs"], 4);
-  EXPECT_EQ(c["ddp"]["bucket_cap_mb"], 5.0);
-  EXPECT_EQ(c["data"]["batch_size"], 64) << "keys the file does not name keep the defaults";
-  c = print_config(tmp, {"--config", tmp.file("my.json"), "--cfg-options", "optimizer.lr=0.25",
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["lr"], 0.5);
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["type"], "SGD");
+  EXPECT_EQ(c["train_cfg"]["max_epochs"], 4);
+  EXPECT_EQ(c["model_wrapper_cfg"]["bucket_cap_mb"], 5.0);
+  EXPECT_EQ(c["train_dataloader"]["batch_size"], 64) << "keys the file does not name keep the defaults";
+  c = print_config(tmp, {"--config", tmp.file("my.json"), "--cfg-options", "optim_wrapper.optimizer.lr=0.25",
                          "train.log_interval=7", "--epochs", "1"});
-  EXPECT_EQ(c["optimizer"]["lr"], 0.25);
-  EXPECT_EQ(c["train"]["log_interval"], 7);
-  EXPECT_EQ(c["train"]["epochs"], 1) << "a given flag beats the file";
-  c = print_config(tmp, {"--config", tmp.file("my.json"), "--cfg-options", "optimizer.lr=0.25", "--lr", "2"});
-  EXPECT_EQ(c["optimizer"]["lr"], 2.0) << "a given flag beats --cfg-options";
-  EXPECT_EQ(c["train"]["epochs"], 4) << "flags not given do not reset the file's values";
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["lr"], 0.25);
+  EXPECT_EQ(c["default_hooks"]["logger"]["interval"], 7) << "a former own-shape key in --cfg-options is translated";
+  EXPECT_EQ(c["train_cfg"]["max_epochs"], 1) << "a given flag beats the file";
+  c = print_config(tmp, {"--config", tmp.file("my.json"), "--cfg-options", "optim_wrapper.optimizer.lr=0.25", "--lr",
+                         "2"});
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["lr"], 2.0) << "a given flag beats --cfg-options";
+  EXPECT_EQ(c["train_cfg"]["max_epochs"], 4) << "flags not given do not reset the file's values";
   c = print_config(tmp, {"--config", tmp.file("my.json"), "--no-shuffle", "--find-unused-parameters"});
-  EXPECT_EQ(c["data"]["shuffle"], false);
-  EXPECT_EQ(c["ddp"]["find_unused_parameters"], true);
+  EXPECT_EQ(c["train_dataloader"]["sampler"]["shuffle"], false);
+  EXPECT_EQ(c["model_wrapper_cfg"]["find_unused_parameters"], true);
 }
 
 TEST(Config, ReferenceRecipeIsTheDefaultAndEveryShippedConfigIsValid) {
   TempDir tmp("config");
-  const json defaults = print_config(tmp, {});
-  EXPECT_EQ(print_config(tmp, {"--config", kConfigs + "/mnist_adadelta.json"}), defaults);
-  EXPECT_EQ(defaults["optimizer"]["type"], "adadelta");
-  EXPECT_EQ(defaults["optimizer"]["lr"], 1.0);
-  EXPECT_EQ(defaults["data"]["batch_size"], 64);
-  EXPECT_EQ(defaults["schedule"]["gamma"], 0.7);
+  json defaults = print_config(tmp, {});
+  json recipe = print_config(tmp, {"--config", kConfigs + "/mnist_adadelta.json"});
+  EXPECT_EQ(defaults["work_dir"], "work_dirs/mnist");
+  EXPECT_EQ(recipe["work_dir"], "work_dirs/mnist_adadelta");
+  defaults.erase("work_dir");
+  recipe.erase("work_dir");
+  EXPECT_EQ(recipe, defaults);
+  EXPECT_EQ(defaults["optim_wrapper"]["optimizer"]["type"], "Adadelta");
+  EXPECT_EQ(defaults["optim_wrapper"]["optimizer"]["lr"], 1.0);
+  EXPECT_EQ(defaults["train_dataloader"]["batch_size"], 64);
+  EXPECT_EQ(defaults["param_scheduler"][0]["gamma"], 0.7);
   int n = 0;
   for (const auto& e : fs::directory_iterator(kConfigs)) {
     if (e.path().extension() != ".json") continue;
@@ -75,9 +83,13 @@ TEST(Config, ReferenceRecipeIsTheDefaultAndEveryShippedConfigIsValid) {
     EXPECT_TRUE(c.is_object()) << e.path();
   }
   EXPECT_GE(n, 5);
-  EXPECT_EQ(print_config(tmp, {"--config", kConfigs + "/mnist_adadelta_cosine_1ep.json"})["schedule"]["type"],
-            "cosine");
-  EXPECT_EQ(print_config(tmp, {"--config", kConfigs + "/mnist_bf16.json"})["amp"], "bf16");
+  const json cosine = print_config(tmp, {"--config", kConfigs + "/mnist_adadelta_cosine_1ep.json"});
+  EXPECT_EQ(cosine["param_scheduler"].size(), 1u);
+  EXPECT_EQ(cosine["param_scheduler"][0]["type"], "CosineAnnealingLR");
+  EXPECT_FALSE(cosine["param_scheduler"][0].contains("gamma")) << "StepLR's keywords do not leak into another type";
+  const json bf16 = print_config(tmp, {"--config", kConfigs + "/mnist_bf16.json"});
+  EXPECT_EQ(bf16["optim_wrapper"]["type"], "AmpOptimWrapper");
+  EXPECT_EQ(bf16["optim_wrapper"]["dtype"], "bfloat16");
 }
 
 TEST(ConfigErrors, UnknownKeyWrongTypeBadValueBadFile) {
@@ -86,13 +98,18 @@ TEST(ConfigErrors, UnknownKeyWrongTypeBadValueBadFile) {
   EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("typo.json")}, tmp / "log"), 2);
   expect_one_line_error(read_file(tmp / "log"),
                         "unknown config key 'optimizer.momentun' (did you mean 'optimizer.momentum'?)");
-  std::ofstream(tmp / "type.json") << R"({"data": {"batch_size": "64"}})";
+  std::ofstream(tmp / "type.json") << R"({"train_dataloader": {"batch_size": "64"}})";
   EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("type.json")}, tmp / "log"), 2);
-  expect_one_line_error(read_file(tmp / "log"), "'data.batch_size' must be of type integer, got string \"64\"");
+  expect_one_line_error(read_file(tmp / "log"),
+                        "config key 'train_dataloader.batch_size' must be an integer >= 1, got \"64\"");
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "schedule.type=linear"}, tmp / "log"), 2);
-  expect_one_line_error(read_file(tmp / "log"), "'schedule.type' must be one of step, cosine, list; got \"linear\"");
-  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "data.batch_size=0"}, tmp / "log"), 2);
-  expect_one_line_error(read_file(tmp / "log"), "'data.batch_size' must be >= 1, got 0");
+  expect_one_line_error(read_file(tmp / "log"), "'schedule.type' (now param_scheduler) must be one of step, cosine, "
+                                                "list; got \"linear\"");
+  EXPECT_EQ(run_process({kTrainer, "--cfg-options", "train_dataloader.batch_size=0"}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "--cfg-options: config key 'train_dataloader.batch_size' must be >= "
+                                                "1, got 0");
+  EXPECT_EQ(run_process({kTrainer, "--batch-size", "0"}, tmp / "log"), 2);
+  expect_one_line_error(read_file(tmp / "log"), "--batch-size (train_dataloader.batch_size): must be >= 1, got 0");
   std::ofstream(tmp / "bad.json") << "{\"train\": ";
   EXPECT_EQ(run_process({kTrainer, "--config", tmp.file("bad.json")}, tmp / "log"), 2);
   expect_one_line_error(read_file(tmp / "log"), "bad.json' is not valid JSON");
@@ -111,10 +128,11 @@ TEST(WorkDir, DefaultsToWorkDirsConfigNameAndHoldsLogsMetricsConfigAndCheckpoint
   ASSERT_EQ(rc, 0) << read_file(tmp / "console.log");
   const fs::path wd = tmp / "work_dirs" / "tiny";
   ASSERT_TRUE(fs::is_directory(wd)) << read_file(tmp / "console.log");
-  // config.json: the resolved config, with the work dir filled in.
+  // config.json: the completed config in MMEngine's shape, with the work dir filled in.
   const json c = json::parse(read_file(wd / "config.json"));
-  EXPECT_EQ(c["data"]["limit"], 640);
-  EXPECT_EQ(c["data"]["data_dir"], kDigits);
+  EXPECT_EQ(c["train_dataloader"]["dataset"]["indices"], 640);
+  EXPECT_EQ(c["train_dataloader"]["dataset"]["data_root"], kDigits);
+  EXPECT_EQ(c["val_dataloader"]["dataset"]["indices"], 256);
   EXPECT_EQ(c["work_dir"], "work_dirs/tiny");
   // One <YYYYmmdd_HHMMSS>.log with the console's lines, one metrics file equal to --metrics-out.
   fs::path log, metrics;

@@ -1,8 +1,9 @@
 // tandem-mnist as MMEngine's tools/train.py: `tandem-mnist CONFIG [--work-dir|--work_dir DIR]
 // [--resume] [--amp] [--launcher ...] [--cfg-options k=v ...] [--local_rank=N]`, MMEngine-shaped
-// configs with _base_ inheritance translated onto tandem-mnist's keys (the bundled configs equal
-// the Tandem-shaped ones they replace), MMEngine keys in --cfg-options, errors as one line with
-// exit code 2 (config) or 1 (run), and a wrapper type nobody registered named with the registered ones.
+// configs with _base_ inheritance kept in MMEngine's shape (the bundled configs equal the former
+// Tandem-shaped ones they replace, which are translated as they are read), MMEngine keys in
+// --cfg-options, errors as one line with exit code 2 (config) or 1 (run), and a wrapper type nobody
+// registered named with the registered ones.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -33,22 +34,33 @@ json print_config(const TempDir& tmp, std::vector<std::string> args) {
 
 }  // namespace
 
+// `c` without its work dir (named after each config file).
+static json without_work_dir(json c) {
+  c.erase("work_dir");
+  return c;
+}
+
 TEST(MMEngineConfig, BundledConfigsEqualTheTandemShapedOnesTheyReplace) {
   TempDir tmp("mmcli");
-  // configs/mnist_sgd.json before it was converted (Tandem's own shape, still read).
+  // configs/mnist_sgd.json before it was converted (Tandem's former own shape, still read).
   std::ofstream(tmp / "old_sgd.json") << R"({"optimizer": {"type": "sgd", "lr": 0.05, "momentum": 0.9,
       "weight_decay": 0.0001}, "schedule": {"type": "cosine"}, "train": {"epochs": 3}})";
   std::ofstream(tmp / "old_ddp.json") << R"({"ddp": {"launcher": "pytorch", "gradient_as_bucket_view": true},
       "optimizer": {"auto_scale_lr_base_batch": 64}, "train": {"checkpoint_interval_iters": 500}})";
-  EXPECT_EQ(print_config(tmp, {kConfigs + "/mnist_sgd.json"}), print_config(tmp, {"--config", tmp.file("old_sgd.json")}));
-  EXPECT_EQ(print_config(tmp, {kConfigs + "/mnist_ddp.json"}), print_config(tmp, {"--config", tmp.file("old_ddp.json")}));
+  EXPECT_EQ(without_work_dir(print_config(tmp, {kConfigs + "/mnist_sgd.json"})),
+            without_work_dir(print_config(tmp, {"--config", tmp.file("old_sgd.json")})));
+  const json ddp = print_config(tmp, {"--config", tmp.file("old_ddp.json")});
+  EXPECT_EQ(ddp["launcher"], "pytorch");
+  EXPECT_EQ(ddp["model_wrapper_cfg"]["gradient_as_bucket_view"], true);
+  EXPECT_EQ(ddp["auto_scale_lr"], json::parse(R"({"enable": true, "base_batch_size": 64})"));
+  EXPECT_EQ(ddp["default_hooks"]["checkpoint"]["interval_iters"], 500);
   const json bf16 = print_config(tmp, {kConfigs + "/mnist_bf16.json"});  // two levels of _base_
-  EXPECT_EQ(bf16["amp"], "bf16");
-  EXPECT_EQ(bf16["schedule"]["type"], "cosine");
-  EXPECT_EQ(bf16["train"]["epochs"], 1);
+  EXPECT_EQ(bf16["optim_wrapper"]["type"], "AmpOptimWrapper");
+  EXPECT_EQ(bf16["param_scheduler"][0]["type"], "CosineAnnealingLR");
+  EXPECT_EQ(bf16["train_cfg"]["max_epochs"], 1);
 }
 
-TEST(MMEngineConfig, KeysAndCfgOptionsMapOntoTandemKeys) {
+TEST(MMEngineConfig, KeysAndCfgOptionsKeepMMEngineShape) {
   TempDir tmp("mmcli");
   std::ofstream(tmp / "base.json") << R"({"optim_wrapper": {"type": "OptimWrapper",
       "optimizer": {"type": "SGD", "lr": 0.1, "momentum": 0.9}},
@@ -67,31 +79,36 @@ TEST(MMEngineConfig, KeysAndCfgOptionsMapOntoTandemKeys) {
       "auto_scale_lr": {"enable": true, "base_batch_size": 128}})";
   json c = print_config(tmp, {tmp.file("child.json"), "--work_dir", tmp.file("wd"), "--cfg-options",
                               "dist_params.port=29601", "optim_wrapper.optimizer.lr=0.25", "train.log_interval=9"});
-  EXPECT_EQ(c["optimizer"]["type"], "sgd");
-  EXPECT_EQ(c["optimizer"]["lr"], 0.25) << "MMEngine keys in --cfg-options override the file";
-  EXPECT_EQ(c["optimizer"]["momentum"], 0.9) << "inherited from _base_";
-  EXPECT_EQ(c["optimizer"]["accumulative_counts"], 2);
-  EXPECT_EQ(c["optimizer"]["clip_grad_max_norm"], 3.5);
-  EXPECT_EQ(c["optimizer"]["auto_scale_lr_base_batch"], 128);
-  EXPECT_EQ(c["amp"], "bf16");
-  EXPECT_EQ(c["train"]["epochs"], 5);
-  EXPECT_EQ(c["train"]["eval_interval"], 2);
-  EXPECT_EQ(c["train"]["seed"], 7);
-  EXPECT_EQ(c["train"]["log_interval"], 9) << "Tandem keys in --cfg-options apply after the translation";
-  EXPECT_EQ(c["train"]["checkpoint_interval_epochs"], 2);
-  EXPECT_EQ(c["train"]["max_keep_ckpts"], 0);
-  EXPECT_EQ(c["train"]["save_best"], "auto");
-  EXPECT_EQ(c["ddp"]["find_unused_parameters"], true);
-  EXPECT_EQ(c["ddp"]["static_graph"], true);
-  EXPECT_EQ(c["ddp"]["broadcast_buffers"], false);
-  EXPECT_EQ(c["ddp"]["backend"], "gloo");
-  EXPECT_EQ(c["ddp"]["timeout_s"], 60.0);
-  EXPECT_EQ(c["ddp"]["port"], 29601);
-  EXPECT_EQ(c["data"]["batch_size"], 32);
-  EXPECT_EQ(c["data"]["shuffle"], false);
+  const json& opt = c["optim_wrapper"]["optimizer"];
+  EXPECT_EQ(opt["type"], "SGD");
+  EXPECT_EQ(opt["lr"], 0.25) << "MMEngine keys in --cfg-options override the file";
+  EXPECT_EQ(opt["momentum"], 0.9) << "inherited from _base_";
+  EXPECT_EQ(opt["nesterov"], false) << "SGD's schema default filled in";
+  EXPECT_EQ(c["optim_wrapper"]["accumulative_counts"], 2);
+  EXPECT_EQ(c["optim_wrapper"]["clip_grad"]["max_norm"], 3.5);
+  EXPECT_EQ(c["optim_wrapper"]["type"], "AmpOptimWrapper");
+  EXPECT_EQ(c["optim_wrapper"]["dtype"], "bfloat16");
+  EXPECT_EQ(c["auto_scale_lr"]["base_batch_size"], 128);
+  EXPECT_EQ(c["train_cfg"]["max_epochs"], 5);
+  EXPECT_EQ(c["train_cfg"]["val_interval"], 2);
+  EXPECT_EQ(c["randomness"]["seed"], 7);
+  EXPECT_EQ(c["default_hooks"]["logger"]["interval"], 9) << "a former own-shape key in --cfg-options, translated";
+  EXPECT_EQ(c["default_hooks"]["checkpoint"]["interval"], 2);
+  EXPECT_EQ(c["default_hooks"]["checkpoint"]["max_keep_ckpts"], -1);
+  EXPECT_EQ(c["default_hooks"]["checkpoint"]["save_best"], "auto");
+  EXPECT_EQ(c["model_wrapper_cfg"]["find_unused_parameters"], true);
+  EXPECT_EQ(c["model_wrapper_cfg"]["static_graph"], true);
+  EXPECT_EQ(c["model_wrapper_cfg"]["broadcast_buffers"], false);
+  EXPECT_EQ(c["env_cfg"]["dist_cfg"]["backend"], "gloo");
+  EXPECT_EQ(c["env_cfg"]["dist_cfg"]["timeout"], 60.0);
+  EXPECT_EQ(c["dist_params"]["port"], 29601);
+  EXPECT_EQ(c["train_dataloader"]["batch_size"], 32);
+  EXPECT_EQ(c["train_dataloader"]["sampler"]["shuffle"], false);
   EXPECT_EQ(c["work_dir"], tmp.file("wd"));
   EXPECT_EQ(print_config(tmp, {tmp.file("child.json"), "--work-dir", "x"})["work_dir"], "x");
-  EXPECT_EQ(print_config(tmp, {tmp.file("child.json"), "--amp"})["amp"], "auto") << "--amp alone, as MMEngine's";
+  const json amp = print_config(tmp, {tmp.file("child.json"), "--amp"})["optim_wrapper"];
+  EXPECT_EQ(amp["type"], "AmpOptimWrapper");
+  EXPECT_TRUE(amp["dtype"].is_null()) << "--amp alone, as MMEngine's: the dtype follows the device";
 }
 
 TEST(MMEngineConfig, UnsupportedKeysAndCyclesAreOneLineErrors) {
@@ -99,14 +116,15 @@ TEST(MMEngineConfig, UnsupportedKeysAndCyclesAreOneLineErrors) {
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "param_scheduler.type=OneCycleLR", "--print-config"},
                         tmp / "log"),
             2);
-  expect_one_line_error(read_file(tmp / "log"), "--cfg-options: param_scheduler[0].type 'OneCycleLR' is not a "
-                                                "registered param scheduler (registered: ConstantLR, CosineAnnealingLR");
-  // An optimizer's own keywords pass to the registry, which checks them where the optimizer is built.
+  expect_one_line_error(read_file(tmp / "log"), "--cfg-options: config key 'param_scheduler[0].type' 'OneCycleLR' is "
+                                                "not a registered param scheduler");
+  EXPECT_NE(read_file(tmp / "log").find("registered: ConstantLR, CosineAnnealingLR"), std::string::npos);
+  // An optimizer's own keywords are checked by its schema: AdamW takes betas.
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "optim_wrapper.optimizer.type=AdamW",
                          "optim_wrapper.optimizer.betas=(0.9,0.99)", "--print-config"},
                         tmp / "log"),
             0);
-  EXPECT_EQ(json::parse(read_file(tmp / "log"))["optimizer_extra"]["betas"], json::parse("[0.9, 0.99]"));
+  EXPECT_EQ(json::parse(read_file(tmp / "log"))["optim_wrapper"]["optimizer"]["betas"], json::parse("[0.9, 0.99]"));
   std::ofstream(tmp / "a.json") << R"({"_base_": "b.json"})";
   std::ofstream(tmp / "b.json") << R"({"_base_": "a.json"})";
   EXPECT_EQ(run_process({kTrainer, tmp.file("a.json"), "--print-config"}, tmp / "log"), 2);
@@ -127,9 +145,9 @@ vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')
 visualizer = dict(type='Visualizer', vis_backends=vis_backends, name='visualizer')
 train_cfg = dict(max_epochs=1)
 )";
-  EXPECT_EQ(print_config(tmp, {tmp.file("tb.py")})["train"]["vis_backends"],
-            json::parse(R"(["LocalVisBackend", "TensorboardVisBackend"])"));
-  EXPECT_EQ(print_config(tmp, {})["train"]["vis_backends"], json::parse(R"(["LocalVisBackend"])"));  // the default
+  EXPECT_EQ(print_config(tmp, {tmp.file("tb.py")})["visualizer"]["vis_backends"],
+            json::parse(R"([{"type": "LocalVisBackend"}, {"type": "TensorboardVisBackend"}])"));
+  EXPECT_EQ(print_config(tmp, {})["visualizer"]["vis_backends"], json::parse(R"([{"type": "LocalVisBackend"}])"));
   EXPECT_EQ(run_process({kTrainer, tmp.file("tb.py"), "--data-dir", kDigits, "--limit", "128", "--test-limit", "64",
                          "--work-dir", tmp.file("w")},
                         tmp / "log"),
@@ -157,7 +175,8 @@ train_cfg = dict(max_epochs=1)
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", R"(train.vis_backends=["ClearMLVisBackend"])", "--print-config"},
                         tmp / "log"),
             2);
-  expect_one_line_error(read_file(tmp / "log"), "config key 'train.vis_backends'[0]: vis backend 'ClearMLVisBackend'");
+  expect_one_line_error(read_file(tmp / "log"), "--cfg-options: visualizer.vis_backends[0]: vis backend "
+                                                "'ClearMLVisBackend'");
 }
 
 TEST(MMEngineConfig, UnknownWrapperTypeNamesTheRegisteredOnes) {
@@ -166,16 +185,16 @@ TEST(MMEngineConfig, UnknownWrapperTypeNamesTheRegisteredOnes) {
   EXPECT_EQ(run_process({kTrainer, "--data-dir", kDigits, "--limit", "64", "--epochs", "1", "--work-dir",
                          tmp.file("w"), "--cfg-options", "model_wrapper_cfg.type=NoSuchDDP"},
                         tmp / "log"),
-            1);
+            2);
   expect_one_line_error(read_file(tmp / "log"),
-                        "unknown model wrapper type 'NoSuchDDP'; registered: DistributedDataParallel, "
-                        "FullyShardedDataParallel, MMDistributedDataParallel, MMFullyShardedDataParallel");
+                        "config key 'model_wrapper_cfg.type' 'NoSuchDDP' is not a registered model wrapper "
+                        "(registered: DistributedDataParallel, FullyShardedDataParallel, MMDistributedDataParallel, "
+                        "MMFullyShardedDataParallel)");
 }
 
 // MMEngine's param_scheduler as a list (warm-up by iteration, then MultiStepLR by epoch) and
 // custom_hooks (EMAHook, EarlyStoppingHook) carried from a .py config, and the same list as JSON, to
-// the Runner: the lrs the log shows are the list's; the old single-scheduler form still resolves to
-// schedule.type.
+// the Runner: the lrs the log shows are the list's; a single scheduler is a list of one.
 TEST(MMEngineConfig, SchedulerListsAndCustomHooksTrain) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("mmcli");
@@ -191,9 +210,8 @@ train_cfg = dict(max_epochs=2)
 default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
 )";
   const json c = print_config(tmp, {tmp.file("warm.py")});
-  EXPECT_EQ(c["schedule"]["type"], "list");
-  ASSERT_EQ(c["schedule"]["param_scheduler"].size(), 2u);
-  EXPECT_EQ(c["schedule"]["param_scheduler"][1]["milestones"], json::array({1}));
+  ASSERT_EQ(c["param_scheduler"].size(), 2u);
+  EXPECT_EQ(c["param_scheduler"][1]["milestones"], json::array({1}));
   EXPECT_EQ(c["custom_hooks"][0]["type"], "EMAHook");
   EXPECT_EQ(run_process({kTrainer, tmp.file("warm.py"), "--data-dir", kDigits, "--limit", "256", "--test-limit", "64",
                          "--work-dir", tmp.file("w")},
@@ -210,7 +228,7 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
                          "--data-dir", kDigits, "--limit", "64", "--epochs", "1", "--work-dir", tmp.file("bad")},
                         tmp / "bad.log"),
             1);
-  EXPECT_NE(read_file(tmp / "bad.log").find("error: param_scheduler.MultiStepLR: unknown argument 'milestone' "
+  EXPECT_NE(read_file(tmp / "bad.log").find("error: param_scheduler[0]: unknown argument 'milestone' "
                                             "(did you mean 'milestones'?); expected one of: milestones, gamma, by_epoch, "
                                             "begin, end"),
             std::string::npos)
@@ -218,12 +236,12 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
   std::ofstream(tmp / "warm.json") << R"({"_base_": ")" << kConfigs << R"(/mnist_adadelta.json",
       "param_scheduler": [{"type": "LinearLR", "start_factor": 0.001, "by_epoch": false, "begin": 0, "end": 500},
                           {"type": "MultiStepLR", "by_epoch": true, "milestones": [8, 11], "gamma": 0.1}]})";
-  EXPECT_EQ(print_config(tmp, {tmp.file("warm.json")})["schedule"]["param_scheduler"][0]["end"], 500);
-  std::ofstream(tmp / "old.json") << R"({"param_scheduler": [{"type": "StepLR", "by_epoch": true, "gamma": 0.5}]})";
-  const json old = print_config(tmp, {tmp.file("old.json")});
-  EXPECT_EQ(old["schedule"]["type"], "step");
-  EXPECT_EQ(old["schedule"]["gamma"], 0.5);
-  EXPECT_EQ(old["schedule"]["param_scheduler"], json::array());
+  EXPECT_EQ(print_config(tmp, {tmp.file("warm.json")})["param_scheduler"][0]["end"], 500);
+  std::ofstream(tmp / "one.json") << R"({"param_scheduler": [{"type": "StepLR", "by_epoch": true, "gamma": 0.5}]})";
+  const json one = print_config(tmp, {tmp.file("one.json")});
+  ASSERT_EQ(one["param_scheduler"].size(), 1u);
+  EXPECT_EQ(one["param_scheduler"][0]["gamma"], 0.5);
+  EXPECT_EQ(one["param_scheduler"][0]["step_size"], 1) << "StepLR's schema default filled in";
 }
 
 // --local_rank=N / --local-rank=N set LOCAL_RANK for the launcher's checks; LOCAL_RANK wins when set.

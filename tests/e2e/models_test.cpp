@@ -83,9 +83,11 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=10),
   EXPECT_GT(last_value(log, "accuracy: "), 0.5) << "ten digits: chance is 0.1\n" << log;
   EXPECT_TRUE(fs::exists(tmp / "w/iter_40.safetensors"));
   const nlohmann::json c = nlohmann::json::parse(read_file(tmp / "w/config.json"));
-  EXPECT_EQ(c["optimizer_extra"]["betas"], nlohmann::json::parse("[0.9, 0.99]"));
-  EXPECT_EQ(c["train"]["max_iters"], 40);
-  EXPECT_EQ(c["schedule"]["param_scheduler"].size(), 2u);
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["betas"], nlohmann::json::parse("[0.9, 0.99]"));
+  EXPECT_EQ(c["train_cfg"]["max_iters"], 40);
+  EXPECT_EQ(c["train_cfg"]["type"], "IterBasedTrainLoop");
+  EXPECT_FALSE(c["train_cfg"].contains("max_epochs")) << "the defaults' epochs do not apply to an iteration loop";
+  EXPECT_EQ(c["param_scheduler"].size(), 2u);
 }
 
 TEST(Models, GptTrainsFromItsConfigOnTwoRanksAndTandemTestPrintsTheLastValidation) {

@@ -239,9 +239,9 @@ TEST(ResumeErrors, ConfigMismatchNamesTheKey) {
   TempDir tmp("resume");
   const std::string ckpt = make_checkpoint(tmp);
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt, "--batch-size", "32"})), tmp / "log"), 1);
-  expect_trainer_error(read_file(tmp / "log"), "data.batch_size = 64 but this run has 32");
+  expect_trainer_error(read_file(tmp / "log"), "train_dataloader.batch_size = 64 but this run has 32");
   EXPECT_EQ(run_process(one(flags(tmp, "w", {"--resume", ckpt, "--optimizer", "sgd"})), tmp / "log"), 1);
-  expect_trainer_error(read_file(tmp / "log"), "optimizer.type = \"adadelta\" but this run has \"sgd\"");
+  expect_trainer_error(read_file(tmp / "log"), "optim_wrapper.optimizer.type = \"Adadelta\" but this run has \"SGD\"");
 }
 
 TEST(ResumeErrors, MissingOrMisshapenTensorNamesIt) {

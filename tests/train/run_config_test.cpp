@@ -1,0 +1,140 @@
+// train/run_config: the registered types' keyword schemas (an unknown key with "did you mean", a
+// wrong kind, a value out of range, defaults filled in), the sections' schemas, the load order
+// (defaults <- file <- --cfg-options <- flags) with the flag named in errors, the one translation of
+// the former own-shape keys, and the completed tree as a fixed point (config.json fed back gives
+// the same config.json).
+#include "train/run_config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "common/test_util.h"
+#include "train/registries.h"
+
+namespace tandem::train {
+namespace {
+
+using test::error_of;
+
+Kwargs args(const std::string& owner, std::initializer_list<std::pair<const char*, const char*>> kv) {
+  Kwargs k(owner);
+  for (const auto& [key, json] : kv) k.set_json(key, json);
+  return k;
+}
+
+const Schema& adadelta() { return *optimizers().schema("Adadelta"); }
+
+TEST(RegistrySchema, UnknownKeyNamesTheClosestKnownOne) {
+  const std::string e = error_of([] { apply_schema(args("optim_wrapper.optimizer", {{"lrr", "0.1"}}), adadelta()); });
+  EXPECT_HAS(e, "optim_wrapper.optimizer: unknown argument 'lrr' (did you mean 'lr'?)");
+}
+
+TEST(RegistrySchema, WrongKindAndOutOfRangeNameTheKeyPath) {
+  EXPECT_HAS(error_of([] { apply_schema(args("optim_wrapper.optimizer", {{"lr", "\"fast\""}}), adadelta()); }),
+             "config key 'optim_wrapper.optimizer.lr' must be a number >= 0, got \"fast\"");
+  EXPECT_HAS(error_of([] { apply_schema(args("optim_wrapper.optimizer", {{"rho", "1.5"}}), adadelta()); }),
+             "config key 'optim_wrapper.optimizer.rho' must be between 0 and 1, got 1.5");
+  Kwargs k = args("optim_wrapper.optimizer", {{"lr", "-1"}});
+  k.set_origin("lr", "--lr");
+  EXPECT_HAS(error_of([&] { apply_schema(k, adadelta()); }),
+             "--lr (optim_wrapper.optimizer.lr): must be >= 0, got -1");
+  EXPECT_HAS(error_of([] { apply_schema(args("model_wrapper_cfg", {{"powersgd_rank", "1.5"}}), ddp_schema()); }),
+             "config key 'model_wrapper_cfg.powersgd_rank' must be an integer >= 1, got 1.5");
+}
+
+TEST(RegistrySchema, DefaultsAreFilledInFromTheOptionStructs) {
+  const Kwargs filled = apply_schema(args("optim_wrapper.optimizer", {{"lr", "0.5"}}), adadelta());
+  EXPECT_EQ(filled.number("lr", 0), 0.5);
+  EXPECT_EQ(filled.number("rho", 0), optim::AdadeltaOptions{}.rho);
+  EXPECT_EQ(filled.number("eps", 0), optim::AdadeltaOptions{}.eps);
+  const Kwargs ddp = apply_schema(Kwargs("model_wrapper_cfg"), ddp_schema());
+  EXPECT_EQ(ddp.number("bucket_cap_mb", -1), dist::DDPOptions{}.reducer.bucket_cap_mb);
+  EXPECT_EQ(ddp.boolean("broadcast_buffers", false), dist::DDPOptions{}.broadcast_buffers);
+}
+
+TEST(RegistrySchema, ARegisteredFactoryGetsCheckedAndFilledKwargs) {
+  Registry<std::function<double(int, const Kwargs&)>> reg("thing");
+  reg.register_module("Scaled", [](int x, const Kwargs& k) { return x * k.number("factor", -1); },
+                      {above(arg_number("factor", 2.0, "the factor"), 0)});
+  EXPECT_EQ(reg.get("Scaled")(3, Kwargs("thing")), 6.0) << "the schema's default reaches the factory";
+  EXPECT_EQ(reg.get("Scaled")(3, args("thing", {{"factor", "0.5"}})), 1.5);
+  EXPECT_HAS(error_of([&] { reg.get("Scaled")(3, args("thing", {{"factor", "0"}})); }),
+             "config key 'thing.factor' must be > 0, got 0");
+  EXPECT_HAS(error_of([&] { reg.get("Scaled")(3, args("thing", {{"factr", "1"}})); }), "did you mean 'factor'?");
+  ASSERT_NE(reg.schema("Scaled"), nullptr);
+  EXPECT_HAS(describe_schema(*reg.schema("Scaled")), "factor (a number > 0, default 2.0): the factor");
+}
+
+TEST(RunConfig, SectionsCheckTheirKeysAndFillTheirDefaults) {
+  Json c = complete_run_config(default_run_config());
+  EXPECT_EQ(c["train_cfg"]["max_epochs"], 14);
+  EXPECT_EQ(c["train_dataloader"]["sampler"]["shuffle"], true);
+  EXPECT_EQ(c["env_cfg"]["dist_cfg"]["timeout"], 300.0);
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["rho"], 0.9) << "the registered type's schema default";
+  EXPECT_EQ(c["val_dataloader"]["dataset"], c["train_dataloader"]["dataset"]) << "val follows train's dataset";
+  Json typo = default_run_config();
+  typo["train_cfg"]["max_epoch"] = 3;
+  EXPECT_HAS(error_of([&] { complete_run_config(typo); }),
+             "unknown key 'train_cfg.max_epoch' (did you mean 'train_cfg.max_epochs'?)");
+  Json wrong = default_run_config();
+  wrong["env_cfg"] = {{"dist_cfg", {{"backend", "mpi"}}}};
+  EXPECT_HAS(error_of([&] { complete_run_config(wrong, {{"env_cfg.dist_cfg.backend", "config 'x.json'"}}); }),
+             "config 'x.json': config key 'env_cfg.dist_cfg.backend' must be one of auto, gloo, nccl; got \"mpi\"");
+  Json top = default_run_config();
+  top["optim_wraper"] = Json::object();
+  EXPECT_HAS(error_of([&] { complete_run_config(top); }), "did you mean 'optim_wrapper'?");
+}
+
+TEST(RunConfig, LoadOrderIsDefaultsFileCfgOptionsFlagsAndFlagsAreNamedInErrors) {
+  test::TempDir tmp("run_config");
+  std::ofstream(tmp / "c.json") << R"({"optim_wrapper": {"optimizer": {"lr": 0.5}}, "train_cfg": {"max_epochs": 3}})";
+  LoadedConfig l = load_run_config(tmp.file("c.json"), {"train_cfg.max_epochs=4", "optim_wrapper.optimizer.lr=0.25"},
+                                   {{"--lr", "optim_wrapper.optimizer.lr", Json(2.0)}});
+  Json c = complete_run_config(l.tree, l.origins);
+  EXPECT_EQ(c["optim_wrapper"]["optimizer"]["lr"], 2.0);
+  EXPECT_EQ(c["train_cfg"]["max_epochs"], 4);
+  EXPECT_EQ(c["train_dataloader"]["batch_size"], 64);
+  l = load_run_config("", {}, {{"--epochs", "train_cfg.max_epochs", Json(0)}});
+  EXPECT_HAS(error_of([&] { complete_run_config(l.tree, l.origins); }),
+             "--epochs (train_cfg.max_epochs): must be >= 1, got 0");
+}
+
+TEST(RunConfig, FormerOwnShapeIsTranslatedOnceOrRefusedNamingTheNewKey) {
+  const Json mm = translate_own_schema(
+      Json::parse(R"({"optimizer": {"type": "sgd", "lr": 0.1}, "train": {"epochs": 2, "max_iters": 0},
+                      "ddp": {"bucket_cap_mb": 5, "backend": "gloo"}, "schedule": {"type": "cosine", "gamma": 0.5},
+                      "data": {"data_dir": "/d", "limit": 100}, "amp": "bf16"})"),
+      "config 'old.json'");
+  EXPECT_EQ(mm["optim_wrapper"]["optimizer"], Json::parse(R"({"type": "SGD", "lr": 0.1})"));
+  EXPECT_EQ(mm["train_cfg"], Json::parse(R"({"max_epochs": 2})"));
+  EXPECT_EQ(mm["model_wrapper_cfg"]["bucket_cap_mb"], 5);
+  EXPECT_EQ(mm["env_cfg"]["dist_cfg"]["backend"], "gloo");
+  EXPECT_EQ(mm["param_scheduler"], Json::parse(R"({"type": "CosineAnnealingLR", "by_epoch": false})"));
+  EXPECT_EQ(mm["train_dataloader"]["dataset"], Json::parse(R"({"data_root": "/d", "indices": 100})"));
+  EXPECT_EQ(mm["val_dataloader"]["dataset"]["data_root"], "/d");
+  EXPECT_EQ(mm["optim_wrapper"]["dtype"], "bfloat16");
+  EXPECT_HAS(error_of([] { translate_own_schema(Json::parse(R"({"train": {"epoch": 2}})"), "config 'old.json'"); }),
+             "config 'old.json': unknown config key 'train.epoch' (did you mean 'train.epochs'?)");
+}
+
+// A run's config.json (the completed tree), fed back as the config, completes to itself.
+TEST(RunConfig, CompletedTreeIsAFixedPoint) {
+  test::TempDir tmp("run_config");
+  std::ofstream(tmp / "c.json") << R"({"optim_wrapper": {"type": "AmpOptimWrapper",
+      "optimizer": {"type": "AdamW", "lr": 0.001}, "clip_grad": {"max_norm": 1}},
+      "param_scheduler": [{"type": "LinearLR", "by_epoch": false, "end": 10}, {"type": "StepLR", "gamma": 0.5}],
+      "train_cfg": {"by_epoch": false, "max_iters": 20}, "custom_hooks": [{"type": "EMAHook"}]})";
+  const LoadedConfig l = load_run_config(tmp.file("c.json"), {}, {});
+  const Json once = complete_run_config(l.tree, l.origins);
+  std::ofstream(tmp / "config.json") << once.dump(2);
+  const LoadedConfig again = load_run_config(tmp.file("config.json"), {}, {});
+  EXPECT_EQ(complete_run_config(again.tree, again.origins), once);
+  EXPECT_EQ(once["train_cfg"]["type"], "IterBasedTrainLoop");
+  EXPECT_FALSE(once["train_cfg"].contains("max_epochs"));
+  EXPECT_EQ(once["optim_wrapper"]["clip_grad"]["norm_type"], 2.0);
+  EXPECT_EQ(once["optim_wrapper"]["optimizer"]["weight_decay"], 0.01) << "AdamW's own default";
+}
+
+}  // namespace
+}  // namespace tandem::train

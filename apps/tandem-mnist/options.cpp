@@ -77,6 +77,8 @@ int parse_options(int argc, char** argv, AppOptions& o) {
   app.add_flag("--verbose", o.verbose, "errors also name the source line that raised them");
   app.add_flag("--profile", o.profile, "time every op and print a table at the end");
   add_test_hooks(app, o);
+  bool flags_markdown_out = false;  // docs/training.md's flags table, from the alias table
+  app.add_flag("--flags-markdown", flags_markdown_out, "")->group("");
   app.allow_extras();  // reported below, with the closest flag
   const std::string name = program_name(argv[0]);
   try {
@@ -90,6 +92,10 @@ int parse_options(int argc, char** argv, AppOptions& o) {
   if (const std::string extra = unexpected_argument(app); !extra.empty()) {
     std::fprintf(stderr, "%s: error: %s (see --help)\n", name.c_str(), extra.c_str());
     return 2;
+  }
+  if (flags_markdown_out) {
+    std::printf("%s", flags_markdown().c_str());
+    return 0;
   }
   if (!positional_config.empty()) {
     if (!o.config_file.empty() && o.config_file != positional_config) {

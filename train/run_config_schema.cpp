@@ -249,6 +249,7 @@ void complete_train_cfg(Json& tree, const Origins& o) {
   }
   complete_section(tree, "train_cfg", section_schema("train_cfg"), o);
   t["by_epoch"] = t["type"] == "EpochBasedTrainLoop";
+  if (!t["by_epoch"].get<bool>()) t.erase("max_epochs");  // the schema's default epochs do not apply
 }
 
 // val_dataloader.dataset: the train dataset's dict without its indices, the val dict's keys on top

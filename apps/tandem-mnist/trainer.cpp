@@ -16,14 +16,10 @@
 
 #include "core/profiler.h"
 #include "core/thread_pool.h"
-#include "data/mnist.h"
 #include "dist/store/env.h"
 #include "kernels/linear.h"
-#include "train/models/zoo.h"
-#include "train/registries.h"
 #include "train/runner.h"
 #include "train/stop_signal.h"
-#include "train/work_dir.h"
 
 namespace tandem::app {
 namespace {

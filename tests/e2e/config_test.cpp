@@ -220,3 +220,18 @@ TEST(CudaGraph, RefusesCpuFp16AdamCosineAndDdpInOneLine) {
   EXPECT_NE(read_file(tmp / "log").find("--launcher none"), std::string::npos);
   EXPECT_FALSE(fs::exists(wd)) << "a refused run leaves no work dir";
 }
+
+// The flags are one alias table onto config keys: it writes --help's key paths and docs/training.md's
+// flags table, which must be the table as the trainer prints it.
+TEST(Config, FlagsTableDrivesHelpAndTheDocs) {
+  TempDir tmp("config");
+  ASSERT_EQ(run_process({kTrainer, "--flags-markdown"}, tmp / "table"), 0);
+  const std::string table = read_file(tmp / "table");
+  EXPECT_NE(table.find("| `--lr V` | `optim_wrapper.optimizer.lr` |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| `--no-shuffle` | `train_dataloader.sampler.shuffle` |"), std::string::npos) << table;
+  EXPECT_NE(read_file(fs::path(TANDEM_SOURCE_DIR) / "docs/training.md").find(table), std::string::npos)
+      << "docs/training.md's flags table differs from `tandem-mnist --flags-markdown`:\n" << table;
+  ASSERT_EQ(run_process({kTrainer, "--help"}, tmp / "help"), 0);
+  EXPECT_NE(read_file(tmp / "help").find("[model_wrapper_cfg.bucket_cap_mb]"), std::string::npos)
+      << read_file(tmp / "help");
+}

@@ -10,7 +10,9 @@
 #include <fstream>
 
 #include "common/test_util.h"
+#include "train/models/zoo.h"
 #include "train/registries.h"
+#include "train/tiny_runner.h"
 
 namespace tandem::train {
 namespace {
@@ -134,6 +136,35 @@ TEST(RunConfig, CompletedTreeIsAFixedPoint) {
   EXPECT_FALSE(once["train_cfg"].contains("max_epochs"));
   EXPECT_EQ(once["optim_wrapper"]["clip_grad"]["norm_type"], 2.0);
   EXPECT_EQ(once["optim_wrapper"]["optimizer"]["weight_decay"], 0.01) << "AdamW's own default";
+}
+
+void register_tiny_set() {
+  if (datasets().contains("TinySet")) return;
+  datasets().register_module(
+      "TinySet",
+      [](const Kwargs& k, const std::string& split) -> std::shared_ptr<const data::Dataset> {
+        return std::make_shared<TinySet>(split == "train" ? k.integer("n", 0) : 16);
+      },
+      {at_least(arg_int("n", 40, "training samples"), 1)});
+}
+
+// Runner::from_config builds and trains the job of a tree; the config.json it writes, fed back as
+// the config, gives the identical config.json.
+TEST(RunConfig, RunnerFromConfigWritesAConfigJsonThatReproducesItself) {
+  register_tiny();
+  register_tiny_set();
+  test::TempDir tmp("run_config");
+  Json tree = Json::parse(R"({"model": {"type": "TinyNet"},
+      "optim_wrapper": {"optimizer": {"type": "SGD", "lr": 0.5}}, "param_scheduler": [],
+      "train_cfg": {"max_epochs": 1}, "train_dataloader": {"batch_size": 8, "dataset": {"type": "TinySet"}},
+      "env_cfg": {"device": "cpu"}, "default_hooks": {"checkpoint": {"interval": 0}}})");
+  tree["work_dir"] = tmp.file("a");
+  ASSERT_EQ(Runner::from_config(tree.dump())->train(), 0);
+  const Json first = Json::parse(test::read_file(tmp / "a" / "config.json"));
+  EXPECT_EQ(first["train_dataloader"]["dataset"]["n"], 40) << "the dataset's schema default";
+  EXPECT_EQ(first["optim_wrapper"]["optimizer"]["momentum"], 0.0) << "SGD's schema default";
+  const LoadedConfig again = load_run_config((tmp / "a" / "config.json").string(), {}, {});
+  EXPECT_EQ(complete_run_config(again.tree, again.origins), first);
 }
 
 }  // namespace

@@ -177,8 +177,8 @@ Json file_tree(const std::string& file) {
   return merge_inherited(mm, translate_own_schema(own, source));
 }
 
-// `file` merged onto the built-in defaults; a registered type's dict that names another type than
-// the default's replaces it whole (the default's keywords belong to the default's type).
+}  // namespace
+
 Json merge_onto_defaults(const Json& defaults, const Json& file) {
   Json out = merge_inherited(defaults, file);
   for (const char* path : {"model", "model_wrapper_cfg", "optim_wrapper.optimizer", "param_scheduler",
@@ -193,8 +193,6 @@ Json merge_onto_defaults(const Json& defaults, const Json& file) {
   }
   return out;
 }
-
-}  // namespace
 
 bool is_own_schema_key(const std::string& k) {
   for (const char* own : {"train", "ddp", "data", "optimizer", "schedule", "env", "amp", "model_extra",

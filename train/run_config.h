@@ -45,6 +45,10 @@ struct LoadedConfig {
 // their schemas'.
 Json default_run_config();
 
+// `tree` merged onto `defaults` (MMEngine's _base_ rule); a registered type's dict that names another
+// type than the default's replaces it whole (the default's keywords belong to the default's type).
+Json merge_onto_defaults(const Json& defaults, const Json& tree);
+
 // defaults <- file ("" for none) <- cfg_options <- flags, with the origin of every value set.
 LoadedConfig load_run_config(const std::string& file, const std::vector<std::string>& cfg_options,
                              const std::vector<FlagSetting>& flags);
@@ -70,7 +74,7 @@ const std::vector<std::pair<std::string, Schema>>& run_config_sections();
 // RunnerOptions of `tree` (completed first): every setting read from its MMEngine key, the datasets
 // built from train_dataloader.dataset and val_dataloader.dataset, config_json the completed tree.
 RunnerOptions runner_options_from_config(const Json& tree, const Origins& origins = {});
-// Runner::from_config for a tree already parsed.
+// Runner::from_config for a tree already parsed and merged onto the defaults.
 std::unique_ptr<Runner> runner_from_config(const Json& tree, const Origins& origins = {});
 
 }  // namespace tandem::train

@@ -135,8 +135,9 @@ struct Distributed;
 class Runner {
  public:
   explicit Runner(RunnerOptions options);
-  // The Runner of a config tree in MMEngine's shape, given as JSON text (train/run_config.h: checked
-  // against the schemas, defaults filled in, datasets built from the registered dataset types).
+  // The Runner of a config tree in MMEngine's shape, given as JSON text (train/run_config.h: merged
+  // onto the built-in defaults, checked against the schemas, defaults filled in, datasets built from
+  // the registered dataset types).
   static std::unique_ptr<Runner> from_config(const std::string& config_json);
   ~Runner();
   Runner(const Runner&) = delete;

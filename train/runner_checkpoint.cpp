@@ -41,8 +41,11 @@ void check_resumable(const Checkpoint& c, const std::string& path, const RunnerO
   const Json now = o.config_json.empty() ? Json::object() : Json::parse(o.config_json);
   for (const std::string& key : o.resume_keys) {
     if (!saved.is_object() || !saved.contains(key.substr(0, key.find('.')))) continue;  // an older config's shape
-    const Json& then_v = get_path(saved, key);
-    const Json& now_v = get_path(now, key);
+    std::string pointer = "/" + key;
+    std::replace(pointer.begin(), pointer.end(), '.', '/');
+    const Json::json_pointer at(pointer);  // an absent key reads as null
+    const Json then_v = saved.contains(at) ? saved.at(at) : Json();
+    const Json now_v = now.contains(at) ? now.at(at) : Json();
     TANDEM_CHECK(then_v == now_v, "checkpoint '", path, "' was written with ", key, " = ", then_v.dump(),
                  " but this run has ", now_v.dump(), "; resume with the checkpoint's config");
   }

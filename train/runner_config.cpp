@@ -118,8 +118,11 @@ RunnerOptions runner_options_from_config(const Json& given, const Origins& o) {
   r.load_from = t["load_from"].is_null() ? "" : t["load_from"].get<std::string>();
   r.resume = t["resume"].get<bool>() ? "auto" : "";
   r.config_json = t.dump();
-  r.resume_keys = {"model", "train_dataloader.batch_size", "train_dataloader.dataset", "train_dataloader.sampler",
-                   "optim_wrapper.optimizer.type", "param_scheduler", "randomness.seed"};
+  // The keys that decide the sample order and the saved state's meaning (not the data's path).
+  r.resume_keys = {"model", "train_dataloader.batch_size", "train_dataloader.dataset.type",
+                   "train_dataloader.dataset.indices", "train_dataloader.sampler.shuffle",
+                   "train_dataloader.sampler.round_up", "optim_wrapper.optimizer.type", "param_scheduler",
+                   "randomness.seed"};
   set_data(t, o, r);
   return r;
 }
@@ -130,8 +133,8 @@ std::unique_ptr<Runner> runner_from_config(const Json& tree, const Origins& orig
 
 std::unique_ptr<Runner> Runner::from_config(const std::string& config_json) {
   Json tree = Json::parse(config_json, nullptr, /*allow_exceptions=*/false);
-  TANDEM_CHECK(!tree.is_discarded(), "Runner::from_config: the config is not valid JSON");
-  return runner_from_config(tree);
+  TANDEM_CHECK(!tree.is_discarded() && tree.is_object(), "Runner::from_config: the config is not a JSON object");
+  return runner_from_config(merge_onto_defaults(default_run_config(), tree));
 }
 
 }  // namespace tandem::train

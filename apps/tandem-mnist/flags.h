@@ -21,9 +21,9 @@ struct FlagAlias {
   std::string path;      // the key path it sets ("optim_wrapper.optimizer.lr"); shown in --help
   train::ArgKind kind;   // Number, Int, String: it takes a value read as this; Bool: a switch
   std::string help;
-  std::vector<std::string> words;  // String: the values it accepts (empty: any)
+  std::vector<std::string> words = {};  // String: the values it accepts (empty: any)
   // The keys it sets, {path: value}, from its value as read (null: {path: the value}).
-  std::function<train::Json(const train::Json& value)> map;
+  std::function<train::Json(const train::Json& value)> map = nullptr;
 };
 
 const std::vector<FlagAlias>& flag_aliases();

@@ -95,22 +95,28 @@ std::string Kwargs::label(const std::string& key) const {
   return it->second + ": config key '" + path + "'";
 }
 
+ArgSpec arg_of(const std::string& key, ArgKind kind, const std::string& default_json, const std::string& doc) {
+  ArgSpec a;
+  a.key = key;
+  a.kind = kind;
+  a.default_json = default_json;
+  a.doc = doc;
+  return a;
+}
 ArgSpec arg_number(const std::string& key, double def, const std::string& doc) {
-  return ArgSpec{.key = key, .kind = ArgKind::Number, .default_json = nlohmann::json(def).dump(), .doc = doc};
+  return arg_of(key, ArgKind::Number, nlohmann::json(def).dump(), doc);
 }
 ArgSpec arg_int(const std::string& key, int64_t def, const std::string& doc) {
-  return ArgSpec{.key = key, .kind = ArgKind::Int, .default_json = std::to_string(def), .doc = doc};
+  return arg_of(key, ArgKind::Int, std::to_string(def), doc);
 }
 ArgSpec arg_bool(const std::string& key, bool def, const std::string& doc) {
-  return ArgSpec{.key = key, .kind = ArgKind::Bool, .default_json = def ? "true" : "false", .doc = doc};
+  return arg_of(key, ArgKind::Bool, def ? "true" : "false", doc);
 }
 ArgSpec arg_string(const std::string& key, const std::string& def, std::vector<std::string> choices,
                    const std::string& doc) {
-  return ArgSpec{.key = key, .kind = ArgKind::String, .default_json = nlohmann::json(def).dump(),
-                 .choices = std::move(choices), .doc = doc};
-}
-ArgSpec arg_of(const std::string& key, ArgKind kind, const std::string& default_json, const std::string& doc) {
-  return ArgSpec{.key = key, .kind = kind, .default_json = default_json, .doc = doc};
+  ArgSpec a = arg_of(key, ArgKind::String, nlohmann::json(def).dump(), doc);
+  a.choices = std::move(choices);
+  return a;
 }
 ArgSpec at_least(ArgSpec a, double min) {
   a.min = min;

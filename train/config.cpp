@@ -153,7 +153,7 @@ void set_path(Json& config, const std::string& dotted, const Json& value, const 
 
 void apply_override(Json& config, const std::string& assignment, const std::string& source) {
   const size_t eq = assignment.find('=');
-  TANDEM_CHECK(eq != std::string::npos && eq > 0, source, ": expected KEY=VALUE (e.g. optimizer.lr=0.5), got '",
+  TANDEM_CHECK(eq != std::string::npos && eq > 0, source, ": expected KEY=VALUE (e.g. optim_wrapper.optimizer.lr=0.5), got '",
                assignment, "'");
   const std::string key = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);

@@ -75,7 +75,7 @@ TEST(NanLoss, OneProcessStopsNamingTheIteration) {
   EXPECT_EQ(*rc, 1);
   const std::string out = run.output();
   EXPECT_HAS(out, "tandem-mnist: error: the loss is nan at epoch 1, iteration 2/10 (global iteration 2)");
-  EXPECT_HAS(out, "lower optimizer.lr (--lr)");
+  EXPECT_HAS(out, "lower optim_wrapper.optimizer.lr (--lr)");
   // Nothing after the NaN was saved: the last checkpoint is the one of iteration 1.
   EXPECT_EQ(out.find("iter_2.safetensors"), std::string::npos) << out;
   EXPECT_HAS(read_file(tmp / "w" / "last_checkpoint"), "iter_1.safetensors");

@@ -18,7 +18,7 @@ class CheckInvalidLossHook : public Hook {
     const double v = out.loss;
     TANDEM_CHECK(std::isfinite(v) || r.scaler().enabled(), "the loss is ", std::isnan(v) ? "nan" : v > 0 ? "inf" : "-inf",
                  " at epoch ", r.epoch(), ", iteration ", r.iter_in_epoch(), "/", r.iters_per_epoch(),
-                 " (global iteration ", r.global_iter(), "): training diverged; lower optimizer.lr (--lr) or check the data");
+                 " (global iteration ", r.global_iter(), "): training diverged; lower optim_wrapper.optimizer.lr (--lr) or check the data");
   }
 };
 

@@ -25,6 +25,13 @@ Translate to(const std::string& path) {
   return [path](const Json& v, Json& out) { set_path_free(out, path, v); };
 }
 
+// A first-N limit: 0 (all) is the key left out.
+Translate all_or(const std::string& path) {
+  return [path](const Json& v, Json& out) {
+    if (v != Json(0)) set_path_free(out, path, v);
+  };
+}
+
 // The former own-shape keys and what each becomes. A key absent here is refused naming the nearest.
 const std::map<std::string, Translate>& own_keys() {
   static const std::map<std::string, Translate> table = {
@@ -35,8 +42,8 @@ const std::map<std::string, Translate>& own_keys() {
        }},
       {"data.batch_size", to("train_dataloader.batch_size")},
       {"data.test_batch_size", to("val_dataloader.batch_size")},
-      {"data.limit", to("train_dataloader.dataset.indices")},
-      {"data.test_limit", to("val_dataloader.dataset.indices")},
+      {"data.limit", all_or("train_dataloader.dataset.indices")},
+      {"data.test_limit", all_or("val_dataloader.dataset.indices")},
       {"data.shuffle", to("train_dataloader.sampler.shuffle")},
       {"data.pad", to("train_dataloader.sampler.round_up")},
       {"optimizer.type",
@@ -55,6 +62,11 @@ const std::map<std::string, Translate>& own_keys() {
          if (v != Json(0) && v != Json(0.0)) set_path_free(out, "optim_wrapper.clip_grad.max_norm", v);
        }},
       {"optimizer.clip_grad_norm_type", to("optim_wrapper.clip_grad.norm_type")},
+      {"optimizer.zero_redundancy",
+       [](const Json& v, Json&) {
+         TANDEM_CHECK(v == false, "config key 'optimizer.zero_redundancy' is now optim_wrapper.optimizer.type "
+                      "'ZeroRedundancyOptimizer' with optimizer_type the optimizer it shards (e.g. 'SGD'); write that");
+       }},
       {"optimizer.auto_scale_lr_base_batch",
        [](const Json& v, Json& out) {
          const bool on = v.is_number() && v.get<double>() > 0;
@@ -81,7 +93,7 @@ const std::map<std::string, Translate>& own_keys() {
       {"ddp.backend", to("env_cfg.dist_cfg.backend")},
       {"ddp.timeout_s", to("env_cfg.dist_cfg.timeout")},
       {"ddp.port", to("dist_params.port")},
-      {"ddp.sync_bn", to("sync_bn")},
+      {"ddp.sync_bn", [](const Json& v, Json& out) { out["sync_bn"] = v == true ? Json("torch") : Json(); }},
       {"ddp.wrapper", to("model_wrapper_cfg.type")},
       {"train.epochs", to("train_cfg.max_epochs")},
       {"train.max_iters",
@@ -167,14 +179,10 @@ Json file_tree(const std::string& file) {
   const std::string source = "config '" + file + "'";
   TANDEM_CHECK(raw.is_object(), source, ": a config must be a dict of keys");
   const bool py = file.size() > 3 && file.substr(file.size() - 3) == ".py";
-  Json mm = Json::object(), own = Json::object();
-  for (const auto& [key, value] : raw.items()) {
-    if (is_own_schema_key(key))
-      own[key] = value;
-    else if (!py || is_run_config_key(key))
-      mm[key] = value;
-  }
-  return merge_inherited(mm, translate_own_schema(own, source));
+  Json kept = Json::object();
+  for (const auto& [key, value] : raw.items())
+    if (!py || is_own_schema_key(key) || is_run_config_key(key)) kept[key] = value;
+  return translate_own_schema(kept, source);
 }
 
 }  // namespace
@@ -201,7 +209,9 @@ bool is_own_schema_key(const std::string& k) {
   return false;
 }
 
-Json translate_own_schema(const Json& own, const std::string& source) {
+Json translate_own_schema(const Json& tree, const std::string& source) {
+  Json own = Json::object(), mm = Json::object();  // MMEngine's keys pass as they are
+  for (const auto& [key, value] : tree.items()) (is_own_schema_key(key) ? own : mm)[key] = value;
   Json out = Json::object();
   // schedule.type first (it replaces the scheduler), then the keys that refine it.
   if (own.contains("schedule") && own["schedule"].is_object() && own["schedule"].contains("type"))
@@ -211,9 +221,17 @@ Json translate_own_schema(const Json& own, const std::string& source) {
     const Json type = rest["schedule"].value("type", Json("step"));
     rest["schedule"].erase("type");
     if (type != "step") rest["schedule"].erase("gamma");  // only StepLR has a gamma
+    if (type != "list") rest["schedule"].erase("param_scheduler");  // the list goes with type list only
+  }
+  if (rest.contains("optimizer") && rest["optimizer"].is_object()) {  // a norm type without clipping: off
+    Json& opt = rest["optimizer"];
+    const Json norm = opt.value("clip_grad_max_norm", Json(0));
+    if (norm == Json(0) || norm == Json(0.0)) opt.erase("clip_grad_norm_type");
+    // momentum was SGD's only: another optimizer's zero is dropped (a non-zero one is refused by its schema).
+    if (opt.contains("type") && opt["type"] != "sgd" && opt.value("momentum", Json(0)) == Json(0)) opt.erase("momentum");
   }
   translate_tree(rest, "", source, out);
-  return out;
+  return merge_inherited(mm, out);
 }
 
 Json default_run_config() {

@@ -57,8 +57,9 @@ LoadedConfig load_run_config(const std::string& file, const std::vector<std::str
 bool is_run_config_key(const std::string& top_level_key);
 // True for a top-level key of Tandem's former own shape (train, ddp, data, optimizer, ...).
 bool is_own_schema_key(const std::string& top_level_key);
-// A former own-shape tree (or part of one) as the MMEngine keys it stands for; `source` names it.
-Json translate_own_schema(const Json& own, const std::string& source);
+// `tree` with its former own-shape keys translated into the MMEngine keys they stand for (its
+// MMEngine keys kept as they are); `source` names it in errors.
+Json translate_own_schema(const Json& tree, const std::string& source);
 
 // `tree` checked (every section and registered type against its schema) with every default filled in.
 Json complete_run_config(const Json& tree, const Origins& origins = {});

@@ -291,6 +291,7 @@ void complete_cross_checks(Json& tree, const Origins& o) {
                key_label("optim_wrapper.clip_grad", o), " needs max_norm");
   TANDEM_CHECK(!tree["randomness"]["diff_rank_seed"].get<bool>(), key_label("randomness.diff_rank_seed", o),
                ": every rank uses one seed here");
+  if (tree["load_from"] == "") tree["load_from"] = nullptr;  // no weights, as null
   const Json& sync = tree["sync_bn"];
   TANDEM_CHECK(sync.is_null() || sync.is_boolean() || sync == "torch", key_label("sync_bn", o),
                " must be 'torch', true, false or null, got ", sync.dump());

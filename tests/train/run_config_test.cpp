@@ -118,6 +118,34 @@ TEST(RunConfig, FormerOwnShapeIsTranslatedOnceOrRefusedNamingTheNewKey) {
   EXPECT_EQ(mm["optim_wrapper"]["dtype"], "bfloat16");
   EXPECT_HAS(error_of([] { translate_own_schema(Json::parse(R"({"train": {"epoch": 2}})"), "config 'old.json'"); }),
              "config 'old.json': unknown config key 'train.epoch' (did you mean 'train.epochs'?)");
+  EXPECT_HAS(error_of([] { translate_own_schema(Json::parse(R"({"optimizer": {"zero_redundancy": true}})"), "x"); }),
+             "is now optim_wrapper.optimizer.type 'ZeroRedundancyOptimizer' with optimizer_type");
+}
+
+// A former run's whole config.json (Tandem's former own shape, every key at its default) reads as
+// the reference recipe.
+TEST(RunConfig, FormerOwnShapeConfigJsonReadsAsTheReferenceRecipe) {
+  const Json old = Json::parse(
+      R"({"amp": "off", "custom_hooks": [], "data": {"batch_size": 64, "data_dir": "/usr/share/datasets/f)"
+      R"(ashion-mnist", "limit": 0, "pad": true, "shuffle": true, "test_batch_size": 256, "test_limit": 0)"
+      R"(}, "dataset": null, "ddp": {"backend": "auto", "broadcast_buffers": true, "bucket_cap_mb": 25.0,)"
+      R"( "comm_hook": "allreduce", "find_unused_parameters": false, "first_bucket_cap_mb": 1.0, "gradien)"
+      R"(t_as_bucket_view": false, "launcher": "none", "port": 0, "powersgd_rank": 1, "powersgd_start_ite)"
+      R"(r": 1000, "static_graph": false, "sync_bn": false, "timeout_s": 300.0, "wrapper": "MMDistributed)"
+      R"(DataParallel"}, "env": {"device": "auto", "threads": 0}, "load_from": "", "model": {"type": "Mni)"
+      R"(stNet"}, "model_extra": null, "model_wrapper_extra": null, "optimizer": {"accumulative_counts": )"
+      R"(1, "auto_scale_lr_base_batch": 0, "clip_grad_max_norm": 0.0, "clip_grad_norm_type": 2.0, "lr": 1)"
+      R"(.0, "momentum": 0.0, "type": "adadelta", "weight_decay": 0.0, "zero_redundancy": false}, "optimi)"
+      R"(zer_extra": null, "resume": false, "schedule": {"gamma": 0.7, "param_scheduler": [], "type": "st)"
+      R"(ep"}, "test_evaluator": [], "train": {"checkpoint_interval_epochs": 1, "checkpoint_interval_iter)"
+      R"(s": 0, "cuda_graph": false, "epochs": 14, "eval_interval": 1, "log_interval": 100, "max_iters": )"
+      R"(0, "max_keep_ckpts": 3, "save_best": "", "seed": 1, "vis_backends": ["LocalVisBackend"]}, "val_e)"
+      R"(valuator": [], "work_dir": ""})");
+  Json from_old = complete_run_config(merge_onto_defaults(default_run_config(), translate_own_schema(old, "old")));
+  Json recipe = complete_run_config(default_run_config());
+  from_old.erase("work_dir");
+  recipe.erase("work_dir");
+  EXPECT_EQ(from_old, recipe);
 }
 
 // A run's config.json (the completed tree), fed back as the config, completes to itself.

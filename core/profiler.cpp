@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "core/tensor.h"
@@ -30,9 +31,25 @@ std::mutex& table_mu() {
   static std::mutex mu;
   return mu;
 }
-std::map<std::pair<std::string, bool>, Acc>& table() {
-  static std::map<std::pair<std::string, bool>, Acc> t;
+struct Key {
+  std::string section, op;
+  bool backward;
+  bool operator<(const Key& o) const {
+    return std::tie(section, op, backward) < std::tie(o.section, o.op, o.backward);
+  }
+};
+std::map<Key, Acc>& table() {
+  static std::map<Key, Acc> t;
   return t;
+}
+// Guarded by table_mu(): the current section, and every section in the order first recorded.
+std::string& current_section() {
+  static std::string s;
+  return s;
+}
+std::vector<std::string>& section_order() {
+  static std::vector<std::string> v;
+  return v;
 }
 
 }  // namespace
@@ -44,9 +61,21 @@ BackwardPhase::BackwardPhase() : prev_(t_backward) { t_backward = true; }
 BackwardPhase::~BackwardPhase() { t_backward = prev_; }
 bool in_backward_phase() { return t_backward; }
 
+Section::Section(std::string name) {
+  std::lock_guard<std::mutex> lock(table_mu());
+  prev_ = std::exchange(current_section(), std::move(name));
+}
+Section::~Section() {
+  std::lock_guard<std::mutex> lock(table_mu());
+  current_section() = std::move(prev_);
+}
+
 void detail::record(const char* op, double seconds, double flops) {
   std::lock_guard<std::mutex> lock(table_mu());
-  Acc& a = table()[{std::string(op), t_backward}];
+  const std::string& section = current_section();
+  auto& order = section_order();
+  if (std::find(order.begin(), order.end(), section) == order.end()) order.push_back(section);
+  Acc& a = table()[{section, std::string(op), t_backward}];
   ++a.calls;
   a.seconds += seconds;
   a.flops += flops;
@@ -56,7 +85,7 @@ std::vector<OpStat> snapshot() {
   std::vector<OpStat> out;
   {
     std::lock_guard<std::mutex> lock(table_mu());
-    for (const auto& [key, a] : table()) out.push_back({key.first, key.second, a.calls, a.seconds, a.flops});
+    for (const auto& [key, a] : table()) out.push_back({key.section, key.op, key.backward, a.calls, a.seconds, a.flops});
   }
   std::stable_sort(out.begin(), out.end(), [](const OpStat& x, const OpStat& y) { return x.seconds > y.seconds; });
   return out;
@@ -65,10 +94,13 @@ std::vector<OpStat> snapshot() {
 void reset() {
   std::lock_guard<std::mutex> lock(table_mu());
   table().clear();
+  section_order().clear();
 }
 
-std::string report(double peak_gflops) {
-  const std::vector<OpStat> stats = snapshot();
+namespace {
+
+// One section's table (report's format).
+std::string section_table(const std::vector<OpStat>& stats, double peak_gflops) {
   double total = 0;
   for (const OpStat& s : stats) total += s.seconds;
   // The op column is as wide as the longest name (at least 26, at most 120).
@@ -99,6 +131,27 @@ std::string report(double peak_gflops) {
     out += line;
   }
   out += "\n";
+  return out;
+}
+
+}  // namespace
+
+std::string report(double peak_gflops) {
+  const std::vector<OpStat> stats = snapshot();
+  std::vector<std::string> order;
+  {
+    std::lock_guard<std::mutex> lock(table_mu());
+    order = section_order();
+  }
+  if (order.size() <= 1) return section_table(stats, peak_gflops);
+  std::string out;
+  for (const std::string& section : order) {
+    std::vector<OpStat> part;
+    for (const OpStat& s : stats)
+      if (s.section == section) part.push_back(s);
+    out += (out.empty() ? "" : "\n") + (section.empty() ? std::string("(outside any section)") : section) + ":\n";
+    out += section_table(part, peak_gflops);
+  }
   return out;
 }
 

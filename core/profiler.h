@@ -1,6 +1,7 @@
 // Per-op wall-time profiler for the kernel entry points (kernels/*.cpp).
-// Owns: a process-wide table of (op, forward/backward) -> calls, seconds,
-// FLOPs; a cheap RAII scope the dispatchers open around each op; the
+// Owns: a process-wide table of (section, op, forward/backward) -> calls, seconds,
+// FLOPs, where a section names the part of a run ("training", "evaluation"; the
+// Runner sets them, train/runner.cpp); a cheap RAII scope the dispatchers open around each op; the
 // backward-phase flag the autograd engine sets while it runs a backward; a
 // short GEMM run that measures this machine's f32 peak; a text report.
 // Assumes: ops are timed on the thread that calls the entry point (the pool
@@ -25,6 +26,7 @@ void set_enabled(bool on);
 bool enabled();
 
 struct OpStat {
+  std::string section;  // the part of the run it was recorded in ("" when no Section was open)
   std::string op;      // kernel entry point name, e.g. "conv2d_forward"
   bool backward;       // recorded while the autograd engine ran a backward
   int64_t calls;
@@ -32,13 +34,28 @@ struct OpStat {
   double flops;        // floating-point operations summed over calls (0: bytes-bound op)
 };
 
-// Every (op, phase) seen since the last reset, sorted by seconds, descending.
+// Every (section, op, phase) seen since the last reset, sorted by seconds, descending.
 std::vector<OpStat> snapshot();
 void reset();
+
+// Names the part of the run that ops recorded from now on belong to, process-wide, until the
+// Section ends (then the previous name is back): `profiler::Section s("evaluation");`.
+class Section {
+ public:
+  explicit Section(std::string name);
+  ~Section();
+  Section(const Section&) = delete;
+  Section& operator=(const Section&) = delete;
+
+ private:
+  std::string prev_;
+};
 
 // Table: op, fwd/bwd, calls, ms, share of total, GFLOP/s, % of peak_gflops
 // (kernels::measure_gemm_peak_gflops measures a peak in the same run)
 // (the last two only for ops with FLOPs, and % only when peak_gflops > 0).
+// One table per section, in the order the sections were first recorded, each headed by its
+// name and with its own total and shares (a run's evaluation never counts as training).
 std::string report(double peak_gflops);
 
 // Marks the calling thread as running a backward (core/autograd.cpp sets it);

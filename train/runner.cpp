@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "core/autograd.h"
+#include "core/profiler.h"
 #include "core/random.h"
 #include "core/thread_pool.h"
 #include "data/distributed_sampler.h"
@@ -291,6 +292,7 @@ void Runner::setup_hooks() {
 
 int Runner::train() {
   TANDEM_CHECK(!set_up_, "Runner::train: already ran");
+  profiler::Section section("training");  // evaluate() opens "evaluation" inside it
   setup();
   const std::string batch = std::to_string(o_.batch_size) +
                             (world_ > 1 ? " per rank x " + std::to_string(world_) + " ranks" : "");
@@ -363,6 +365,7 @@ bool Runner::validate_after_iter() const {
 }
 
 ValMetrics Runner::evaluate(data::DataLoader& loader, Evaluator& evaluator) {
+  profiler::Section section("evaluation");
   evaluator.reset();
   // Under DDP each rank evaluates its shard with its own buffers (BatchNorm statistics moved with
   // its own last batch), as PyTorch DDP and MMEngine's ValLoop do; the checkpoint holds rank 0's.

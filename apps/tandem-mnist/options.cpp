@@ -75,7 +75,7 @@ int parse_options(int argc, char** argv, AppOptions& o) {
                "automatic in a group tandem-run restarted)");
   app.add_flag("--print-config", o.print_config, "print the completed config (JSON, MMEngine's keys) and exit");
   app.add_flag("--verbose", o.verbose, "errors also name the source line that raised them");
-  app.add_flag("--profile", o.profile, "time every op and print a table at the end");
+  app.add_flag("--profile", o.profile, "time every op and print a table at the end, training and evaluation apart");
   add_test_hooks(app, o);
   bool flags_markdown_out = false;  // docs/training.md's flags table, from the alias table
   app.add_flag("--flags-markdown", flags_markdown_out, "")->group("");

@@ -1,6 +1,6 @@
 // core/profiler: exact call and FLOP counts for known conv/linear shapes,
 // forward vs backward attribution through the autograd engine, nothing
-// recorded while disabled, and the report's rows.
+// recorded while disabled, sections (training / evaluation) kept apart, and the report's rows.
 #include "core/profiler.h"
 
 #include <gtest/gtest.h>
@@ -119,6 +119,51 @@ TEST_F(ProfilerTest, DisabledRecordsNothing) {
   EXPECT_EQ(profiler::snapshot().size(), 1u);
   profiler::reset();
   EXPECT_TRUE(profiler::snapshot().empty());
+}
+
+TEST_F(ProfilerTest, SectionsKeepTheirOpsApartAndEachTableHasItsOwnTotal) {
+  const Tensor x = Tensor::full({5, 7}, 1.0), w = Tensor::full({3, 7}, 0.5);
+  {
+    profiler::Section train("training");
+    kernels::linear_forward(x, w, Tensor());
+    kernels::linear_forward(x, w, Tensor());
+    {
+      profiler::Section eval("evaluation");
+      kernels::linear_forward(x, w, Tensor());
+    }
+    kernels::add(x, x);  // back in "training" once the inner section ends
+  }
+  const auto stats = profiler::snapshot();
+  int64_t train_linear = 0, eval_linear = 0, train_add = 0, other = 0;
+  for (const auto& s : stats) {
+    if (s.section == "training" && s.op == "linear_forward") train_linear += s.calls;
+    else if (s.section == "evaluation" && s.op == "linear_forward") eval_linear += s.calls;
+    else if (s.section == "training") train_add += s.calls;
+    else other += s.calls;
+  }
+  EXPECT_EQ(train_linear, 2);
+  EXPECT_EQ(eval_linear, 1);
+  EXPECT_GE(train_add, 1);
+  EXPECT_EQ(other, 0);
+  const std::string table = profiler::report(0.0);
+  const size_t t = table.find("training:\n"), e = table.find("evaluation:\n");
+  ASSERT_NE(t, std::string::npos) << table;
+  ASSERT_NE(e, std::string::npos) << table;
+  EXPECT_LT(t, e) << "sections are reported in the order first recorded:\n" << table;
+  // Each section ends with its own total line, so there are two; the evaluation table's only op
+  // is linear_forward, at 100% of its total.
+  EXPECT_NE(table.find("total", t), table.rfind("total")) << table;
+  const std::string eval_part = table.substr(e);
+  EXPECT_EQ(eval_part.find("add"), std::string::npos) << eval_part;
+  EXPECT_NE(eval_part.find("100.0%"), std::string::npos) << eval_part;
+}
+
+TEST_F(ProfilerTest, OneSectionOrNoneReportsOneTableWithoutAHeading) {
+  const Tensor x = Tensor::full({5, 7}, 1.0), w = Tensor::full({3, 7}, 0.5);
+  kernels::linear_forward(x, w, Tensor());
+  const std::string table = profiler::report(0.0);
+  EXPECT_EQ(table.find(":\n"), std::string::npos) << table;
+  EXPECT_EQ(table.find("total"), table.rfind("total")) << table;
 }
 
 TEST_F(ProfilerTest, GemmPeakIsPositiveAndRestoresThreads) {

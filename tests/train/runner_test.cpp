@@ -17,6 +17,7 @@
 #include "common/ranks.h"
 #include "common/test_util.h"
 #include "core/error.h"
+#include "core/profiler.h"
 #include "core/random.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
@@ -97,6 +98,29 @@ class Recorder : public Hook {
   int priority_;
   std::string tag_;
 };
+
+// --profile's table: the ops of validation are counted under "evaluation", never as training.
+TEST(Runner, ProfileCountsValidationApartFromTraining) {
+  TempDir dir("runner_profile");
+  RunnerOptions o = tiny_options(dir.file("w"));
+  profiler::reset();
+  profiler::set_enabled(true);
+  Runner r(o);
+  const int rc = r.train();
+  profiler::set_enabled(false);
+  ASSERT_EQ(rc, 0);
+  int64_t train_fwd = 0, train_bwd = 0, eval_fwd = 0, eval_bwd = 0;
+  for (const auto& s : profiler::snapshot()) {
+    if (s.op != "linear_forward" && s.op != "linear_backward") continue;
+    (s.section == "training" ? (s.backward ? train_bwd : train_fwd) : (s.backward ? eval_bwd : eval_fwd)) += s.calls;
+    EXPECT_TRUE(s.section == "training" || s.section == "evaluation") << s.section;
+  }
+  profiler::reset();
+  EXPECT_EQ(train_fwd, 4);  // 32 samples in batches of 8, one epoch
+  EXPECT_GE(train_bwd, 4);
+  EXPECT_EQ(eval_fwd, 1);   // 12 samples in one validation batch (val_batch_size 256)
+  EXPECT_EQ(eval_bwd, 0);
+}
 
 TEST(Runner, HooksRunAtEachPointInPriorityOrder) {
   TempDir tmp("runner");

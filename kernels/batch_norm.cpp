@@ -2,13 +2,14 @@
 // batch_norm + relu + 2x2 max-pool of kernels/batch_norm_pool.h): validate the
 // input rank, the [C] shapes of weight/bias/running stats/saved stats, the
 // running stats' contiguity (they are updated in place), the pooled shapes and
-// the uint8 code of the fused op, devices and dtypes, then route to cpu:: or
-// cuda:: (the fused op is CPU only). No math here.
+// the uint8 code of the fused op, devices and dtypes, then call the kernel of the
+// operands' backend (kernels/ops.h; the fused ops are CPU only). No math here.
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -93,7 +94,7 @@ BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const
   constexpr const char* op = "batch_norm_forward";
   profiler::Scope prof_scope(op);
   const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
-  return TANDEM_DISPATCH(device, batch_norm_forward, x, weight, bias, running_mean, running_var, training,
+  return TANDEM_KERNEL(device, batch_norm_forward)(x, weight, bias, running_mean, running_var, training,
                          momentum, eps);
 }
 
@@ -103,7 +104,7 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   constexpr const char* op = "batch_norm_backward";
   profiler::Scope prof_scope(op);
   const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
-  return TANDEM_DISPATCH(device, batch_norm_backward, grad_out, x, weight, save_mean, save_invstd, training,
+  return TANDEM_KERNEL(device, batch_norm_backward)(grad_out, x, weight, save_mean, save_invstd, training,
                          need_input, need_weight, need_bias);
 }
 
@@ -114,7 +115,7 @@ BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, 
   profiler::Scope prof_scope(op);
   const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
   TANDEM_CHECK(!device.is_cuda(), op, ": CPU only; on CUDA use batch_norm_forward then relu_forward");
-  return cpu::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  return TANDEM_KERNEL(device, batch_norm_relu_forward)(x, weight, bias, running_mean, running_var, training, momentum, eps);
 }
 
 BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
@@ -127,7 +128,7 @@ BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x,
   if (bias.defined()) common_float_dtype(op, {x, bias});
   TANDEM_CHECK(!device.is_cuda() && (!bias.defined() || !bias.device().is_cuda()), op,
                ": CPU only; on CUDA use relu_backward then batch_norm_backward");
-  return cpu::batch_norm_relu_backward(grad_out, x, weight, bias, save_mean, save_invstd, training, need_input,
+  return TANDEM_KERNEL(device, batch_norm_relu_backward)(grad_out, x, weight, bias, save_mean, save_invstd, training, need_input,
                                        need_weight, need_bias);
 }
 
@@ -138,8 +139,9 @@ BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, con
   constexpr const char* op = "batch_norm_relu_max_pool2d_forward";
   profiler::Scope prof_scope(op);
   check_pool_input(op, x);
-  check_cpu_only(op, check_forward(op, x, weight, bias, running_mean, running_var, training, eps));
-  return cpu::batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training,
+  const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
+  check_cpu_only(op, device);
+  return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_forward)(x, weight, bias, running_mean, running_var, training,
                                                  momentum, eps);
 }
 
@@ -171,7 +173,7 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
   const Device device = common_device(op, {grad_out, x, code, winner, weight, bias, save_mean, save_invstd});
   common_float_dtype(op, {grad_out, x, winner, weight, bias, save_mean, save_invstd});
   check_cpu_only(op, device);
-  return cpu::batch_norm_relu_max_pool2d_backward(grad_out, x, code, winner, weight, bias, save_mean,
+  return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_backward)(grad_out, x, code, winner, weight, bias, save_mean,
                                                   save_invstd, training, need_input, need_weight, need_bias);
 }
 

@@ -36,28 +36,4 @@ BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x,
                                         const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
                                         bool training, bool need_input, bool need_weight, bool need_bias);
 
-namespace cpu {
-BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                         const Tensor& running_mean, const Tensor& running_var, bool training,
-                                         double momentum, double eps);
-BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                        const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
-                                        bool training, bool need_input, bool need_weight, bool need_bias);
-BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps);
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                   bool need_input, bool need_weight, bool need_bias);
-}  // namespace cpu
-
-namespace cuda {
-BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps);
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                   bool need_input, bool need_weight, bool need_bias);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -40,17 +40,4 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
                                                    bool training, bool need_input, bool need_weight,
                                                    bool need_bias);
 
-namespace cpu {
-BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
-                                                            const Tensor& bias, const Tensor& running_mean,
-                                                            const Tensor& running_var, bool training,
-                                                            double momentum, double eps);
-BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
-                                                   const Tensor& code, const Tensor& winner,
-                                                   const Tensor& weight, const Tensor& bias,
-                                                   const Tensor& save_mean, const Tensor& save_invstd,
-                                                   bool training, bool need_input, bool need_weight,
-                                                   bool need_bias);
-}  // namespace cpu
-
 }  // namespace tandem::kernels

@@ -3,7 +3,7 @@
 // Assumes: validated by kernels/activation.cpp; inputs may be non-contiguous.
 // Guarantees: fresh contiguous outputs; large tensors are split across the
 // thread pool in contiguous slices, small ones stay on the calling thread.
-#include "kernels/activation.h"
+#include "kernels/ops.h"
 
 #include "kernels/cpu/common.h"
 #include "kernels/functors.h"

@@ -1,7 +1,7 @@
 // relu on CUDA: the elementwise math is kernels/functors.h's ReluForward/ReluBackward, shared with
 // the CPU kernels. Backward works from the output y. Inputs may be strided (made contiguous
 // first); outputs are contiguous; work is queued on the compute stream.
-#include "kernels/activation.h"
+#include "kernels/ops.h"
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"

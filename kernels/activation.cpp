@@ -8,6 +8,7 @@
 
 namespace tandem::kernels {
 
+// [op-entry]
 Tensor relu_forward(const Tensor& x) {
   constexpr const char* op = "relu_forward";
   profiler::Scope prof_scope(op);
@@ -16,6 +17,7 @@ Tensor relu_forward(const Tensor& x) {
   common_float_dtype(op, {x});
   return TANDEM_KERNEL(device, relu_forward)(x);
 }
+// [op-entry]
 
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y) {
   constexpr const char* op = "relu_backward";

@@ -39,6 +39,15 @@
 // has (TANDEM_OPS_CPU_ONLY: fused fast paths, whose entry points compose the plain ops elsewhere).
 #define TANDEM_OPS(X) TANDEM_OPS_EVERY_BACKEND(X) TANDEM_OPS_CPU_ONLY(X)
 
+// A family's ops may sit in a list of their own, named in TANDEM_OPS_EVERY_BACKEND (docs/embedding.md
+// quotes this one as the example of adding an op).
+// [op-declare]
+// kernels/activation.h: relu, and its backward from the output y (y > 0 exactly where x > 0).
+#define TANDEM_OPS_ACTIVATION(X)           \
+  X(relu_forward, Tensor(const Tensor& x)) \
+  X(relu_backward, Tensor(const Tensor& grad_out, const Tensor& y))
+// [op-declare]
+
 #define TANDEM_OPS_EVERY_BACKEND(X)                                                                        \
   /* kernels/elementwise.h: same-shape operands (binary's fast path), whole-tensor sum, rows' argmax */    \
   X(add, Tensor(const Tensor& a, const Tensor& b))                                                         \
@@ -95,9 +104,7 @@
   X(layer_norm_backward, LayerNormGrads(const Tensor& grad_out, const Tensor& x, const Tensor& mean,        \
                                         const Tensor& rstd, const Tensor& weight, bool need_input,         \
                                         bool need_weight, bool need_bias))                                 \
-  /* kernels/activation.h: relu, its backward from the output */                                          \
-  X(relu_forward, Tensor(const Tensor& x))                                                                 \
-  X(relu_backward, Tensor(const Tensor& grad_out, const Tensor& y))                                        \
+  TANDEM_OPS_ACTIVATION(X)                                                                                 \
   /* kernels/batch_norm.h: batch_norm over the channels of [N, C, ...] */                                  \
   X(batch_norm_forward, BatchNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,        \
                                          const Tensor& running_mean, const Tensor& running_var,            \

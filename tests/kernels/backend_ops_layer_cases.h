@@ -19,6 +19,7 @@ namespace tandem::backend_ops {
 
 inline void add_activation_cases(CaseTable& t) {
   namespace K = kernels;
+  // [op-cases]
   const Run fwd = [](const Inputs& in) { return Inputs{K::relu_forward(in[0])}; };
   t["relu_forward"] = {{"values", {uniform({4, 9}, 301)}, fwd},
                        {"specials", {specials({3, 7})}, fwd},
@@ -28,6 +29,7 @@ inline void add_activation_cases(CaseTable& t) {
                         [](const Inputs& in) { return Inputs{K::relu_forward(transposed(in[0]))}; }},
                        {"strided", {uniform({3, 10}, 305)},
                         [](const Inputs& in) { return Inputs{K::relu_forward(every_other(in[0]))}; }}};
+  // [op-cases]
   // ties(): exact zeros, where the gradient is 0 (relu'(0) = 0, as PyTorch).
   const Run bwd = [](const Inputs& in) { return Inputs{K::relu_backward(in[1], K::relu_forward(in[0]))}; };
   t["relu_backward"] = {{"ties", {ties({5, 6}, 306, 3), uniform({5, 6}, 307)}, bwd},

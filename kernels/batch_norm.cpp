@@ -8,13 +8,13 @@
 // recomputes the batch_norm output from the saved statistics for relu's mask). The fused
 // batch_norm + relu + max-pool is CPU only.
 #include "kernels/batch_norm.h"
-#include "kernels/batch_norm_pool.h"
 
 #include "core/profiler.h"
+#include "kernels/batch_norm_pool.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 #include "kernels/pointwise.h"
 #include "kernels/pool.h"
-#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -121,8 +121,7 @@ BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const
   constexpr const char* op = "batch_norm_forward";
   profiler::Scope prof_scope(op);
   const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
-  return TANDEM_KERNEL(device, batch_norm_forward)(x, weight, bias, running_mean, running_var, training,
-                         momentum, eps);
+  return TANDEM_KERNEL(device, batch_norm_forward)(x, weight, bias, running_mean, running_var, training, momentum, eps);
 }
 
 BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
@@ -131,8 +130,8 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   constexpr const char* op = "batch_norm_backward";
   profiler::Scope prof_scope(op);
   const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
-  return TANDEM_KERNEL(device, batch_norm_backward)(grad_out, x, weight, save_mean, save_invstd, training,
-                         need_input, need_weight, need_bias);
+  return TANDEM_KERNEL(device, batch_norm_backward)(grad_out, x, weight, save_mean, save_invstd, training, need_input,
+                                                    need_weight, need_bias);
 }
 
 BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -147,7 +146,8 @@ BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, 
     r.output = TANDEM_KERNEL(device, relu_forward)(r.output);
     return r;
   }
-  return TANDEM_KERNEL(device, batch_norm_relu_forward)(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  return TANDEM_KERNEL(device, batch_norm_relu_forward)(x, weight, bias, running_mean, running_var, training, momentum,
+                                                        eps);
 }
 
 BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
@@ -163,8 +163,8 @@ BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x,
     return composed_batch_norm_relu_backward(device, grad_out, x, weight, bias, save_mean, save_invstd, training,
                                              need_input, need_weight, need_bias);
   }
-  return TANDEM_KERNEL(device, batch_norm_relu_backward)(grad_out, x, weight, bias, save_mean, save_invstd, training, need_input,
-                                       need_weight, need_bias);
+  return TANDEM_KERNEL(device, batch_norm_relu_backward)(grad_out, x, weight, bias, save_mean, save_invstd, training,
+                                                         need_input, need_weight, need_bias);
 }
 
 BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
@@ -177,7 +177,7 @@ BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, con
   const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
   check_cpu_only(op, device);
   return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_forward)(x, weight, bias, running_mean, running_var, training,
-                                                 momentum, eps);
+                                                                   momentum, eps);
 }
 
 BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
@@ -208,8 +208,8 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
   const Device device = common_device(op, {grad_out, x, code, winner, weight, bias, save_mean, save_invstd});
   common_float_dtype(op, {grad_out, x, winner, weight, bias, save_mean, save_invstd});
   check_cpu_only(op, device);
-  return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_backward)(grad_out, x, code, winner, weight, bias, save_mean,
-                                                  save_invstd, training, need_input, need_weight, need_bias);
+  return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_backward)(
+      grad_out, x, code, winner, weight, bias, save_mean, save_invstd, training, need_input, need_weight, need_bias);
 }
 
 BatchNormReluPool batch_norm_relu_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -227,15 +227,15 @@ BatchNormReluPool batch_norm_relu_pool2d(const Tensor& x, const Tensor& weight, 
 }
 
 BatchNormGrads batch_norm_relu_pool2d_backward(const Tensor& grad_out, const Tensor& x, const BatchNormReluPool& f,
-                                               const Tensor& weight, const Tensor& bias, bool training,
-                                               bool need_input, bool need_weight, bool need_bias) {
+                                               const Tensor& weight, const Tensor& bias, bool training, bool need_input,
+                                               bool need_weight, bool need_bias) {
   if (f.code.defined()) {
-    return batch_norm_relu_max_pool2d_backward(grad_out, x, f.code, f.winner, weight, bias, f.save_mean,
-                                               f.save_invstd, training, need_input, need_weight, need_bias);
+    return batch_norm_relu_max_pool2d_backward(grad_out, x, f.code, f.winner, weight, bias, f.save_mean, f.save_invstd,
+                                               training, need_input, need_weight, need_bias);
   }
   const Tensor grad = max_pool2d_backward(grad_out, f.indices, x.shape());
-  return batch_norm_relu_backward(grad, x, weight, bias, f.save_mean, f.save_invstd, training, need_input,
-                                  need_weight, need_bias);
+  return batch_norm_relu_backward(grad, x, weight, bias, f.save_mean, f.save_invstd, training, need_input, need_weight,
+                                  need_bias);
 }
 
 }  // namespace tandem::kernels

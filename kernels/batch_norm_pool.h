@@ -53,8 +53,9 @@ struct BatchNormReluPool {
 BatchNormReluPool batch_norm_relu_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& running_mean, const Tensor& running_var, bool training,
                                          double momentum, double eps);
-BatchNormGrads batch_norm_relu_pool2d_backward(const Tensor& grad_out, const Tensor& x, const BatchNormReluPool& forward,
-                                               const Tensor& weight, const Tensor& bias, bool training,
-                                               bool need_input, bool need_weight, bool need_bias);
+BatchNormGrads batch_norm_relu_pool2d_backward(const Tensor& grad_out, const Tensor& x,
+                                               const BatchNormReluPool& forward, const Tensor& weight,
+                                               const Tensor& bias, bool training, bool need_input, bool need_weight,
+                                               bool need_bias);
 
 }  // namespace tandem::kernels

@@ -1,8 +1,8 @@
 // Mixed precision on CUDA against the CPU reference: the f16/bf16 paths of the cuDNN conv and the
 // cuBLAS (cublasGemmEx, float compute) linear against the CPU emulation (f32 math on the same
 // rounded operands, rounded result), the GradScaler with CUDA gradients (the casts and the fused
-// unscale + non-finite check are table ops: tests/gpu/backend_ops_test.cpp), and an autocast forward/backward of the MNIST net on both devices. Skips
-// cleanly where no CUDA device is visible.
+// unscale + non-finite check are table ops: tests/gpu/backend_ops_test.cpp), and an autocast
+// forward/backward of the MNIST net on both devices. Skips cleanly where no CUDA device is visible.
 // Tolerance: the two sides round to the storage dtype at different points (cuDNN/cuBLAS round the
 // product and then the bias add; the CPU rounds once) and sum in different orders, so results may
 // differ by a couple of units in the last place of the dtype: |diff| <= rel * (max|ref| + |ref|).

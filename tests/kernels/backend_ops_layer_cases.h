@@ -25,10 +25,12 @@ inline void add_activation_cases(CaseTable& t) {
                        {"specials", {specials({3, 7})}, fwd},
                        {"zero_d", {uniform({}, 302)}, fwd},
                        {"empty", {uniform({0, 5}, 303)}, fwd},
-                       {"transposed", {uniform({6, 5}, 304)},
+                       {"transposed",
+                        {uniform({6, 5}, 304)},
                         [](const Inputs& in) { return Inputs{K::relu_forward(transposed(in[0]))}; }},
-                       {"strided", {uniform({3, 10}, 305)},
-                        [](const Inputs& in) { return Inputs{K::relu_forward(every_other(in[0]))}; }}};
+                       {"strided", {uniform({3, 10}, 305)}, [](const Inputs& in) {
+                          return Inputs{K::relu_forward(every_other(in[0]))};
+                        }}};
   // [op-cases]
   // ties(): exact zeros, where the gradient is 0 (relu'(0) = 0, as PyTorch).
   const Run bwd = [](const Inputs& in) { return Inputs{K::relu_backward(in[1], K::relu_forward(in[0]))}; };
@@ -83,33 +85,37 @@ inline void add_batch_norm_cases(CaseTable& t) {
   for (const BatchNormInput& b : batch_norm_inputs(321)) {
     const double mag = static_cast<double>(b.view(b.x).numel() / b.view(b.x).size(1));
     const Inputs operands = batch_norm_operands(b, 331);
-    t["batch_norm_forward"].push_back({b.name, operands, [b](const Inputs& in) {
-                                         return run_batch_norm(K::batch_norm_forward, b, in);
-                                       }, 16, mag});
-    t["batch_norm_relu_forward"].push_back({b.name, operands, [b](const Inputs& in) {
-                                              return run_batch_norm(K::batch_norm_relu_forward, b, in);
-                                            }, 16, mag});
+    t["batch_norm_forward"].push_back(
+        {b.name, operands, [b](const Inputs& in) { return run_batch_norm(K::batch_norm_forward, b, in); }, 16, mag});
+    t["batch_norm_relu_forward"].push_back(
+        {b.name, operands, [b](const Inputs& in) { return run_batch_norm(K::batch_norm_relu_forward, b, in); }, 16,
+         mag});
     Inputs with_grad = operands;
     with_grad.push_back(uniform(b.view(b.x).shape(), 341));
     for (int mask = 1; mask < 8; ++mask) {
       const bool ni = mask & 1, nw = b.affine && (mask & 2), nb = mask & 4;
       if (!ni && !nw && !nb) continue;  // without affine, no gradient asked for
       const std::string n = b.name + "/need_" + std::to_string(mask);
-      t["batch_norm_backward"].push_back({n, with_grad, [b, ni, nw, nb](const Inputs& in) {
+      t["batch_norm_backward"].push_back({n, with_grad,
+                                          [b, ni, nw, nb](const Inputs& in) {
                                             const Tensor x = b.view(in[0]), w = b.affine ? in[1] : Tensor();
-                                            auto f = K::batch_norm_forward(x, w, b.affine ? in[2] : Tensor(), in[3].clone(),
-                                                                           in[4].clone(), b.training, 0.1, 1e-5);
+                                            auto f =
+                                                K::batch_norm_forward(x, w, b.affine ? in[2] : Tensor(), in[3].clone(),
+                                                                      in[4].clone(), b.training, 0.1, 1e-5);
                                             return defined_grads(K::batch_norm_backward(
                                                 in[5], x, w, f.save_mean, f.save_invstd, b.training, ni, nw, nb));
-                                          }, 64, mag});
-      t["batch_norm_relu_backward"].push_back({n, with_grad, [b, ni, nw, nb](const Inputs& in) {
-                                                 const Tensor x = b.view(in[0]), w = b.affine ? in[1] : Tensor();
-                                                 const Tensor bias = b.affine ? in[2] : Tensor();
-                                                 auto f = K::batch_norm_relu_forward(x, w, bias, in[3].clone(), in[4].clone(),
-                                                                                     b.training, 0.1, 1e-5);
-                                                 return defined_grads(K::batch_norm_relu_backward(
-                                                     in[5], x, w, bias, f.save_mean, f.save_invstd, b.training, ni, nw, nb));
-                                               }, 64, mag});
+                                          },
+                                          64, mag});
+      t["batch_norm_relu_backward"].push_back(
+          {n, with_grad,
+           [b, ni, nw, nb](const Inputs& in) {
+             const Tensor x = b.view(in[0]), w = b.affine ? in[1] : Tensor();
+             const Tensor bias = b.affine ? in[2] : Tensor();
+             auto f = K::batch_norm_relu_forward(x, w, bias, in[3].clone(), in[4].clone(), b.training, 0.1, 1e-5);
+             return defined_grads(
+                 K::batch_norm_relu_backward(in[5], x, w, bias, f.save_mean, f.save_invstd, b.training, ni, nw, nb));
+           },
+           64, mag});
     }
   }
 }
@@ -124,24 +130,29 @@ inline void add_batch_norm_pool_cases(CaseTable& t) {
   for (const BatchNormInput& b : inputs) {
     const double mag = static_cast<double>(b.view(b.x).numel() / b.view(b.x).size(1));
     const Inputs operands = batch_norm_operands(b, 361);
-    t["batch_norm_relu_max_pool2d_forward"].push_back({b.name, operands, [b](const Inputs& in) {
-      const Tensor x = b.view(in[0]), rm = in[3].clone(), rv = in[4].clone();
-      auto r = K::batch_norm_relu_max_pool2d_forward(x, b.affine ? in[1] : Tensor(), b.affine ? in[2] : Tensor(), rm,
-                                                     rv, b.training, 0.1, 1e-5);
-      return Inputs{r.output, r.code, r.winner, r.save_mean, r.save_invstd, rm, rv};
-    }, 16, mag});
+    t["batch_norm_relu_max_pool2d_forward"].push_back(
+        {b.name, operands,
+         [b](const Inputs& in) {
+           const Tensor x = b.view(in[0]), rm = in[3].clone(), rv = in[4].clone();
+           auto r = K::batch_norm_relu_max_pool2d_forward(x, b.affine ? in[1] : Tensor(), b.affine ? in[2] : Tensor(),
+                                                          rm, rv, b.training, 0.1, 1e-5);
+           return Inputs{r.output, r.code, r.winner, r.save_mean, r.save_invstd, rm, rv};
+         },
+         16, mag});
     for (int mask = 1; mask < 8; ++mask) {
       const bool ni = mask & 1, nw = b.affine && (mask & 2), nb = mask & 4;
       if (!ni && !nw && !nb) continue;  // without affine, no gradient asked for
       t["batch_norm_relu_max_pool2d_backward"].push_back(
-          {b.name + "/need_" + std::to_string(mask), operands, [b, ni, nw, nb](const Inputs& in) {
+          {b.name + "/need_" + std::to_string(mask), operands,
+           [b, ni, nw, nb](const Inputs& in) {
              const Tensor x = b.view(in[0]), w = b.affine ? in[1] : Tensor(), bias = b.affine ? in[2] : Tensor();
-             auto f = K::batch_norm_relu_max_pool2d_forward(x, w, bias, in[3].clone(), in[4].clone(), b.training,
-                                                            0.1, 1e-5);
+             auto f =
+                 K::batch_norm_relu_max_pool2d_forward(x, w, bias, in[3].clone(), in[4].clone(), b.training, 0.1, 1e-5);
              const Tensor g = Tensor::full(f.output.shape(), 0.75, x.dtype(), x.device());
-             return defined_grads(K::batch_norm_relu_max_pool2d_backward(
-                 g, x, f.code, f.winner, w, bias, f.save_mean, f.save_invstd, b.training, ni, nw, nb));
-           }, 64, mag});
+             return defined_grads(K::batch_norm_relu_max_pool2d_backward(g, x, f.code, f.winner, w, bias, f.save_mean,
+                                                                         f.save_invstd, b.training, ni, nw, nb));
+           },
+           64, mag});
     }
   }
 }
@@ -157,15 +168,14 @@ struct ConvInput {
 
 inline void add_conv_cases(CaseTable& t) {
   namespace K = kernels;
-  const std::vector<ConvInput> geometries = {
-      {"k3p1", {2, 3, 6, 5}, {4, 3, 3, 3}, {1, 1, 1, 1}},
-      {"k3s2_no_bias", {2, 2, 7, 7}, {3, 2, 3, 3}, {2, 2, 0, 0}, false},
-      {"one_channel_k5", {3, 1, 9, 8}, {2, 1, 5, 5}, {1, 1, 2, 2}},
-      {"k1", {2, 5, 4, 4}, {3, 5, 1, 1}, {}},
-      {"k2x3_s1x2", {1, 3, 6, 7}, {2, 3, 2, 3}, {1, 2, 1, 0}},
-      {"transposed_input", {2, 3, 5, 6}, {2, 3, 3, 3}, {1, 1, 1, 1}, true, true},
-      {"wide_channels", {2, 32, 12, 12}, {16, 32, 3, 3}, {}},
-      {"empty_batch", {0, 2, 5, 5}, {3, 2, 3, 3}, {1, 1, 1, 1}}};
+  const std::vector<ConvInput> geometries = {{"k3p1", {2, 3, 6, 5}, {4, 3, 3, 3}, {1, 1, 1, 1}},
+                                             {"k3s2_no_bias", {2, 2, 7, 7}, {3, 2, 3, 3}, {2, 2, 0, 0}, false},
+                                             {"one_channel_k5", {3, 1, 9, 8}, {2, 1, 5, 5}, {1, 1, 2, 2}},
+                                             {"k1", {2, 5, 4, 4}, {3, 5, 1, 1}, {}},
+                                             {"k2x3_s1x2", {1, 3, 6, 7}, {2, 3, 2, 3}, {1, 2, 1, 0}},
+                                             {"transposed_input", {2, 3, 5, 6}, {2, 3, 3, 3}, {1, 1, 1, 1}, true, true},
+                                             {"wide_channels", {2, 32, 12, 12}, {16, 32, 3, 3}, {}},
+                                             {"empty_batch", {0, 2, 5, 5}, {3, 2, 3, 3}, {1, 1, 1, 1}}};
   uint64_t seed = 371;
   for (const ConvInput& g : geometries) {
     const double mag = static_cast<double>(g.w[1] * g.w[2] * g.w[3]);
@@ -174,18 +184,23 @@ inline void add_conv_cases(CaseTable& t) {
     const Inputs in = {uniform(xs, seed), uniform(g.w, seed + 1), uniform({g.w[0]}, seed + 2)};
     seed += 3;
     const auto input = [g](const Tensor& x) { return g.transpose_x ? x.transpose(2, 3) : x; };
-    t["conv2d_forward"].push_back({g.name, in, [g, input](const Inputs& v) {
-                                     return Inputs{K::conv2d_forward(input(v[0]), v[1], g.bias ? v[2] : Tensor(), g.args)};
-                                   }, 8, mag});
+    t["conv2d_forward"].push_back({g.name, in,
+                                   [g, input](const Inputs& v) {
+                                     return Inputs{
+                                         K::conv2d_forward(input(v[0]), v[1], g.bias ? v[2] : Tensor(), g.args)};
+                                   },
+                                   8, mag});
     for (int mask = 1; mask < 8; ++mask) {
       const bool ni = mask & 1, nw = mask & 2, nb = mask & 4;
-      t["conv2d_backward"].push_back({g.name + "/need_" + std::to_string(mask), in, [g, input, ni, nw, nb](const Inputs& v) {
+      t["conv2d_backward"].push_back({g.name + "/need_" + std::to_string(mask), in,
+                                      [g, input, ni, nw, nb](const Inputs& v) {
                                         const Tensor x = input(v[0]);
                                         const Tensor y = K::conv2d_forward(x, v[1], Tensor(), g.args);
                                         const Tensor gy = Tensor::full(y.shape(), 0.5, x.dtype(), x.device());
                                         const Tensor grad = K::binary(K::BinaryOp::Mul, gy, K::relu_forward(y));
                                         return defined_grads(K::conv2d_backward(grad, x, v[1], g.args, ni, nw, nb));
-                                      }, 16, 8 * mag});
+                                      },
+                                      16, 8 * mag});
     }
   }
 }
@@ -198,12 +213,10 @@ inline void add_attention_cases(CaseTable& t) {
     bool causal;
     bool transposed_k;  // k as a transposed view of [B, E, S]
   };
-  const std::vector<Geometry> geometries = {{"square", 2, 5, 5, 4, 4, false, false},
-                                            {"causal", 2, 6, 6, 3, 5, true, false},
-                                            {"causal_l_ne_s", 1, 3, 7, 4, 2, true, false},
-                                            {"one_key", 3, 4, 1, 2, 3, false, false},
-                                            {"long_rows", 1, 2, 150, 8, 4, false, false},
-                                            {"transposed_k", 2, 4, 5, 3, 3, false, true}};
+  const std::vector<Geometry> geometries = {
+      {"square", 2, 5, 5, 4, 4, false, false},       {"causal", 2, 6, 6, 3, 5, true, false},
+      {"causal_l_ne_s", 1, 3, 7, 4, 2, true, false}, {"one_key", 3, 4, 1, 2, 3, false, false},
+      {"long_rows", 1, 2, 150, 8, 4, false, false},  {"transposed_k", 2, 4, 5, 3, 3, false, true}};
   uint64_t seed = 391;
   for (const Geometry& g : geometries) {
     const Shape ks = g.transposed_k ? Shape{g.B, g.E, g.S} : Shape{g.B, g.S, g.E};
@@ -213,16 +226,21 @@ inline void add_attention_cases(CaseTable& t) {
     const double scale = 0.7;
     const auto key = [g](const Tensor& k) { return g.transposed_k ? k.transpose(1, 2) : k; };
     const double mag = static_cast<double>(g.S + g.E);
-    t["attention_forward"].push_back({g.name, in, [g, key, scale](const Inputs& v) {
+    t["attention_forward"].push_back({g.name, in,
+                                      [g, key, scale](const Inputs& v) {
                                         auto r = K::attention_forward(v[0], key(v[1]), v[2], scale, g.causal);
                                         return Inputs{r.output, r.lse};
-                                      }, 32, mag});
-    t["attention_backward"].push_back({g.name, in, [g, key, scale](const Inputs& v) {
+                                      },
+                                      32, mag});
+    t["attention_backward"].push_back({g.name, in,
+                                       [g, key, scale](const Inputs& v) {
                                          const Tensor k = key(v[1]);
                                          auto f = K::attention_forward(v[0], k, v[2], scale, g.causal);
-                                         auto r = K::attention_backward(v[3], v[0], k, v[2], f.output, f.lse, scale, g.causal);
+                                         auto r = K::attention_backward(v[3], v[0], k, v[2], f.output, f.lse, scale,
+                                                                        g.causal);
                                          return Inputs{r.q, r.k, r.v};
-                                       }, 64, mag});
+                                       },
+                                       64, mag});
   }
 }
 

@@ -48,7 +48,7 @@ Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   const DType d = common_lowp_dtype(op, {x, weight, bias});
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
-    return TANDEM_KERNEL(device, conv2d_forward)(x, weight, bias, args);
+    return kernel_for<&Backend::conv2d_forward>(device, op)(x, weight, bias, args);
   }
   return cast(conv2d_forward(widen(x), widen(weight), widen(bias), args), d);
 }
@@ -60,7 +60,8 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
   const DType d = common_lowp_dtype(op, {grad_out, x, weight});
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
-    return TANDEM_KERNEL(device, conv2d_backward)(grad_out, x, weight, args, need_input, need_weight, need_bias);
+    return kernel_for<&Backend::conv2d_backward>(device, op)(grad_out, x, weight, args, need_input, need_weight,
+                                                             need_bias);
   }
   Conv2dGrads g =
       conv2d_backward(widen(grad_out), widen(x), widen(weight), args, need_input, need_weight, need_bias);
@@ -73,7 +74,7 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   const DType d = common_lowp_dtype(op, {x, weight, bias});
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
-    return TANDEM_KERNEL(device, linear_forward)(x, weight, bias);
+    return kernel_for<&Backend::linear_forward>(device, op)(x, weight, bias);
   }
   return cast(linear_forward(widen(x), widen(weight), widen(bias)), d);
 }
@@ -86,7 +87,8 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
                                        static_cast<double>(weight.numel()));
-    return TANDEM_KERNEL(device, linear_backward)(grad_out, x, weight, need_input, need_weight, need_bias);
+    return kernel_for<&Backend::linear_backward>(device, op)(grad_out, x, weight, need_input, need_weight,
+                                                             need_bias);
   }
   LinearGrads g = linear_backward(widen(grad_out), widen(x), widen(weight), need_input, need_weight, need_bias);
   return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};

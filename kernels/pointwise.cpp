@@ -105,7 +105,8 @@ Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Ge
   TANDEM_CHECK(dtype == kFloat32 || (dtype == kFloat64 && device.is_cpu()),
                "dropout: expected float32 (or float64 on CPU), got ", dtype_name(dtype), " on ", device.str());
   profiler::Scope prof_scope("dropout_mask");
-  return TANDEM_KERNEL(device, dropout_mask)(shape, p, dtype, device, gen);
+  // Errors name the user's op, dropout.
+  return kernel_for<&Backend::dropout_mask>(device, "dropout")(shape, p, dtype, device, gen);
 }
 
 }  // namespace tandem::kernels

@@ -9,14 +9,4 @@ namespace tandem::kernels {
 Tensor relu_forward(const Tensor& x);
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y);
 
-namespace cpu {
-Tensor relu_forward(const Tensor& x);
-Tensor relu_backward(const Tensor& grad_out, const Tensor& y);
-}  // namespace cpu
-
-namespace cuda {
-Tensor relu_forward(const Tensor& x);
-Tensor relu_backward(const Tensor& grad_out, const Tensor& y);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -1,5 +1,6 @@
 // Device-neutral mixed-precision entry points (see kernels/amp.h). Validates dtypes and devices,
-// then routes: CUDA runs the half paths of kernels/cuda/{conv,linear}.cu and the unscale kernel of
+// then calls the table's kernels (kernels/ops.h): CUDA runs the half paths of the conv2d and linear
+// kernels (kernels/cuda/{conv,linear}.cu take f16/bf16 operands directly) and the unscale kernel of
 // kernels/cuda/amp.cu; CPU emulates low-precision conv/linear with the f32 kernels on widened
 // operands and rounds the results. The f32 entry points of kernels/{conv,linear}.cpp are not used
 // for low-precision tensors (their dtype check admits f32/f64 only). Profiling (core/profiler.h):
@@ -21,7 +22,7 @@ DType common_lowp_dtype(const char* op, std::initializer_list<Tensor> tensors) {
 }
 
 // The conv's FLOPs as the profiler counts them (kernels/dispatch.h), from the input's shape.
-[[maybe_unused]] double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a, int gemms) {
+double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a, int gemms) {
   if (x.dim() != 4 || w.dim() != 4 || a.stride_h < 1 || a.stride_w < 1) return 0.0;
   const int64_t p = (x.size(2) + 2 * a.pad_h - w.size(2)) / a.stride_h + 1;
   const int64_t q = (x.size(3) + 2 * a.pad_w - w.size(3)) / a.stride_w + 1;
@@ -38,22 +39,17 @@ Tensor cast(const Tensor& x, DType to) {
   TANDEM_CHECK(x.defined(), "cast: undefined tensor");
   if (x.dtype() == to) return x;
   profiler::Scope prof_scope("cast");
-  if (x.device().is_cpu()) return cpu::cast(x, to);
-  return x.to(to);  // CUDA: Tensor::to runs one conversion kernel on the compute stream
+  return TANDEM_KERNEL(x.device(), cast)(x, to);
 }
 
 Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args) {
   constexpr const char* op = "lowp_conv2d_forward";
   const Device device = common_device(op, {x, weight, bias});
   const DType d = common_lowp_dtype(op, {x, weight, bias});
-#ifdef TANDEM_WITH_CUDA
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
-    return cuda::conv2d_forward(x, weight, bias, args);
+    return kernel_for<&Backend::conv2d_forward>(device, op)(x, weight, bias, args);
   }
-#else
-  if (device.is_cuda()) throw_no_cuda(op);
-#endif
   return cast(conv2d_forward(widen(x), widen(weight), widen(bias), args), d);
 }
 
@@ -62,14 +58,11 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
   constexpr const char* op = "lowp_conv2d_backward";
   const Device device = common_device(op, {grad_out, x, weight});
   const DType d = common_lowp_dtype(op, {grad_out, x, weight});
-#ifdef TANDEM_WITH_CUDA
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
-    return cuda::conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias);
+    return kernel_for<&Backend::conv2d_backward>(device, op)(grad_out, x, weight, args, need_input, need_weight,
+                                                             need_bias);
   }
-#else
-  if (device.is_cuda()) throw_no_cuda(op);
-#endif
   Conv2dGrads g =
       conv2d_backward(widen(grad_out), widen(x), widen(weight), args, need_input, need_weight, need_bias);
   return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};
@@ -79,14 +72,10 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   constexpr const char* op = "lowp_linear_forward";
   const Device device = common_device(op, {x, weight, bias});
   const DType d = common_lowp_dtype(op, {x, weight, bias});
-#ifdef TANDEM_WITH_CUDA
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
-    return cuda::linear_forward(x, weight, bias);
+    return kernel_for<&Backend::linear_forward>(device, op)(x, weight, bias);
   }
-#else
-  if (device.is_cuda()) throw_no_cuda(op);
-#endif
   return cast(linear_forward(widen(x), widen(weight), widen(bias)), d);
 }
 
@@ -95,15 +84,12 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
   constexpr const char* op = "lowp_linear_backward";
   const Device device = common_device(op, {grad_out, x, weight});
   const DType d = common_lowp_dtype(op, {grad_out, x, weight});
-#ifdef TANDEM_WITH_CUDA
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
                                        static_cast<double>(weight.numel()));
-    return cuda::linear_backward(grad_out, x, weight, need_input, need_weight, need_bias);
+    return kernel_for<&Backend::linear_backward>(device, op)(grad_out, x, weight, need_input, need_weight,
+                                                             need_bias);
   }
-#else
-  if (device.is_cuda()) throw_no_cuda(op);
-#endif
   LinearGrads g = linear_backward(widen(grad_out), widen(x), widen(weight), need_input, need_weight, need_bias);
   return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};
 }
@@ -112,7 +98,7 @@ void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_
   constexpr const char* op = "unscale_and_check_";
   TANDEM_CHECK(grad.defined() && found_inf.defined(), op, ": grad and found_inf must be defined");
   const Device device = common_device(op, {grad, found_inf});
-  TANDEM_DISPATCH(device, unscale_and_check_, grad, found_inf, inv_scale);
+  TANDEM_KERNEL(device, unscale_and_check_)(grad, found_inf, inv_scale);
 }
 
 }  // namespace tandem::kernels

@@ -34,15 +34,4 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
 
 void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale);
 
-namespace cpu {
-Tensor cast(const Tensor& x, DType to);  // contiguous f32 <-> f16/bf16 (others fall back to Tensor::to)
-void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale);
-}  // namespace cpu
-
-namespace cuda {
-// conv2d_forward/backward and linear_forward/backward in kernels/cuda/{conv,linear}.cu accept
-// f16/bf16 operands directly; only the unscale kernel is new here.
-void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -1,9 +1,11 @@
 // Device-neutral entry points of kernels/attention.h: operands on the CPU, one float dtype, shapes
-// consistent; then cpu::. There is no CUDA kernel: a CUDA operand is an error naming the op.
+// consistent; then the CPU's kernel (a CPU-only op of kernels/ops.h). A CUDA operand is an error
+// naming the op.
 #include "kernels/attention.h"
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -24,7 +26,7 @@ void check_operands(const Tensor& q, const Tensor& k, const Tensor& v) {
 AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool is_causal) {
   profiler::Scope prof_scope("attention");
   check_operands(q, k, v);
-  return cpu::attention_forward(q, k, v, scale, is_causal);
+  return TANDEM_KERNEL(q.device(), attention_forward)(q, k, v, scale, is_causal);
 }
 
 AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -38,7 +40,7 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const
                    lse.shape() == Shape({q.size(0), q.size(1)}),
                "fused attention backward: expected grad_out and output ", shape_str(want_out), " and lse [",
                q.size(0), ", ", q.size(1), "], got ", grad_out.str(), ", ", out.str(), ", ", lse.str());
-  return cpu::attention_backward(grad_out, q, k, v, out, lse, scale, is_causal);
+  return TANDEM_KERNEL(q.device(), attention_backward)(grad_out, q, k, v, out, lse, scale, is_causal);
 }
 
 }  // namespace tandem::kernels

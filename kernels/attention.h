@@ -26,10 +26,4 @@ AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tenso
 AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Tensor& out, const Tensor& lse, double scale, bool is_causal);
 
-namespace cpu {
-AttentionForward attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool is_causal);
-AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
-                                  const Tensor& out, const Tensor& lse, double scale, bool is_causal);
-}  // namespace cpu
-
 }  // namespace tandem::kernels

@@ -2,13 +2,19 @@
 // batch_norm + relu + 2x2 max-pool of kernels/batch_norm_pool.h): validate the
 // input rank, the [C] shapes of weight/bias/running stats/saved stats, the
 // running stats' contiguity (they are updated in place), the pooled shapes and
-// the uint8 code of the fused op, devices and dtypes, then route to cpu:: or
-// cuda:: (the fused op is CPU only). No math here.
+// the uint8 code of the fused op, devices and dtypes, then call the kernel of the
+// operands' backend (kernels/ops.h). The fused batch_norm + relu is a CPU kernel: on a backend
+// without it the entry points run batch_norm and relu's kernels one after the other (the backward
+// recomputes the batch_norm output from the saved statistics for relu's mask). The fused
+// batch_norm + relu + max-pool is CPU only.
 #include "kernels/batch_norm.h"
-#include "kernels/batch_norm_pool.h"
 
 #include "core/profiler.h"
+#include "kernels/batch_norm_pool.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
+#include "kernels/pointwise.h"
+#include "kernels/pool.h"
 
 namespace tandem::kernels {
 namespace {
@@ -30,6 +36,28 @@ void check_pool_input(const char* op, const Tensor& x) {
                x.defined() ? x.str() : "undefined tensor");
   TANDEM_CHECK(x.size(2) >= 2 && x.size(3) >= 2, op,
                ": the 2x2 pooling window needs H >= 2 and W >= 2, got input ", shape_str(x.shape()));
+}
+
+// v [C] viewed as [1, C, 1, ...] against x [N, C, ...].
+Tensor per_channel(const Tensor& v, const Tensor& x) {
+  Shape s(static_cast<size_t>(x.dim()), 1);
+  s[1] = x.size(1);
+  return v.reshape(s);
+}
+
+// The backward of relu(batch_norm(x)) from the plain kernels, for a backend without the fused one:
+// the batch_norm output recomputed from the saved statistics, the gradient kept where it is > 0
+// (relu_backward), then batch_norm's backward.
+BatchNormGrads composed_batch_norm_relu_backward(Device device, const Tensor& grad_out, const Tensor& x,
+                                                 const Tensor& weight, const Tensor& bias, const Tensor& save_mean,
+                                                 const Tensor& save_invstd, bool training, bool need_input,
+                                                 bool need_weight, bool need_bias) {
+  Tensor y = binary(BinaryOp::Mul, binary(BinaryOp::Sub, x, per_channel(save_mean, x)), per_channel(save_invstd, x));
+  if (weight.defined()) y = binary(BinaryOp::Mul, y, per_channel(weight, x));
+  if (bias.defined()) y = binary(BinaryOp::Add, y, per_channel(bias, x));
+  const Tensor grad = TANDEM_KERNEL(device, relu_backward)(grad_out, TANDEM_KERNEL(device, relu_forward)(y));
+  return TANDEM_KERNEL(device, batch_norm_backward)(grad, x, weight, save_mean, save_invstd, training, need_input,
+                                                    need_weight, need_bias);
 }
 
 Shape pooled_shape(const Tensor& x) { return {x.size(0), x.size(1), x.size(2) / 2, x.size(3) / 2}; }
@@ -93,8 +121,7 @@ BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const
   constexpr const char* op = "batch_norm_forward";
   profiler::Scope prof_scope(op);
   const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
-  return TANDEM_DISPATCH(device, batch_norm_forward, x, weight, bias, running_mean, running_var, training,
-                         momentum, eps);
+  return TANDEM_KERNEL(device, batch_norm_forward)(x, weight, bias, running_mean, running_var, training, momentum, eps);
 }
 
 BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
@@ -103,8 +130,8 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
   constexpr const char* op = "batch_norm_backward";
   profiler::Scope prof_scope(op);
   const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
-  return TANDEM_DISPATCH(device, batch_norm_backward, grad_out, x, weight, save_mean, save_invstd, training,
-                         need_input, need_weight, need_bias);
+  return TANDEM_KERNEL(device, batch_norm_backward)(grad_out, x, weight, save_mean, save_invstd, training, need_input,
+                                                    need_weight, need_bias);
 }
 
 BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
@@ -113,8 +140,14 @@ BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, 
   constexpr const char* op = "batch_norm_relu_forward";
   profiler::Scope prof_scope(op);
   const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
-  TANDEM_CHECK(!device.is_cuda(), op, ": CPU only; on CUDA use batch_norm_forward then relu_forward");
-  return cpu::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  if (backend_for(device, op).batch_norm_relu_forward == nullptr) {  // no fused kernel: the plain ones
+    BatchNormForward r =
+        TANDEM_KERNEL(device, batch_norm_forward)(x, weight, bias, running_mean, running_var, training, momentum, eps);
+    r.output = TANDEM_KERNEL(device, relu_forward)(r.output);
+    return r;
+  }
+  return TANDEM_KERNEL(device, batch_norm_relu_forward)(x, weight, bias, running_mean, running_var, training, momentum,
+                                                        eps);
 }
 
 BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
@@ -125,10 +158,13 @@ BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x,
   const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
   check_channel_vector(op, "bias", bias, x.size(1));
   if (bias.defined()) common_float_dtype(op, {x, bias});
-  TANDEM_CHECK(!device.is_cuda() && (!bias.defined() || !bias.device().is_cuda()), op,
-               ": CPU only; on CUDA use relu_backward then batch_norm_backward");
-  return cpu::batch_norm_relu_backward(grad_out, x, weight, bias, save_mean, save_invstd, training, need_input,
-                                       need_weight, need_bias);
+  if (bias.defined()) common_device(op, {x, bias});
+  if (backend_for(device, op).batch_norm_relu_backward == nullptr) {
+    return composed_batch_norm_relu_backward(device, grad_out, x, weight, bias, save_mean, save_invstd, training,
+                                             need_input, need_weight, need_bias);
+  }
+  return TANDEM_KERNEL(device, batch_norm_relu_backward)(grad_out, x, weight, bias, save_mean, save_invstd, training,
+                                                         need_input, need_weight, need_bias);
 }
 
 BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
@@ -138,9 +174,10 @@ BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, con
   constexpr const char* op = "batch_norm_relu_max_pool2d_forward";
   profiler::Scope prof_scope(op);
   check_pool_input(op, x);
-  check_cpu_only(op, check_forward(op, x, weight, bias, running_mean, running_var, training, eps));
-  return cpu::batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training,
-                                                 momentum, eps);
+  const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps);
+  check_cpu_only(op, device);
+  return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_forward)(x, weight, bias, running_mean, running_var, training,
+                                                                   momentum, eps);
 }
 
 BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
@@ -171,8 +208,34 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
   const Device device = common_device(op, {grad_out, x, code, winner, weight, bias, save_mean, save_invstd});
   common_float_dtype(op, {grad_out, x, winner, weight, bias, save_mean, save_invstd});
   check_cpu_only(op, device);
-  return cpu::batch_norm_relu_max_pool2d_backward(grad_out, x, code, winner, weight, bias, save_mean,
-                                                  save_invstd, training, need_input, need_weight, need_bias);
+  return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_backward)(
+      grad_out, x, code, winner, weight, bias, save_mean, save_invstd, training, need_input, need_weight, need_bias);
+}
+
+BatchNormReluPool batch_norm_relu_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Tensor& running_mean, const Tensor& running_var, bool training,
+                                         double momentum, double eps) {
+  const bool fused = x.defined() && x.dim() == 4 && x.size(2) >= 2 && x.size(3) >= 2 && x.dtype() == kFloat32 &&
+                     backend_for(x.device(), "batch_norm_relu_pool2d").batch_norm_relu_max_pool2d_forward != nullptr;
+  if (fused) {
+    auto r = batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
+    return {r.output, r.save_mean, r.save_invstd, r.code, r.winner, Tensor()};
+  }
+  auto r = batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  auto p = max_pool2d_forward(r.output, MaxPool2dArgs{});
+  return {p.output, r.save_mean, r.save_invstd, Tensor(), Tensor(), p.indices};
+}
+
+BatchNormGrads batch_norm_relu_pool2d_backward(const Tensor& grad_out, const Tensor& x, const BatchNormReluPool& f,
+                                               const Tensor& weight, const Tensor& bias, bool training, bool need_input,
+                                               bool need_weight, bool need_bias) {
+  if (f.code.defined()) {
+    return batch_norm_relu_max_pool2d_backward(grad_out, x, f.code, f.winner, weight, bias, f.save_mean, f.save_invstd,
+                                               training, need_input, need_weight, need_bias);
+  }
+  const Tensor grad = max_pool2d_backward(grad_out, f.indices, x.shape());
+  return batch_norm_relu_backward(grad, x, weight, bias, f.save_mean, f.save_invstd, training, need_input, need_weight,
+                                  need_bias);
 }
 
 }  // namespace tandem::kernels

@@ -26,38 +26,15 @@ BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, cons
                                    const Tensor& save_mean, const Tensor& save_invstd, bool training,
                                    bool need_input, bool need_weight, bool need_bias);
 
-// Fused relu(batch_norm(x)) (CPU only; the caller composes batch_norm and relu elsewhere): the
-// forward's output is the relu'd one; the backward takes the forward's bias and gives the
-// gradients of relu(batch_norm(x)) without the relu output.
+// relu(batch_norm(x)): the forward's output is the relu'd one; the backward takes the forward's
+// bias and gives the gradients of relu(batch_norm(x)) without the relu output. One fused kernel on
+// the CPU; elsewhere batch_norm's and relu's kernels one after the other (the same values up to
+// float32 rounding).
 BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& running_mean, const Tensor& running_var, bool training,
                                          double momentum, double eps);
 BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                         const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
                                         bool training, bool need_input, bool need_weight, bool need_bias);
-
-namespace cpu {
-BatchNormForward batch_norm_relu_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                         const Tensor& running_mean, const Tensor& running_var, bool training,
-                                         double momentum, double eps);
-BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                        const Tensor& bias, const Tensor& save_mean, const Tensor& save_invstd,
-                                        bool training, bool need_input, bool need_weight, bool need_bias);
-BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps);
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                   bool need_input, bool need_weight, bool need_bias);
-}  // namespace cpu
-
-namespace cuda {
-BatchNormForward batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                    const Tensor& running_mean, const Tensor& running_var, bool training,
-                                    double momentum, double eps);
-BatchNormGrads batch_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                   bool need_input, bool need_weight, bool need_bias);
-}  // namespace cuda
 
 }  // namespace tandem::kernels

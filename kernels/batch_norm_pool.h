@@ -1,6 +1,6 @@
 // Fused max_pool2d(relu(batch_norm(x)), kernel 2, stride 2, no padding, floor mode) over
-// x [N, C, H, W] (H, W >= 2), CPU only: the caller composes batch_norm_relu_forward and
-// max_pool2d_forward elsewhere (CUDA, other dtypes, synced statistics).
+// x [N, C, H, W] (H, W >= 2), CPU only: batch_norm_relu_pool2d (below) composes batch_norm_relu_forward
+// and max_pool2d_forward elsewhere (CUDA, other dtypes); nn composes them for synced statistics.
 // Forward: the batch_norm statistics exactly as batch_norm_forward (training: batch mean and
 // biased variance, running stats updated in place with momentum and the unbiased variance; eval:
 // the running stats), then only pooled-size data is written: the output [N, C, H/2, W/2], bitwise
@@ -40,17 +40,22 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
                                                    bool training, bool need_input, bool need_weight,
                                                    bool need_bias);
 
-namespace cpu {
-BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
-                                                            const Tensor& bias, const Tensor& running_mean,
-                                                            const Tensor& running_var, bool training,
-                                                            double momentum, double eps);
-BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const Tensor& x,
-                                                   const Tensor& code, const Tensor& winner,
-                                                   const Tensor& weight, const Tensor& bias,
-                                                   const Tensor& save_mean, const Tensor& save_invstd,
-                                                   bool training, bool need_input, bool need_weight,
-                                                   bool need_bias);
-}  // namespace cpu
+// max_pool2d(relu(batch_norm(x)), 2) on any backend and float dtype: the entry point callers use.
+// It takes the fused kernel above where it applies (a backend that has it, float32, x [N, C, H, W]
+// with H, W >= 2) and otherwise batch_norm_relu_forward then max_pool2d_forward (kernel 2), whose
+// checks and messages then apply. The forward's result says which ran (code and winner, or the
+// pooling's indices); the backward takes it and runs the matching backward.
+struct BatchNormReluPool {
+  Tensor output, save_mean, save_invstd;
+  Tensor code, winner;  // the fused kernel's, when it ran
+  Tensor indices;       // max_pool2d's, when the ops ran one by one
+};
+BatchNormReluPool batch_norm_relu_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                         const Tensor& running_mean, const Tensor& running_var, bool training,
+                                         double momentum, double eps);
+BatchNormGrads batch_norm_relu_pool2d_backward(const Tensor& grad_out, const Tensor& x,
+                                               const BatchNormReluPool& forward, const Tensor& weight,
+                                               const Tensor& bias, bool training, bool need_input, bool need_weight,
+                                               bool need_bias);
 
 }  // namespace tandem::kernels

@@ -1,10 +1,11 @@
 // Device-neutral conv2d entry points: validate ranks, shapes, channel counts,
 // stride/padding, devices and dtypes with messages naming what was expected,
-// then route to cpu:: or cuda:: by the operands' device. No math here.
+// then call the kernel of the operands' backend (kernels/ops.h). No math here.
 #include "kernels/conv.h"
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -55,7 +56,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Device device = common_device(op, {x, weight, bias});
   common_float_dtype(op, {x, weight, bias});
   check_device_args(op, device, args);
-  return TANDEM_DISPATCH(device, conv2d_forward, x, weight, bias, args);
+  return TANDEM_KERNEL(device, conv2d_forward)(x, weight, bias, args);
 }
 
 Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
@@ -68,7 +69,7 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tenso
   const Device device = common_device(op, {grad_out, x, weight});
   common_float_dtype(op, {grad_out, x, weight});
   check_device_args(op, device, args);
-  return TANDEM_DISPATCH(device, conv2d_backward, grad_out, x, weight, args, need_input, need_weight,
+  return TANDEM_KERNEL(device, conv2d_backward)(grad_out, x, weight, args, need_input, need_weight,
                          need_bias);
 }
 

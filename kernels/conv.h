@@ -22,16 +22,4 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                             const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
 
-namespace cpu {
-Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
-Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
-}  // namespace cpu
-
-namespace cuda {
-Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args);
-Conv2dGrads conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
-                            const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

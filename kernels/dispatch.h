@@ -1,6 +1,5 @@
-// Internal: routes a kernel entry point to cpu:: or cuda:: by the device of a
-// tensor, after checking that every operand lives on that device. Without the
-// CUDA backend the cuda:: side is never referenced and a CUDA tensor throws.
+// Internal: the checks the kernel entry points share (operands on one device, of one dtype), before
+// they call the kernel of that device's backend (kernels/ops.h: TANDEM_KERNEL).
 #pragma once
 
 #include <initializer_list>
@@ -29,12 +28,3 @@ Device float_operand_device(const char* op, const Tensor& x);
 double conv_gemm_flops(const Shape& out, const Tensor& weight, int gemms);
 
 }  // namespace tandem::kernels
-
-#ifdef TANDEM_WITH_CUDA
-#define TANDEM_DISPATCH(device, fn, ...) \
-  ((device).is_cuda() ? ::tandem::kernels::cuda::fn(__VA_ARGS__) : ::tandem::kernels::cpu::fn(__VA_ARGS__))
-#else
-#define TANDEM_DISPATCH(device, fn, ...)                                             \
-  ((device).is_cuda() ? (::tandem::kernels::throw_no_cuda(#fn), ::tandem::kernels::cpu::fn(__VA_ARGS__)) \
-                      : ::tandem::kernels::cpu::fn(__VA_ARGS__))
-#endif

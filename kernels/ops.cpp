@@ -25,6 +25,14 @@ std::vector<const char*> table_ops() {
   };
 }
 
+std::vector<const char*> cpu_only_ops() {
+  return {
+#define TANDEM_OP_NAME(op, ...) #op,
+      TANDEM_OPS_CPU_ONLY(TANDEM_OP_NAME)
+#undef TANDEM_OP_NAME
+  };
+}
+
 std::vector<const char*> registered_ops(const Backend& backend) {
   std::vector<const char*> out;
 #define TANDEM_OP_IF_REGISTERED(op, ...) \

@@ -16,19 +16,39 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/activation.h"
+#include "kernels/amp.h"
+#include "kernels/attention.h"
 #include "kernels/avg_pool.h"
+#include "kernels/batch_norm.h"
+#include "kernels/batch_norm_pool.h"
+#include "kernels/conv.h"
 #include "kernels/elementwise.h"
 #include "kernels/index.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/loss.h"
+#include "kernels/optim.h"
 #include "kernels/pointwise.h"
 #include "kernels/pool.h"
 #include "kernels/reduce.h"
 #include "kernels/scan.h"
 
 // X(op, signature): the kernels of `op` have type `signature` (a function type), as its entry point.
-#define TANDEM_OPS(X)                                                                                      \
+// TANDEM_OPS is every op: those each backend has (TANDEM_OPS_EVERY_BACKEND) and those only the CPU
+// has (TANDEM_OPS_CPU_ONLY: fused fast paths, whose entry points compose the plain ops elsewhere).
+#define TANDEM_OPS(X) TANDEM_OPS_EVERY_BACKEND(X) TANDEM_OPS_CPU_ONLY(X)
+
+// A family's ops may sit in a list of their own, named in TANDEM_OPS_EVERY_BACKEND (docs/embedding.md
+// quotes this one as the example of adding an op).
+// [op-declare]
+// kernels/activation.h: relu, and its backward from the output y (y > 0 exactly where x > 0).
+#define TANDEM_OPS_ACTIVATION(X)           \
+  X(relu_forward, Tensor(const Tensor& x)) \
+  X(relu_backward, Tensor(const Tensor& grad_out, const Tensor& y))
+// [op-declare]
+
+#define TANDEM_OPS_EVERY_BACKEND(X)                                                                        \
   /* kernels/elementwise.h: same-shape operands (binary's fast path), whole-tensor sum, rows' argmax */    \
   X(add, Tensor(const Tensor& a, const Tensor& b))                                                         \
   X(sub, Tensor(const Tensor& a, const Tensor& b))                                                         \
@@ -83,7 +103,56 @@
     LayerNormForward(const Tensor& x, int64_t norm_size, const Tensor& weight, const Tensor& bias, double eps)) \
   X(layer_norm_backward, LayerNormGrads(const Tensor& grad_out, const Tensor& x, const Tensor& mean,        \
                                         const Tensor& rstd, const Tensor& weight, bool need_input,         \
-                                        bool need_weight, bool need_bias))
+                                        bool need_weight, bool need_bias))                                 \
+  TANDEM_OPS_ACTIVATION(X)                                                                                 \
+  /* kernels/batch_norm.h: batch_norm over the channels of [N, C, ...] */                                  \
+  X(batch_norm_forward, BatchNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,        \
+                                         const Tensor& running_mean, const Tensor& running_var,            \
+                                         bool training, double momentum, double eps))                      \
+  X(batch_norm_backward, BatchNormGrads(const Tensor& grad_out, const Tensor& x, const Tensor& weight,     \
+                                        const Tensor& save_mean, const Tensor& save_invstd, bool training, \
+                                        bool need_input, bool need_weight, bool need_bias))                \
+  /* kernels/conv.h: conv2d and its backward */                                                            \
+  X(conv2d_forward, Tensor(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args)) \
+  X(conv2d_backward, Conv2dGrads(const Tensor& grad_out, const Tensor& x, const Tensor& weight,            \
+                                 const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias)) \
+  /* kernels/optim.h: the optimizers' fused updates, in place */                                           \
+  X(sgd_update, void(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& step)) \
+  X(adadelta_update, void(const Tensor& param, const Tensor& grad, const Tensor& square_avg,               \
+                          const Tensor& acc_delta, const AdadeltaStep& step))                              \
+  X(adam_update, void(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,                      \
+                      const Tensor& exp_avg_sq, const AdamStep& step))                                     \
+  /* kernels/amp.h: dtype casts, GradScaler's unscale + non-finite check (in place) */                     \
+  X(cast, Tensor(const Tensor& x, DType to))                                                               \
+  X(unscale_and_check_, void(const Tensor& grad, const Tensor& found_inf, double inv_scale))               \
+  /* kernels/pointwise.h: dropout's scaled keep mask */                                                    \
+  X(dropout_mask, Tensor(const Shape& shape, double p, DType dtype, Device device, Generator& gen))
+
+// Fast paths only the CPU has; on other backends their entry points compose the plain ops (or refuse).
+#define TANDEM_OPS_CPU_ONLY(X)                                                                             \
+  /* kernels/batch_norm.h, kernels/batch_norm_pool.h: relu(batch_norm(x)) and its 2x2 max-pool, fused */   \
+  X(batch_norm_relu_forward, BatchNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,   \
+                                              const Tensor& running_mean, const Tensor& running_var,       \
+                                              bool training, double momentum, double eps))                 \
+  X(batch_norm_relu_backward,                                                                              \
+    BatchNormGrads(const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Tensor& bias,      \
+                   const Tensor& save_mean, const Tensor& save_invstd, bool training, bool need_input,     \
+                   bool need_weight, bool need_bias))                                                      \
+  X(batch_norm_relu_max_pool2d_forward,                                                                    \
+    BatchNormReluPoolForward(const Tensor& x, const Tensor& weight, const Tensor& bias,                    \
+                             const Tensor& running_mean, const Tensor& running_var, bool training,         \
+                             double momentum, double eps))                                                 \
+  X(batch_norm_relu_max_pool2d_backward,                                                                   \
+    BatchNormGrads(const Tensor& grad_out, const Tensor& x, const Tensor& code, const Tensor& winner,      \
+                   const Tensor& weight, const Tensor& bias, const Tensor& save_mean,                      \
+                   const Tensor& save_invstd, bool training, bool need_input, bool need_weight,            \
+                   bool need_bias))                                                                        \
+  /* kernels/attention.h: fused scaled dot-product attention (CUDA composes it in nn/attention.cpp) */    \
+  X(attention_forward,                                                                                     \
+    AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool is_causal))     \
+  X(attention_backward, AttentionGrads(const Tensor& grad_out, const Tensor& q, const Tensor& k,           \
+                                       const Tensor& v, const Tensor& out, const Tensor& lse,              \
+                                       double scale, bool is_causal))
 
 namespace tandem::kernels {
 
@@ -100,7 +169,7 @@ namespace cpu {
 TANDEM_OPS(TANDEM_OP_DECLARE)
 }  // namespace cpu
 namespace cuda {
-TANDEM_OPS(TANDEM_OP_DECLARE)
+TANDEM_OPS_EVERY_BACKEND(TANDEM_OP_DECLARE)
 }  // namespace cuda
 #undef TANDEM_OP_DECLARE
 
@@ -112,23 +181,26 @@ struct Backend {
 #undef TANDEM_OP_SLOT
 };
 
-// A Backend named `label` holding every op of the list from the namespace aliased `backend_ns`:
-// the table of a registration file (kernels/cpu/ops.cpp: backend_ns = cpu).
+// A Backend named `label` holding every op of `list` (TANDEM_OPS, or TANDEM_OPS_EVERY_BACKEND for a
+// backend without the CPU's fast paths) from the namespace aliased `backend_ns`: the table of a
+// registration file (kernels/cpu/ops.cpp: backend_ns = cpu, list = TANDEM_OPS).
 #define TANDEM_OP_REGISTER(op, ...) b.op = &backend_ns::op;
-#define TANDEM_BACKEND_TABLE(label)  \
-  [] {                               \
-    Backend b;                       \
-    b.backend_name = label;          \
-    TANDEM_OPS(TANDEM_OP_REGISTER)   \
-    return b;                        \
+#define TANDEM_BACKEND_TABLE(label, list) \
+  [] {                                    \
+    Backend b;                            \
+    b.backend_name = label;               \
+    list(TANDEM_OP_REGISTER)              \
+    return b;                             \
   }()
 
 const Backend& cpu_backend();        // kernels/cpu/ops.cpp
 const Backend* cuda_backend();       // kernels/cuda/ops.cpp; null in a build without CUDA
 std::vector<const Backend*> backends();  // the CPU's, then CUDA's when built
 
-// The name of every op in TANDEM_OPS, in order, and those `backend` registers (non-null).
+// The name of every op in TANDEM_OPS, in order; those of TANDEM_OPS_CPU_ONLY; those `backend`
+// registers (non-null).
 std::vector<const char*> table_ops();
+std::vector<const char*> cpu_only_ops();
 std::vector<const char*> registered_ops(const Backend& backend);
 
 // The backend of tensors on `device` (throws "<op>: ... built without CUDA ..." for a CUDA device

@@ -1,11 +1,12 @@
 // Device-neutral fused optimizer entry points: check that parameter,
 // gradient and state share shape, dtype and device, and that the tensors
-// updated in place are contiguous; then route to cpu:: or cuda::. The
+// updated in place are contiguous; then call the kernel of their backend (kernels/ops.h). The
 // per-element math is in kernels/functors.h.
 #include "kernels/optim.h"
 
 #include "core/profiler.h"
 #include "kernels/dispatch.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels {
 namespace {
@@ -34,7 +35,7 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
   if (momentum_buf.defined()) check_same(op, "momentum_buf", param, momentum_buf, true);
   const Device device = common_device(op, {param, grad, momentum_buf});
   common_float_dtype(op, {param, grad, momentum_buf});
-  TANDEM_DISPATCH(device, sgd_update, param, grad, momentum_buf, step);
+  TANDEM_KERNEL(device, sgd_update)(param, grad, momentum_buf, step);
 }
 
 void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
@@ -47,7 +48,7 @@ void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& squa
   check_same(op, "acc_delta", param, acc_delta, true);
   const Device device = common_device(op, {param, grad, square_avg, acc_delta});
   common_float_dtype(op, {param, grad, square_avg, acc_delta});
-  TANDEM_DISPATCH(device, adadelta_update, param, grad, square_avg, acc_delta, step);
+  TANDEM_KERNEL(device, adadelta_update)(param, grad, square_avg, acc_delta, step);
 }
 
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
@@ -60,7 +61,7 @@ void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   check_same(op, "exp_avg_sq", param, exp_avg_sq, true);
   const Device device = common_device(op, {param, grad, exp_avg, exp_avg_sq});
   common_float_dtype(op, {param, grad, exp_avg, exp_avg_sq});
-  TANDEM_DISPATCH(device, adam_update, param, grad, exp_avg, exp_avg_sq, step);
+  TANDEM_KERNEL(device, adam_update)(param, grad, exp_avg, exp_avg_sq, step);
 }
 
 }  // namespace tandem::kernels

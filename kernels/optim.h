@@ -14,20 +14,4 @@ void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& squa
 void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                  const AdamStep& step);
 
-namespace cpu {
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& step);
-void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
-                     const Tensor& acc_delta, const AdadeltaStep& step);
-void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamStep& step);
-}  // namespace cpu
-
-namespace cuda {
-void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, const SgdStep& step);
-void adadelta_update(const Tensor& param, const Tensor& grad, const Tensor& square_avg,
-                     const Tensor& acc_delta, const AdadeltaStep& step);
-void adam_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                 const AdamStep& step);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

@@ -104,14 +104,9 @@ Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Ge
   TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: probability must be in [0, 1), got ", p);
   TANDEM_CHECK(dtype == kFloat32 || (dtype == kFloat64 && device.is_cpu()),
                "dropout: expected float32 (or float64 on CPU), got ", dtype_name(dtype), " on ", device.str());
-  if (device.is_cuda()) {
-#ifdef TANDEM_WITH_CUDA
-    return cuda::dropout_mask(shape, p, dtype, device, gen);
-#else
-    throw_no_cuda("dropout");
-#endif
-  }
-  return cpu::dropout_mask(shape, p, dtype, gen);
+  profiler::Scope prof_scope("dropout_mask");
+  // Errors name the user's op, dropout.
+  return kernel_for<&Backend::dropout_mask>(device, "dropout")(shape, p, dtype, device, gen);
 }
 
 }  // namespace tandem::kernels

@@ -43,12 +43,4 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Ten
 // differs from the CPU's for the same seed (same distribution; gen advances by one draw).
 Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen);
 
-namespace cpu {
-Tensor dropout_mask(const Shape& shape, double p, DType dtype, Generator& gen);
-}  // namespace cpu
-
-namespace cuda {
-Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device device, Generator& gen);
-}  // namespace cuda
-
 }  // namespace tandem::kernels

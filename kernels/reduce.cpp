@@ -53,10 +53,15 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return TANDEM_KERNEL(device, amax)(x, d, keepdim);
 }
 
+// log_softmax over the rows of [N, C] takes the rows' kernel (kernels/loss.h: one pass per row, no
+// [outer, len, inner] walk); the same values.
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   profiler::Scope prof_scope(op);
-  return TANDEM_KERNEL(float_operand_device(op, x), softmax_forward)(x, views::wrap_dim(dim, x.dim(), op), log);
+  const Device device = float_operand_device(op, x);
+  const int64_t d = views::wrap_dim(dim, x.dim(), op);
+  if (log && x.dim() == 2 && d == 1) return TANDEM_KERNEL(device, log_softmax_forward)(x);
+  return TANDEM_KERNEL(device, softmax_forward)(x, d, log);
 }
 
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log) {
@@ -65,7 +70,9 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool l
   const Device device = common_device(op, {grad, y});
   common_float_dtype(op, {grad, y});
   TANDEM_CHECK(grad.shape() == y.shape(), op, " backward: gradient ", grad.str(), " vs output ", y.str());
-  return TANDEM_KERNEL(device, softmax_backward)(grad, y, views::wrap_dim(dim, y.dim(), op), log);
+  const int64_t d = views::wrap_dim(dim, y.dim(), op);
+  if (log && y.dim() == 2 && d == 1) return TANDEM_KERNEL(device, log_softmax_backward)(grad, y);
+  return TANDEM_KERNEL(device, softmax_backward)(grad, y, d, log);
 }
 
 }  // namespace tandem::kernels

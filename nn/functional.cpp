@@ -65,12 +65,11 @@ struct BatchNormReluBackward final : Node, BatchNormSaved {
 };
 
 struct BatchNormReluMaxPool2dBackward final : Node, BatchNormSaved {
-  Tensor code, winner;
+  kernels::BatchNormReluPool forward;  // the fused kernel's code and winner, or the pooling's indices
   std::string name() const override { return "BatchNormReluMaxPool2dBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    auto r = kernels::batch_norm_relu_max_pool2d_backward(g[0], x, code, winner, w, b, save_mean, save_invstd,
-                                                          training, needs_input_grad(0), needs_input_grad(1),
-                                                          needs_input_grad(2));
+    auto r = kernels::batch_norm_relu_pool2d_backward(g[0], x, forward, w, b, training, needs_input_grad(0),
+                                                      needs_input_grad(1), needs_input_grad(2));
     return {r.input, r.weight, r.bias};
   }
 };
@@ -98,14 +97,6 @@ struct LinearBackward final : Node {
     auto r = kernels::linear_backward(g[0], x, w, needs_input_grad(0), needs_input_grad(1),
                                       has_bias && needs_input_grad(2));
     return {r.input, r.weight, r.bias};
-  }
-};
-
-struct LogSoftmaxBackward final : Node {
-  Tensor y;
-  std::string name() const override { return "LogSoftmaxBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    return {kernels::log_softmax_backward(g[0], y)};
   }
 };
 
@@ -236,9 +227,6 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
   const Tensor x = float32_if_half(x_in);
-  if (x.device().is_cuda()) {
-    return relu(batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps));
-  }
   auto r = kernels::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluBackward>();
@@ -252,19 +240,12 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                                   double eps) {
   const Tensor x = float32_if_half(x_in);
-  const bool fused = x.device().is_cpu() && x.dtype() == kFloat32 && x.dim() == 4 && x.size(2) >= 2 &&
-                     x.size(3) >= 2;
-  if (!fused) {
-    // The same ops one by one (their own checks and messages); CUDA composes batch_norm and relu there.
-    return max_pool2d(batch_norm_relu(x, running_mean, running_var, weight, bias, training, momentum, eps), 2);
-  }
-  auto r = kernels::batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training,
-                                                       momentum, eps);
+  auto r = kernels::batch_norm_relu_pool2d(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluMaxPool2dBackward>();
     n->save(x, weight, bias, r, training);
-    n->code = r.code;
-    n->winner = r.winner;
+    n->forward = r;
+    n->forward.output = Tensor();  // not needed by the backward
     autograd::record(n, {x, weight, bias}, {&r.output});
   }
   return r.output;
@@ -353,20 +334,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
   const Tensor x = float32_if_half(x_in);
   TANDEM_CHECK(x.defined(), "log_softmax: operand is undefined");
-  if (x.dim() != 2 || (dim != -1 && dim != 1)) {
-    Tensor y = kernels::softmax_forward(x, dim, /*log=*/true);
-    if (autograd::any_requires_grad({x})) {
-      auto n = make_node<LogSoftmaxDimBackward>();
-      n->y = y.detach();
-      n->dim = views::wrap_dim(dim, x.dim(), "log_softmax");
-      autograd::record(n, {x}, {&y});
-    }
-    return y;
-  }
-  Tensor y = kernels::log_softmax_forward(x);
+  Tensor y = kernels::softmax_forward(x, dim, /*log=*/true);
   if (autograd::any_requires_grad({x})) {
-    auto n = make_node<LogSoftmaxBackward>();
+    auto n = make_node<LogSoftmaxDimBackward>();
     n->y = y.detach();
+    n->dim = views::wrap_dim(dim, x.dim(), "log_softmax");
     autograd::record(n, {x}, {&y});
   }
   return y;

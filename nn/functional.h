@@ -33,15 +33,17 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
-// relu(batch_norm(...)) in one kernel on CPU (two passes fewer over the activations each way);
-// other devices compose batch_norm and relu. Same arguments as batch_norm.
+// relu(batch_norm(...)) through kernels::batch_norm_relu_forward, whose entry point takes the CPU's
+// fused kernel (two passes fewer over the activations each way) and composes batch_norm and relu
+// elsewhere. Same arguments as batch_norm.
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                        double eps = 1e-5);
-// max_pool2d(relu(batch_norm(...)), 2) in one kernel on CPU for float32 (kernels/batch_norm_pool.h:
-// writes only pooled-size data, the output bitwise the unfused one; the backward goes from the
-// pooled gradient to the input's without full-size intermediates). Other devices and dtypes
-// compose batch_norm_relu and max_pool2d. Same arguments as batch_norm; x must be [N, C, H, W].
+// max_pool2d(relu(batch_norm(...)), 2) through kernels::batch_norm_relu_pool2d, whose entry point
+// takes one fused kernel on CPU for float32 (kernels/batch_norm_pool.h: writes only pooled-size
+// data, the output bitwise the unfused one; the backward goes from the pooled gradient to the
+// input's without full-size intermediates) and composes batch_norm_relu and max_pool2d on other
+// devices and dtypes. Same arguments as batch_norm; x must be [N, C, H, W].
 Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                                   double eps = 1e-5);
@@ -53,8 +55,8 @@ Tensor max_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t 
 // x [..., in] (any rank >= 1; 2-D takes the CPU/CUDA kernel directly, other ranks are reshaped
 // around it), weight [out, in], bias [out] or undefined -> [..., out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
-// Any dimension; a 2-D input over its last dimension takes the CPU/CUDA kernel (and amp's f16/bf16
-// cast), every other case the CPU kernel of kernels/reduce.h.
+// Any dimension, through kernels::softmax_forward (whose entry point takes the rows' kernel for a
+// 2-D input over its last dimension); a half input is computed in float32.
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target);  // mean over the batch
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);

@@ -3,7 +3,7 @@
 // Assumes: validated by kernels/activation.cpp; inputs may be non-contiguous.
 // Guarantees: fresh contiguous outputs; large tensors are split across the
 // thread pool in contiguous slices, small ones stay on the calling thread.
-#include "kernels/activation.h"
+#include "kernels/ops.h"
 
 #include "kernels/cpu/common.h"
 #include "kernels/functors.h"
@@ -42,11 +42,13 @@ Tensor backward_impl(const Tensor& gy_in, const Tensor& y_in) {
 
 }  // namespace
 
+// [op-cpu-kernel]
 Tensor relu_forward(const Tensor& x) {
   detail::check_cpu("relu_forward", x);
   return detail::dispatch_float(x.dtype(), "relu_forward",
                                 [&](auto t) { return forward_impl<decltype(t)>(x); });
 }
+// [op-cpu-kernel]
 
 Tensor relu_backward(const Tensor& grad_out, const Tensor& y) {
   detail::check_cpu("relu_backward", y);

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kernels/amp.h"
+#include "kernels/ops.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {

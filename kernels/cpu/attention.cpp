@@ -13,7 +13,7 @@
 #include <limits>
 #include <vector>
 
-#include "kernels/attention.h"
+#include "kernels/ops.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {

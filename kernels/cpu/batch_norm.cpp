@@ -19,7 +19,7 @@
 // simd_path_count with the level of the rows it ran.
 // The statistics, the affine map and the layout are kernels/cpu/batch_norm_stats.h's, shared with
 // the fused batch_norm+relu+max_pool kernels (kernels/cpu/batch_norm_pool.cpp).
-#include "kernels/batch_norm.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <cmath>

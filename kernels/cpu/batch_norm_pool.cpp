@@ -24,7 +24,7 @@
 //   unfused ops'. Each call is counted in simd_path_count with the level of the rows it ran.
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
-#include "kernels/batch_norm_pool.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -15,7 +15,7 @@
 // buffers; weight/bias gradients are summed per chunk and then reduced in
 // chunk order, so results are deterministic for a given thread count.
 // Gradients that were not asked for are not computed (and cost nothing).
-#include "kernels/conv.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 #include <cstring>

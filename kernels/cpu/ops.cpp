@@ -6,7 +6,7 @@ namespace tandem::kernels {
 namespace backend_ns = cpu;
 
 const Backend& cpu_backend() {
-  static const Backend table = TANDEM_BACKEND_TABLE("cpu");
+  static const Backend table = TANDEM_BACKEND_TABLE("cpu", TANDEM_OPS);
   return table;
 }
 

@@ -10,7 +10,7 @@
 // (the by-reference functor on aliasing pointers stayed scalar: SGD without
 // momentum 2.9 -> 1.0 ms per 4M floats, with momentum 6 -> 1.6 ms; bench/PERF_NOTES.md);
 // the buffers must therefore not overlap, which is checked.
-#include "kernels/optim.h"
+#include "kernels/ops.h"
 
 #include "kernels/cpu/common.h"
 

@@ -187,7 +187,7 @@ Tensor unary_backward(UnaryOp op, const Tensor& g_in, const Tensor& x_in, const 
   });
 }
 
-Tensor dropout_mask(const Shape& shape, double p, DType dtype, Generator& gen) {
+Tensor dropout_mask(const Shape& shape, double p, DType dtype, Device /*device: the CPU*/, Generator& gen) {
   return float_op("dropout", dtype, [&](auto tag) {
     using T = decltype(tag);
     Tensor out = Tensor::empty(shape, dtype);

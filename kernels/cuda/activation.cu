@@ -1,7 +1,7 @@
 // relu on CUDA: the elementwise math is kernels/functors.h's ReluForward/ReluBackward, shared with
 // the CPU kernels. Backward works from the output y. Inputs may be strided (made contiguous
 // first); outputs are contiguous; work is queued on the compute stream.
-#include "kernels/activation.h"
+#include "kernels/ops.h"
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
@@ -20,6 +20,7 @@ __global__ void relu_backward_kernel(const float* g, const float* y, float* dx, 
 
 }  // namespace
 
+// [op-cuda-kernel]
 Tensor relu_forward(const Tensor& x_in) {
   const int dev = check_f32_cuda("relu_forward", {x_in});
   const Tensor x = x_in.contiguous();
@@ -30,6 +31,7 @@ Tensor relu_forward(const Tensor& x_in) {
   launch(on, relu_forward_kernel, grid_for(n), 256, 0, f32_ptr(x), f32_ptr(y), n);
   return y;
 }
+// [op-cuda-kernel]
 
 Tensor relu_backward(const Tensor& grad_out_in, const Tensor& y_in) {
   const int dev = check_f32_cuda("relu_backward", {grad_out_in, y_in});

@@ -5,7 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "kernels/amp.h"
+#include "kernels/ops.h"
 #include "kernels/cuda/amp.cuh"
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
@@ -136,6 +136,9 @@ void channel_sum_any(const StreamGuard& on, const void* dy, void* out, DType t, 
     default: TANDEM_FAIL("channel_sum_any: unsupported dtype ", dtype_name(t));
   }
 }
+
+// One conversion kernel on the compute stream (Tensor::to).
+Tensor cast(const Tensor& x, DType to) { return x.to(to); }
 
 void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale) {
   const char* op = "unscale_and_check_";

@@ -12,7 +12,7 @@
 // (made contiguous first); outputs are contiguous. All work is on the compute stream; nothing waits
 // for the device (the scratch buffers go back to the caching allocator, which orders their reuse
 // by the stream).
-#include "kernels/batch_norm.h"
+#include "kernels/ops.h"
 
 #include <algorithm>
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "kernels/conv.h"
+#include "kernels/ops.h"
 #include "kernels/cuda/amp.cuh"
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"

@@ -5,7 +5,7 @@
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
-#include "kernels/optim.h"
+#include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {

@@ -691,7 +691,7 @@ step_sanitizers() {
   filter=${GPU_CHECK_MEMCHECK_FILTER:-*-CudaGraphTrainer.*${neg:+:$neg}}
   # From a bundle the whole check has a few minutes: memcheck takes the kernels' own suites.
   [[ -n "$BUNDLE" && -z "${GPU_CHECK_MEMCHECK_FILTER:-}" ]] &&
-    filter="CudaGeneralOps.*:CudaGeneralNn.*:CudaElementwise.*:CudaRelu.*:CudaNllLoss.*:CudaLogSoftmax.*:CudaMaxPool.*:CudaBatchNorm.*:CudaLinear.*:CudaOptim.*${neg:+-$neg}"
+    filter="EveryCudaOp/BackendOpsCuda.*:CudaKernelProperties.*:CudaGeneralNn.*${neg:+-$neg}"
   # --report-api-errors no: several tests provoke CUDA API errors on purpose (an impossible allocation,
   # a host sync inside a capture); the sanitizers are here for the kernels' memory accesses.
   gtest_step memcheck 150 "no memory errors" env TANDEM_REQUIRE_GPU=1 "$cs" --tool memcheck --error-exitcode 1 \

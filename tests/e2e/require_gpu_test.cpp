@@ -17,7 +17,7 @@ const std::string kGpuTests = TANDEM_BINARY_DIR "/tests/tandem_gpu_tests";
 TEST(RequireGpu, GpuTestsFailNamingTheReasonInsteadOfSkipping) {
   ASSERT_TRUE(std::filesystem::exists(kGpuTests)) << kGpuTests << " is not built";
   TempDir dir("require-gpu");
-  const std::string filter = "--gtest_filter=CudaRelu.*:NcclGroup.OneGpuCollectives";
+  const std::string filter = "--gtest_filter=CudaKernelProperties.*:NcclGroup.OneGpuCollectives";
 
   const auto skipped = dir.path() / "plain.log";
   EXPECT_EQ(run_process({"/usr/bin/env", "-u", "TANDEM_REQUIRE_GPU", "CUDA_VISIBLE_DEVICES=-1", kGpuTests, filter},

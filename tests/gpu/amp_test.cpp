@@ -1,8 +1,8 @@
 // Mixed precision on CUDA against the CPU reference: the f16/bf16 paths of the cuDNN conv and the
 // cuBLAS (cublasGemmEx, float compute) linear against the CPU emulation (f32 math on the same
-// rounded operands, rounded result), the fused unscale + non-finite check, the GradScaler with
-// CUDA gradients, and an autocast forward/backward of the MNIST net on both devices. Skips
-// cleanly where no CUDA device is visible.
+// rounded operands, rounded result), the GradScaler with CUDA gradients (the casts and the fused
+// unscale + non-finite check are table ops: tests/gpu/backend_ops_test.cpp), and an autocast
+// forward/backward of the MNIST net on both devices. Skips cleanly where no CUDA device is visible.
 // Tolerance: the two sides round to the storage dtype at different points (cuDNN/cuBLAS round the
 // product and then the bias add; the CPU rounds once) and sum in different orders, so results may
 // differ by a couple of units in the last place of the dtype: |diff| <= rel * (max|ref| + |ref|).
@@ -100,37 +100,6 @@ TEST(GpuAmp, Conv2dHalfTypesMatchCpuEmulation) {
       EXPECT_TRUE(close_lowp(got.weight, ref.weight, d));
       EXPECT_TRUE(close_lowp(got.bias, ref.bias, d));
     }
-  }
-}
-
-TEST(GpuAmp, CastsMatchCpuBitForBit) {
-  TANDEM_NEED_GPUS(1);
-  Generator gen(23);
-  const Tensor x = random_cpu({4096}, gen, -1e4, 1e4);
-  for (DType d : {kBFloat16, kFloat16}) {
-    EXPECT_TRUE(same(kernels::cast(on_gpu(x), d).to(kFloat32), kernels::cast(x, d).to(kFloat32))) << dtype_name(d);
-    const Tensor lp = kernels::cast(x, d);
-    EXPECT_TRUE(same(kernels::cast(on_gpu(lp), kFloat32), kernels::cast(lp, kFloat32))) << dtype_name(d);
-  }
-}
-
-TEST(GpuAmp, UnscaleAndCheckMatchesCpu) {
-  TANDEM_NEED_GPUS(1);
-  Generator gen(24);
-  const Tensor g = random_cpu({300000}, gen, -100, 100);
-  Tensor gg = g.to(gpu());
-  Tensor flag = Tensor::zeros({1}, kFloat32, gpu());
-  kernels::unscale_and_check_(gg, flag, 1.0 / 1024);
-  Tensor ref = g.clone(), ref_flag = Tensor::zeros({1});
-  kernels::unscale_and_check_(ref, ref_flag, 1.0 / 1024);
-  EXPECT_TRUE(same(gg, ref));
-  EXPECT_EQ(flag.item<float>(), 0.0f);
-  for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-    Tensor h = g.clone();
-    h.data<float>()[123457] = bad;
-    Tensor hg = h.to(gpu()), f = Tensor::zeros({1}, kFloat32, gpu());
-    kernels::unscale_and_check_(hg, f, 0.5);
-    EXPECT_EQ(f.item<float>(), 1.0f);
   }
 }
 

@@ -8,8 +8,8 @@
 //
 // Tolerance: 1e-4 relative plus 1e-5 absolute (1e-4 for the convolutions, whose weight and bias
 // gradients sum a few hundred signed terms, so near-zero entries carry the terms' rounding). Each
-// kernel agrees with the CPU's to float32 rounding (tests/gpu/general_ops_test.cpp holds them to
-// 1e-5); a network chains dozens of them, and its gradients are sums over the batch, so the
+// kernel agrees with the CPU's to float32 rounding (tests/gpu/backend_ops_test.cpp holds them to
+// a few float32 roundings); a network chains dozens of them, and its gradients are sums over the batch, so the
 // rounding differences add up (cuDNN and cuBLAS also sum in their own order). A wrong kernel,
 // index or broadcast is off by far more.
 #include <gtest/gtest.h>

@@ -58,6 +58,23 @@ TEST(BackendOpsTable, TheCpuBackendRegistersEveryOp) {
   EXPECT_STREQ(kernels::cpu_backend().backend_name, "cpu");
 }
 
+// A backend other than the CPU's registers every op but the CPU's fast paths (TANDEM_OPS_CPU_ONLY),
+// whose entry points refuse its operands.
+TEST(BackendOpsTable, OtherBackendsLackOnlyTheCpuOnlyOps) {
+  const std::vector<const char*> cpu_only = kernels::cpu_only_ops();
+  EXPECT_EQ(cpu_only.size(), 6u);
+  for (const kernels::Backend* backend : kernels::backends()) {
+    if (backend == &kernels::cpu_backend()) continue;
+    std::vector<std::string> missing;
+    for (const char* op : kernels::table_ops()) {
+      const std::vector<const char*> have = kernels::registered_ops(*backend);
+      if (std::find_if(have.begin(), have.end(), [op](const char* h) { return std::string(h) == op; }) == have.end())
+        missing.emplace_back(op);
+    }
+    EXPECT_EQ(missing, std::vector<std::string>(cpu_only.begin(), cpu_only.end())) << backend->backend_name;
+  }
+}
+
 // The check above names an op whose case list is missing or empty.
 TEST(BackendOpsTable, AMissingCaseListIsReported) {
   CaseTable partial = cases();

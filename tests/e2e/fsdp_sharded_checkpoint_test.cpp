@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -25,6 +26,7 @@
 #include "common/test_util.h"
 #include "core/safetensors.h"
 #include "metrics.h"
+#include "model_runs.h"
 
 namespace fs = std::filesystem;
 using namespace tandem::test;
@@ -139,14 +141,17 @@ TEST(FsdpShardedCheckpoint, ResumesOnOneRankAsTheFullCheckpointDoes) {
   TANDEM_NEED_DATA(kDigits);
   TempDir tmp("fsdp-sharded-reshard");
   const std::vector<std::string> full(kSharded.begin(), kSharded.end() - 1);  // FULL_STATE_DICT, the default
-  for (const auto& [name, run] : {std::pair{"s", kSharded}, std::pair{"f", full}}) {
-    ASSERT_EQ(run_process(ranks(2, tmp, name, with(run, {"--debug-sigkill-at", "7"})), tmp / (name + std::string("1.log"))),
-              137);
-    ASSERT_EQ(run_process(ranks(1, tmp, name, with(run, {"--resume", "--resume-reshard"})),
-                          tmp / (name + std::string("2.log"))),
+  for (const auto& [tag, run] : {std::pair{"s", kSharded}, std::pair{"f", full}}) {
+    const std::string name = tag;
+    ASSERT_EQ(run_process(ranks(2, tmp, name, with(run, {"--max-keep-ckpts", "0", "--debug-sigkill-at", "7"})),
+                          tmp / (name + "1.log")),
+              137)
+        << read_file(tmp / (name + "1.log"));
+    ASSERT_EQ(run_process(ranks(1, tmp, name, with(run, {"--max-keep-ckpts", "0", "--resume", "--resume-reshard"})),
+                          tmp / (name + "2.log")),
               0)
-        << read_file(tmp / (name + std::string("2.log")));
-    EXPECT_NE(read_file(tmp / (name + std::string("2.log"))).find("world size changed from 2 to 1"), std::string::npos);
+        << read_file(tmp / (name + "2.log"));
+    EXPECT_NE(read_file(tmp / (name + "2.log")).find("world size changed from 2 to 1"), std::string::npos);
   }
   EXPECT_TRUE(fs::is_directory(tmp / "s/iter_5.sharded"));
   EXPECT_TRUE(fs::exists(tmp / "f/iter_5.safetensors"));
@@ -164,6 +169,16 @@ TEST(FsdpShardedCheckpoint, ResumesOnOneRankAsTheFullCheckpointDoes) {
             0)
       << read_file(tmp / "wf.log");
   expect_same_losses(read_losses(tmp / "wf.jsonl"), read_losses(tmp / "ws.jsonl"));
+  // tandem-test reads the directory as load_from does: the full checkpoint's metrics.
+  auto test = [&](const std::string& name, const std::string& checkpoint) {
+    return test_metrics({kTest, kConfigs + "/mnist_adadelta.json", checkpoint, "--work-dir", tmp.file(name),
+                         "--cfg-options", "val_dataloader.dataset.indices=256"},
+                        tmp / (name + ".log"));
+  };
+  const std::string from_shards = test("ts", tmp.file("s/iter_5.sharded"));
+  const std::string from_full = test("tf", tmp.file("f/iter_5.safetensors"));
+  EXPECT_EQ(from_shards, from_full);
+  EXPECT_FALSE(std::isnan(first_value(from_shards, "loss: "))) << from_shards;
 
   // Without FSDP it is refused in one line naming the fix.
   EXPECT_NE(run_process(ranks(0, tmp, "ddp", {"--resume", tmp.file("s/iter_5.sharded"), "--resume-reshard"}),

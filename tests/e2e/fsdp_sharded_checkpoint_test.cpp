@@ -6,7 +6,8 @@
 //     last_checkpoint work;
 //   - a run killed mid-epoch resumes from it with losses, weights and averages bitwise those of an
 //     uninterrupted run; a damaged shard file makes --resume fall back to the previous checkpoint;
-//   - resumed on 1 rank (re-sharded) it continues with the losses of the full checkpoint's resume;
+//   - resumed on 1 rank (re-sharded) it continues with the losses of the full checkpoint's resume, and a
+//     full checkpoint resumes under SHARDED_STATE_DICT;
 //     its weights start a one-process run (load_from) as the full checkpoint's do, and a resume
 //     without FSDP is refused naming the fix;
 //   - tandem-run's restart of the worker group resumes from it by itself;
@@ -158,6 +159,18 @@ TEST(FsdpShardedCheckpoint, ResumesOnOneRankAsTheFullCheckpointDoes) {
   const Losses sharded = read_losses(tmp / "s.jsonl"), gathered = read_losses(tmp / "f.jsonl");
   ASSERT_GT(sharded.size(), 7u);
   expect_same_losses(gathered, sharded);
+  // A full checkpoint resumes under SHARDED_STATE_DICT too, and the run goes on writing shards.
+  fs::create_directories(tmp / "m");
+  for (const std::string f : {"iter_5.safetensors", "iter_5.state.safetensors"}) fs::copy(tmp / "f" / f, tmp / "m" / f);
+  ASSERT_EQ(run_process(ranks(1, tmp, "m", with(kSharded, {"--resume", tmp.file("m/iter_5.safetensors"),
+                                                           "--resume-reshard", "--max-keep-ckpts", "0"})),
+                        tmp / "m.log"),
+            0)
+      << read_file(tmp / "m.log");
+  const Losses mixed = read_losses(tmp / "m.jsonl");
+  ASSERT_FALSE(mixed.empty());
+  for (const auto& [at, loss] : mixed) EXPECT_EQ(loss, gathered.at(at)) << "epoch " << at.first << " iter " << at.second;
+  EXPECT_TRUE(fs::is_directory(tmp / "m/iter_15.sharded")) << read_file(tmp / "m.log");
 
   // load_from: the shards assembled in one process are the full checkpoint's weights.
   ASSERT_EQ(run_process(ranks(0, tmp, "ws", {"--epochs", "1", "--init-weights", tmp.file("s/iter_5.sharded")}),

@@ -25,7 +25,8 @@ set(TANDEM_PUBLIC_HEADER_DIRS core data dist/store dist/group dist/parallel kern
 # fmt, nlohmann-json or zlib headers, so a new header of that kind must be listed here.
 set(TANDEM_INTERNAL_HEADERS kernels/dispatch.h dist/group/gloo_store_adapter.h dist/group/shm_allreduce.h
   dist/group/gloo_reduce.h dist/parallel/fsdp_unit.h train/py_config.h train/py_config_tokens.h train/config.h train/checkpoint.h
-  train/metrics_writer.h train/runner_internal.h train/cuda_graph_step.h train/run_config.h)
+  train/metrics_writer.h train/runner_internal.h train/cuda_graph_step.h train/run_config.h
+  train/sharded_checkpoint.h)
 foreach(dir IN LISTS TANDEM_PUBLIC_HEADER_DIRS)
   file(GLOB _headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/${dir}/*.h)
   list(REMOVE_ITEM _headers ${TANDEM_INTERNAL_HEADERS})

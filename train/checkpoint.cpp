@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "core/error.h"
+#include "train/sharded_checkpoint.h"
 
 namespace tandem::train {
 namespace fs = std::filesystem;
@@ -36,7 +37,7 @@ std::string parent_dir(const std::string& path) {
 
 // n of ".../iter_<n>.safetensors", -1 for another name.
 int64_t iter_of(const std::string& path) {
-  static const std::regex name(R"(iter_(\d{1,18})\.safetensors)");
+  static const std::regex name(R"(iter_(\d{1,18})\.(safetensors|sharded))");
   std::smatch m;
   const std::string file = fs::path(path).filename().string();
   return std::regex_match(file, m, name) ? std::stoll(m[1].str()) : -1;
@@ -55,8 +56,9 @@ std::vector<std::string> earlier_checkpoints(const std::string& dir, const std::
 // What to do about a damaged checkpoint: the newest earlier one beside it, or starting again.
 std::string advice(const std::string& checkpoint) {
   const std::vector<std::string> earlier = earlier_checkpoints(parent_dir(checkpoint), checkpoint);
-  const std::string files =
-      fs::path(checkpoint).filename().string() + " and " + fs::path(state_path(checkpoint)).filename().string();
+  const std::string files = fs::is_directory(checkpoint) ? fs::path(checkpoint).filename().string() + "/"
+                            : fs::path(checkpoint).filename().string() + " and " +
+                                  fs::path(state_path(checkpoint)).filename().string();
   if (!earlier.empty())
     return "resume from an earlier checkpoint (--resume " + earlier.back() + ") or delete this one (" + files + ")";
   return "no earlier checkpoint is beside it: delete it (" + files + ") and start the run again without --resume";
@@ -176,7 +178,7 @@ CheckpointManager::CheckpointManager(std::string dir, int64_t max_keep) : dir_(s
 }
 
 std::vector<std::string> CheckpointManager::list(const std::string& dir) {
-  static const std::regex name(R"(iter_(\d+)\.safetensors)");
+  static const std::regex name(R"(iter_(\d+)\.(safetensors|sharded))");
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -193,6 +195,11 @@ std::vector<std::string> CheckpointManager::list(const std::string& dir) {
 std::string CheckpointManager::save(const Checkpoint& c, int64_t global_iter) {
   const std::string path = (fs::path(dir_) / ("iter_" + std::to_string(global_iter) + ".safetensors")).string();
   save_checkpoint(path, c);
+  commit(path);
+  return path;
+}
+
+void CheckpointManager::commit(const std::string& path) {
   write_file_atomic((fs::path(dir_) / "last_checkpoint").string(), fs::absolute(path).string() + "\n");
   if (max_keep_ > 0) {
     std::vector<std::string> all = list(dir_);
@@ -201,10 +208,9 @@ std::string CheckpointManager::save(const Checkpoint& c, int64_t global_iter) {
     for (int64_t i = 0; i < extra; ++i) {
       std::error_code ec;
       fs::remove(state_path(all[static_cast<size_t>(i)]), ec);
-      fs::remove(all[static_cast<size_t>(i)], ec);
+      fs::remove_all(all[static_cast<size_t>(i)], ec);  // a sharded checkpoint is a directory
     }
   }
-  return path;
 }
 
 std::string CheckpointManager::latest(const std::string& dir) {
@@ -227,12 +233,13 @@ std::pair<std::string, Checkpoint> CheckpointManager::load_latest_intact(
   std::string skipped;  // "'<file>' is damaged (<why>); '<file>' is missing"
   auto skip = [&](const std::string& what) { skipped += (skipped.empty() ? "" : "; ") + what; };
   for (const std::string& c : candidates) {
-    if (!fs::exists(c) || !fs::exists(state_path(c))) {
+    const bool sharded = fs::is_directory(c);
+    if (!sharded && (!fs::exists(c) || !fs::exists(state_path(c)))) {
       skip("'" + (fs::exists(c) ? state_path(c) : c) + "' is missing");
       continue;
     }
     try {
-      Checkpoint checkpoint = load_checkpoint(c);
+      Checkpoint checkpoint = sharded ? load_sharded_checkpoint(c) : load_checkpoint(c);
       if (!skipped.empty()) say("resuming from " + c + ", the newest intact checkpoint in " + dir + ": " + skipped);
       return {c, std::move(checkpoint)};
     } catch (const CheckpointDamaged& e) {

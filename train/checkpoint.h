@@ -66,7 +66,8 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // fsyncs a directory, so a rename inside it survives a crash.
 void fsync_dir(const std::string& dir);
 
-// Checkpoints of one work dir: iter_<global iteration>.safetensors (+ state),
+// Checkpoints of one work dir: iter_<global iteration>.safetensors (+ state) or, sharded,
+// the directory iter_<global iteration>.sharded (sharded_checkpoint.h),
 // the latest named in <dir>/last_checkpoint, at most max_keep kept (0: all).
 class CheckpointManager {
  public:
@@ -74,6 +75,9 @@ class CheckpointManager {
   // Saves, then points last_checkpoint at it, then removes the oldest beyond
   // max_keep. Returns the weights path.
   std::string save(const Checkpoint& checkpoint, int64_t global_iter);
+  // Points last_checkpoint at `path` (a checkpoint already written, e.g. a sharded one's directory),
+  // then removes the oldest beyond max_keep.
+  void commit(const std::string& path);
   // The checkpoint named by <dir>/last_checkpoint; throws naming the file if there is none.
   static std::string latest(const std::string& dir);
   // Auto resume: the checkpoint latest() names, loaded; when it is damaged or missing, the newest

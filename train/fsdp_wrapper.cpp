@@ -11,6 +11,7 @@
 #include "dist/parallel/fsdp.h"
 #include "dist/store/prefix_store.h"
 #include "train/registries.h"
+#include "train/runner_internal.h"
 
 namespace tandem::train {
 namespace {
@@ -128,12 +129,42 @@ void check_ddp_keys_unused(const Kwargs& k) {
 
 }  // namespace
 
+// True for model_wrapper_cfg.state_dict_type='SHARDED_STATE_DICT' (PyTorch's StateDictType name, with or
+// without 'StateDictType.') or MMEngine FSDPStrategy's state_dict_cfg=dict(state_dict_type=...);
+// state_dict_cfg='full' and the default are FULL_STATE_DICT.
+bool fsdp_sharded_state_dict(const Kwargs& k) {
+  const std::string accepted = "'FULL_STATE_DICT' (the default: one full checkpoint written by rank 0) or "
+                               "'SHARDED_STATE_DICT' (a shard file per rank)";
+  auto parse = [&](const std::string& where, const std::string& given) {
+    const std::string name = last_name(given);
+    TANDEM_CHECK(name != "LOCAL_STATE_DICT" && name != "local", where, " '", given, "' (LOCAL_STATE_DICT) is not ",
+                 "supported; use ", accepted);
+    TANDEM_CHECK(name == "FULL_STATE_DICT" || name == "SHARDED_STATE_DICT" || name == "full", where, " '", given,
+                 "' is not a state dict type; expected ", accepted);
+    return name == "SHARDED_STATE_DICT";
+  };
+  std::optional<bool> type, cfg;
+  if (k.has("state_dict_type")) type = parse(k.owner() + ".state_dict_type", k.string("state_dict_type", ""));
+  if (k.has("state_dict_cfg")) {
+    const std::string where = k.owner() + ".state_dict_cfg";
+    const json v = json::parse(k.items().at("state_dict_cfg"), nullptr, false);
+    if (v.is_string()) cfg = parse(where, v.get<std::string>());
+    TANDEM_CHECK(v.is_string() || (v.is_object() && v.size() == 1 && v.contains("state_dict_type") &&
+                                   v["state_dict_type"].is_string()),
+                 where, " must be 'full' or dict(state_dict_type=...), got ", k.items().at("state_dict_cfg"));
+    if (!cfg) cfg = parse(where + ".state_dict_type", v["state_dict_type"].get<std::string>());
+  }
+  TANDEM_CHECK(!type || !cfg || *type == *cfg, k.owner(), ": state_dict_type and state_dict_cfg disagree; give one");
+  return type.value_or(cfg.value_or(false));
+}
+
 std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k) {
   std::vector<std::string> known = {"sharding_strategy", "auto_wrap_policy", "forward_prefetch", "backward_prefetch",
-                                    "mixed_precision",   "cpu_offload"};
+                                    "mixed_precision",   "cpu_offload",      "state_dict_type",   "state_dict_cfg"};
   for (const std::string& name : ddp_kwarg_names()) known.push_back(name);
   k.check_known(known);
   check_ddp_keys_unused(k);
+  if (fsdp_sharded_state_dict(k)) spdlog::info("fsdp checkpoints: SHARDED_STATE_DICT, a shard file per rank");
   dist::FSDPOptions o;
   o.mixed_precision = mixed_precision(k);
   o.cpu_offload = cpu_offload(k);

@@ -26,6 +26,7 @@
 #include "nn/amp.h"
 #include "nn/functional.h"
 #include "train/checkpoint.h"
+#include "train/sharded_checkpoint.h"
 #include "train/cuda_graph_step.h"
 #include "train/metrics_writer.h"
 #include "train/registries.h"
@@ -167,14 +168,14 @@ void Runner::setup_data() {
 void Runner::setup_model() {
   net_ = o_.model_instance ? o_.model_instance : models().get(o_.model)(o_.model_args);
   TANDEM_CHECK(net_ != nullptr, "model '", o_.model, "': the factory returned no model");
-  if (resume_ckpt_) {
+  if (resume_ckpt_ && !is_sharded(*resume_ckpt_)) {  // a sharded one loads into the wrapper (resume_or_load)
     try {
       net_->load_state_dict(resume_ckpt_->weights);
     } catch (const Error& e) {
       TANDEM_FAIL("checkpoint '", resume_path_, "': ", e.what());
     }
   } else if (!o_.load_from.empty()) {
-    nn::load_weights(*net_, o_.load_from);
+    load_weights_or_shards(*net_, o_.load_from);
     info("initial weights: " + o_.load_from);
   }
   net_->to(device_);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 
 #include "core/random.h"
 #include "data/data_loader.h"
@@ -11,6 +12,7 @@
 #include "train/checkpoint.h"
 #include "train/runner.h"
 #include "train/runner_internal.h"
+#include "train/sharded_checkpoint.h"
 
 namespace tandem::train {
 namespace {
@@ -69,7 +71,17 @@ void check_resumable(const Checkpoint& c, const std::string& path, const RunnerO
 
 std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::string& path, int64_t max_keep) {
   Checkpoint c;
-  if (fsdp_) {
+  CheckpointManager checkpoints(o_.work_dir, max_keep >= 0 ? max_keep : o_.max_keep_ckpts);
+  std::string sharded, tmp;  // SHARDED_STATE_DICT: the checkpoint's directory, the one it is written in
+  if (fsdp_ && fsdp_sharded_state_dict(o_.model_wrapper_args)) {
+    // Collective, no gather: each rank writes its shards and the optimizer state over them, the
+    // hooks theirs (EMAHook's averages), then rank 0 the training state below.
+    sharded = sharded_checkpoint_name(
+        path.empty() ? o_.work_dir + "/iter_" + std::to_string(global_iter_) + ".safetensors" : path);
+    tmp = begin_sharded_save(sharded, *dist_->group, c);
+    fsdp_->save_sharded(tmp, optimizer_.get());
+    call_hooks([&](Hook& h) { h.gather_for_checkpoint(*this, c); });
+  } else if (fsdp_) {
     // Collective: the module's own weights gathered and the optimizer state unsharded, so that the
     // checkpoint is an ordinary one (tandem-test, load_from) and resumes on any world size.
     for (auto& [name, t] : fsdp_->full_state_dict()) c.weights[name] = t;
@@ -78,7 +90,10 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
   }
   if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(optimizer_.get()))
     zero->consolidate_state_dict(0);  // collective: every rank's shard of the state on rank 0
-  if (env_.rank != 0) return "";
+  if (env_.rank != 0) {
+    if (!sharded.empty()) dist_->group->barrier()->wait(dist_->group->timeout());  // rank 0 renamed it
+    return "";
+  }
   if (!fsdp_) {
     for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;
     c.optimizer = optimizer_->state_dict();
@@ -98,8 +113,12 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
             {"config", o_.config_json.empty() ? Json::object() : Json::parse(o_.config_json)}};
   call_hooks([&](Hook& h) { h.before_save_checkpoint(*this, c); });
   std::string written = path;
-  if (written.empty()) {
-    CheckpointManager checkpoints(o_.work_dir, max_keep >= 0 ? max_keep : o_.max_keep_ckpts);
+  if (!sharded.empty()) {
+    finish_sharded_save(tmp, sharded, c);
+    if (path.empty()) checkpoints.commit(sharded);
+    dist_->group->barrier()->wait(dist_->group->timeout());
+    written = sharded;
+  } else if (written.empty()) {
     written = checkpoints.save(c, global_iter_);
   } else {
     train::save_checkpoint(written, c);
@@ -117,6 +136,8 @@ void Runner::load_resume_checkpoint() {
     });
     resume_path_ = path;
     resume_ckpt_ = std::make_unique<Checkpoint>(std::move(checkpoint));
+  } else if (std::filesystem::is_directory(resume_path_)) {
+    resume_ckpt_ = std::make_unique<Checkpoint>(load_sharded_checkpoint(resume_path_));
   } else {
     resume_ckpt_ = std::make_unique<Checkpoint>(load_checkpoint(resume_path_));
   }
@@ -128,7 +149,14 @@ void Runner::resume_or_load() {
   const Checkpoint c = std::move(*resume_ckpt_);
   resume_ckpt_.reset();
   try {
-    optimizer_->load_state_dict(fsdp_ ? fsdp_->shard_optimizer_state(c.optimizer) : c.optimizer);
+    if (is_sharded(c)) {  // collective: this rank's shards and optimizer state, re-sharded on another world size
+      TANDEM_CHECK(fsdp_ != nullptr, "it is a sharded checkpoint (SHARDED_STATE_DICT, one file per rank); resume it "
+                   "with model_wrapper_cfg.type=MMFullyShardedDataParallel (on any number of ranks), or start "
+                   "from its weights with load_from=", sharded_dir(c));
+      fsdp_->load_sharded(sharded_dir(c), optimizer_.get());
+    } else {
+      optimizer_->load_state_dict(fsdp_ ? fsdp_->shard_optimizer_state(c.optimizer) : c.optimizer);
+    }
     if (scaler_->enabled() && !c.scaler.empty()) scaler_->load_state_dict(c.scaler);
     const auto sched = c.meta.at("schedule").at("state").get<std::map<std::string, double>>();
     schedulers_.load_state_dict(sched);

@@ -32,6 +32,10 @@ std::string cuda_graph_refusal(const RunnerOptions& o, const Device& device, int
 std::vector<HookSpec> default_hook_specs(const RunnerOptions& o);
 // The schedule's entries: param_schedulers, else the one param_scheduler (none when it is "").
 std::vector<SchedulerSpec> scheduler_specs(const RunnerOptions& o);
+// model_wrapper_cfg's checkpoint kind under MMFullyShardedDataParallel: true for SHARDED_STATE_DICT
+// (state_dict_type, or MMEngine's state_dict_cfg), false for FULL_STATE_DICT; throws naming the
+// accepted values for anything else (fsdp_wrapper.cpp).
+bool fsdp_sharded_state_dict(const Kwargs& k);
 // "m:ss" style ETA: H:MM:SS.
 std::string format_eta(double seconds);
 

@@ -187,8 +187,8 @@ class FullyShardedDataParallel : public nn::Module {
 
   // Checkpoints. save_full: collective; rank 0 writes the module's state dict (its own names, as
   // PyTorch's model.state_dict() has them) to `path` as safetensors. save_sharded: collective; each
-  // rank writes <dir>/shard-<rank>-of-<world>.safetensors (its shards "param.<unit>", and
-  // `optimizer`'s state over them "optim.<key>", when given), then rank 0 writes <dir>/fsdp.json
+  // rank writes <dir>/shard-<rank>-of-<world>.safetensors (its shards "param.<unit>", `optimizer`'s
+  // state over them "optim.<key>", when given, and its buffers "buffer.<name>"), then rank 0 writes <dir>/fsdp.json
   // (world size, strategy, every unit's path, parameter names and shapes). Files are written under a
   // temporary name and renamed, so an older checkpoint stays whole until the new one is.
   // load_sharded: collective; checks the units and parameters match (naming the first that does not),

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/safetensors.h"
 #include "dist/parallel/fsdp.h"
+#include "dist/parallel/fsdp_checkpoint.h"
 #include "dist/parallel/fsdp_unit.h"
 #include "optim/optimizer.h"
 
@@ -51,6 +52,76 @@ Tensor gather_old(const std::vector<TensorMap>& old, const std::string& key, int
   return out;
 }
 
+// <dir>/fsdp.json, checked to be a sharded checkpoint's index.
+json read_index(const std::string& dir) {
+  const std::string index = (fs::path(dir) / "fsdp.json").string();
+  std::ifstream in(index);
+  TANDEM_CHECK(in.good(), "FSDP checkpoint: ", index, " does not exist (a sharded checkpoint is a directory written by "
+                          "save_sharded: fsdp.json and one shard file per rank)");
+  json meta;
+  try {
+    meta = json::parse(in);
+  } catch (const std::exception& e) {
+    TANDEM_FAIL("FSDP checkpoint: ", index, " is not valid JSON (", e.what(), ")");
+  }
+  TANDEM_CHECK(meta.is_object() && meta.value("format", "") == "tandem-fsdp-sharded", "FSDP checkpoint: ", index,
+               " is not a sharded FSDP index (format '", meta.is_object() ? meta.value("format", "") : "", "')");
+  return meta;
+}
+
+// Every rank's shard file of the checkpoint, in rank order, loaded (and so CRC-checked).
+std::vector<TensorMap> read_all_shards(const std::string& dir, const json& meta) {
+  const int world = meta.at("world_size").get<int>();
+  std::vector<TensorMap> out;
+  for (int r = 0; r < world; ++r) {
+    const std::string path = shard_file(dir, r, world);
+    TANDEM_CHECK(fs::exists(path), "FSDP checkpoint ", dir, ": ", path, " is missing (written with ", world,
+                 " ranks; every rank's file is needed)");
+    out.push_back(load_safetensors(path));
+  }
+  return out;
+}
+
+}  // namespace
+
+void verify_sharded_checkpoint(const std::string& dir) { read_all_shards(dir, read_index(dir)); }
+
+TensorMap load_sharded_state_dict(const std::string& dir) {
+  const json meta = read_index(dir);
+  const std::vector<TensorMap> shards = read_all_shards(dir, meta);
+  TensorMap out;
+  const json& units = meta.at("units");
+  for (size_t k = 0; k < units.size(); ++k) {
+    const std::string key = "param." + std::to_string(k);
+    // The shards end to end (NO_SHARD: every rank holds all of it, rank 0's comes first).
+    int64_t total = 0;
+    for (const TensorMap& s : shards) {
+      TANDEM_CHECK(s.count(key) == 1, "FSDP checkpoint ", dir, ": a shard file has no '", key, "'");
+      total += s.at(key).numel();
+    }
+    Tensor flat = Tensor::zeros({total}, shards.front().at(key).dtype());
+    int64_t at = 0;
+    for (const TensorMap& s : shards) {
+      const Tensor& part = s.at(key);
+      flat.slice(0, at, at + part.numel()).copy_(part.reshape({part.numel()}));
+      at += part.numel();
+    }
+    at = 0;
+    for (const json& p : units[k].at("params")) {
+      const Shape shape = p.at("shape").get<Shape>();
+      const int64_t n = shape_numel(shape);
+      TANDEM_CHECK(at + n <= flat.numel(), "FSDP checkpoint ", dir, ": unit ", k, "'s shards hold ", flat.numel(),
+                   " elements, fewer than its parameters need");
+      out[p.at("name").get<std::string>()] = flat.slice(0, at, at + n).reshape(shape).clone();
+      at += n;
+    }
+  }
+  for (const auto& [name, t] : shards.front())
+    if (name.rfind("buffer.", 0) == 0) out[name.substr(7)] = t;
+  return out;
+}
+
+namespace {
 }  // namespace
 
 void FullyShardedDataParallel::save_full(const std::string& path) {
@@ -186,6 +257,7 @@ void FullyShardedDataParallel::save_sharded(const std::string& dir, const optim:
   if (writer) {
     TensorMap mine;
     for (size_t k = 0; k < units_.size(); ++k) mine["param." + std::to_string(k)] = units_[k]->shard.detach();
+    for (auto& [name, b] : module_->named_buffers()) mine["buffer." + name] = b.detach();  // this rank's own
     if (optimizer)
       for (auto& [key, t] : optimizer->state_dict()) mine["optim." + key] = t;
     save_atomically(shard_file(dir, rank, world), mine);
@@ -218,18 +290,7 @@ void FullyShardedDataParallel::load_sharded(const std::string& dir, optim::Optim
   TANDEM_CHECK(phase_ == Phase::Idle || phase_ == Phase::AfterForward,
                "FullyShardedDataParallel::load_sharded: called during forward or between gather_full_params() "
                "and release_full_params()");
-  const std::string index = (fs::path(dir) / "fsdp.json").string();
-  std::ifstream in(index);
-  TANDEM_CHECK(in.good(), "FSDP checkpoint: ", index, " does not exist (a sharded checkpoint is a directory written by "
-                          "save_sharded: fsdp.json and one shard file per rank)");
-  json meta;
-  try {
-    meta = json::parse(in);
-  } catch (const std::exception& e) {
-    TANDEM_FAIL("FSDP checkpoint: ", index, " is not valid JSON (", e.what(), ")");
-  }
-  TANDEM_CHECK(meta.value("format", "") == "tandem-fsdp-sharded", "FSDP checkpoint: ", index,
-               " is not a sharded FSDP index (format '", meta.value("format", ""), "')");
+  const json meta = read_index(dir);
   const int old_world = meta.at("world_size").get<int>();
   const json& units = meta.at("units");
   TANDEM_CHECK(units.size() == units_.size(), "FSDP checkpoint ", dir, ": it has ", units.size(),
@@ -287,6 +348,11 @@ void FullyShardedDataParallel::load_sharded(const std::string& dir, optim::Optim
       s.slice(0, 0, n).copy_(gather_old(old, name, old_shard, lo, n, dir));
       opt_state[name.substr(6)] = s;
     }
+  }
+  // The buffers: this rank's own on the same world size, rank 0's on another (older files have none).
+  for (auto& [name, b] : module_->named_buffers()) {
+    const auto it = old[0].find("buffer." + name);
+    if (it != old[0].end()) b.detach().copy_(it->second);
   }
   if (optimizer) {
     for (auto& [name, t] : old[0])

@@ -27,6 +27,7 @@
 #include "dist/parallel/ddp.h"
 #include "dist/group/process_group_gloo.h"
 #include "dist/parallel/fsdp.h"
+#include "dist/parallel/fsdp_checkpoint.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "optim/clip_grad.h"
@@ -305,6 +306,11 @@ TEST(FsdpCheckpoint, ShardedResumeOnTheSameWorldIsBitwise) {
     ASSERT_EQ(full.size(), a.size());
     for (auto& [name, t] : a)
       EXPECT_EQ(std::memcmp(full.at(name).data<float>(), t.data<float>(), t.nbytes()), 0) << name;
+    // The sharded files assembled in one process: the module's state dict as it was saved.
+    const auto assembled = dist::load_sharded_state_dict(dir);
+    ASSERT_EQ(assembled.size(), r.saved.size());
+    for (auto& [name, t] : r.saved)
+      EXPECT_EQ(std::memcmp(assembled.at(name).data<float>(), t.data<float>(), t.nbytes()), 0) << name;
     return;
   }
   test::TempDir dir("fsdp-ckpt");

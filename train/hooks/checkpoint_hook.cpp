@@ -54,15 +54,16 @@ class CheckpointHook : public Hook {
     const std::string path = r.work_dir() + "/best_" + file_metric +
                              (r.by_epoch() ? "_epoch_" + std::to_string(r.epoch())
                                            : "_iter_" + std::to_string(r.global_iter())) + ".safetensors";
-    r.save_checkpoint(r.epoch() + 1, 0, path);  // on every rank: collective under FSDP, a no-op past rank 0 otherwise
+    // On every rank: collective under FSDP, a no-op past rank 0 otherwise. A sharded one is <name>.sharded/.
+    const std::string written = r.save_checkpoint(r.epoch() + 1, 0, path);
     if (r.rank() != 0) return;
-    if (!last_best_.empty() && last_best_ != path) {
+    if (!last_best_.empty() && last_best_ != written) {
       std::error_code ec;
-      std::filesystem::remove(last_best_, ec);
+      std::filesystem::remove_all(last_best_, ec);
       std::filesystem::remove(state_path(last_best_), ec);
     }
-    last_best_ = path;
-    r.info("best " + best_metric_ + " " + std::to_string(value) + ": " + path);
+    last_best_ = written;
+    r.info("best " + best_metric_ + " " + std::to_string(value) + ": " + written);
   }
 
  private:

@@ -8,13 +8,16 @@
 // Under FullyShardedDataParallel each rank averages its own shards (the wrapper's parameters(), no
 // gathers) and the module's buffers; validation swaps the averaged shards in (the wrapper gathers
 // them as it runs), and checkpoints hold the averages as the module's full tensors, gathered as
-// the weights are (the same ema_state_dict as under DDP), sliced back into shards on a resume.
+// the weights are (the same ema_state_dict as under DDP), sliced back into shards on a resume. With
+// SHARDED_STATE_DICT checkpoints the averages stay sharded: <checkpoint>/ema/ is a sharded checkpoint
+// of them (no gather), re-sharded on a resume onto another world size as the weights are.
 #include <spdlog/spdlog.h>
 
 #include "train/checkpoint.h"
 #include "train/hooks/builtin_hooks.h"
 #include "train/hooks/ema.h"
 #include "train/runner.h"
+#include "train/sharded_checkpoint.h"
 
 namespace tandem::train {
 namespace {
@@ -54,6 +57,10 @@ class EMAHook : public Hook {
   }
   void gather_for_checkpoint(Runner& r, Checkpoint& c) override {
     if (ema_.empty()) return;
+    if (const std::string dir = sharded_save_dir(c); !dir.empty()) {  // SHARDED_STATE_DICT: no gather
+      save_sharded(r, dir + "/ema", c);
+      return;
+    }
     TensorMap own;  // "module.<unit>.flat_param" (shards), "module.<buffer>", "steps"
     ema_.save(own, "");
     std::vector<Tensor> shards;
@@ -71,7 +78,10 @@ class EMAHook : public Hook {
       return;
     }
     ema_.reset(tensors(r));
-    ema_.load(r.fsdp() ? sharded(*r.fsdp(), c.extra) : c.extra, kPrefix);
+    ema_.load(is_sharded(c) ? load_sharded(r, sharded_dir(c) + "/ema", c)
+              : r.fsdp()    ? sharded(*r.fsdp(), c.extra)
+                            : c.extra,
+              kPrefix);
     loaded_ = true;
   }
 
@@ -86,6 +96,38 @@ class EMAHook : public Hook {
       return out;
     }
     return update_buffers_ ? r.model().state_dict() : r.model().named_parameters();
+  }
+  // The averages written as a sharded checkpoint of their own (collective): swapped into the shards
+  // (and buffers) while save_sharded writes them; the steps go with the training state.
+  void save_sharded(Runner& r, const std::string& dir, Checkpoint& c) {
+    const nn::NamedTensors live = tensors(r);
+    ema_.swap_with(live);
+    try {
+      r.fsdp()->save_sharded(dir);
+    } catch (...) {
+      ema_.swap_with(live);
+      throw;
+    }
+    ema_.swap_with(live);
+    TensorMap own;
+    ema_.save(own, kPrefix);
+    c.extra[std::string(kPrefix) + "steps"] = own.at(std::string(kPrefix) + "steps");
+  }
+  // Their inverse (collective): the averages loaded into the shards, re-sharded on another world size
+  // as the weights are, read out as an ema_state_dict over this rank's shards, and the model's own
+  // values put back.
+  TensorMap load_sharded(Runner& r, const std::string& dir, const Checkpoint& c) const {
+    dist::FullyShardedDataParallel& f = *r.fsdp();
+    nn::NamedTensors live = f.named_parameters();
+    for (auto& b : f.module().named_buffers()) live.push_back(b);
+    std::vector<Tensor> own;
+    for (auto& [name, t] : live) own.push_back(t.detach().clone());
+    f.load_sharded(dir);
+    TensorMap out;
+    for (auto& [name, t] : tensors(r)) out[std::string(kPrefix) + "module." + name] = t.detach().clone();
+    out[std::string(kPrefix) + "steps"] = c.extra.at(std::string(kPrefix) + "steps");
+    for (size_t i = 0; i < live.size(); ++i) live[i].second.detach().copy_(own[i]);
+    return out;
   }
   // A checkpoint's full ema_state_dict with the parameters replaced by this rank's shards.
   static TensorMap sharded(dist::FullyShardedDataParallel& f, const TensorMap& extra) {

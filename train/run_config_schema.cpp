@@ -162,7 +162,8 @@ void complete_section(Json& tree, const std::string& path, const Schema& s, cons
   Kwargs k(path);
   for (const auto& [key, value] : node->items()) {
     if (std::find(extra_keys.begin(), extra_keys.end(), key) != extra_keys.end()) continue;
-    if (std::none_of(s.begin(), s.end(), [&](const ArgSpec& a) { return a.key == key; }))
+    const std::string& name = key;  // a structured binding cannot be captured before C++20 in clang 14
+    if (std::none_of(s.begin(), s.end(), [&](const ArgSpec& a) { return a.key == name; }))
       unknown_key(path, key, s, o, extra_keys);
     k.set_json(key, value.dump());
     if (o.count(join_path(path, key))) k.set_origin(key, o.at(join_path(path, key)));

@@ -48,10 +48,9 @@ const std::map<std::string, Translate>& own_keys() {
       {"data.pad", to("train_dataloader.sampler.round_up")},
       {"optimizer.type",
        [](const Json& v, Json& out) {
-         static const std::map<std::string, std::string> names = {
-             {"adadelta", "Adadelta"}, {"sgd", "SGD"}, {"adam", "Adam"}, {"adamw", "AdamW"}};
          const std::string t = v.is_string() ? v.get<std::string>() : v.dump();
-         set_path_free(out, "optim_wrapper.optimizer.type", names.count(t) ? Json(names.at(t)) : v);
+         const std::string name = registered_optimizer_name(t);
+         set_path_free(out, "optim_wrapper.optimizer.type", name.empty() ? v : Json(name));
        }},
       {"optimizer.lr", to("optim_wrapper.optimizer.lr")},
       {"optimizer.momentum", to("optim_wrapper.optimizer.momentum")},
@@ -207,6 +206,13 @@ bool is_own_schema_key(const std::string& k) {
                           "optimizer_extra", "model_wrapper_extra", "dataset"})
     if (k == own) return true;
   return false;
+}
+
+std::string registered_optimizer_name(const std::string& lower) {
+  static const std::map<std::string, std::string> names = {
+      {"adadelta", "Adadelta"}, {"sgd", "SGD"}, {"adam", "Adam"}, {"adamw", "AdamW"}};
+  const auto it = names.find(lower);
+  return it == names.end() ? "" : it->second;
 }
 
 Json translate_own_schema(const Json& tree, const std::string& source) {

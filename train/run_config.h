@@ -60,6 +60,9 @@ bool is_own_schema_key(const std::string& top_level_key);
 // `tree` with its former own-shape keys translated into the MMEngine keys they stand for (its
 // MMEngine keys kept as they are); `source` names it in errors.
 Json translate_own_schema(const Json& tree, const std::string& source);
+// The registered optimizer a lower-case name stands for ("sgd" -> "SGD"; adadelta, sgd, adam, adamw),
+// as --optimizer and the former own shape spell it; "" for another name.
+std::string registered_optimizer_name(const std::string& lower);
 
 // `tree` checked (every section and registered type against its schema) with every default filled in.
 Json complete_run_config(const Json& tree, const Origins& origins = {});

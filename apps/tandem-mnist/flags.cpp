@@ -21,8 +21,7 @@ Json sets(std::initializer_list<std::pair<const char*, Json>> keys) {
 std::vector<FlagAlias> make_aliases() {
   using K = ArgKind;
   const auto optimizer = [](const Json& v) {
-    const std::string t = v.get<std::string>();
-    return sets({{"optim_wrapper.optimizer.type", t == "sgd" ? "SGD" : t == "adam" ? "Adam" : "Adadelta"}});
+    return sets({{"optim_wrapper.optimizer.type", train::registered_optimizer_name(v.get<std::string>())}});
   };
   const auto schedule = [](const Json& v) {
     if (v == "step") return sets({{"param_scheduler", train::default_run_config()["param_scheduler"]}});

@@ -141,12 +141,15 @@ void gelu_float(const float* x, float* y, int64_t n) {
 
 // At x = +-inf the derivative is NaN, as PyTorch's (x * pdf(x) is inf * 0). It is set explicitly:
 // the vectorised exp of some SIMD levels clamps its argument, so exp(-inf) comes out tiny, not 0.
+// The fix-up is its own pass: Eigen's select() over the whole expression is not vectorised, so it
+// would evaluate erf and exp one lane at a time (~15x slower).
 void gelu_backward_float(const float* g, const float* x, float* out, int64_t n) {
   const detail::CArrMap<float> xa(x, n), ga(g, n);
-  detail::ArrMap<float>(out, n) =
-      xa.isInf().select(std::numeric_limits<float>::quiet_NaN(),
-                        ga * (0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf()) +
-                              xa * float(math::kInvSqrt2Pi) * (-0.5f * xa.square()).exp()));
+  detail::ArrMap<float>(out, n) = ga * (0.5f * (1.0f + (xa * float(math::kSqrt1_2)).erf()) +
+                                        xa * float(math::kInvSqrt2Pi) * (-0.5f * xa.square()).exp());
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isinf(x[i])) out[i] = std::numeric_limits<float>::quiet_NaN();
+  }
 }
 
 }  // namespace

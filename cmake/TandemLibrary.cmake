@@ -2,10 +2,11 @@
 # libraries linked from them (tandem_engine_dependencies), the include root and dependencies users
 # of a library get (tandem_engine_usage), and tandem_engine_library(name STATIC|SHARED), which links
 # the objects of every layer in TANDEM_LAYERS (cmake/TandemLayers.cmake).
-# Assumes: the caller found Eigen3, Threads, ZLIB, spdlog, nlohmann_json and Gloo, defined tandem_isal, and included
+# Assumes: the caller found Eigen3, Threads, ZLIB, spdlog, nlohmann_json and Gloo, defined tandem_isal and
+# tandem_dnnl (oneDNN, empty when TANDEM_ONEDNN is OFF), and included
 # TandemCuda.
 # Guarantees: Eigen3 and Threads are the only public link dependencies; Gloo, spdlog,
-# nlohmann_json, zlib, ISA-L and the CUDA libraries stay private. A SHARED library exports only the
+# nlohmann_json, zlib, ISA-L, oneDNN and the CUDA libraries stay private. A SHARED library exports only the
 # tandem:: API (cmake/tandem.map): template instantiations and inline code of Gloo, spdlog, fmt,
 # nlohmann_json, Eigen and the standard library that the engine compiled in stay local to it.
 
@@ -21,7 +22,7 @@ function(tandem_engine_dependencies target)
     # libraries), so consumers need not have their CMake packages.
     PRIVATE $<BUILD_INTERFACE:ZLIB::ZLIB> $<BUILD_INTERFACE:spdlog::spdlog>
             $<BUILD_INTERFACE:nlohmann_json::nlohmann_json> $<BUILD_INTERFACE:gloo>
-            $<BUILD_INTERFACE:tandem_isal>)
+            $<BUILD_INTERFACE:tandem_isal> $<BUILD_INTERFACE:tandem_dnnl>)
   target_compile_definitions(${target} PUBLIC $<$<BOOL:${TANDEM_WITH_CUDA}>:TANDEM_WITH_CUDA=1>)
   if(TANDEM_WITH_CUDA)
     tandem_link_cuda(${target})

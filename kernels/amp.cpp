@@ -1,14 +1,17 @@
 // Device-neutral mixed-precision entry points (see kernels/amp.h). Validates dtypes and devices,
 // then calls the table's kernels (kernels/ops.h): CUDA runs the half paths of the conv2d and linear
 // kernels (kernels/cuda/{conv,linear}.cu take f16/bf16 operands directly) and the unscale kernel of
-// kernels/cuda/amp.cu; CPU emulates low-precision conv/linear with the f32 kernels on widened
-// operands and rounds the results. The f32 entry points of kernels/{conv,linear}.cpp are not used
-// for low-precision tensors (their dtype check admits f32/f64 only). Profiling (core/profiler.h):
-// casts are recorded as "cast"; the CUDA low-precision GEMMs as "lowp_*" with their FLOPs; the CPU
-// emulation's GEMMs are recorded by the f32 entry points it calls (conv2d_forward, ...).
+// kernels/cuda/amp.cu; CPU runs bf16 on oneDNN with the operands as they are (kernels/cpu/lowp.cpp)
+// where the CPU has bf16 instructions, and elsewhere (and for f16) emulates low-precision
+// conv/linear with the f32 kernels on widened operands and rounds the results. The f32 entry points
+// of kernels/{conv,linear}.cpp are not used for low-precision tensors (their dtype check admits
+// f32/f64 only). Profiling (core/profiler.h): casts are recorded as "cast"; the native
+// low-precision GEMMs (CUDA, CPU oneDNN) as "lowp_*" with their FLOPs; the CPU emulation's GEMMs are
+// recorded by the f32 entry points it calls (conv2d_forward, ...).
 #include "kernels/amp.h"
 
 #include "core/profiler.h"
+#include "kernels/cpu/dnnl.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
@@ -35,6 +38,8 @@ Tensor narrow_to(const Tensor& t, DType d) { return t.defined() ? cast(t, d) : T
 
 bool is_low_precision(DType t) { return t == kFloat16 || t == kBFloat16; }
 
+bool cpu_bf16_pays() { return cpu::lowp_gemm_path(kBFloat16) != cpu::GemmPath::fallback; }
+
 Tensor cast(const Tensor& x, DType to) {
   TANDEM_CHECK(x.defined(), "cast: undefined tensor");
   if (x.dtype() == to) return x;
@@ -50,6 +55,13 @@ Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
     return kernel_for<&Backend::conv2d_forward>(device, op)(x, weight, bias, args);
   }
+  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+    profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
+    Tensor y;
+    if (cpu::lowp_conv2d_forward(x, weight, bias, args, y)) return y;
+  } else {
+    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_conv2d, cpu::GemmPath::fallback);
+  }
   return cast(conv2d_forward(widen(x), widen(weight), widen(bias), args), d);
 }
 
@@ -62,6 +74,13 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
     return kernel_for<&Backend::conv2d_backward>(device, op)(grad_out, x, weight, args, need_input, need_weight,
                                                              need_bias);
+  }
+  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+    profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
+    Conv2dGrads g;
+    if (cpu::lowp_conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias, g)) return g;
+  } else {
+    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_conv2d, cpu::GemmPath::fallback);
   }
   Conv2dGrads g =
       conv2d_backward(widen(grad_out), widen(x), widen(weight), args, need_input, need_weight, need_bias);
@@ -76,6 +95,13 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
     return kernel_for<&Backend::linear_forward>(device, op)(x, weight, bias);
   }
+  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+    profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
+    Tensor y;
+    if (cpu::lowp_linear_forward(x, weight, bias, y)) return y;
+  } else {
+    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_linear, cpu::GemmPath::fallback);
+  }
   return cast(linear_forward(widen(x), widen(weight), widen(bias)), d);
 }
 
@@ -89,6 +115,14 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
                                        static_cast<double>(weight.numel()));
     return kernel_for<&Backend::linear_backward>(device, op)(grad_out, x, weight, need_input, need_weight,
                                                              need_bias);
+  }
+  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+    profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
+                                       static_cast<double>(weight.numel()));
+    LinearGrads g;
+    if (cpu::lowp_linear_backward(grad_out, x, weight, need_input, need_weight, need_bias, g)) return g;
+  } else {
+    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_linear, cpu::GemmPath::fallback);
   }
   LinearGrads g = linear_backward(widen(grad_out), widen(x), widen(weight), need_input, need_weight, need_bias);
   return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};

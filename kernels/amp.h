@@ -7,9 +7,11 @@
 //    dtype already matches.
 //  - lowp_*: outputs and gradients have the operands' low-precision dtype; accumulation is f32. On
 //    CUDA they run cuDNN / cuBLAS half paths (CUDNN_DATA_HALF/BFLOAT16 with float compute,
-//    cublasGemmEx with CUBLAS_COMPUTE_32F). On CPU they are emulated: the low-precision operands are
-//    widened to f32 exactly, the f32 kernels run, and the results are rounded to the low-precision
-//    dtype, so CPU results equal "f32 math on rounded inputs, rounded output".
+//    cublasGemmEx with CUBLAS_COMPUTE_32F). On CPU, bf16 runs on oneDNN (AMX or AVX512_BF16, chosen
+//    at run time; f32 accumulation, operands read as they are, the output rounded once) where the
+//    CPU has the instructions (cpu_bf16_pays()); elsewhere, and for f16, it is emulated: the
+//    low-precision operands are widened to f32 exactly, the f32 kernels run, and the results are
+//    rounded to the low-precision dtype ("f32 math on rounded inputs, rounded output").
 //  - unscale_and_check_: grad *= inv_scale in place (f32 grads, contiguous) and found_inf (a
 //    1-element f32 tensor on the grad's device) is set to 1 if any element of grad, before
 //    scaling, is inf or NaN; never reset to 0 here. On CUDA nothing waits for the device.
@@ -33,5 +35,10 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
                                  bool need_weight, bool need_bias);
 
 void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale);
+
+// Whether bf16 conv2d/linear pay on this CPU: true where they run natively (oneDNN on AMX tiles or
+// AVX512_BF16, chosen at run time from CPUID), false where they would be emulated through f32
+// (slower than f32 itself). What `--amp` with no value should consult for a CPU device.
+bool cpu_bf16_pays();
 
 }  // namespace tandem::kernels

@@ -39,6 +39,7 @@ PACKAGES=(
   libeigen3-dev libgloo-dev libcli11-dev libspdlog-dev nlohmann-json3-dev
   libcurl4-openssl-dev  # tandem-run's etcd rendezvous (etcd's v3 JSON gateway)
   libisal-dev  # CRC-32C: checkpoint checksums, TensorBoard event files
+  libdnnl-dev  # oneDNN: the CPU's GEMMs and convolutions in f32 and bf16
   dataset-fashion-mnist
   fortunes  # English prose for examples/transformer (/usr/share/games/fortunes)
 )

@@ -1,0 +1,414 @@
+// The CPU kernels' oneDNN layer (see kernels/cpu/dnnl.h). One engine; a stream per calling thread;
+// the primitives (matmul, convolution forward / backward-data / backward-weights) built once per
+// key (kind, shapes, strides, dtypes) and kept in a bounded map (kMaxCached entries; when full it
+// is emptied and refilled, so a long run over many shapes rebuilds at worst, never grows).
+// Threading: oneDNN (Debian's build) runs on OpenMP (libgomp). Before each call the calling
+// thread's OpenMP team size is set to num_threads() (core/thread_pool.h), so oneDNN and the
+// engine's pool use the same number of cores and the bits depend on that number only. Between
+// calls libgomp's idle workers spin for GOMP_SPINCOUNT before sleeping (libgomp reads its settings
+// once at load time, so the library cannot change them); with num_threads() == 1 no OpenMP worker
+// exists at all. Set OMP_WAIT_POLICY=passive to make them sleep at once.
+#include "kernels/cpu/dnnl.h"
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/thread_pool.h"
+
+#if defined(TANDEM_WITH_ONEDNN)
+#include <omp.h>
+
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace tandem::kernels::cpu {
+namespace {
+
+std::atomic<uint64_t> g_gemm_paths[kGemmKernels][kGemmPaths];
+
+}  // namespace
+
+const char* gemm_path_name(GemmPath path) {
+  switch (path) {
+    case GemmPath::eigen:
+      return "eigen";
+    case GemmPath::small_gemm:
+      return "small_gemm";
+    case GemmPath::onednn_f32:
+      return "onednn_f32";
+    case GemmPath::onednn_bf16_avx512:
+      return "onednn_bf16_avx512";
+    case GemmPath::onednn_amx:
+      return "onednn_amx";
+    case GemmPath::fallback:
+      break;
+  }
+  return "fallback";
+}
+
+uint64_t gemm_path_count(GemmKernel kernel, GemmPath path) {
+  return g_gemm_paths[static_cast<int>(kernel)][static_cast<int>(path)].load(std::memory_order_relaxed);
+}
+
+namespace detail {
+void count_gemm_path(GemmKernel kernel, GemmPath path) {
+  g_gemm_paths[static_cast<int>(kernel)][static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace detail
+
+#if !defined(TANDEM_WITH_ONEDNN)
+
+bool onednn_built() { return false; }
+const char* onednn_isa() { return "none"; }
+GemmPath lowp_gemm_path(DType) { return GemmPath::fallback; }
+
+namespace detail {
+bool onednn_matmul(const MatView&, const MatView&, const Tensor&, Tensor&) { return false; }
+bool onednn_conv_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dArgs&, DType, Tensor&) {
+  return false;
+}
+bool onednn_conv_backward_data(const Tensor&, const Tensor&, const Conv2dArgs&, DType, Tensor&) { return false; }
+bool onednn_conv_backward_weights(const Tensor&, const Tensor&, const Conv2dArgs&, DType, Tensor&, Tensor*) {
+  return false;
+}
+}  // namespace detail
+
+#else
+
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using DnnlType = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+// The calling thread's stream, its OpenMP team sized to the engine's pool.
+dnnl::stream& stream_for_call() {
+  thread_local dnnl::stream s(engine());
+  const int n = num_threads();
+  if (omp_get_max_threads() != n) omp_set_num_threads(n);
+  return s;
+}
+
+DnnlType to_dnnl(DType d) {
+  switch (d) {
+    case DType::Float32:
+      return DnnlType::f32;
+    case DType::BFloat16:
+      return DnnlType::bf16;
+    case DType::Float16:
+      return DnnlType::f16;
+    default:
+      return DnnlType::undef;
+  }
+}
+
+bool has_isa(dnnl_cpu_isa_t isa) {
+  const unsigned effective = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  return (effective & static_cast<unsigned>(isa)) == static_cast<unsigned>(isa);
+}
+
+// ---- the primitive cache ----
+constexpr size_t kMaxCached = 512;
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<std::string, std::shared_ptr<const void>> map;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+// The entry for key, built by make() (returning a shared_ptr<const T>, null when oneDNN has no
+// implementation: remembered, so the failure is not retried on every call).
+template <typename T, typename Make>
+std::shared_ptr<const T> cached(const std::string& key, Make&& make) {
+  Cache& c = cache();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.map.find(key);
+    if (it != c.map.end()) return std::static_pointer_cast<const T>(it->second);
+  }
+  std::shared_ptr<const T> built;
+  try {
+    built = make();
+  } catch (const dnnl::error&) {
+    built = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.map.size() >= kMaxCached) c.map.clear();
+  c.map.emplace(key, built);
+  return built;
+}
+
+void append_key(std::string& key) { (void)key; }
+template <typename First, typename... Rest>
+void append_key(std::string& key, First first, Rest... rest) {
+  key += std::to_string(static_cast<int64_t>(first));
+  key += ',';
+  append_key(key, rest...);
+}
+template <typename... Args>
+std::string make_key(const char* kind, Args... args) {
+  std::string key(kind);
+  key += ':';
+  append_key(key, args...);
+  return key;
+}
+
+// ---- matmul ----
+struct MatmulEntry {
+  dnnl::matmul prim;
+  memory::desc a, b, c, bias;
+};
+
+// ---- convolutions ----
+memory::dims nchw_dims(const Tensor& t) { return {t.size(0), t.size(1), t.size(2), t.size(3)}; }
+
+memory::desc user_md(const Tensor& t, Tag tag) {
+  return memory::desc(t.dim() == 4 ? nchw_dims(t) : memory::dims{t.size(0)}, to_dnnl(t.dtype()), tag);
+}
+
+struct ConvGeometry {
+  memory::dims x, w, y, strides, pad_l, pad_r;
+};
+
+ConvGeometry geometry(const memory::dims& x, const memory::dims& w, const memory::dims& y, const Conv2dArgs& a) {
+  return {x, w, y, {a.stride_h, a.stride_w}, {a.pad_h, a.pad_w}, {a.pad_h, a.pad_w}};
+}
+
+std::string conv_key(const char* kind, const ConvGeometry& g, DType compute, DType d0, DType d1, DType d2) {
+  return make_key(kind, g.x[0], g.x[1], g.x[2], g.x[3], g.w[0], g.w[2], g.w[3], g.y[2], g.y[3], g.strides[0],
+                  g.strides[1], g.pad_l[0], g.pad_l[1], static_cast<int>(compute), static_cast<int>(d0),
+                  static_cast<int>(d1), static_cast<int>(d2));
+}
+
+memory::desc any_md(const memory::dims& d, DType t) { return memory::desc(d, to_dnnl(t), Tag::any); }
+
+// The forward primitive descriptor (also the hint of the backward ones).
+dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, DType compute, DType y_dtype,
+                                                     const memory::desc& bias) {
+  auto d = bias.is_zero()
+               ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                 dnnl::algorithm::convolution_direct, any_md(g.x, compute),
+                                                 any_md(g.w, compute), any_md(g.y, y_dtype), g.strides, g.pad_l,
+                                                 g.pad_r)
+               : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                 dnnl::algorithm::convolution_direct, any_md(g.x, compute),
+                                                 any_md(g.w, compute), bias, any_md(g.y, y_dtype), g.strides,
+                                                 g.pad_l, g.pad_r);
+  return dnnl::convolution_forward::primitive_desc(d, engine());
+}
+
+// The memory of layout `want` holding the user's data (layout `have` at p): the user's own memory
+// when they match, else a new buffer filled by a reorder (cast included).
+memory bring_in(const memory::desc& have, const void* p, const memory::desc& want, dnnl::stream& s) {
+  memory user(have, engine(), const_cast<void*>(p));
+  if (have == want) return user;
+  memory m(want, engine());
+  dnnl::reorder(user, m).execute(s, user, m);
+  return m;
+}
+
+// A buffer of layout `want` for a result the user receives in layout `have` at p.
+memory result_buffer(const memory::desc& have, void* p, const memory::desc& want) {
+  return have == want ? memory(have, engine(), p) : memory(want, engine());
+}
+
+// Copies (reorders, casts) a result buffer to the user's memory when it is not that memory.
+void take_out(memory& buf, const memory::desc& have, void* p, dnnl::stream& s) {
+  if (buf.get_data_handle() == p) return;
+  memory user(have, engine(), p);
+  dnnl::reorder(buf, user).execute(s, buf, user);
+}
+
+struct ConvForwardEntry {
+  dnnl::convolution_forward::primitive_desc pd;
+  dnnl::convolution_forward prim;
+};
+struct ConvBackwardDataEntry {
+  dnnl::convolution_backward_data::primitive_desc pd;
+  dnnl::convolution_backward_data prim;
+};
+struct ConvBackwardWeightsEntry {
+  dnnl::convolution_backward_weights::primitive_desc pd;
+  dnnl::convolution_backward_weights prim;
+};
+
+bool conv_supported(const Conv2dArgs& a, DType compute, std::initializer_list<const Tensor*> ts) {
+  if (a.dilation_h != 1 || a.dilation_w != 1 || a.groups != 1) return false;
+  if (to_dnnl(compute) == DnnlType::undef || compute == kFloat16) return false;
+  for (const Tensor* t : ts) {
+    if (t->defined() && (to_dnnl(t->dtype()) == DnnlType::undef || t->dtype() == kFloat16 || !t->is_contiguous()))
+      return false;
+    if (t->defined() && t->numel() == 0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool onednn_built() { return true; }
+
+const char* onednn_isa() {
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    default:
+      return "other";
+  }
+}
+
+GemmPath lowp_gemm_path(DType dtype) {
+  if (dtype != kBFloat16) return GemmPath::fallback;
+  if (has_isa(dnnl_cpu_isa_avx512_core_amx)) return GemmPath::onednn_amx;
+  if (has_isa(dnnl_cpu_isa_avx512_core_bf16)) return GemmPath::onednn_bf16_avx512;
+  return GemmPath::fallback;
+}
+
+namespace detail {
+
+bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c) {
+  const int64_t M = a.rows, K = a.cols, N = b.cols;
+  if (M == 0 || K == 0 || N == 0) return false;
+  const DType bias_dtype = bias.defined() ? bias.dtype() : kFloat32;
+  for (DType d : {a.dtype, b.dtype, c.dtype(), bias_dtype}) {
+    if (to_dnnl(d) == DnnlType::undef) return false;
+  }
+  const std::string key =
+      make_key("matmul", M, K, N, a.row_stride, a.col_stride, b.row_stride, b.col_stride, static_cast<int>(a.dtype),
+               static_cast<int>(b.dtype), static_cast<int>(c.dtype()), bias.defined() ? int(bias_dtype) : -1);
+  auto entry = cached<MatmulEntry>(key, [&] {
+    memory::desc amd({M, K}, to_dnnl(a.dtype), memory::dims{a.row_stride, a.col_stride});
+    memory::desc bmd({K, N}, to_dnnl(b.dtype), memory::dims{b.row_stride, b.col_stride});
+    memory::desc cmd({M, N}, to_dnnl(c.dtype()), Tag::ab);
+    memory::desc biasmd = bias.defined() ? memory::desc({1, N}, to_dnnl(bias_dtype), Tag::ab) : memory::desc();
+    dnnl::matmul::primitive_desc pd(bias.defined() ? dnnl::matmul::desc(amd, bmd, biasmd, cmd)
+                                                   : dnnl::matmul::desc(amd, bmd, cmd),
+                                    engine());
+    return std::make_shared<const MatmulEntry>(MatmulEntry{dnnl::matmul(pd), amd, bmd, cmd, biasmd});
+  });
+  if (!entry) return false;
+  dnnl::stream& s = stream_for_call();
+  memory A(entry->a, engine(), const_cast<void*>(a.data)), B(entry->b, engine(), const_cast<void*>(b.data));
+  memory C(entry->c, engine(), c.raw_data());
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, memory(entry->bias, engine(), const_cast<void*>(bias.raw_data())));
+  entry->prim.execute(s, args);
+  s.wait();
+  return true;
+}
+
+bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
+                         Tensor& y) {
+  if (!conv_supported(args, compute, {&x, &w, &b, &y})) return false;
+  const ConvGeometry g = geometry(nchw_dims(x), nchw_dims(w), nchw_dims(y), args);
+  const memory::desc bias_md = b.defined() ? user_md(b, Tag::x) : memory::desc();
+  const std::string key = conv_key("conv_fwd", g, compute, x.dtype(), y.dtype(), b.defined() ? b.dtype() : compute) +
+                          (b.defined() ? "b" : "");
+  auto entry = cached<ConvForwardEntry>(key, [&] {
+    auto pd = forward_pd(g, compute, y.dtype(), bias_md);
+    return std::make_shared<const ConvForwardEntry>(ConvForwardEntry{pd, dnnl::convolution_forward(pd)});
+  });
+  if (!entry) return false;
+  dnnl::stream& s = stream_for_call();
+  const memory::desc x_md = user_md(x, Tag::nchw), w_md = user_md(w, Tag::oihw), y_md = user_md(y, Tag::nchw);
+  memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s);
+  memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s);
+  memory Y = result_buffer(y_md, y.raw_data(), entry->pd.dst_desc());
+  std::unordered_map<int, memory> a{{DNNL_ARG_SRC, X}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DST, Y}};
+  if (b.defined()) a.emplace(DNNL_ARG_BIAS, memory(bias_md, engine(), const_cast<void*>(b.raw_data())));
+  entry->prim.execute(s, a);
+  take_out(Y, y_md, y.raw_data(), s);
+  s.wait();
+  return true;
+}
+
+bool onednn_conv_backward_data(const Tensor& gy, const Tensor& w, const Conv2dArgs& args, DType compute,
+                               Tensor& gx) {
+  if (!conv_supported(args, compute, {&gy, &w, &gx})) return false;
+  const ConvGeometry g = geometry(nchw_dims(gx), nchw_dims(w), nchw_dims(gy), args);
+  const std::string key = conv_key("conv_bwd_data", g, compute, gy.dtype(), gx.dtype(), w.dtype());
+  auto entry = cached<ConvBackwardDataEntry>(key, [&] {
+    auto hint = forward_pd(g, compute, compute, memory::desc());
+    dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, any_md(g.x, gx.dtype()),
+                                            any_md(g.w, compute), any_md(g.y, compute), g.strides, g.pad_l, g.pad_r);
+    dnnl::convolution_backward_data::primitive_desc pd(d, engine(), hint);
+    return std::make_shared<const ConvBackwardDataEntry>(ConvBackwardDataEntry{pd, dnnl::convolution_backward_data(pd)});
+  });
+  if (!entry) return false;
+  dnnl::stream& s = stream_for_call();
+  const memory::desc gy_md = user_md(gy, Tag::nchw), w_md = user_md(w, Tag::oihw), gx_md = user_md(gx, Tag::nchw);
+  memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s);
+  memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s);
+  memory GX = result_buffer(gx_md, gx.raw_data(), entry->pd.diff_src_desc());
+  entry->prim.execute(s, {{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DIFF_SRC, GX}});
+  take_out(GX, gx_md, gx.raw_data(), s);
+  s.wait();
+  return true;
+}
+
+bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2dArgs& args, DType compute,
+                                  Tensor& gw, Tensor* gb) {
+  const Tensor none;
+  if (!conv_supported(args, compute, {&gy, &x, &gw, gb ? gb : &none})) return false;
+  const ConvGeometry g = geometry(nchw_dims(x), nchw_dims(gw), nchw_dims(gy), args);
+  const memory::desc gb_md = gb ? user_md(*gb, Tag::x) : memory::desc();
+  const std::string key = conv_key("conv_bwd_weights", g, compute, gy.dtype(), x.dtype(), gw.dtype()) +
+                          (gb ? std::to_string(static_cast<int>(gb->dtype())) : "");
+  auto entry = cached<ConvBackwardWeightsEntry>(key, [&] {
+    auto hint =
+        forward_pd(g, compute, compute, gb ? memory::desc({g.w[0]}, to_dnnl(compute), Tag::x) : memory::desc());
+    auto d = gb ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any_md(g.x, compute),
+                                                           any_md(g.w, gw.dtype()), gb_md, any_md(g.y, compute),
+                                                           g.strides, g.pad_l, g.pad_r)
+                : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any_md(g.x, compute),
+                                                           any_md(g.w, gw.dtype()), any_md(g.y, compute), g.strides,
+                                                           g.pad_l, g.pad_r);
+    dnnl::convolution_backward_weights::primitive_desc pd(d, engine(), hint);
+    return std::make_shared<const ConvBackwardWeightsEntry>(
+        ConvBackwardWeightsEntry{pd, dnnl::convolution_backward_weights(pd)});
+  });
+  if (!entry) return false;
+  dnnl::stream& s = stream_for_call();
+  const memory::desc gy_md = user_md(gy, Tag::nchw), x_md = user_md(x, Tag::nchw), gw_md = user_md(gw, Tag::oihw);
+  memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s);
+  memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s);
+  memory GW = result_buffer(gw_md, gw.raw_data(), entry->pd.diff_weights_desc());
+  std::unordered_map<int, memory> a{{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_SRC, X}, {DNNL_ARG_DIFF_WEIGHTS, GW}};
+  if (gb) a.emplace(DNNL_ARG_DIFF_BIAS, memory(gb_md, engine(), gb->raw_data()));
+  entry->prim.execute(s, a);
+  take_out(GW, gw_md, gw.raw_data(), s);
+  s.wait();
+  return true;
+}
+
+}  // namespace detail
+
+#endif  // TANDEM_WITH_ONEDNN
+
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,98 @@
+// The CPU kernels' oneDNN layer (kernels/cpu/dnnl.cpp); internal, not part of the public API, and
+// free of oneDNN's headers (only dnnl.cpp includes dnnl.hpp, so oneDNN stays a private dependency).
+// Owns: the one CPU engine, the bounded cache of primitives keyed by kind, shapes, strides and
+// dtypes, the OpenMP thread count oneDNN runs with (set to num_threads() before each call), which
+// ISA oneDNN dispatches to, and the record of which GEMM path each linear/conv call took
+// (gemm_path_count).
+// Assumes: host tensors; callers validated shapes (kernels/{linear,conv,amp}.cpp).
+// Guarantees: every entry point returns false (and does nothing) when the build has no oneDNN
+// (TANDEM_ONEDNN=OFF) or oneDNN has no implementation for the case, so the caller runs its Eigen
+// path. Bits: a oneDNN result depends on the shapes, dtypes, the thread count and the ISA oneDNN
+// dispatches to (CPUID, capped by ONEDNN_MAX_CPU_ISA), never on run-to-run timing (oneDNN's CPU
+// primitives split work statically over the OpenMP team and reduce in a fixed order).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/conv.h"
+#include "kernels/linear.h"
+
+namespace tandem::kernels::cpu {
+
+// The kernels whose GEMM path is recorded.
+enum class GemmKernel : int {
+  linear_forward,   // linear_forward (f32)
+  linear_backward,  // linear_backward (f32)
+  lowp_linear,      // lowp_linear_forward / lowp_linear_backward (bf16, f16)
+  lowp_conv2d,      // lowp_conv2d_forward / lowp_conv2d_backward (bf16, f16)
+};
+inline constexpr int kGemmKernels = 4;
+
+// The paths: Eigen GEMM, the AVX-512 small GEMM (kernels/cpu/small_gemm.h), oneDNN in f32, oneDNN
+// in bf16 on AVX512_BF16 (vdpbf16ps) or on AMX tiles, and the fallback of the low-precision kernels
+// (operands widened to f32, the f32 kernels, results rounded) where the CPU has neither.
+enum class GemmPath : int { eigen, small_gemm, onednn_f32, onednn_bf16_avx512, onednn_amx, fallback };
+inline constexpr int kGemmPaths = 6;
+
+const char* gemm_path_name(GemmPath path);
+
+// How many calls of `kernel` took `path` in this process so far.
+uint64_t gemm_path_count(GemmKernel kernel, GemmPath path);
+
+// Whether the build has oneDNN (TANDEM_ONEDNN).
+bool onednn_built();
+
+// The ISA oneDNN dispatches to on this CPU (CPUID, capped by ONEDNN_MAX_CPU_ISA): "avx512_core_amx",
+// "avx512_core_bf16", "avx512_core", "avx2", ... ; "none" without oneDNN.
+const char* onednn_isa();
+
+// The path a bf16 (or f16) GEMM takes here: onednn_amx, onednn_bf16_avx512, or fallback (no oneDNN,
+// no native bf16 instructions, or f16, which this CPU path widens).
+GemmPath lowp_gemm_path(DType dtype);
+
+namespace detail {
+
+void count_gemm_path(GemmKernel kernel, GemmPath path);
+
+// A 2-D operand: element (i, j) at data + i * row_stride + j * col_stride (in elements).
+struct MatView {
+  const void* data;
+  DType dtype;
+  int64_t rows, cols, row_stride, col_stride;
+};
+
+// c [M, N] (contiguous, its own dtype) = a [M, K] * b [K, N] (+ bias [N], f32 or c's dtype),
+// f32 accumulation. Returns false, touching nothing, when oneDNN cannot run it.
+bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c);
+
+// Convolutions on NCHW tensors in and out (any of f32/bf16 each, contiguous), computed in
+// `compute` (f32 or bf16) with f32 accumulation, in oneDNN's own blocked layouts (the tensors are
+// reordered, and cast, into them and out as part of the call). Return false, touching nothing,
+// when oneDNN cannot run the case.
+bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
+                         Tensor& y);
+bool onednn_conv_backward_data(const Tensor& gy, const Tensor& w, const Conv2dArgs& args, DType compute,
+                               Tensor& gx);
+// gw (and gb when defined: [K]) from x and gy.
+bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2dArgs& args, DType compute,
+                                  Tensor& gw, Tensor* gb);
+
+}  // namespace detail
+}  // namespace tandem::kernels::cpu
+
+// ---- low-precision (bf16) linear and conv2d on oneDNN (kernels/cpu/lowp.cpp) ----
+// Called by kernels/amp.cpp's CPU branch with validated operands of one low-precision dtype d.
+// They take the d operands as they are (no widening pass), accumulate in f32 and write d results
+// (the cast to d fused into the primitive's output); the bias gradient is a f32 column sum rounded
+// once. Each returns false where lowp_gemm_path(d) is fallback (counting nothing: the caller
+// counts that fallback) or oneDNN has no implementation for the case (counted as a fallback); the
+// caller then widens the operands to f32, runs the f32 kernels and rounds the results.
+namespace tandem::kernels::cpu {
+bool lowp_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
+bool lowp_linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, bool need_input, bool need_weight,
+                          bool need_bias, LinearGrads& grads);
+bool lowp_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, Tensor& y);
+bool lowp_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args,
+                          bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads);
+}  // namespace tandem::kernels::cpu

@@ -1,0 +1,134 @@
+// Low-precision (bf16) linear and conv2d on oneDNN (see kernels/cpu/dnnl.h): the operands are read
+// in their own dtype and the results written in it, f32 accumulation inside the primitives.
+// Guarantees: linear forward y = x * w^T + b; backward gx = gy * w, gw = gy^T * x (transposes read
+// in place through strides), gb = the column sums of gy summed in f32 in row order, rounded once.
+// Bits: as kernels/cpu/dnnl.h says (shapes, dtypes, thread count, oneDNN's ISA).
+#include "kernels/cpu/common.h"
+#include "kernels/cpu/dnnl.h"
+#include "kernels/ops.h"
+
+#include <cstring>
+#include <vector>
+
+namespace tandem::kernels::cpu {
+namespace {
+
+// Whether d runs natively here (the caller counts the fallback of a d that does not).
+bool native(DType d, GemmKernel) { return lowp_gemm_path(d) != GemmPath::fallback; }
+
+void count_native(DType d, GemmKernel kernel) { detail::count_gemm_path(kernel, lowp_gemm_path(d)); }
+
+float bf16_to_f32(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// The column sums of gy [N, O] (bf16), summed in f32 row by row, rounded to bf16 once.
+Tensor bias_grad(const Tensor& gy) {
+  const int64_t N = gy.size(0), O = gy.size(1);
+  Tensor sums = Tensor::zeros({O}, kFloat32);
+  float* s = sums.data<float>();
+  const uint16_t* g = static_cast<const uint16_t*>(gy.raw_data());
+  detail::parallel_range(O, std::max<int64_t>(16, (int64_t{1} << 14) / std::max<int64_t>(1, N)),
+                         [&](int64_t o0, int64_t o1) {
+                           for (int64_t n = 0; n < N; ++n) {
+                             const uint16_t* row = g + n * O;
+                             for (int64_t o = o0; o < o1; ++o) s[o] += bf16_to_f32(row[o]);
+                           }
+                         });
+  return cast(sums, gy.dtype());
+}
+
+}  // namespace
+
+bool lowp_linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Tensor& y) {
+  const DType d = x_in.dtype();
+  if (!native(d, GemmKernel::lowp_linear)) return false;
+  const Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
+  const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
+  Tensor out = Tensor::empty({N, O}, d);
+  const detail::MatView a{x.raw_data(), d, N, I, I, 1}, wt{w.raw_data(), d, I, O, 1, I};
+  if (!detail::onednn_matmul(a, wt, b, out)) {
+    detail::count_gemm_path(GemmKernel::lowp_linear, GemmPath::fallback);
+    return false;
+  }
+  count_native(d, GemmKernel::lowp_linear);
+  y = out;
+  return true;
+}
+
+bool lowp_linear_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor& w_in, bool need_input,
+                          bool need_weight, bool need_bias, LinearGrads& grads) {
+  const DType d = x_in.dtype();
+  if (!native(d, GemmKernel::lowp_linear)) return false;
+  const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
+  const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
+  LinearGrads g;
+  bool ok = true;
+  if (need_input) {
+    g.input = Tensor::empty({N, I}, d);
+    ok = ok && detail::onednn_matmul({gy.raw_data(), d, N, O, O, 1}, {w.raw_data(), d, O, I, I, 1}, Tensor(), g.input);
+  }
+  if (need_weight && ok) {
+    g.weight = Tensor::empty({O, I}, d);
+    ok = detail::onednn_matmul({gy.raw_data(), d, O, N, 1, O}, {x.raw_data(), d, N, I, I, 1}, Tensor(), g.weight);
+  }
+  if (!ok) {
+    detail::count_gemm_path(GemmKernel::lowp_linear, GemmPath::fallback);
+    return false;
+  }
+  if (need_bias) g.bias = bias_grad(gy);
+  count_native(d, GemmKernel::lowp_linear);
+  grads = g;
+  return true;
+}
+
+bool lowp_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& args,
+                         Tensor& y) {
+  const DType d = x_in.dtype();
+  if (!native(d, GemmKernel::lowp_conv2d)) return false;
+  const Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
+  const int64_t P = (x.size(2) + 2 * args.pad_h - w.size(2)) / args.stride_h + 1;
+  const int64_t Q = (x.size(3) + 2 * args.pad_w - w.size(3)) / args.stride_w + 1;
+  Tensor out = Tensor::empty({x.size(0), w.size(0), P, Q}, d);
+  if (P <= 0 || Q <= 0 || !detail::onednn_conv_forward(x, w, b, args, kBFloat16, out)) {
+    detail::count_gemm_path(GemmKernel::lowp_conv2d, GemmPath::fallback);
+    return false;
+  }
+  count_native(d, GemmKernel::lowp_conv2d);
+  y = out;
+  return true;
+}
+
+bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor& w_in, const Conv2dArgs& args,
+                          bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads) {
+  const DType d = x_in.dtype();
+  if (!native(d, GemmKernel::lowp_conv2d)) return false;
+  const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
+  Conv2dGrads g;
+  bool ok = true;
+  if (need_input) {
+    g.input = Tensor::empty(x.shape(), d);
+    ok = detail::onednn_conv_backward_data(gy, w, args, kBFloat16, g.input);
+  }
+  if (ok && (need_weight || need_bias)) {
+    Tensor gw = Tensor::empty(w.shape(), d);
+    Tensor gb = need_bias ? Tensor::empty({w.size(0)}, d) : Tensor();
+    ok = detail::onednn_conv_backward_weights(gy, x, args, kBFloat16, gw, need_bias ? &gb : nullptr);
+    if (need_weight) g.weight = gw;
+    if (need_bias) g.bias = gb;
+  }
+  if (!ok) {
+    detail::count_gemm_path(GemmKernel::lowp_conv2d, GemmPath::fallback);
+    return false;
+  }
+  count_native(d, GemmKernel::lowp_conv2d);
+  grads = g;
+  return true;
+}
+
+}  // namespace tandem::kernels::cpu

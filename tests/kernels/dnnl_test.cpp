@@ -1,0 +1,151 @@
+// The CPU's oneDNN paths (kernels/cpu/dnnl.h): which GEMM path the low-precision conv2d/linear take,
+// derived here independently from CPUID and ONEDNN_MAX_CPU_ISA (AMX tiles, else AVX512_BF16, else
+// the widening fallback), and bf16 results against float64 math on the same bf16 operands.
+// Tolerance of a bf16 result y against the exact ref = sum_k a_k b_k of K bf16 products: each
+// product is exact in f32 (8 + 8 mantissa bits), the f32 sum of K terms is within
+// K * 2^-24 * sum_k |a_k b_k| of ref (the standard gamma_K bound), and the one rounding to bf16 (8
+// mantissa bits) adds at most 2^-9 * |y|; we allow 2^-8 * |ref| + K * 2^-23 * sum_k |a_k b_k|, twice
+// the bound (the sum bound is loose; a wrong kernel misses it by orders of magnitude).
+// The ctest Dnnl.FallbackWithoutBf16Instructions runs GemmPath.* under ONEDNN_MAX_CPU_ISA=AVX512_CORE.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <tuple>
+
+#include "kernel_test_util.h"
+#include "kernels/amp.h"
+#include "kernels/cpu/dnnl.h"
+
+using namespace tandem;
+using namespace tandem::test;
+using kernels::cpu::GemmKernel;
+using kernels::cpu::GemmPath;
+
+namespace {
+
+// The path bf16 GEMMs must take on this machine: from CPUID, capped by ONEDNN_MAX_CPU_ISA.
+GemmPath expected_bf16_path() {
+  if (!kernels::cpu::onednn_built()) return GemmPath::fallback;
+  __builtin_cpu_init();
+  bool amx = false;
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
+  amx = __builtin_cpu_supports("amx-bf16");
+#endif
+  bool bf16 = __builtin_cpu_supports("avx512bf16");
+  if (const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA"); cap != nullptr && *cap != '\0') {
+    std::string c(cap);
+    for (char& ch : c) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    if (c != "ALL" && c != "AVX512_CORE_AMX") amx = false;
+    if (c != "ALL" && c != "AVX512_CORE_AMX" && c != "AVX512_CORE_BF16") bf16 = false;
+  }
+  return amx ? GemmPath::onednn_amx : bf16 ? GemmPath::onednn_bf16_avx512 : GemmPath::fallback;
+}
+
+struct Counts {
+  uint64_t c[kernels::cpu::kGemmPaths];
+};
+Counts counts(GemmKernel k) {
+  Counts r{};
+  for (int p = 0; p < kernels::cpu::kGemmPaths; ++p) r.c[p] = kernels::cpu::gemm_path_count(k, GemmPath(p));
+  return r;
+}
+// Each call since `before` took `path`, and `calls` calls were made.
+void expect_only(GemmKernel k, const Counts& before, GemmPath path, uint64_t calls) {
+  const Counts now = counts(k);
+  for (int p = 0; p < kernels::cpu::kGemmPaths; ++p) {
+    EXPECT_EQ(now.c[p] - before.c[p], GemmPath(p) == path ? calls : 0u)
+        << "path " << kernels::cpu::gemm_path_name(GemmPath(p)) << " (expected all on "
+        << kernels::cpu::gemm_path_name(path) << ", oneDNN ISA " << kernels::cpu::onednn_isa() << ")";
+  }
+}
+
+Tensor bf16_random(const Shape& s, Generator& gen) { return kernels::cast(random_tensor(s, kFloat32, gen), kBFloat16); }
+
+// got (bf16) against ref and the bound's sum of |products| (both float64, same shape).
+::testing::AssertionResult within_bf16(const Tensor& got, const Tensor& ref, const Tensor& abs_ref, int64_t K) {
+  if (got.dtype() != kBFloat16) return ::testing::AssertionFailure() << "dtype " << dtype_name(got.dtype());
+  if (got.shape() != ref.shape()) return ::testing::AssertionFailure() << "shape " << got.str();
+  const auto g = values(got), r = values(ref), a = values(abs_ref);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double tol = 0x1p-8 * std::abs(r[i]) + double(K) * 0x1p-23 * a[i] + 1e-30;
+    if (!(std::abs(g[i] - r[i]) <= tol))
+      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << r[i] << " (tol " << tol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+Tensor f64(const Tensor& t) { return t.to(kFloat64); }
+Tensor abs64(const Tensor& t) {
+  auto v = values(t);
+  for (double& e : v) e = std::abs(e);
+  return Tensor::from_vector<double>(v, t.shape());
+}
+
+}  // namespace
+
+TEST(GemmPath, LowPrecisionLinearAndConvTakeTheCpusPath) {
+  const GemmPath want = expected_bf16_path();
+  EXPECT_EQ(kernels::cpu::lowp_gemm_path(kBFloat16), want) << "oneDNN ISA " << kernels::cpu::onednn_isa();
+  EXPECT_EQ(kernels::cpu_bf16_pays(), want != GemmPath::fallback);
+  Generator gen(3);
+  const Tensor x = bf16_random({8, 32}, gen), w = bf16_random({16, 32}, gen), b = bf16_random({16}, gen);
+  Counts before = counts(GemmKernel::lowp_linear);
+  const Tensor y = kernels::lowp_linear_forward(x, w, b);
+  kernels::lowp_linear_backward(kernels::cast(Tensor::ones(y.shape()), kBFloat16), x, w, true, true, true);
+  expect_only(GemmKernel::lowp_linear, before, want, 2);
+
+  const Tensor cx = bf16_random({2, 4, 9, 9}, gen), cw = bf16_random({8, 4, 3, 3}, gen);
+  before = counts(GemmKernel::lowp_conv2d);
+  const Tensor cy = kernels::lowp_conv2d_forward(cx, cw, Tensor(), {2, 2, 1, 1});
+  kernels::lowp_conv2d_backward(kernels::cast(Tensor::ones(cy.shape()), kBFloat16), cx, cw, {2, 2, 1, 1}, true,
+                                true, true);
+  expect_only(GemmKernel::lowp_conv2d, before, want, 2);
+  // f16 has no native CPU path here: always the widening fallback.
+  before = counts(GemmKernel::lowp_linear);
+  kernels::lowp_linear_forward(x.to(kFloat16), w.to(kFloat16), Tensor());
+  expect_only(GemmKernel::lowp_linear, before, GemmPath::fallback, 1);
+}
+
+TEST(DnnlBf16, LinearMatchesFloat64OnTheSameOperands) {
+  Generator gen(5);
+  for (auto [N, I, O] : {std::tuple<int64_t, int64_t, int64_t>{64, 1600, 128}, {7, 33, 5}, {300, 64, 40}}) {
+    const Tensor x = bf16_random({N, I}, gen), w = bf16_random({O, I}, gen), b = bf16_random({O}, gen);
+    const Tensor y = kernels::lowp_linear_forward(x, w, b);
+    const Tensor ref = kernels::linear_forward(f64(x), f64(w), f64(b));
+    EXPECT_TRUE(within_bf16(y, ref, kernels::linear_forward(abs64(x), abs64(w), abs64(b)), I)) << N << "x" << I;
+    const Tensor dy = bf16_random({N, O}, gen);
+    const auto g = kernels::lowp_linear_backward(dy, x, w, true, true, true);
+    const auto r = kernels::linear_backward(f64(dy), f64(x), f64(w), true, true, true);
+    const auto ra = kernels::linear_backward(abs64(dy), abs64(x), abs64(w), true, true, true);
+    EXPECT_TRUE(within_bf16(g.input, r.input, ra.input, O));
+    EXPECT_TRUE(within_bf16(g.weight, r.weight, ra.weight, N));
+    EXPECT_TRUE(within_bf16(g.bias, r.bias, ra.bias, N));
+  }
+}
+
+TEST(DnnlBf16, ConvMatchesFloat64OnTheSameOperands) {
+  Generator gen(6);
+  struct Case {
+    Shape x, w;
+    kernels::Conv2dArgs args;
+  };
+  // 3x3 stride 1 (MnistNet's conv2 in small), 3x3 stride 2 with padding and 1x1 (ResNet's).
+  for (const Case& c : {Case{{4, 32, 12, 12}, {64, 32, 3, 3}, {1, 1, 0, 0}},
+                        Case{{3, 16, 9, 9}, {32, 16, 3, 3}, {2, 2, 1, 1}}, Case{{2, 24, 8, 8}, {40, 24, 1, 1}, {}}}) {
+    const Tensor x = bf16_random(c.x, gen), w = bf16_random(c.w, gen), b = bf16_random({c.w[0]}, gen);
+    const int64_t K = c.w[1] * c.w[2] * c.w[3];
+    const Tensor y = kernels::lowp_conv2d_forward(x, w, b, c.args);
+    EXPECT_TRUE(within_bf16(y, kernels::conv2d_forward(f64(x), f64(w), f64(b), c.args),
+                            kernels::conv2d_forward(abs64(x), abs64(w), abs64(b), c.args), K));
+    const Tensor dy = bf16_random(y.shape(), gen);
+    const auto g = kernels::lowp_conv2d_backward(dy, x, w, c.args, true, true, true);
+    const auto r = kernels::conv2d_backward(f64(dy), f64(x), f64(w), c.args, true, true, true);
+    const auto ra = kernels::conv2d_backward(abs64(dy), abs64(x), abs64(w), c.args, true, true, true);
+    const int64_t spatial = y.size(0) * y.size(2) * y.size(3);
+    EXPECT_TRUE(within_bf16(g.input, r.input, ra.input, c.w[0] * c.w[2] * c.w[3]));
+    EXPECT_TRUE(within_bf16(g.weight, r.weight, ra.weight, spatial));
+    EXPECT_TRUE(within_bf16(g.bias, r.bias, ra.bias, spatial));
+  }
+}

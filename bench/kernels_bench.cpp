@@ -10,7 +10,9 @@
 #include "core/thread_pool.h"
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
+#include "kernels/amp.h"
 #include "kernels/conv.h"
+#include "kernels/linear.h"
 #include "kernels/pool.h"
 
 using namespace tandem;
@@ -122,6 +124,69 @@ void BM_Conv2dBackward(benchmark::State& state) {
   set_conv_flops(state, c, need_input ? 2 : 1);
 }
 
+// The same convolutions in bf16 (kernels/amp.h: oneDNN with AVX512_BF16/AMX where the CPU has
+// them, else the widening emulation), operands already bf16 as autocast passes them.
+void BM_Conv2dForwardBf16(benchmark::State& state) {
+  set_num_threads(1);
+  ConvCase c(state.range(0));
+  const Tensor x = kernels::cast(c.x, kBFloat16), w = kernels::cast(c.w, kBFloat16), b = kernels::cast(c.b, kBFloat16);
+  for (auto _ : state) {
+    Tensor y = kernels::lowp_conv2d_forward(x, w, b, kernels::Conv2dArgs{});
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  set_conv_flops(state, c, 1);
+}
+
+void BM_Conv2dBackwardBf16(benchmark::State& state) {
+  set_num_threads(1);
+  ConvCase c(state.range(0));
+  const Tensor x = kernels::cast(c.x, kBFloat16), w = kernels::cast(c.w, kBFloat16), gy = kernels::cast(c.gy, kBFloat16);
+  const bool need_input = state.range(0) != 0;
+  for (auto _ : state) {
+    auto g = kernels::lowp_conv2d_backward(gy, x, w, kernels::Conv2dArgs{}, need_input, true, true);
+    benchmark::DoNotOptimize(g.weight.raw_data());
+  }
+  set_conv_flops(state, c, need_input ? 2 : 1);
+}
+
+// Linear layers [N, I] x [O, I]^T: MnistNet's fc1 (64 x 9216 x 128) and a small-K one (64 x 1600 x
+// 128); arg 1 = 1: bf16 (kernels/amp.h), else f32. Forward, then backward (input and weight grads).
+struct LinearCase {
+  Tensor x, w, b, gy;
+  LinearCase(int64_t which, DType d) {
+    const int64_t I = which == 0 ? 9216 : 1600;
+    x = kernels::cast(uniform({64, I}, 11), d);
+    w = kernels::cast(uniform({128, I}, 12, -0.05, 0.05), d);
+    b = kernels::cast(uniform({128}, 13), d);
+    gy = kernels::cast(uniform({64, 128}, 14), d);
+  }
+};
+
+void BM_LinearForward(benchmark::State& state) {
+  set_num_threads(1);
+  const bool bf16 = state.range(1) != 0;
+  LinearCase c(state.range(0), bf16 ? kBFloat16 : kFloat32);
+  for (auto _ : state) {
+    Tensor y = bf16 ? kernels::lowp_linear_forward(c.x, c.w, c.b) : kernels::linear_forward(c.x, c.w, c.b);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * 64 * double(c.w.numel()) * double(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+}
+
+void BM_LinearBackward(benchmark::State& state) {
+  set_num_threads(1);
+  const bool bf16 = state.range(1) != 0;
+  LinearCase c(state.range(0), bf16 ? kBFloat16 : kFloat32);
+  for (auto _ : state) {
+    auto g = bf16 ? kernels::lowp_linear_backward(c.gy, c.x, c.w, true, true, true)
+                  : kernels::linear_backward(c.gy, c.x, c.w, true, true, true);
+    benchmark::DoNotOptimize(g.weight.raw_data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(4.0 * 64 * double(c.w.numel()) * double(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+}
+
 }  // namespace
 
 BENCHMARK(BM_BnReluPoolFusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
@@ -130,5 +195,9 @@ BENCHMARK(BM_BnReluPoolFusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosec
 BENCHMARK(BM_BnReluPoolUnfusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dForwardBf16)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dBackwardBf16)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearForward)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_LinearBackward)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -55,7 +55,7 @@ Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
     return kernel_for<&Backend::conv2d_forward>(device, op)(x, weight, bias, args);
   }
-  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+  if (cpu::lowp_conv2d_native(x)) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
     Tensor y;
     if (cpu::lowp_conv2d_forward(x, weight, bias, args, y)) return y;
@@ -75,7 +75,7 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
     return kernel_for<&Backend::conv2d_backward>(device, op)(grad_out, x, weight, args, need_input, need_weight,
                                                              need_bias);
   }
-  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+  if (cpu::lowp_conv2d_native(x)) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
     Conv2dGrads g;
     if (cpu::lowp_conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias, g)) return g;
@@ -95,7 +95,7 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
     return kernel_for<&Backend::linear_forward>(device, op)(x, weight, bias);
   }
-  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+  if (cpu::lowp_linear_native(x)) {
     profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
     Tensor y;
     if (cpu::lowp_linear_forward(x, weight, bias, y)) return y;
@@ -116,7 +116,7 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
     return kernel_for<&Backend::linear_backward>(device, op)(grad_out, x, weight, need_input, need_weight,
                                                              need_bias);
   }
-  if (cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) {
+  if (cpu::lowp_linear_native(x)) {
     profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
                                        static_cast<double>(weight.numel()));
     LinearGrads g;

@@ -2,13 +2,20 @@
 // the primitives (matmul, convolution forward / backward-data / backward-weights) built once per
 // key (kind, shapes, strides, dtypes) and kept in a bounded map (kMaxCached entries; when full it
 // is emptied and refilled, so a long run over many shapes rebuilds at worst, never grows).
-// Threading: oneDNN (Debian's build) runs on OpenMP (libgomp). Before each call the calling
-// thread's OpenMP team size is set to num_threads() (core/thread_pool.h), so oneDNN and the
-// engine's pool use the same number of cores and the bits depend on that number only. Between
-// calls libgomp's idle workers spin for GOMP_SPINCOUNT before sleeping (libgomp reads its settings
-// once at load time, so the library cannot change them); with num_threads() == 1 no OpenMP worker
-// exists at all. Set OMP_WAIT_POLICY=passive to make them sleep at once.
+// Threading: oneDNN (Debian's build) runs on OpenMP (libgomp), whose idle workers spin for
+// GOMP_SPINCOUNT (~300k pauses, milliseconds) after each parallel region; libgomp reads its
+// settings once at load time, so the library cannot change them. Beside the engine's own pool
+// (core/thread_pool.h) on a 2-core machine those spinning workers halved the step (MNIST bf16 at 2
+// threads: 553 samples/s against 3080 in f32). So no OpenMP worker ever runs: every calling thread
+// sets its OpenMP team to one (omp_set_num_threads(1), before oneDNN builds a primitive, since a
+// primitive's work split follows the team it sees), and the engine's pool splits each call in
+// slices of at most num_threads() (detail::for_each_chunk): rows or columns of a matmul, the batch
+// of a convolution; the weight gradient of a convolution sums one f32 partial per slice in slice
+// order. Primitives run with user scratchpads (one per execution), so slices may share one.
+// Bits: depend on the shapes, dtypes, the slicing (num_threads()) and oneDNN's ISA.
+#include "kernels/cpu/common.h"  // first: kernels/cpu/simd.h's <immintrin.h> before any other
 #include "kernels/cpu/dnnl.h"
+#include "kernels/ops.h"
 
 #include <atomic>
 #include <cstring>
@@ -16,6 +23,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "core/thread_pool.h"
 
@@ -90,11 +98,15 @@ dnnl::engine& engine() {
   return e;
 }
 
-// The calling thread's stream, its OpenMP team sized to the engine's pool.
+// The calling thread's stream. oneDNN runs single-threaded on each calling thread (an OpenMP team
+// of one: no OpenMP worker thread ever exists); the engine's pool splits the work (see the header).
 dnnl::stream& stream_for_call() {
+  thread_local bool team_of_one = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)team_of_one;
   thread_local dnnl::stream s(engine());
-  const int n = num_threads();
-  if (omp_get_max_threads() != n) omp_set_num_threads(n);
   return s;
 }
 
@@ -169,7 +181,7 @@ std::string make_key(const char* kind, Args... args) {
 // ---- matmul ----
 struct MatmulEntry {
   dnnl::matmul prim;
-  memory::desc a, b, c, bias;
+  memory::desc a, b, c, bias, scratchpad;
 };
 
 // ---- convolutions ----
@@ -197,7 +209,8 @@ memory::desc any_md(const memory::dims& d, DType t) { return memory::desc(d, to_
 
 // The forward primitive descriptor (also the hint of the backward ones).
 dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, DType compute, DType y_dtype,
-                                                     const memory::desc& bias) {
+                                                     const memory::desc& bias,
+                                                     const dnnl::primitive_attr& attr = dnnl::primitive_attr()) {
   auto d = bias.is_zero()
                ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
                                                  dnnl::algorithm::convolution_direct, any_md(g.x, compute),
@@ -207,7 +220,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, DTyp
                                                  dnnl::algorithm::convolution_direct, any_md(g.x, compute),
                                                  any_md(g.w, compute), bias, any_md(g.y, y_dtype), g.strides,
                                                  g.pad_l, g.pad_r);
-  return dnnl::convolution_forward::primitive_desc(d, engine());
+  return dnnl::convolution_forward::primitive_desc(d, attr, engine());
 }
 
 // The memory of layout `want` holding the user's data (layout `have` at p): the user's own memory
@@ -290,92 +303,123 @@ GemmPath lowp_gemm_path(DType dtype) {
   return GemmPath::fallback;
 }
 
-namespace detail {
+namespace {
 
-bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c) {
+int64_t elem_size(DType d) { return d == kFloat32 ? 4 : 2; }
+
+// Runs fn(chunk, begin, end) over [0, n) cut into at most num_threads() slices of >= `grain`
+// items, on the engine's pool; true when every slice's fn returned true.
+template <typename Fn>
+bool over_chunks(int64_t n, int64_t grain, Fn&& fn) {
+  std::atomic<bool> ok{true};
+  cpu::detail::for_each_chunk(n, cpu::detail::num_chunks(n, grain), [&](int64_t c, int64_t b, int64_t e) {
+    if (!fn(c, b, e)) ok.store(false, std::memory_order_relaxed);
+  });
+  return ok.load();
+}
+
+// Items per slice so that each holds >= ~2^20 multiply-adds.
+int64_t grain_for(int64_t work_per_item) {
+  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, work_per_item));
+}
+
+// The scratchpad a primitive asks for (user mode: one per execution, so concurrent executions of
+// one primitive on the pool's threads never share one).
+void add_scratchpad(std::unordered_map<int, memory>& args, const memory::desc& md) {
+  if (md.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, memory(md, engine()));
+}
+
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// c (rows x cols at c_data, row stride ldc, dtype c_dtype) = a * b (+ bias) on the calling thread.
+bool matmul_one(const detail::MatView& a, const detail::MatView& b, const void* bias, DType bias_dtype,
+                void* c_data, DType c_dtype, int64_t ldc) {
+  dnnl::stream& s = stream_for_call();  // first: oneDNN sizes a primitive by the team it sees
   const int64_t M = a.rows, K = a.cols, N = b.cols;
-  if (M == 0 || K == 0 || N == 0) return false;
-  const DType bias_dtype = bias.defined() ? bias.dtype() : kFloat32;
-  for (DType d : {a.dtype, b.dtype, c.dtype(), bias_dtype}) {
-    if (to_dnnl(d) == DnnlType::undef) return false;
-  }
   const std::string key =
-      make_key("matmul", M, K, N, a.row_stride, a.col_stride, b.row_stride, b.col_stride, static_cast<int>(a.dtype),
-               static_cast<int>(b.dtype), static_cast<int>(c.dtype()), bias.defined() ? int(bias_dtype) : -1);
+      make_key("matmul", M, K, N, a.row_stride, a.col_stride, b.row_stride, b.col_stride, ldc,
+               static_cast<int>(a.dtype), static_cast<int>(b.dtype), static_cast<int>(c_dtype),
+               bias ? int(bias_dtype) : -1);
   auto entry = cached<MatmulEntry>(key, [&] {
     memory::desc amd({M, K}, to_dnnl(a.dtype), memory::dims{a.row_stride, a.col_stride});
     memory::desc bmd({K, N}, to_dnnl(b.dtype), memory::dims{b.row_stride, b.col_stride});
-    memory::desc cmd({M, N}, to_dnnl(c.dtype()), Tag::ab);
-    memory::desc biasmd = bias.defined() ? memory::desc({1, N}, to_dnnl(bias_dtype), Tag::ab) : memory::desc();
-    dnnl::matmul::primitive_desc pd(bias.defined() ? dnnl::matmul::desc(amd, bmd, biasmd, cmd)
-                                                   : dnnl::matmul::desc(amd, bmd, cmd),
-                                    engine());
-    return std::make_shared<const MatmulEntry>(MatmulEntry{dnnl::matmul(pd), amd, bmd, cmd, biasmd});
+    memory::desc cmd({M, N}, to_dnnl(c_dtype), memory::dims{ldc, 1});
+    memory::desc biasmd = bias ? memory::desc({1, N}, to_dnnl(bias_dtype), Tag::ab) : memory::desc();
+    dnnl::matmul::primitive_desc pd(
+        bias ? dnnl::matmul::desc(amd, bmd, biasmd, cmd) : dnnl::matmul::desc(amd, bmd, cmd), user_scratchpad(),
+        engine());
+    return std::make_shared<const MatmulEntry>(MatmulEntry{dnnl::matmul(pd), amd, bmd, cmd, biasmd, pd.scratchpad_desc()});
   });
   if (!entry) return false;
-  dnnl::stream& s = stream_for_call();
-  memory A(entry->a, engine(), const_cast<void*>(a.data)), B(entry->b, engine(), const_cast<void*>(b.data));
-  memory C(entry->c, engine(), c.raw_data());
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, A}, {DNNL_ARG_WEIGHTS, B}, {DNNL_ARG_DST, C}};
-  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, memory(entry->bias, engine(), const_cast<void*>(bias.raw_data())));
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(entry->a, engine(), const_cast<void*>(a.data))},
+                                       {DNNL_ARG_WEIGHTS, memory(entry->b, engine(), const_cast<void*>(b.data))},
+                                       {DNNL_ARG_DST, memory(entry->c, engine(), c_data)}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(entry->bias, engine(), const_cast<void*>(bias)));
+  add_scratchpad(args, entry->scratchpad);
   entry->prim.execute(s, args);
   s.wait();
   return true;
 }
 
-bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
+const char* offset(const void* p, int64_t elems, DType d) { return static_cast<const char*>(p) + elems * elem_size(d); }
+
+bool conv_forward_one(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
                          Tensor& y) {
-  if (!conv_supported(args, compute, {&x, &w, &b, &y})) return false;
+  dnnl::stream& s = stream_for_call();  // first: oneDNN sizes a primitive by the team it sees
   const ConvGeometry g = geometry(nchw_dims(x), nchw_dims(w), nchw_dims(y), args);
   const memory::desc bias_md = b.defined() ? user_md(b, Tag::x) : memory::desc();
   const std::string key = conv_key("conv_fwd", g, compute, x.dtype(), y.dtype(), b.defined() ? b.dtype() : compute) +
                           (b.defined() ? "b" : "");
   auto entry = cached<ConvForwardEntry>(key, [&] {
-    auto pd = forward_pd(g, compute, y.dtype(), bias_md);
+    auto pd = forward_pd(g, compute, y.dtype(), bias_md, user_scratchpad());
     return std::make_shared<const ConvForwardEntry>(ConvForwardEntry{pd, dnnl::convolution_forward(pd)});
   });
   if (!entry) return false;
-  dnnl::stream& s = stream_for_call();
   const memory::desc x_md = user_md(x, Tag::nchw), w_md = user_md(w, Tag::oihw), y_md = user_md(y, Tag::nchw);
   memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s);
   memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s);
   memory Y = result_buffer(y_md, y.raw_data(), entry->pd.dst_desc());
   std::unordered_map<int, memory> a{{DNNL_ARG_SRC, X}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DST, Y}};
   if (b.defined()) a.emplace(DNNL_ARG_BIAS, memory(bias_md, engine(), const_cast<void*>(b.raw_data())));
+  add_scratchpad(a, entry->pd.scratchpad_desc());
   entry->prim.execute(s, a);
   take_out(Y, y_md, y.raw_data(), s);
   s.wait();
   return true;
 }
 
-bool onednn_conv_backward_data(const Tensor& gy, const Tensor& w, const Conv2dArgs& args, DType compute,
+bool conv_backward_data_one(const Tensor& gy, const Tensor& w, const Conv2dArgs& args, DType compute,
                                Tensor& gx) {
-  if (!conv_supported(args, compute, {&gy, &w, &gx})) return false;
+  dnnl::stream& s = stream_for_call();  // first: oneDNN sizes a primitive by the team it sees
   const ConvGeometry g = geometry(nchw_dims(gx), nchw_dims(w), nchw_dims(gy), args);
   const std::string key = conv_key("conv_bwd_data", g, compute, gy.dtype(), gx.dtype(), w.dtype());
   auto entry = cached<ConvBackwardDataEntry>(key, [&] {
     auto hint = forward_pd(g, compute, compute, memory::desc());
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, any_md(g.x, gx.dtype()),
                                             any_md(g.w, compute), any_md(g.y, compute), g.strides, g.pad_l, g.pad_r);
-    dnnl::convolution_backward_data::primitive_desc pd(d, engine(), hint);
+    dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(), hint);
     return std::make_shared<const ConvBackwardDataEntry>(ConvBackwardDataEntry{pd, dnnl::convolution_backward_data(pd)});
   });
   if (!entry) return false;
-  dnnl::stream& s = stream_for_call();
   const memory::desc gy_md = user_md(gy, Tag::nchw), w_md = user_md(w, Tag::oihw), gx_md = user_md(gx, Tag::nchw);
   memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s);
   memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s);
   memory GX = result_buffer(gx_md, gx.raw_data(), entry->pd.diff_src_desc());
-  entry->prim.execute(s, {{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DIFF_SRC, GX}});
+  std::unordered_map<int, memory> a{{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DIFF_SRC, GX}};
+  add_scratchpad(a, entry->pd.scratchpad_desc());
+  entry->prim.execute(s, a);
   take_out(GX, gx_md, gx.raw_data(), s);
   s.wait();
   return true;
 }
 
-bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2dArgs& args, DType compute,
+bool conv_backward_weights_one(const Tensor& gy, const Tensor& x, const Conv2dArgs& args, DType compute,
                                   Tensor& gw, Tensor* gb) {
-  const Tensor none;
-  if (!conv_supported(args, compute, {&gy, &x, &gw, gb ? gb : &none})) return false;
+  dnnl::stream& s = stream_for_call();  // first: oneDNN sizes a primitive by the team it sees
   const ConvGeometry g = geometry(nchw_dims(x), nchw_dims(gw), nchw_dims(gy), args);
   const memory::desc gb_md = gb ? user_md(*gb, Tag::x) : memory::desc();
   const std::string key = conv_key("conv_bwd_weights", g, compute, gy.dtype(), x.dtype(), gw.dtype()) +
@@ -389,21 +433,101 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
                 : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any_md(g.x, compute),
                                                            any_md(g.w, gw.dtype()), any_md(g.y, compute), g.strides,
                                                            g.pad_l, g.pad_r);
-    dnnl::convolution_backward_weights::primitive_desc pd(d, engine(), hint);
+    dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(), hint);
     return std::make_shared<const ConvBackwardWeightsEntry>(
         ConvBackwardWeightsEntry{pd, dnnl::convolution_backward_weights(pd)});
   });
   if (!entry) return false;
-  dnnl::stream& s = stream_for_call();
   const memory::desc gy_md = user_md(gy, Tag::nchw), x_md = user_md(x, Tag::nchw), gw_md = user_md(gw, Tag::oihw);
   memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s);
   memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s);
   memory GW = result_buffer(gw_md, gw.raw_data(), entry->pd.diff_weights_desc());
   std::unordered_map<int, memory> a{{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_SRC, X}, {DNNL_ARG_DIFF_WEIGHTS, GW}};
   if (gb) a.emplace(DNNL_ARG_DIFF_BIAS, memory(gb_md, engine(), gb->raw_data()));
+  add_scratchpad(a, entry->pd.scratchpad_desc());
   entry->prim.execute(s, a);
   take_out(GW, gw_md, gw.raw_data(), s);
   s.wait();
+  return true;
+}
+
+
+}  // namespace
+
+namespace detail {
+
+bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c) {
+  const int64_t M = a.rows, K = a.cols, N = b.cols;
+  if (M == 0 || K == 0 || N == 0) return false;
+  const DType bias_dtype = bias.defined() ? bias.dtype() : kFloat32;
+  for (DType d : {a.dtype, b.dtype, c.dtype(), bias_dtype}) {
+    if (to_dnnl(d) == DnnlType::undef) return false;
+  }
+  const DType cd = c.dtype();
+  char* c_data = static_cast<char*>(c.raw_data());
+  const void* bp = bias.defined() ? bias.raw_data() : nullptr;
+  if (M >= N) {  // slices of rows of a and c
+    return over_chunks(M, grain_for(K * N), [&](int64_t, int64_t r0, int64_t r1) {
+      const MatView as{offset(a.data, r0 * a.row_stride, a.dtype), a.dtype, r1 - r0, K, a.row_stride, a.col_stride};
+      return matmul_one(as, b, bp, bias_dtype, c_data + r0 * N * elem_size(cd), cd, N);
+    });
+  }
+  return over_chunks(N, grain_for(K * M), [&](int64_t, int64_t c0, int64_t c1) {  // slices of columns of b and c
+    const MatView bs{offset(b.data, c0 * b.col_stride, b.dtype), b.dtype, K, c1 - c0, b.row_stride, b.col_stride};
+    return matmul_one(a, bs, bp ? offset(bp, c0, bias_dtype) : nullptr, bias_dtype, c_data + c0 * elem_size(cd), cd,
+                      N);
+  });
+}
+
+bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
+                         Tensor& y) {
+  if (!conv_supported(args, compute, {&x, &w, &b, &y})) return false;
+  const int64_t per_item = y.numel() / y.size(0) * (w.numel() / w.size(0));
+  return over_chunks(x.size(0), grain_for(per_item), [&](int64_t, int64_t n0, int64_t n1) {
+    Tensor ys = y.slice(0, n0, n1);
+    return conv_forward_one(x.slice(0, n0, n1), w, b, args, compute, ys);
+  });
+}
+
+bool onednn_conv_backward_data(const Tensor& gy, const Tensor& w, const Conv2dArgs& args, DType compute,
+                               Tensor& gx) {
+  if (!conv_supported(args, compute, {&gy, &w, &gx})) return false;
+  const int64_t per_item = gy.numel() / gy.size(0) * (w.numel() / w.size(0));
+  return over_chunks(gy.size(0), grain_for(per_item), [&](int64_t, int64_t n0, int64_t n1) {
+    Tensor gxs = gx.slice(0, n0, n1);
+    return conv_backward_data_one(gy.slice(0, n0, n1), w, args, compute, gxs);
+  });
+}
+
+bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2dArgs& args, DType compute,
+                                  Tensor& gw, Tensor* gb) {
+  const Tensor none;
+  if (!conv_supported(args, compute, {&gy, &x, &gw, gb ? gb : &none})) return false;
+  const int64_t N = x.size(0), per_item = gy.numel() / N * (gw.numel() / gw.size(0));
+  const int64_t chunks = cpu::detail::num_chunks(N, grain_for(per_item));
+  if (chunks == 1) return conv_backward_weights_one(gy, x, args, compute, gw, gb);
+  // One f32 partial per slice of the batch, summed in slice order: the bits depend on the slicing
+  // (the thread count) only.
+  std::vector<Tensor> pw(chunks), pb(chunks);
+  const bool ok = over_chunks(N, grain_for(per_item), [&](int64_t c, int64_t n0, int64_t n1) {
+    pw[c] = Tensor::empty(gw.shape(), kFloat32);
+    if (gb) pb[c] = Tensor::empty(gb->shape(), kFloat32);
+    return conv_backward_weights_one(gy.slice(0, n0, n1), x.slice(0, n0, n1), args, compute, pw[c],
+                                     gb ? &pb[c] : nullptr);
+  });
+  if (!ok) return false;
+  auto reduce = [&](std::vector<Tensor>& parts, Tensor& out) {
+    Tensor sum = parts[0];
+    float* acc = sum.data<float>();
+    for (size_t c = 1; c < parts.size(); ++c) {
+      if (!parts[c].defined()) continue;
+      const float* p = parts[c].data<float>();
+      for (int64_t i = 0; i < sum.numel(); ++i) acc[i] += p[i];
+    }
+    out = out.dtype() == kFloat32 ? sum : cpu::cast(sum, out.dtype());
+  };
+  reduce(pw, gw);
+  if (gb) reduce(pb, *gb);
   return true;
 }
 

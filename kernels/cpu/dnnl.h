@@ -1,15 +1,16 @@
 // The CPU kernels' oneDNN layer (kernels/cpu/dnnl.cpp); internal, not part of the public API, and
 // free of oneDNN's headers (only dnnl.cpp includes dnnl.hpp, so oneDNN stays a private dependency).
 // Owns: the one CPU engine, the bounded cache of primitives keyed by kind, shapes, strides and
-// dtypes, the OpenMP thread count oneDNN runs with (set to num_threads() before each call), which
+// dtypes, the threading (oneDNN single-threaded on each of the engine pool's threads, the pool
+// splitting each call: kernels/cpu/dnnl.cpp), which
 // ISA oneDNN dispatches to, and the record of which GEMM path each linear/conv call took
 // (gemm_path_count).
 // Assumes: host tensors; callers validated shapes (kernels/{linear,conv,amp}.cpp).
 // Guarantees: every entry point returns false (and does nothing) when the build has no oneDNN
 // (TANDEM_ONEDNN=OFF) or oneDNN has no implementation for the case, so the caller runs its Eigen
-// path. Bits: a oneDNN result depends on the shapes, dtypes, the thread count and the ISA oneDNN
-// dispatches to (CPUID, capped by ONEDNN_MAX_CPU_ISA), never on run-to-run timing (oneDNN's CPU
-// primitives split work statically over the OpenMP team and reduce in a fixed order).
+// path. Bits: a oneDNN result depends on the shapes, dtypes, the thread count (the slicing) and the
+// ISA oneDNN dispatches to (CPUID, capped by ONEDNN_MAX_CPU_ISA), never on run-to-run timing (each
+// slice runs single-threaded; slices are reduced in a fixed order).
 #pragma once
 
 #include <cstdint>
@@ -85,10 +86,15 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
 // Called by kernels/amp.cpp's CPU branch with validated operands of one low-precision dtype d.
 // They take the d operands as they are (no widening pass), accumulate in f32 and write d results
 // (the cast to d fused into the primitive's output); the bias gradient is a f32 column sum rounded
-// once. Each returns false where lowp_gemm_path(d) is fallback (counting nothing: the caller
-// counts that fallback) or oneDNN has no implementation for the case (counted as a fallback); the
-// caller then widens the operands to f32, runs the f32 kernels and rounds the results.
+// once. Each returns false where lowp_*_native(x) is false (counting nothing: the caller counts
+// that fallback) or oneDNN has no implementation for the case (counted as a fallback); the caller
+// then widens the operands to f32, runs the f32 kernels and rounds the results.
 namespace tandem::kernels::cpu {
+// Whether the low-precision linear / conv2d of input x runs natively: lowp_gemm_path(x.dtype()) is
+// not fallback, and for conv2d the input has more than one channel (one channel: the f32
+// one-channel kernel, kernels/cpu/conv_c1.h, on widened operands is faster than oneDNN's bf16).
+bool lowp_linear_native(const Tensor& x);
+bool lowp_conv2d_native(const Tensor& x);
 bool lowp_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
 bool lowp_linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, bool need_input, bool need_weight,
                           bool need_bias, LinearGrads& grads);

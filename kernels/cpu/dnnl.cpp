@@ -8,11 +8,11 @@
 // (core/thread_pool.h) on a 2-core machine those spinning workers halved the step (MNIST bf16 at 2
 // threads: 553 samples/s against 3080 in f32). So no OpenMP worker ever runs: every calling thread
 // sets its OpenMP team to one (omp_set_num_threads(1), before oneDNN builds a primitive, since a
-// primitive's work split follows the team it sees), and the engine's pool splits each call in
-// slices of at most num_threads() (detail::for_each_chunk): rows or columns of a matmul, the batch
-// of a convolution; the weight gradient of a convolution sums one f32 partial per slice in slice
-// order. Primitives run with user scratchpads (one per execution), so slices may share one.
-// Bits: depend on the shapes, dtypes, the slicing (num_threads()) and oneDNN's ISA.
+// primitive's work split follows the team it sees), and the engine's pool runs each call as one
+// slice per thread (slices_for): rows or columns of a matmul, the batch of a convolution; the
+// weight gradient of a convolution sums one f32 partial per slice in slice order. Primitives run
+// with user scratchpads (one per execution), so slices may share a primitive.
+// Bits: depend on the shapes, dtypes, the thread count and oneDNN's ISA; not on timing.
 #include "kernels/cpu/common.h"  // first: kernels/cpu/simd.h's <immintrin.h> before any other
 #include "kernels/cpu/dnnl.h"
 #include "kernels/ops.h"
@@ -307,20 +307,23 @@ namespace {
 
 int64_t elem_size(DType d) { return d == kFloat32 ? 4 : 2; }
 
-// Runs fn(chunk, begin, end) over [0, n) cut into at most num_threads() slices of >= `grain`
-// items, on the engine's pool; true when every slice's fn returned true.
+// The number of slices a call over n items of `work_per_item` multiply-adds is cut into: one per
+// thread of the engine's pool (num_threads()), each of >= 2^20 multiply-adds, at most n. One
+// slice at 1 thread: slicing costs oneDNN efficiency (smaller problems per call), so the bits are
+// those of the thread count, as the Eigen paths' are.
+int64_t slices_for(int64_t n, int64_t work_per_item) {
+  return cpu::detail::num_chunks(n, std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, work_per_item)));
+}
+
+// Runs fn(slice, begin, end) over [0, n) cut into `slices` equal slices, in parallel on the
+// engine's pool; true when every slice's fn returned true.
 template <typename Fn>
-bool over_chunks(int64_t n, int64_t grain, Fn&& fn) {
+bool over_slices(int64_t n, int64_t slices, Fn&& fn) {
   std::atomic<bool> ok{true};
-  cpu::detail::for_each_chunk(n, cpu::detail::num_chunks(n, grain), [&](int64_t c, int64_t b, int64_t e) {
+  cpu::detail::for_each_chunk(n, slices, [&](int64_t c, int64_t b, int64_t e) {
     if (!fn(c, b, e)) ok.store(false, std::memory_order_relaxed);
   });
   return ok.load();
-}
-
-// Items per slice so that each holds >= ~2^20 multiply-adds.
-int64_t grain_for(int64_t work_per_item) {
-  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, work_per_item));
 }
 
 // The scratchpad a primitive asks for (user mode: one per execution, so concurrent executions of
@@ -467,12 +470,12 @@ bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tenso
   char* c_data = static_cast<char*>(c.raw_data());
   const void* bp = bias.defined() ? bias.raw_data() : nullptr;
   if (M >= N) {  // slices of rows of a and c
-    return over_chunks(M, grain_for(K * N), [&](int64_t, int64_t r0, int64_t r1) {
+    return over_slices(M, slices_for(M, K * N), [&](int64_t, int64_t r0, int64_t r1) {
       const MatView as{offset(a.data, r0 * a.row_stride, a.dtype), a.dtype, r1 - r0, K, a.row_stride, a.col_stride};
       return matmul_one(as, b, bp, bias_dtype, c_data + r0 * N * elem_size(cd), cd, N);
     });
   }
-  return over_chunks(N, grain_for(K * M), [&](int64_t, int64_t c0, int64_t c1) {  // slices of columns of b and c
+  return over_slices(N, slices_for(N, K * M), [&](int64_t, int64_t c0, int64_t c1) {  // slices of columns of b and c
     const MatView bs{offset(b.data, c0 * b.col_stride, b.dtype), b.dtype, K, c1 - c0, b.row_stride, b.col_stride};
     return matmul_one(a, bs, bp ? offset(bp, c0, bias_dtype) : nullptr, bias_dtype, c_data + c0 * elem_size(cd), cd,
                       N);
@@ -483,7 +486,7 @@ bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, cons
                          Tensor& y) {
   if (!conv_supported(args, compute, {&x, &w, &b, &y})) return false;
   const int64_t per_item = y.numel() / y.size(0) * (w.numel() / w.size(0));
-  return over_chunks(x.size(0), grain_for(per_item), [&](int64_t, int64_t n0, int64_t n1) {
+  return over_slices(x.size(0), slices_for(x.size(0), per_item), [&](int64_t, int64_t n0, int64_t n1) {
     Tensor ys = y.slice(0, n0, n1);
     return conv_forward_one(x.slice(0, n0, n1), w, b, args, compute, ys);
   });
@@ -493,7 +496,7 @@ bool onednn_conv_backward_data(const Tensor& gy, const Tensor& w, const Conv2dAr
                                Tensor& gx) {
   if (!conv_supported(args, compute, {&gy, &w, &gx})) return false;
   const int64_t per_item = gy.numel() / gy.size(0) * (w.numel() / w.size(0));
-  return over_chunks(gy.size(0), grain_for(per_item), [&](int64_t, int64_t n0, int64_t n1) {
+  return over_slices(gy.size(0), slices_for(gy.size(0), per_item), [&](int64_t, int64_t n0, int64_t n1) {
     Tensor gxs = gx.slice(0, n0, n1);
     return conv_backward_data_one(gy.slice(0, n0, n1), w, args, compute, gxs);
   });
@@ -504,12 +507,11 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
   const Tensor none;
   if (!conv_supported(args, compute, {&gy, &x, &gw, gb ? gb : &none})) return false;
   const int64_t N = x.size(0), per_item = gy.numel() / N * (gw.numel() / gw.size(0));
-  const int64_t chunks = cpu::detail::num_chunks(N, grain_for(per_item));
+  const int64_t chunks = slices_for(N, per_item);
   if (chunks == 1) return conv_backward_weights_one(gy, x, args, compute, gw, gb);
-  // One f32 partial per slice of the batch, summed in slice order: the bits depend on the slicing
-  // (the thread count) only.
+  // One f32 partial per slice of the batch, summed in slice order.
   std::vector<Tensor> pw(chunks), pb(chunks);
-  const bool ok = over_chunks(N, grain_for(per_item), [&](int64_t c, int64_t n0, int64_t n1) {
+  const bool ok = over_slices(N, chunks, [&](int64_t c, int64_t n0, int64_t n1) {
     pw[c] = Tensor::empty(gw.shape(), kFloat32);
     if (gb) pb[c] = Tensor::empty(gb->shape(), kFloat32);
     return conv_backward_weights_one(gy.slice(0, n0, n1), x.slice(0, n0, n1), args, compute, pw[c],

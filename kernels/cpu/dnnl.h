@@ -8,9 +8,9 @@
 // Assumes: host tensors; callers validated shapes (kernels/{linear,conv,amp}.cpp).
 // Guarantees: every entry point returns false (and does nothing) when the build has no oneDNN
 // (TANDEM_ONEDNN=OFF) or oneDNN has no implementation for the case, so the caller runs its Eigen
-// path. Bits: a oneDNN result depends on the shapes, dtypes, the thread count (the slicing) and the
-// ISA oneDNN dispatches to (CPUID, capped by ONEDNN_MAX_CPU_ISA), never on run-to-run timing (each
-// slice runs single-threaded; slices are reduced in a fixed order).
+// path. Bits: a oneDNN result depends on the shapes, dtypes, the thread count and the ISA oneDNN
+// dispatches to (CPUID, capped by ONEDNN_MAX_CPU_ISA); never on run-to-run timing (each call runs
+// as one slice per thread, each single-threaded, reduced in slice order).
 #pragma once
 
 #include <cstdint>

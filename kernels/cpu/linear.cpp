@@ -8,7 +8,10 @@
 // Linear in float32 with a narrow batch (<= 256) on an AVX-512 build runs on
 // kernels/cpu/small_gemm (weight read in place, never packed; its bits do not
 // depend on the thread count either); each linear_forward/backward call is
-// counted in simd_path_count (kernels/cpu/simd.h): avx512 when it used it. Otherwise Eigen GEMMs, one per block of
+// counted in simd_path_count (kernels/cpu/simd.h): avx512 when it used it, and in gemm_path_count
+// (kernels/cpu/dnnl.h): small_gemm or eigen. Float32 stays off oneDNN: measured at 1 thread on Zen 4
+// its f32 matmul gained 0-25% over these paths on MnistNet's shapes, with bits that change with
+// the thread count (bench/PERF_NOTES.md section 9). Otherwise Eigen GEMMs, one per block of
 // the output: Linear splits along the weight's dimension (output features for
 // forward and the weight gradient, input features for the input gradient) in
 // blocks of at most kMaxBlock, so every thread packs only its share of the
@@ -16,6 +19,7 @@
 #include "kernels/ops.h"
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/dnnl.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/small_gemm.h"
 
@@ -132,6 +136,7 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in) 
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
   const bool small = std::is_same_v<T, float> && I > 0 && use_small(N, I, O);
   detail::count_simd_path(SimdKernel::linear_forward, detail::simd_path<T>(small));
+  detail::count_gemm_path(GemmKernel::linear_forward, small ? GemmPath::small_gemm : GemmPath::eigen);
   if constexpr (std::is_same_v<T, float>) {
     if (small) return small_forward(x, w, b);
   }
@@ -175,6 +180,8 @@ LinearGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const bool small_input = std::is_same_v<T, float> && need_input && O >= 256 && use_small(N, I, O);
   const bool small_weight = std::is_same_v<T, float> && need_weight && N > 0 && use_small(N, I, O);
   detail::count_simd_path(SimdKernel::linear_backward, detail::simd_path<T>(small_input || small_weight));
+  detail::count_gemm_path(GemmKernel::linear_backward,
+                          small_input || small_weight ? GemmPath::small_gemm : GemmPath::eigen);
   if (need_input) {
     bool done = false;
     if constexpr (std::is_same_v<T, float>) {

@@ -13,10 +13,13 @@
 #include <cstdlib>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernel_test_util.h"
 #include "kernels/amp.h"
 #include "kernels/cpu/dnnl.h"
+#include "kernels/cpu/small_gemm.h"
+#include "kernels/linear.h"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -148,4 +151,44 @@ TEST(DnnlBf16, ConvMatchesFloat64OnTheSameOperands) {
     EXPECT_TRUE(within_bf16(g.weight, r.weight, ra.weight, spatial));
     EXPECT_TRUE(within_bf16(g.bias, r.bias, ra.bias, spatial));
   }
+}
+
+TEST(DnnlBf16, SameBitsOnEveryRunAtAThreadCount) {
+  // Each call runs as one single-threaded slice per thread, reduced in slice order
+  // (kernels/cpu/dnnl.cpp): a rerun at the same thread count gives the same bits (the trainer's
+  // resume and DDP-equivalence checks rely on it). MnistNet's conv2 and fc1 shapes.
+  Generator gen(8);
+  const Tensor x = bf16_random({64, 32, 12, 12}, gen), w = bf16_random({64, 32, 3, 3}, gen);
+  const Tensor gy = bf16_random({64, 64, 10, 10}, gen);
+  const Tensor lx = bf16_random({64, 1024}, gen), lw = bf16_random({128, 1024}, gen), lgy = bf16_random({64, 128}, gen);
+  auto run = [&] {
+    const auto g = kernels::lowp_conv2d_backward(gy, x, w, {}, true, true, true);
+    const auto lg = kernels::lowp_linear_backward(lgy, lx, lw, true, true, true);
+    return std::vector<std::vector<double>>{values(kernels::lowp_conv2d_forward(x, w, Tensor(), {})),
+                                            values(g.input),
+                                            values(g.weight),
+                                            values(g.bias),
+                                            values(kernels::lowp_linear_forward(lx, lw, Tensor())),
+                                            values(lg.input),
+                                            values(lg.weight)};
+  };
+  for (int threads : {1, 2, 3}) {
+    ThreadCountGuard guard(threads);
+    const auto first = run(), second = run();
+    for (size_t i = 0; i < first.size(); ++i) EXPECT_EQ(first[i], second[i]) << "result " << i << ", threads " << threads;
+  }
+}
+
+TEST(GemmPath, Float32LinearCountsSmallGemmOrEigen) {
+  Generator gen(9);
+  // Batch 64, 2^20+ multiply-adds: the small GEMM where the build has it (kernels/cpu/small_gemm.h).
+  const Tensor x = random_tensor({64, 256}, kFloat32, gen), w = random_tensor({128, 256}, kFloat32, gen);
+  const GemmPath big = kernels::cpu::detail::small_gemm_available() ? GemmPath::small_gemm : GemmPath::eigen;
+  Counts before = counts(GemmKernel::linear_forward);
+  kernels::linear_forward(x, w, Tensor());
+  expect_only(GemmKernel::linear_forward, before, big, 1);
+  // A tiny product: Eigen.
+  before = counts(GemmKernel::linear_forward);
+  kernels::linear_forward(random_tensor({2, 3}, kFloat32, gen), random_tensor({4, 3}, kFloat32, gen), Tensor());
+  expect_only(GemmKernel::linear_forward, before, GemmPath::eigen, 1);
 }

@@ -15,6 +15,9 @@
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
+#include <cstdio>
+#include <mutex>
+
 namespace tandem::kernels {
 namespace {
 
@@ -31,6 +34,20 @@ double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a, int gem
   const int64_t q = (x.size(3) + 2 * a.pad_w - w.size(3)) / a.stride_w + 1;
   return conv_gemm_flops({x.size(0), w.size(0), p, q}, w, gemms);
 }
+// Records a CPU call that widens (kernels/cpu/dnnl.h's fallback path); for bf16 on a CPU without
+// bf16 instructions, says so once per process on stderr (one line).
+void cpu_fallback(cpu::GemmKernel kernel, DType d) {
+  cpu::detail::count_gemm_path(kernel, cpu::GemmPath::fallback);
+  if (d != kBFloat16 || cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::fprintf(stderr,
+                 "tandem: this CPU has no bf16 instructions for oneDNN (ISA %s, oneDNN %s): bf16 conv2d/linear "
+                 "run as f32 math on widened operands, slower than float32\n",
+                 cpu::onednn_isa(), cpu::onednn_built() ? "built in" : "not built in");
+  });
+}
+
 Tensor widen(const Tensor& t) { return t.defined() ? cast(t, kFloat32) : Tensor(); }
 Tensor narrow_to(const Tensor& t, DType d) { return t.defined() ? cast(t, d) : Tensor(); }
 
@@ -60,7 +77,7 @@ Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     Tensor y;
     if (cpu::lowp_conv2d_forward(x, weight, bias, args, y)) return y;
   } else {
-    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_conv2d, cpu::GemmPath::fallback);
+    cpu_fallback(cpu::GemmKernel::lowp_conv2d, d);
   }
   return cast(conv2d_forward(widen(x), widen(weight), widen(bias), args), d);
 }
@@ -80,7 +97,7 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
     Conv2dGrads g;
     if (cpu::lowp_conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias, g)) return g;
   } else {
-    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_conv2d, cpu::GemmPath::fallback);
+    cpu_fallback(cpu::GemmKernel::lowp_conv2d, d);
   }
   Conv2dGrads g =
       conv2d_backward(widen(grad_out), widen(x), widen(weight), args, need_input, need_weight, need_bias);
@@ -100,7 +117,7 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
     Tensor y;
     if (cpu::lowp_linear_forward(x, weight, bias, y)) return y;
   } else {
-    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_linear, cpu::GemmPath::fallback);
+    cpu_fallback(cpu::GemmKernel::lowp_linear, d);
   }
   return cast(linear_forward(widen(x), widen(weight), widen(bias)), d);
 }
@@ -122,7 +139,7 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
     LinearGrads g;
     if (cpu::lowp_linear_backward(grad_out, x, weight, need_input, need_weight, need_bias, g)) return g;
   } else {
-    cpu::detail::count_gemm_path(cpu::GemmKernel::lowp_linear, cpu::GemmPath::fallback);
+    cpu_fallback(cpu::GemmKernel::lowp_linear, d);
   }
   LinearGrads g = linear_backward(widen(grad_out), widen(x), widen(weight), need_input, need_weight, need_bias);
   return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};

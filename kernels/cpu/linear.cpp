@@ -11,7 +11,7 @@
 // counted in simd_path_count (kernels/cpu/simd.h): avx512 when it used it, and in gemm_path_count
 // (kernels/cpu/dnnl.h): small_gemm or eigen. Float32 stays off oneDNN: measured at 1 thread on Zen 4
 // its f32 matmul gained 0-25% over these paths on MnistNet's shapes, with bits that change with
-// the thread count (bench/PERF_NOTES.md section 9). Otherwise Eigen GEMMs, one per block of
+// the thread count (bench/PERF_NOTES.md section 14). Otherwise Eigen GEMMs, one per block of
 // the output: Linear splits along the weight's dimension (output features for
 // forward and the weight gradient, input features for the input gradient) in
 // blocks of at most kMaxBlock, so every thread packs only its share of the

@@ -128,6 +128,17 @@ bool has_isa(dnnl_cpu_isa_t isa) {
   return (effective & static_cast<unsigned>(isa)) == static_cast<unsigned>(isa);
 }
 
+// Whether a primitive computing in `compute` is one of oneDNN's native low-precision kernels: for
+// bf16, an implementation named for bf16 or AMX ("jit_bf16:avx512_core_bf16", "brg:avx512_core_amx",
+// ...). oneDNN falls back to a GEMM-based bf16 convolution for some shapes (ResNet's 8-channel
+// weight gradient: "x64:gemm:jit", ~12 GFLOP/s at 1 thread on Zen 4, below the f32 kernels); those
+// count as unavailable, so the caller widens instead.
+bool native_impl(const char* impl, DType compute) {
+  if (compute != kBFloat16) return true;
+  const std::string s(impl ? impl : "");
+  return s.find("bf16") != std::string::npos || s.find("amx") != std::string::npos;
+}
+
 // ---- the primitive cache ----
 constexpr size_t kMaxCached = 512;
 
@@ -355,6 +366,7 @@ bool matmul_one(const detail::MatView& a, const detail::MatView& b, const void* 
     dnnl::matmul::primitive_desc pd(
         bias ? dnnl::matmul::desc(amd, bmd, biasmd, cmd) : dnnl::matmul::desc(amd, bmd, cmd), user_scratchpad(),
         engine());
+    if (!native_impl(pd.impl_info_str(), a.dtype)) return std::shared_ptr<const MatmulEntry>();
     return std::make_shared<const MatmulEntry>(MatmulEntry{dnnl::matmul(pd), amd, bmd, cmd, biasmd, pd.scratchpad_desc()});
   });
   if (!entry) return false;
@@ -379,6 +391,7 @@ bool conv_forward_one(const Tensor& x, const Tensor& w, const Tensor& b, const C
                           (b.defined() ? "b" : "");
   auto entry = cached<ConvForwardEntry>(key, [&] {
     auto pd = forward_pd(g, compute, y.dtype(), bias_md, user_scratchpad());
+    if (!native_impl(pd.impl_info_str(), compute)) return std::shared_ptr<const ConvForwardEntry>();
     return std::make_shared<const ConvForwardEntry>(ConvForwardEntry{pd, dnnl::convolution_forward(pd)});
   });
   if (!entry) return false;
@@ -405,6 +418,7 @@ bool conv_backward_data_one(const Tensor& gy, const Tensor& w, const Conv2dArgs&
     dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, any_md(g.x, gx.dtype()),
                                             any_md(g.w, compute), any_md(g.y, compute), g.strides, g.pad_l, g.pad_r);
     dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(), hint);
+    if (!native_impl(pd.impl_info_str(), compute)) return std::shared_ptr<const ConvBackwardDataEntry>();
     return std::make_shared<const ConvBackwardDataEntry>(ConvBackwardDataEntry{pd, dnnl::convolution_backward_data(pd)});
   });
   if (!entry) return false;
@@ -437,6 +451,7 @@ bool conv_backward_weights_one(const Tensor& gy, const Tensor& x, const Conv2dAr
                                                            any_md(g.w, gw.dtype()), any_md(g.y, compute), g.strides,
                                                            g.pad_l, g.pad_r);
     dnnl::convolution_backward_weights::primitive_desc pd(d, user_scratchpad(), engine(), hint);
+    if (!native_impl(pd.impl_info_str(), compute)) return std::shared_ptr<const ConvBackwardWeightsEntry>();
     return std::make_shared<const ConvBackwardWeightsEntry>(
         ConvBackwardWeightsEntry{pd, dnnl::convolution_backward_weights(pd)});
   });

@@ -88,7 +88,9 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
 // (the cast to d fused into the primitive's output); the bias gradient is a f32 column sum rounded
 // once. Each returns false where lowp_*_native(x) is false (counting nothing: the caller counts
 // that fallback) or oneDNN has no implementation for the case (counted as a fallback); the caller
-// then widens the operands to f32, runs the f32 kernels and rounds the results.
+// then widens the operands to f32, runs the f32 kernels and rounds the results. Except that
+// lowp_conv2d_backward widens only the part (input or weight gradient) oneDNN has no native
+// kernel for, and returns true (counting a fallback).
 namespace tandem::kernels::cpu {
 // Whether the low-precision linear / conv2d of input x runs natively: lowp_gemm_path(x.dtype()) is
 // not fallback, and for conv2d the input has more than one channel (one channel: the f32

@@ -40,7 +40,7 @@ Tensor bias_grad(const Tensor& gy) {
                              for (int64_t o = o0; o < o1; ++o) s[o] += bf16_to_f32(row[o]);
                            }
                          });
-  return cast(sums, gy.dtype());
+  return cpu::cast(sums, gy.dtype());
 }
 
 }  // namespace
@@ -118,23 +118,28 @@ bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   if (!lowp_conv2d_native(x_in)) return false;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   Conv2dGrads g;
-  bool ok = true;
+  bool input_ok = true, weight_ok = true;
   if (need_input) {
     g.input = Tensor::empty(x.shape(), d);
-    ok = detail::onednn_conv_backward_data(gy, w, args, kBFloat16, g.input);
+    input_ok = detail::onednn_conv_backward_data(gy, w, args, kBFloat16, g.input);
   }
-  if (ok && (need_weight || need_bias)) {
+  if (need_weight || need_bias) {
     Tensor gw = Tensor::empty(w.shape(), d);
     Tensor gb = need_bias ? Tensor::empty({w.size(0)}, d) : Tensor();
-    ok = detail::onednn_conv_backward_weights(gy, x, args, kBFloat16, gw, need_bias ? &gb : nullptr);
+    weight_ok = detail::onednn_conv_backward_weights(gy, x, args, kBFloat16, gw, need_bias ? &gb : nullptr);
     if (need_weight) g.weight = gw;
     if (need_bias) g.bias = gb;
   }
-  if (!ok) {
-    detail::count_gemm_path(GemmKernel::lowp_conv2d, GemmPath::fallback);
-    return false;
+  if (!input_ok || !weight_ok) {
+    // The part oneDNN has no native kernel for: f32 math on the widened operands, rounded once.
+    const Conv2dGrads r =
+        cpu::conv2d_backward(cpu::cast(gy, kFloat32), cpu::cast(x, kFloat32), cpu::cast(w, kFloat32), args,
+                             need_input && !input_ok, need_weight && !weight_ok, need_bias && !weight_ok);
+    if (!input_ok) g.input = cpu::cast(r.input, d);
+    if (!weight_ok && need_weight) g.weight = cpu::cast(r.weight, d);
+    if (!weight_ok && need_bias) g.bias = cpu::cast(r.bias, d);
   }
-  count_native(d, GemmKernel::lowp_conv2d);
+  detail::count_gemm_path(GemmKernel::lowp_conv2d, input_ok && weight_ok ? lowp_gemm_path(d) : GemmPath::fallback);
   grads = g;
   return true;
 }

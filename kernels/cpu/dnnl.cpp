@@ -327,12 +327,18 @@ int64_t slices_for(int64_t n, int64_t work_per_item) {
 }
 
 // Runs fn(slice, begin, end) over [0, n) cut into `slices` equal slices, in parallel on the
-// engine's pool; true when every slice's fn returned true.
+// engine's pool; true when every slice's fn returned true (a oneDNN error counts as false).
 template <typename Fn>
 bool over_slices(int64_t n, int64_t slices, Fn&& fn) {
   std::atomic<bool> ok{true};
   cpu::detail::for_each_chunk(n, slices, [&](int64_t c, int64_t b, int64_t e) {
-    if (!fn(c, b, e)) ok.store(false, std::memory_order_relaxed);
+    bool done = false;
+    try {
+      done = fn(c, b, e);
+    } catch (const dnnl::error&) {  // e.g. a scratchpad it could not allocate: the caller falls back
+      done = false;
+    }
+    if (!done) ok.store(false, std::memory_order_relaxed);
   });
   return ok.load();
 }

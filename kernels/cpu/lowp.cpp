@@ -12,7 +12,6 @@
 namespace tandem::kernels::cpu {
 namespace {
 
-
 // One input channel (MnistNet's first conv): the f32 one-channel kernel (kernels/cpu/conv_c1.h) on
 // widened operands beats oneDNN's bf16 there (1 thread, Zen 4, [64,1,28,28] * [32,1,3,3]: forward
 // ~0.36 ms against ~1.8 ms; backward even), so that case takes the fallback.

@@ -41,10 +41,15 @@ void cpu_fallback(cpu::GemmKernel kernel, DType d) {
   if (d != kBFloat16 || cpu::lowp_gemm_path(d) != cpu::GemmPath::fallback) return;
   static std::once_flag once;
   std::call_once(once, [] {
-    std::fprintf(stderr,
-                 "tandem: this CPU has no bf16 instructions for oneDNN (ISA %s, oneDNN %s): bf16 conv2d/linear "
-                 "run as f32 math on widened operands, slower than float32\n",
-                 cpu::onednn_isa(), cpu::onednn_built() ? "built in" : "not built in");
+    if (!cpu::onednn_built()) {
+      std::fprintf(stderr, "tandem: this build has no oneDNN (TANDEM_ONEDNN=OFF): bf16 conv2d/linear on the CPU run "
+                           "as f32 math on widened operands, slower than float32\n");
+    } else {
+      std::fprintf(stderr,
+                   "tandem: this CPU offers oneDNN no bf16 instructions (ISA %s; AVX512_BF16 or AMX needed): bf16 "
+                   "conv2d/linear run as f32 math on widened operands, slower than float32\n",
+                   cpu::onednn_isa());
+    }
   });
 }
 

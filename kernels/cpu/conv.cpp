@@ -7,7 +7,9 @@
 // the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
 // and add rows with masked loads. bench/PERF_NOTES.md has the numbers. Each
-// call is counted in simd_path_count with the level of the rows it ran.
+// call is counted in simd_path_count with the level of the rows it ran. Float32 convs with >= 16
+// input and output channels run on oneDNN instead where the build has it (kernels/cpu/dnnl.h,
+// f32_conv2d_*; counted in gemm_path_count as onednn_f32, the others as eigen).
 // Assumes: arguments were validated by kernels/conv.cpp (shapes, devices,
 // dtypes); inputs may be non-contiguous (made contiguous here).
 // Guarantees: outputs are fresh contiguous tensors; the batch is cut into at
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/dnnl.h"
 #include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/conv_c1.h"
 #include "kernels/cpu/simd.h"
@@ -380,7 +383,12 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   const Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
   const Geometry g = make_geometry(x, w, args);
+  if constexpr (std::is_same_v<T, float>) {
+    Tensor y;
+    if (f32_conv2d_forward(x, w, b, args, y)) return y;  // oneDNN (kernels/cpu/dnnl.h)
+  }
   Tensor y = Tensor::empty({g.N, g.K, g.P, g.Q}, x.dtype());
+  detail::count_gemm_path(GemmKernel::conv2d_forward, GemmPath::eigen);
   detail::count_simd_path(SimdKernel::conv2d_forward, detail::simd_path<T>(kVectorRows && g.vector_rows()));
   if (y.numel() == 0) return y;
 
@@ -439,6 +447,10 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   if (!need_input && !need_weight && !need_bias) return out;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   const Geometry g = make_geometry(x, w, args);
+  if constexpr (std::is_same_v<T, float>) {
+    if (f32_conv2d_backward(gy, x, w, args, need_input, need_weight, need_bias, out)) return out;
+  }
+  detail::count_gemm_path(GemmKernel::conv2d_backward, GemmPath::eigen);
   const int64_t CRS = g.crs(), PQ = g.pq(), CHW = g.C * g.H * g.W;
   const bool direct = g.identity_col();
   // Weight and bias gradients of a one-channel 3x3 conv: direct kernels, no column matrix.

@@ -27,8 +27,10 @@ enum class GemmKernel : int {
   linear_backward,  // linear_backward (f32)
   lowp_linear,      // lowp_linear_forward / lowp_linear_backward (bf16, f16)
   lowp_conv2d,      // lowp_conv2d_forward / lowp_conv2d_backward (bf16, f16)
+  conv2d_forward,   // conv2d_forward (f32): onednn_f32 or eigen (the engine's im2col/direct kernels)
+  conv2d_backward,  // conv2d_backward (f32), likewise
 };
-inline constexpr int kGemmKernels = 4;
+inline constexpr int kGemmKernels = 6;
 
 // The paths: Eigen GEMM, the AVX-512 small GEMM (kernels/cpu/small_gemm.h), oneDNN in f32, oneDNN
 // in bf16 on AVX512_BF16 (vdpbf16ps) or on AMX tiles, and the fallback of the low-precision kernels
@@ -80,6 +82,13 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
                                   Tensor& gw, Tensor* gb);
 
 }  // namespace detail
+
+// Float32 conv2d on oneDNN (kernels/cpu/lowp.cpp) where it beats the engine's own kernels: at
+// least 16 input and 16 output channels (ResNet's stages; bench/PERF_NOTES.md section 14). False
+// (nothing done) elsewhere or when oneDNN cannot run the case.
+bool f32_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, Tensor& y);
+bool f32_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args,
+                         bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads);
 }  // namespace tandem::kernels::cpu
 
 // ---- low-precision (bf16) linear and conv2d on oneDNN (kernels/cpu/lowp.cpp) ----
@@ -103,4 +112,11 @@ bool lowp_linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, bo
 bool lowp_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, Tensor& y);
 bool lowp_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args,
                           bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads);
+
+// Float32 conv2d on oneDNN (kernels/cpu/lowp.cpp) where it beats the engine's own kernels: at
+// least 16 input and 16 output channels (ResNet's stages; bench/PERF_NOTES.md section 14). False
+// (nothing done) elsewhere or when oneDNN cannot run the case.
+bool f32_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, Tensor& y);
+bool f32_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args,
+                         bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads);
 }  // namespace tandem::kernels::cpu

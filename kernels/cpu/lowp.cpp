@@ -143,4 +143,48 @@ bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   return true;
 }
 
+namespace {
+bool f32_conv_pays(const Tensor& x, const Tensor& w) {
+  return onednn_built() && x.dim() == 4 && w.dim() == 4 && x.dtype() == kFloat32 && x.size(1) >= 16 &&
+         w.size(0) >= 16;
+}
+}  // namespace
+
+bool f32_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& args,
+                        Tensor& y) {
+  if (!f32_conv_pays(x_in, w_in)) return false;
+  const Tensor x = x_in.contiguous(), w = w_in.contiguous();
+  const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
+  const int64_t P = (x.size(2) + 2 * args.pad_h - w.size(2)) / args.stride_h + 1;
+  const int64_t Q = (x.size(3) + 2 * args.pad_w - w.size(3)) / args.stride_w + 1;
+  if (P <= 0 || Q <= 0) return false;
+  Tensor out = Tensor::empty({x.size(0), w.size(0), P, Q}, kFloat32);
+  if (!detail::onednn_conv_forward(x, w, b, args, kFloat32, out)) return false;
+  detail::count_gemm_path(GemmKernel::conv2d_forward, GemmPath::onednn_f32);
+  y = out;
+  return true;
+}
+
+bool f32_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor& w_in, const Conv2dArgs& args,
+                         bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads) {
+  if (!f32_conv_pays(x_in, w_in) || (!need_input && !need_weight && !need_bias)) return false;
+  const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
+  if (gy.numel() == 0) return false;
+  Conv2dGrads g;
+  if (need_input) {
+    g.input = Tensor::empty(x.shape(), kFloat32);
+    if (!detail::onednn_conv_backward_data(gy, w, args, kFloat32, g.input)) return false;
+  }
+  if (need_weight || need_bias) {
+    Tensor gw = Tensor::empty(w.shape(), kFloat32);
+    Tensor gb = need_bias ? Tensor::empty({w.size(0)}, kFloat32) : Tensor();
+    if (!detail::onednn_conv_backward_weights(gy, x, args, kFloat32, gw, need_bias ? &gb : nullptr)) return false;
+    if (need_weight) g.weight = gw;
+    if (need_bias) g.bias = gb;
+  }
+  detail::count_gemm_path(GemmKernel::conv2d_backward, GemmPath::onednn_f32);
+  grads = g;
+  return true;
+}
+
 }  // namespace tandem::kernels::cpu

@@ -194,3 +194,33 @@ TEST(GemmPath, Float32LinearCountsSmallGemmOrEigen) {
   kernels::linear_forward(random_tensor({2, 3}, kFloat32, gen), random_tensor({4, 3}, kFloat32, gen), Tensor());
   expect_only(GemmKernel::linear_forward, before, GemmPath::eigen, 1);
 }
+
+TEST(DnnlF32, ConvWithSixteenChannelsTakesOneDnnAndMatchesFloat64) {
+  // >= 16 input and output channels: oneDNN's f32 convolution where the build has it, else the
+  // engine's own kernels; 3x3 stride 1 and 2 with padding, 1x1, over 1 to 3 threads.
+  Generator gen(10);
+  const GemmPath want = kernels::cpu::onednn_built() ? GemmPath::onednn_f32 : GemmPath::eigen;
+  struct Case {
+    Shape x, w;
+    kernels::Conv2dArgs args;
+  };
+  for (int threads : {1, 2, 3}) {
+    ThreadCountGuard guard(threads);
+    for (const Case& c : {Case{{5, 16, 9, 9}, {16, 16, 3, 3}, {1, 1, 1, 1}},
+                          Case{{3, 16, 10, 10}, {32, 16, 3, 3}, {2, 2, 1, 1}}, Case{{4, 32, 6, 6}, {16, 32, 1, 1}, {}}}) {
+      const Tensor x = random_tensor(c.x, kFloat32, gen), w = random_tensor(c.w, kFloat32, gen);
+      const Tensor b = random_tensor({c.w[0]}, kFloat32, gen);
+      Counts fwd = counts(GemmKernel::conv2d_forward), bwd = counts(GemmKernel::conv2d_backward);
+      const Tensor y = kernels::conv2d_forward(x, w, b, c.args);
+      const Tensor gy = random_tensor(y.shape(), kFloat32, gen);
+      const auto g = kernels::conv2d_backward(gy, x, w, c.args, true, true, true);
+      expect_only(GemmKernel::conv2d_forward, fwd, want, 1);
+      expect_only(GemmKernel::conv2d_backward, bwd, want, 1);
+      EXPECT_TRUE(all_close(y, values(kernels::conv2d_forward(f64(x), f64(w), f64(b), c.args)), tol_for(kFloat32)));
+      const auto r = kernels::conv2d_backward(f64(gy), f64(x), f64(w), c.args, true, true, true);
+      EXPECT_TRUE(all_close(g.input, values(r.input), tol_for(kFloat32)));
+      EXPECT_TRUE(all_close(g.weight, values(r.weight), tol_for(kFloat32)));
+      EXPECT_TRUE(all_close(g.bias, values(r.bias), tol_for(kFloat32)));
+    }
+  }
+}

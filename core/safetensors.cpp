@@ -342,10 +342,11 @@ void write_all(int fd, const void* data, size_t n, const std::string& tmp) {
 
 }  // namespace
 
-TensorMap load_safetensors(const std::string& path) {
+SafetensorsFile load_safetensors_file(const std::string& path) {
   File file = open_for_read(path);
-  const Header h = read_header(file.f, path);
-  TensorMap out;
+  Header h = read_header(file.f, path);
+  SafetensorsFile contents;
+  TensorMap& out = contents.tensors;
   for (const Entry& e : h.entries) {
     Tensor t = Tensor::empty(e.shape, e.dtype);
     const uint64_t nbytes = e.end - e.begin;
@@ -358,8 +359,11 @@ TensorMap load_safetensors(const std::string& path) {
     out.emplace(e.name, std::move(t));
   }
   notice_unverified(h, path);
-  return out;
+  contents.metadata = std::move(h.metadata);
+  return contents;
 }
+
+TensorMap load_safetensors(const std::string& path) { return load_safetensors_file(path).tensors; }
 
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path) {
   File file = open_for_read(path);

@@ -22,7 +22,8 @@
 // table, so it covers every dtype, shape, offset, metadata value and the
 // tensors' checksums. Loading verifies the header's CRC before trusting the
 // header, and each tensor's CRC as its bytes are read; the metadata it returns
-// leaves the table out. A file without the table (written by another tool, or
+// leaves the table out (load_safetensors_file: tensors and metadata in one pass, with the same
+// checks). A file without the table (written by another tool, or
 // by Tandem before checksums) loads unverified, with a one-line warning once
 // per path and process; a file whose metadata holds the table under another
 // key (a damaged key) is refused, so that damage cannot pass as "no checksums".
@@ -61,6 +62,12 @@ inline constexpr const char* kChecksumMetadataKey = "tandem.crc32c";
 // Host tensors, contiguous, one storage each.
 TensorMap load_safetensors(const std::string& path);
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);
+// Both in one pass over the file (one open, one header parse, the same checks).
+struct SafetensorsFile {
+  TensorMap tensors;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsFile load_safetensors_file(const std::string& path);
 
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});

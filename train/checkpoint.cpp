@@ -67,14 +67,15 @@ std::string advice(const std::string& checkpoint) {
 Checkpoint read_checkpoint(const std::string& path, const std::string& sp) {
   Checkpoint c;
   c.weights = load_safetensors(path);
-  const auto md = load_safetensors_metadata(sp);
+  SafetensorsFile state = load_safetensors_file(sp);  // the tensors and the metadata in one read
+  const auto& md = state.metadata;
   auto it = md.find(kMetaKey);
   TANDEM_CHECK(it != md.end(), "checkpoint state '", sp, "' has no \"", kMetaKey, "\" metadata");
   c.meta = Json::parse(it->second, nullptr, /*allow_exceptions=*/false);
   if (!c.meta.is_object() || c.meta.value("format", "") != kFormat)
     throw CheckpointDamaged(path, sp, std::string("its training state (__metadata__ \"") + kMetaKey + "\") is not a " +
                                           kFormat + " JSON object");
-  for (auto& [k, t] : load_safetensors(sp)) {
+  for (auto& [k, t] : state.tensors) {
     if (k.rfind("optimizer.", 0) == 0)
       c.optimizer[k.substr(10)] = t;
     else if (k.rfind("scaler.", 0) == 0)

@@ -13,15 +13,14 @@ namespace {
 
 // topk as MMEngine writes it: an integer, or a list/tuple of them (a tuple arrives as a JSON list).
 std::vector<int64_t> read_topk(const Kwargs& k) {
-  if (!k.has("topk")) return {1};
   const nlohmann::json j = nlohmann::json::parse(k.items().at("topk"));
   std::vector<int64_t> out;
   for (const auto& v : j.is_array() ? j : nlohmann::json::array({j})) {
-    TANDEM_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, k.owner(),
-                 ".topk must be an integer >= 1 or a list of them, got ", j.dump());
+    TANDEM_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, k.label("topk"),
+                 " must be an integer >= 1 or a list of them, got ", j.dump());
     out.push_back(v.get<int64_t>());
   }
-  TANDEM_CHECK(!out.empty(), k.owner(), ".topk must name at least one k, got []");
+  TANDEM_CHECK(!out.empty(), k.label("topk"), " must name at least one k, got []");
   return out;
 }
 
@@ -105,14 +104,15 @@ class LossMetric : public Metric {
 Registry<MetricFactory>& metric_types() {
   static Registry<MetricFactory>* r = [] {
     auto* reg = new Registry<MetricFactory>("metric");
-    reg->register_module("Accuracy", [](const Kwargs& k) -> std::unique_ptr<Metric> {
-      k.check_known({"topk"});
-      return std::make_unique<Accuracy>(read_topk(k));
-    });
-    reg->register_module("Loss", [](const Kwargs& k) -> std::unique_ptr<Metric> {
-      k.check_known({"perplexity"});
-      return std::make_unique<LossMetric>(k.boolean("perplexity", false));
-    });
+    reg->register_module(
+        "Accuracy", [](const Kwargs& k) -> std::unique_ptr<Metric> { return std::make_unique<Accuracy>(read_topk(k)); },
+        Schema{arg_of("topk", ArgKind::Any, "1", "k, or a list of them: accuracy/top<k> for each")});
+    reg->register_module(
+        "Loss",
+        [](const Kwargs& k) -> std::unique_ptr<Metric> {
+          return std::make_unique<LossMetric>(k.boolean("perplexity", false));
+        },
+        Schema{arg_bool("perplexity", false, "also perplexity (exp of the loss)")});
     return reg;
   }();
   return *r;

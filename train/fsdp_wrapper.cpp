@@ -158,11 +158,29 @@ bool fsdp_sharded_state_dict(const Kwargs& k) {
   return type.value_or(cfg.value_or(false));
 }
 
+Schema fsdp_schema() {
+  const dist::FSDPOptions d;
+  ArgSpec prefetch = nullable(arg_of("backward_prefetch", ArgKind::Any, d.backward_prefetch ? "\"BACKWARD_PRE\"" : "null",
+                                     "'BACKWARD_PRE', 'BACKWARD_POST' or None"));
+  prefetch.choices = {"BACKWARD_PRE", "BACKWARD_POST"};
+  Schema s = {arg_string("sharding_strategy", dist::sharding_strategy_name(d.sharding_strategy),
+                         {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"}, "what is sharded"),
+              nullable(arg_of("auto_wrap_policy", ArgKind::Dict, "null", "which submodules become FSDP units")),
+              arg_bool("forward_prefetch", d.forward_prefetch, "gather the next unit during the forward"),
+              prefetch,
+              arg_of("mixed_precision", ArgKind::Any, "null", "dict(param_dtype, reduce_dtype, buffer_dtype)"),
+              arg_of("cpu_offload", ArgKind::Any, "false", "True or dict(offload_params=True)"),
+              (arg_of("state_dict_type", ArgKind::String, "", "'FULL_STATE_DICT' or 'SHARDED_STATE_DICT'")),
+              arg_of("state_dict_cfg", ArgKind::Any, "", "'full' or dict(state_dict_type=...)")};
+  for (ArgSpec a : ddp_schema()) {  // DDP's keys: accepted at their defaults only, not filled in
+    a.default_json.clear();
+    a.doc = "DistributedDataParallel's; accepted at its default only";
+    s.push_back(a);
+  }
+  return s;
+}
+
 std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k) {
-  std::vector<std::string> known = {"sharding_strategy", "auto_wrap_policy", "forward_prefetch", "backward_prefetch",
-                                    "mixed_precision",   "cpu_offload",      "state_dict_type",   "state_dict_cfg"};
-  for (const std::string& name : ddp_kwarg_names()) known.push_back(name);
-  k.check_known(known);
   check_ddp_keys_unused(k);
   if (fsdp_sharded_state_dict(k)) spdlog::info("fsdp checkpoints: SHARDED_STATE_DICT, a shard file per rank");
   dist::FSDPOptions o;
@@ -177,14 +195,13 @@ std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k) {
   if (o.cpu_offload.offload_params && !c.model->parameters().empty() && c.model->parameters().front().device().is_cpu())
     spdlog::info("fsdp cpu_offload: the model is on the CPU, where its shards, gradients and optimizer state already "
                  "live; nothing changes");
-  o.sharding_strategy = dist::parse_sharding_strategy(k.string("sharding_strategy", "FULL_SHARD"));
+  o.sharding_strategy = dist::parse_sharding_strategy(k.string("sharding_strategy", ""));
   o.auto_wrap_policy = wrap_policy(k);
   o.forward_prefetch = k.boolean("forward_prefetch", true);
-  if (k.has("backward_prefetch")) {
+  if (k.has("backward_prefetch")) {  // a choice (checked), None, or true/false
     const json v = json::parse(k.items().at("backward_prefetch"), nullptr, false);
-    TANDEM_CHECK(v.is_null() || v == "BACKWARD_PRE" || v == "BACKWARD_POST" || v.is_boolean(), k.owner(),
-                 ".backward_prefetch must be 'BACKWARD_PRE', 'BACKWARD_POST' or None, got ",
-                 k.items().at("backward_prefetch"));
+    TANDEM_CHECK(v.is_null() || v.is_string() || v.is_boolean(), k.label("backward_prefetch"),
+                 " must be 'BACKWARD_PRE', 'BACKWARD_POST' or None, got ", k.items().at("backward_prefetch"));
     o.backward_prefetch = v.is_boolean() ? v.get<bool>() : !v.is_null();
   }
   std::shared_ptr<dist::ProcessGroup> group = c.group;

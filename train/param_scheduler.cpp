@@ -26,29 +26,38 @@ struct Range {
 
 constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
 
-const std::vector<std::string> kCommon = {"by_epoch", "begin", "end", "convert_to_iter_based"};
+// The common keyword arguments of every type's schema (MMEngine's _ParamScheduler).
+Schema common_schema() {
+  return {arg_bool("by_epoch", true, "step per epoch (false: per iteration)"),
+          at_least(arg_int("begin", 0, "first step the scheduler acts at"), 0),
+          nullable(arg_of("end", ArgKind::Int, "", "step it stops at (absent: the end of the run)")),
+          arg_bool("convert_to_iter_based", false, "epochs converted into iterations (needs by_epoch true)")};
+}
 
-// The common keyword arguments, checked; `own` are the type's other known keys. An absent end is
-// MMEngine's Runner's: the end of the run, in the scheduler's unit, where the type's values depend on
-// it (`values_need_end`); elsewhere it is unbounded, which inside one run is the same, and lets a run
-// resumed with a larger max_epochs step where the uninterrupted run did.
-Range read_range(const ScheduleContext& c, const Kwargs& k, std::vector<std::string> own,
-                 bool values_need_end = false) {
-  own.insert(own.end(), kCommon.begin(), kCommon.end());
-  k.check_known(own);
+Schema with_common(Schema own) {
+  Schema s = common_schema();
+  s.insert(s.end(), own.begin(), own.end());
+  return s;
+}
+
+// The range of `k` (checked against the type's schema: each key's kind and range; here the checks
+// across keys). An absent end is MMEngine's Runner's: the end of the run, in the scheduler's unit,
+// where the type's values depend on it (`values_need_end`); elsewhere it is unbounded, which inside
+// one run is the same, and lets a run resumed with a larger max_epochs step where the uninterrupted
+// run did.
+Range read_range(const ScheduleContext& c, const Kwargs& k, bool values_need_end = false) {
   Range r;
   const bool by_epoch = k.boolean("by_epoch", true);
   const bool convert = k.boolean("convert_to_iter_based", false);
-  TANDEM_CHECK(!convert || by_epoch, k.owner(),
-               ".convert_to_iter_based needs by_epoch true (it converts epochs into iterations), got by_epoch false");
+  TANDEM_CHECK(!convert || by_epoch, k.label("convert_to_iter_based"),
+               " needs by_epoch true (it converts epochs into iterations), got by_epoch false");
   r.begin = k.integer("begin", 0);
   const int64_t run_end = by_epoch ? c.max_epochs : c.max_epochs * c.iters_per_epoch;
-  r.end = k.has("end") ? k.integer("end", 0) : values_need_end ? run_end : kUnbounded;
-  TANDEM_CHECK(r.begin >= 0, k.owner(), ".begin must be >= 0, got ", r.begin);
-  TANDEM_CHECK(r.end > r.begin, k.owner(), ".end must be > begin (", r.begin, "), got ", r.end);
-  r.end_fixed = k.has("end") || values_need_end;
+  r.end = k.given("end") ? k.integer("end", 0) : values_need_end ? run_end : kUnbounded;
+  TANDEM_CHECK(r.end > r.begin, k.label("end"), " must be > begin (", r.begin, "), got ", r.end);
+  r.end_fixed = k.given("end") || values_need_end;
   if (convert) {
-    TANDEM_CHECK(c.iters_per_epoch >= 1, k.owner(), ".convert_to_iter_based needs the iterations per epoch, got ",
+    TANDEM_CHECK(c.iters_per_epoch >= 1, k.label("convert_to_iter_based"), " needs the iterations per epoch, got ",
                  c.iters_per_epoch);
     r.scale = c.iters_per_epoch;
     r.begin *= r.scale;
@@ -129,23 +138,14 @@ std::unique_ptr<ParamScheduler> started(const ScheduleContext& c, const char* ty
   return s;
 }
 
-double unit_interval(const Kwargs& k, const std::string& key, double fallback, bool zero_ok) {
-  const double v = k.number(key, fallback);
-  TANDEM_CHECK((zero_ok ? v >= 0 : v > 0) && v <= 1, k.owner(), ".", key, " must be in ", zero_ok ? "[0" : "(0",
-               ", 1], got ", v);
-  return v;
-}
-
 std::vector<int64_t> milestones_of(const Kwargs& k) {
-  TANDEM_CHECK(k.has("milestones"), k.owner(), ".milestones is required (a list of steps, e.g. [8, 11])");
   const nlohmann::json v = nlohmann::json::parse(k.items().at("milestones"), nullptr, false);
-  bool ok = v.is_array();
   std::vector<int64_t> out;
-  for (const auto& m : ok ? v : nlohmann::json::array()) {
-    ok = ok && m.is_number_integer() && m.get<int64_t>() >= 0;
-    if (ok) out.push_back(m.get<int64_t>());
+  for (const auto& m : v) {
+    TANDEM_CHECK(m.is_number_integer() && m.get<int64_t>() >= 0, k.label("milestones"),
+                 " must be a list of integers >= 0, got ", k.items().at("milestones"));
+    out.push_back(m.get<int64_t>());
   }
-  TANDEM_CHECK(ok, k.owner(), ".milestones must be a list of integers >= 0, got ", k.items().at("milestones"));
   return out;
 }
 
@@ -187,23 +187,22 @@ void SchedulerList::load_state_dict(const std::map<std::string, double>& state) 
   for (size_t i = 0; i < items_.size(); ++i) items_[i]->load_state_dict(parts[i]);
 }
 
+namespace {
+
+// Each factory is given its keywords checked against its schema (below), defaults filled in.
 std::unique_ptr<ParamScheduler> make_step_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"step_size", "gamma"});
-  const int64_t step_size = k.integer("step_size", 1);
-  const double gamma = k.number("gamma", 0.1);
-  TANDEM_CHECK(step_size >= 1, k.owner(), ".step_size must be >= 1, got ", step_size);
-  TANDEM_CHECK(gamma > 0, k.owner(), ".gamma must be > 0, got ", gamma);
-  const int64_t every = step_size * r.scale;
+  const Range r = read_range(c, k);
+  const double gamma = k.number("gamma", 0);
+  const int64_t every = k.integer("step_size", 0) * r.scale;
   return started(c, "StepLR", r, {{"step_size", static_cast<double>(every)}, {"gamma", gamma}},
                  [=](int64_t last, double, double lr) { return last == 0 || last % every != 0 ? lr : lr * gamma; });
 }
 
 std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"milestones", "gamma"});
+  const Range r = read_range(c, k);
   std::vector<int64_t> milestones = milestones_of(k);
   for (int64_t& m : milestones) m *= r.scale;
-  const double gamma = k.number("gamma", 0.1);
-  TANDEM_CHECK(gamma > 0, k.owner(), ".gamma must be > 0, got ", gamma);
+  const double gamma = k.number("gamma", 0);
   State constants{{"gamma", gamma}, {"milestones", static_cast<double>(milestones.size())}};
   for (size_t i = 0; i < milestones.size(); ++i)
     constants["milestone." + std::to_string(i)] = static_cast<double>(milestones[i]);
@@ -214,9 +213,8 @@ std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, con
 }
 
 std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"start_factor", "end_factor"}, /*values_need_end=*/true);
-  const double start = unit_interval(k, "start_factor", 1.0 / 3, false);
-  const double end = unit_interval(k, "end_factor", 1.0, true);
+  const Range r = read_range(c, k, /*values_need_end=*/true);
+  const double start = k.number("start_factor", 0), end = k.number("end_factor", 0);
   const double total = static_cast<double>(r.end - r.begin - 1);
   return started(c, "LinearLR", r, {{"start_factor", start}, {"end_factor", end}}, [=](int64_t last, double, double lr) {
     if (last == 0) return lr * start;
@@ -225,8 +223,8 @@ std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const K
 }
 
 std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"factor"}, /*values_need_end=*/true);
-  const double factor = unit_interval(k, "factor", 1.0 / 3, false);
+  const Range r = read_range(c, k, /*values_need_end=*/true);
+  const double factor = k.number("factor", 0);
   const int64_t last_held = r.end - r.begin - 1;  // its step that restores the lr
   return started(c, "ConstantLR", r, {{"factor", factor}}, [=](int64_t last, double, double lr) {
     if (last == 0) return lr * factor;
@@ -235,10 +233,8 @@ std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const
 }
 
 std::unique_ptr<ParamScheduler> make_exponential_lr(const ScheduleContext& c, const Kwargs& k) {
-  const Range r = read_range(c, k, {"gamma"});
-  TANDEM_CHECK(k.has("gamma"), k.owner(), ".gamma is required (the lr's factor per step)");
-  const double gamma = k.number("gamma", 1.0);
-  TANDEM_CHECK(gamma > 0, k.owner(), ".gamma must be > 0, got ", gamma);
+  const Range r = read_range(c, k);
+  const double gamma = k.number("gamma", 0);
   // MMEngine's build_iter_from_epoch: the same decay per epoch, spread over its iterations.
   const double per_step = r.scale > 1 ? std::pow(gamma, 1.0 / static_cast<double>(r.scale)) : gamma;
   return started(c, "ExponentialLR", r, {{"gamma", per_step}},
@@ -247,14 +243,12 @@ std::unique_ptr<ParamScheduler> make_exponential_lr(const ScheduleContext& c, co
 
 std::unique_ptr<ParamScheduler> make_cosine_lr(const ScheduleContext& c, const Kwargs& k) {
   // Without T_max the period is the range, so the values depend on its end.
-  const Range r = read_range(c, k, {"T_max", "eta_min", "eta_min_ratio"}, /*values_need_end=*/!k.has("T_max"));
-  TANDEM_CHECK(!(k.has("eta_min") && k.has("eta_min_ratio")), k.owner(),
+  const Range r = read_range(c, k, /*values_need_end=*/!k.given("T_max"));
+  TANDEM_CHECK(!(k.given("eta_min") && k.given("eta_min_ratio")), k.owner(),
                ": give eta_min or eta_min_ratio, not both");
-  const int64_t t_max = k.has("T_max") ? k.integer("T_max", 0) * r.scale : r.end - r.begin;
-  TANDEM_CHECK(t_max >= 1, k.owner(), ".T_max must be >= 1, got ", t_max);
-  const double ratio = k.has("eta_min_ratio") ? k.number("eta_min_ratio", 0.0) : -1.0;
-  TANDEM_CHECK(!k.has("eta_min_ratio") || ratio >= 0, k.owner(), ".eta_min_ratio must be >= 0, got ", ratio);
-  const double eta_min = k.number("eta_min", 0.0), t = static_cast<double>(t_max);
+  const int64_t t_max = k.given("T_max") ? k.integer("T_max", 0) * r.scale : r.end - r.begin;
+  const double ratio = k.given("eta_min_ratio") ? k.number("eta_min_ratio", 0.0) : -1.0;
+  const double eta_min = k.given("eta_min") ? k.number("eta_min", 0.0) : 0.0, t = static_cast<double>(t_max);
   return started(c, "CosineAnnealingLR", r, {{"T_max", t}, {"eta_min", eta_min}, {"eta_min_ratio", ratio}},
                  [=](int64_t last, double base, double lr) {
                    const double floor = ratio < 0 ? eta_min : base * ratio, s = static_cast<double>(last);
@@ -262,6 +256,35 @@ std::unique_ptr<ParamScheduler> make_cosine_lr(const ScheduleContext& c, const K
                    if ((last - 1 - t_max) % (2 * t_max) == 0) return lr + (base - floor) * (1 - std::cos(M_PI / t)) / 2;
                    return (1 + std::cos(M_PI * s / t)) / (1 + std::cos(M_PI * (s - 1) / t)) * (lr - floor) + floor;
                  });
+}
+
+ArgSpec gamma_arg(const std::string& doc) { return above(arg_number("gamma", 0.1, doc), 0); }
+ArgSpec factor_arg(const std::string& key, double def, bool zero_ok, const std::string& doc) {
+  ArgSpec a = between(arg_number(key, def, doc), 0, 1);
+  return zero_ok ? a : above(a, 0);
+}
+
+}  // namespace
+
+void register_lr_schedulers(Registry<SchedulerFactory>& reg) {
+  reg.register_module("StepLR", make_step_lr,
+                      with_common({at_least(arg_int("step_size", 1, "steps between decays"), 1),
+                                   gamma_arg("the lr's factor at each decay")}));
+  reg.register_module("MultiStepLR", make_multi_step_lr,
+                      with_common({required(arg_of("milestones", ArgKind::List, "", "steps to decay at, e.g. [8, 11]")),
+                                   gamma_arg("the lr's factor at each milestone")}));
+  reg.register_module("LinearLR", make_linear_lr,
+                      with_common({factor_arg("start_factor", 1.0 / 3, false, "the lr's factor at begin"),
+                                   factor_arg("end_factor", 1.0, true, "the lr's factor at end")}));
+  reg.register_module("ConstantLR", make_constant_lr,
+                      with_common({factor_arg("factor", 1.0 / 3, false, "the lr's factor until end")}));
+  reg.register_module("ExponentialLR", make_exponential_lr,
+                      with_common({required(gamma_arg("the lr's factor per step"))}));
+  reg.register_module(
+      "CosineAnnealingLR", make_cosine_lr,
+      with_common({nullable(at_least(arg_of("T_max", ArgKind::Int, "", "the period (absent: end - begin)"), 1)),
+                   nullable(arg_of("eta_min", ArgKind::Number, "", "the lowest lr (absent: 0)")),
+                   nullable(at_least(arg_of("eta_min_ratio", ArgKind::Number, "", "the lowest lr as a ratio of the initial lr"), 0))}));
 }
 
 }  // namespace tandem::train

@@ -77,11 +77,7 @@ class SchedulerList {
 //   ExponentialLR      gamma (required): lr *= gamma every step (gamma^(1/iters) per iteration
 //                      when converted)
 //   CosineAnnealingLR  T_max (end - begin), eta_min (0) or eta_min_ratio (of the initial lr)
-std::unique_ptr<ParamScheduler> make_step_lr(const ScheduleContext& c, const Kwargs& k);
-std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, const Kwargs& k);
-std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const Kwargs& k);
-std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const Kwargs& k);
-std::unique_ptr<ParamScheduler> make_exponential_lr(const ScheduleContext& c, const Kwargs& k);
-std::unique_ptr<ParamScheduler> make_cosine_lr(const ScheduleContext& c, const Kwargs& k);
+// registered in `reg` (param_schedulers() calls it when it is first used) with their keyword schemas.
+void register_lr_schedulers(Registry<SchedulerFactory>& reg);
 
 }  // namespace tandem::train

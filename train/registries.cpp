@@ -61,17 +61,6 @@ optim::AdamOptions adam_options(const Kwargs& k, bool decoupled) {
   return a;
 }
 
-// StepLR's keywords (MMEngine's): the common range keys and its own. `end` has no default (absent:
-// unbounded).
-Schema step_lr_schema() {
-  return {arg_bool("by_epoch", true, "step per epoch (false: per iteration)"),
-          at_least(arg_int("begin", 0, "first step the scheduler acts at"), 0),
-          arg_of("end", ArgKind::Int, "", "step it stops at (absent: the end of the run)"),
-          arg_bool("convert_to_iter_based", false, "epochs converted into iterations"),
-          at_least(arg_int("step_size", 1, "steps between decays"), 1),
-          above(arg_number("gamma", 0.1, "the lr's factor at each decay"), 0)};
-}
-
 }  // namespace
 
 Schema ddp_schema() {
@@ -123,20 +112,25 @@ dist::DDPOptions ddp_options_from_kwargs(const Kwargs& given) {
 Registry<ModelFactory>& models() {
   static Registry<ModelFactory>* r = [] {
     auto* reg = new Registry<ModelFactory>("model");
-    reg->register_module("MnistNet", [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
-      k.check_known({});
-      return std::make_shared<nn::models::MnistNet>();
-    });
+    reg->register_module(
+        "MnistNet", [](const Kwargs&) -> std::shared_ptr<nn::Module> { return std::make_shared<nn::models::MnistNet>(); },
+        Schema{});
     register_model_zoo(*reg);  // ResNet, GPT
     return reg;
   }();
   return *r;
 }
 
-std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& k) {
+Schema zero_schema() {
+  return {required(arg_string("optimizer_type", "", {}, "the optimizer it wraps: Adadelta, SGD, Adam, AdamW")),
+          arg_rest("the wrapped optimizer's keywords, checked against its schema")};
+}
+
+std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& given) {
+  const Kwargs k = apply_schema(given, zero_schema());
   const std::string inner = k.string("optimizer_type", "");
-  TANDEM_CHECK(!inner.empty() && inner != "ZeroRedundancyOptimizer", k.owner(),
-               ": ZeroRedundancyOptimizer needs optimizer_type (a registered optimizer: Adadelta, SGD, Adam, AdamW)");
+  TANDEM_CHECK(inner != "ZeroRedundancyOptimizer", k.label("optimizer_type"),
+               " must name the optimizer it wraps (Adadelta, SGD, Adam, AdamW), not ZeroRedundancyOptimizer");
   Kwargs rest(k.owner() + "." + inner);
   for (const auto& [key, value] : k.items())
     if (key != "optimizer_type") rest.set_json(key, value);
@@ -148,8 +142,8 @@ Registry<WrapperFactory>& model_wrappers() {
     auto* reg = new Registry<WrapperFactory>("model wrapper");
     reg->register_module("MMDistributedDataParallel", wrap_ddp, ddp_schema());
     reg->register_module("DistributedDataParallel", wrap_ddp, ddp_schema());
-    reg->register_module("MMFullyShardedDataParallel", wrap_fsdp);
-    reg->register_module("FullyShardedDataParallel", wrap_fsdp);
+    reg->register_module("MMFullyShardedDataParallel", wrap_fsdp, fsdp_schema());
+    reg->register_module("FullyShardedDataParallel", wrap_fsdp, fsdp_schema());
     return reg;
   }();
   return *r;
@@ -160,10 +154,13 @@ Registry<OptimizerFactory>& optimizers() {
     auto* reg = new Registry<OptimizerFactory>("optimizer");
     // MMEngine's ZeroRedundancyOptimizer(optimizer_type=...): over a world of one it is the optimizer it
     // wraps (as PyTorch's is); with ranks the Runner shards that optimizer's state across them.
-    reg->register_module("ZeroRedundancyOptimizer", [](std::vector<Tensor> p, const Kwargs& k) {
-      const auto [inner, rest] = zero_inner_optimizer(k);
-      return optimizers().get(inner)(std::move(p), rest);
-    });
+    reg->register_module(
+        "ZeroRedundancyOptimizer",
+        [](std::vector<Tensor> p, const Kwargs& k) {
+          const auto [inner, rest] = zero_inner_optimizer(k);
+          return optimizers().get(inner)(std::move(p), rest);
+        },
+        zero_schema());
     reg->register_module(
         "Adadelta",
         [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
@@ -200,12 +197,7 @@ Registry<OptimizerFactory>& optimizers() {
 Registry<SchedulerFactory>& param_schedulers() {
   static Registry<SchedulerFactory>* r = [] {
     auto* reg = new Registry<SchedulerFactory>("param scheduler");
-    reg->register_module("StepLR", make_step_lr, step_lr_schema());
-    reg->register_module("CosineAnnealingLR", make_cosine_lr);
-    reg->register_module("MultiStepLR", make_multi_step_lr);
-    reg->register_module("LinearLR", make_linear_lr);
-    reg->register_module("ConstantLR", make_constant_lr);
-    reg->register_module("ExponentialLR", make_exponential_lr);
+    register_lr_schedulers(*reg);
     return reg;
   }();
   return *r;
@@ -214,15 +206,16 @@ Registry<SchedulerFactory>& param_schedulers() {
 Registry<HookFactory>& hooks() {
   static Registry<HookFactory>* r = [] {
     auto* reg = new Registry<HookFactory>("hook");
-    reg->register_module("IterTimerHook", make_iter_timer_hook);
-    reg->register_module("LoggerHook", make_logger_hook);
-    reg->register_module("ParamSchedulerHook", make_param_scheduler_hook);
-    reg->register_module("DistSamplerSeedHook", make_dist_sampler_seed_hook);
-    reg->register_module("StopAgreementHook", make_stop_agreement_hook);
-    reg->register_module("CheckpointHook", make_checkpoint_hook);
-    reg->register_module("CheckInvalidLossHook", make_check_invalid_loss_hook);
-    reg->register_module("EMAHook", make_ema_hook);
-    reg->register_module("EarlyStoppingHook", make_early_stopping_hook);
+    // The hooks without keyword arguments own an empty schema: any key is unknown.
+    reg->register_module("IterTimerHook", make_iter_timer_hook, Schema{});
+    reg->register_module("LoggerHook", make_logger_hook, logger_hook_schema());
+    reg->register_module("ParamSchedulerHook", make_param_scheduler_hook, Schema{});
+    reg->register_module("DistSamplerSeedHook", make_dist_sampler_seed_hook, Schema{});
+    reg->register_module("StopAgreementHook", make_stop_agreement_hook, Schema{});
+    reg->register_module("CheckpointHook", make_checkpoint_hook, checkpoint_hook_schema());
+    reg->register_module("CheckInvalidLossHook", make_check_invalid_loss_hook, Schema{});
+    reg->register_module("EMAHook", make_ema_hook, ema_hook_schema());
+    reg->register_module("EarlyStoppingHook", make_early_stopping_hook, early_stopping_hook_schema());
     return reg;
   }();
   return *r;

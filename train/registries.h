@@ -58,10 +58,13 @@ Registry<WrapperFactory>& model_wrappers();
 // mixed_precision=dict(param_dtype, reduce_dtype, buffer_dtype, _module_classes_to_ignore) as
 // PyTorch's MixedPrecision (not with --amp), cpu_offload=True or dict(offload_params=True) (on a CPU
 // run: accepted, one info line, nothing changes); docs/fsdp.md. The DDP keys are accepted at their
-// defaults only (they do not apply to FSDP).
+// defaults only (they do not apply to FSDP). `k` is checked against fsdp_schema() (the registry does).
 std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k);
+// FSDP's keyword schema (its defaults read from dist::FSDPOptions).
+Schema fsdp_schema();
 // ZeroRedundancyOptimizer's keyword arguments split: the optimizer_type it wraps (checked present) and
-// that optimizer's own arguments (the rest).
+// that optimizer's own arguments (the rest, for its schema); zero_schema() is the split's schema.
+Schema zero_schema();
 std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& k);
 Registry<OptimizerFactory>& optimizers();
 Registry<SchedulerFactory>& param_schedulers();

@@ -56,9 +56,12 @@ bool kind_ok(ArgKind kind, const nlohmann::json& v) {
 // The range of `a` as text: ">= 0", "> 0", "between 1 and 65535"; "" when unbounded.
 std::string range_text(const ArgSpec& a) {
   const bool low = std::isfinite(a.min), high = std::isfinite(a.max);
-  if (low && high) return "between " + number_text(a.min) + " and " + number_text(a.max);
+  if (low && high && !a.min_open && !a.max_open) return "between " + number_text(a.min) + " and " + number_text(a.max);
+  if (low && high)
+    return std::string("in ") + (a.min_open ? "(" : "[") + number_text(a.min) + ", " + number_text(a.max) +
+           (a.max_open ? ")" : "]");
   if (low) return (a.min_open ? "> " : ">= ") + number_text(a.min);
-  if (high) return "<= " + number_text(a.max);
+  if (high) return (a.max_open ? "< " : "<= ") + number_text(a.max);
   return "";
 }
 
@@ -71,8 +74,8 @@ void check_value(const Kwargs& k, const ArgSpec& a, const nlohmann::json& v) {
                a.nullable ? " (or null)" : "", ", got ", shown(v));
   if (v.is_number()) {
     const double x = v.get<double>();
-    TANDEM_CHECK((a.min_open ? x > a.min : x >= a.min) && x <= a.max, who, " must be ", range, ", got ",
-                 number_text(x));
+    TANDEM_CHECK((a.min_open ? x > a.min : x >= a.min) && (a.max_open ? x < a.max : x <= a.max), who, " must be ",
+                 range, ", got ", number_text(x));
   }
   if (v.is_string() && !a.choices.empty()) {
     std::string list;
@@ -132,17 +135,33 @@ ArgSpec between(ArgSpec a, double min, double max) {
   a.max = max;
   return a;
 }
+ArgSpec below(ArgSpec a, double max) {
+  a.max = max;
+  a.max_open = true;
+  return a;
+}
 ArgSpec nullable(ArgSpec a) {
   a.nullable = true;
   return a;
 }
+ArgSpec required(ArgSpec a) {
+  a.required = true;
+  a.default_json.clear();
+  return a;
+}
+ArgSpec arg_rest(const std::string& doc) { return arg_of(kRestKey, ArgKind::Any, "", doc); }
 
 Kwargs apply_schema(const Kwargs& k, const Schema& schema) {
   std::vector<std::string> names;
-  for (const ArgSpec& a : schema) names.push_back(a.key);
-  k.check_known(names);
+  bool rest = false;
+  for (const ArgSpec& a : schema) {
+    rest = rest || a.key == kRestKey;
+    if (a.key != kRestKey) names.push_back(a.key);
+  }
+  if (!rest) k.check_known(names);
   Kwargs out = k;
   for (const ArgSpec& a : schema) {
+    TANDEM_CHECK(!a.required || k.given(a.key), k.label(a.key), " is required (", a.doc, ")");
     if (k.has(a.key)) {
       const nlohmann::json v = parse(k, a.key);
       check_value(k, a, v);
@@ -161,8 +180,8 @@ std::string describe_schema(const Schema& schema) {
     std::string choices;
     for (const std::string& c : a.choices) choices += (choices.empty() ? "" : "|") + c;
     out += a.key + " (" + kind_text(a.kind) + (range.empty() ? "" : " " + range) +
-           (choices.empty() ? "" : ": " + choices) + (a.default_json.empty() ? "" : ", default " + a.default_json) +
-           "): " + a.doc + "\n";
+           (choices.empty() ? "" : ": " + choices) + (a.required ? ", required" : "") +
+           (a.default_json.empty() ? "" : ", default " + a.default_json) + "): " + a.doc + "\n";
   }
   return out;
 }

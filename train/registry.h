@@ -37,6 +37,8 @@ class Kwargs {
   void set(const std::string& key, const std::string& v);
   void set(const std::string& key, const char* v) { set(key, std::string(v)); }
   bool has(const std::string& key) const { return values_.count(key) > 0; }
+  // Set to something other than null (MMEngine's None: as if absent).
+  bool given(const std::string& key) const { return has(key) && values_.at(key) != "null"; }
   double number(const std::string& key, double fallback) const;
   int64_t integer(const std::string& key, int64_t fallback) const;
   bool boolean(const std::string& key, bool fallback) const;
@@ -65,9 +67,11 @@ struct ArgSpec {
   std::string default_json;  // the default as JSON text ("0.9", "null"); "": none (not filled in)
   double min = -std::numeric_limits<double>::infinity(), max = std::numeric_limits<double>::infinity();
   bool min_open = false;              // min is excluded (> min)
+  bool max_open = false;              // max is excluded (< max)
   std::vector<std::string> choices;   // for strings: the accepted values (empty: any)
   std::string doc;
   bool nullable = false;              // null is accepted beside the kind
+  bool required = false;              // must be given (it has no default)
 };
 using Schema = std::vector<ArgSpec>;
 
@@ -82,7 +86,13 @@ ArgSpec arg_of(const std::string& key, ArgKind kind, const std::string& default_
 ArgSpec at_least(ArgSpec a, double min);
 ArgSpec above(ArgSpec a, double min);
 ArgSpec between(ArgSpec a, double min, double max);
+ArgSpec below(ArgSpec a, double max);  // < max
 ArgSpec nullable(ArgSpec a);
+ArgSpec required(ArgSpec a);
+// The schema's catch-all: keys it does not name are accepted as they are, for the factory to hand
+// on to another registered type's schema (ZeroRedundancyOptimizer's wrapped optimizer).
+ArgSpec arg_rest(const std::string& doc);
+inline constexpr const char* kRestKey = "**";
 
 // `k` checked against `schema` (unknown key with the closest known one; kind; range; choices) with
 // every default the schema has filled in for the keys `k` does not set. Throws naming the key as

@@ -246,7 +246,7 @@ Json default_run_config() {
     "model_wrapper_cfg": {"type": "MMDistributedDataParallel"},
     "optim_wrapper": {"type": "OptimWrapper", "optimizer": {"type": "Adadelta", "lr": 1.0}},
     "param_scheduler": {"type": "StepLR", "by_epoch": true, "step_size": 1, "gamma": 0.7},
-    "train_cfg": {"type": "EpochBasedTrainLoop", "max_epochs": 14, "val_interval": 1},
+    "train_cfg": {"type": "EpochBasedTrainLoop"},
     "train_dataloader": {"dataset": {"type": "MNIST", "data_root": "/usr/share/datasets/fashion-mnist"}},
     "val_evaluator": [],
     "test_evaluator": [],

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "train/evaluator.h"
+#include "train/hooks/builtin_hooks.h"
 #include "train/models/zoo.h"
 #include "train/registries.h"
 #include "train/run_config.h"
@@ -21,11 +22,28 @@ ArgSpec with_default(ArgSpec a, const std::string& json_text) {
   return a;
 }
 
+// default_hooks.<name>: the registered hook's own schema with its type fixed and the Runner's
+// defaults (`defaults`: key -> JSON text) in place of the hook's.
+Schema hook_section(const std::string& type, const std::map<std::string, std::string>& defaults = {}) {
+  Schema s = {fixed_type(type)};
+  for (ArgSpec a : *hooks().schema(type)) {
+    if (defaults.count(a.key)) a.default_json = defaults.at(a.key);
+    s.push_back(a);
+  }
+  return s;
+}
+
+std::string text(int64_t v) { return std::to_string(v); }
+
+// The defaults are RunnerOptions' (train/runner.h), the one place they live.
 std::vector<std::pair<std::string, Schema>> make_sections() {
   const char* loops = "EpochBasedTrainLoop or IterBasedTrainLoop";
+  const RunnerOptions d;
+  std::string vis;
+  for (const std::string& b : d.vis_backends) vis += (vis.empty() ? "" : ", ") + Json{{"type", b}}.dump();
   return {
       {"",
-       {arg_string("launcher", "none", {"none", "pytorch", "slurm", "mpi"}, "how the ranks were started"),
+       {arg_string("launcher", d.launcher, {"none", "pytorch", "slurm", "mpi"}, "how the ranks were started"),
         arg_string("work_dir", "", {}, "where logs, config.json and checkpoints go (\"\": work_dirs/<config name>)"),
         nullable(arg_of("load_from", ArgKind::String, "null", "initial weights (safetensors)")),
         arg_bool("resume", false, "resume from the work dir's last checkpoint"),
@@ -37,24 +55,24 @@ std::vector<std::pair<std::string, Schema>> make_sections() {
       {"train_cfg",
        {arg_string("type", "EpochBasedTrainLoop", {"EpochBasedTrainLoop", "IterBasedTrainLoop"}, loops),
         arg_of("by_epoch", ArgKind::Bool, "", "true: EpochBasedTrainLoop; false: IterBasedTrainLoop"),
-        at_least(arg_int("max_epochs", 14, "training epochs (EpochBasedTrainLoop)"), 1),
+        at_least(arg_int("max_epochs", d.max_epochs, "training epochs (EpochBasedTrainLoop)"), 1),
         at_least(arg_of("max_iters", ArgKind::Int, "", "training iterations (IterBasedTrainLoop)"), 1),
-        at_least(arg_int("val_interval", 1, "epochs (iterations) between validations (0: only at the end)"), 0),
+        at_least(arg_int("val_interval", d.val_interval, "epochs (iterations) between validations (0: only at the end)"), 0),
         accepted("val_begin", ArgKind::Int, "accepted, not used")}},
       {"val_cfg", {arg_string("type", "ValLoop", {"ValLoop"}, "the validation loop")}},
       {"test_cfg", {arg_string("type", "TestLoop", {"TestLoop"}, "the test loop")}},
       {"train_dataloader",
-       {at_least(arg_int("batch_size", 64, "training batch size per rank"), 1),
+       {at_least(arg_int("batch_size", d.batch_size, "training batch size per rank"), 1),
         arg_of("dataset", ArgKind::Dict, "", "the dataset: a registered type and its keywords"),
         arg_of("sampler", ArgKind::Dict, "", "DefaultSampler's shuffle and round_up"),
         accepted("num_workers", ArgKind::Int, "accepted: batches are loaded in the training process"),
         accepted("persistent_workers", ArgKind::Bool, "accepted, not used")}},
       {"train_dataloader.sampler",
        {arg_string("type", "DefaultSampler", {"DefaultSampler"}, "the sampler"),
-        arg_bool("shuffle", true, "shuffle the samples each epoch"),
-        arg_bool("round_up", true, "pad every rank's share to one length (false: no repeats, Join)")}},
+        arg_bool("shuffle", d.shuffle, "shuffle the samples each epoch"),
+        arg_bool("round_up", d.pad, "pad every rank's share to one length (false: no repeats, Join)")}},
       {"val_dataloader",
-       {at_least(arg_int("batch_size", 256, "evaluation batch size"), 1),
+       {at_least(arg_int("batch_size", d.val_batch_size, "evaluation batch size"), 1),
         arg_of("dataset", ArgKind::Dict, "", "the train dataset's dict without indices, these keys on top"),
         arg_of("sampler", ArgKind::Dict, "", "DefaultSampler"),
         accepted("num_workers", ArgKind::Int, "accepted: batches are loaded in the training process"),
@@ -65,51 +83,45 @@ std::vector<std::pair<std::string, Schema>> make_sections() {
       {"optim_wrapper",
        {arg_string("type", "OptimWrapper", {"OptimWrapper", "AmpOptimWrapper"}, "AmpOptimWrapper: mixed precision"),
         arg_of("optimizer", ArgKind::Dict, "", "a registered optimizer and its keywords"),
-        at_least(arg_int("accumulative_counts", 1, "backward passes per optimizer step"), 1),
+        at_least(arg_int("accumulative_counts", d.accumulative_counts, "backward passes per optimizer step"), 1),
         nullable(arg_of("clip_grad", ArgKind::Dict, "null", "dict(max_norm, norm_type): clip the gradients' norm")),
         with_default(nullable(arg_string("dtype", "", {"float16", "bfloat16"}, "AmpOptimWrapper's dtype (null: by device)")),
                      "null"),
         arg_string("loss_scale", "dynamic", {"dynamic"}, "AmpOptimWrapper's loss scaler (float16)")}},
       {"optim_wrapper.clip_grad",
        {above(arg_of("max_norm", ArgKind::Number, "", "the largest total norm"), 0),
-        at_least(arg_number("norm_type", 2.0, "the norm's p"), 1)}},
-      {"default_hooks.timer", {fixed_type("IterTimerHook")}},
-      {"default_hooks.logger",
-       {fixed_type("LoggerHook"), at_least(arg_int("interval", 100, "iterations between progress lines"), 1)}},
-      {"default_hooks.param_scheduler", {fixed_type("ParamSchedulerHook")}},
-      {"default_hooks.sampler_seed", {fixed_type("DistSamplerSeedHook")}},
+        at_least(arg_number("norm_type", d.clip_norm_type, "the norm's p"), 1)}},
+      {"default_hooks.timer", hook_section("IterTimerHook")},
+      {"default_hooks.logger", hook_section("LoggerHook", {{"interval", text(d.log_interval)}})},
+      {"default_hooks.param_scheduler", hook_section("ParamSchedulerHook")},
+      {"default_hooks.sampler_seed", hook_section("DistSamplerSeedHook")},
       {"default_hooks.checkpoint",
-       {fixed_type("CheckpointHook"), at_least(arg_int("interval", 1, "epochs (by_epoch false: iterations)"), 0),
-        arg_bool("by_epoch", true, "interval counts epochs"),
-        at_least(arg_int("interval_iters", 0, "also every N iterations (0: off)"), 0),
-        at_least(arg_int("max_keep_ckpts", 3, "checkpoints kept (-1 or 0: all)"), -1),
-        with_default(nullable(arg_string("save_best", "", {}, "also keep the best checkpoint by this metric ('auto')")),
-                     "null"),
-        with_default(nullable(arg_string("rule", "", {"greater", "less"}, "how save_best compares")), ""),
-        accepted("save_last", ArgKind::Bool, "accepted: the last checkpoint is always saved")}},
+       hook_section("CheckpointHook", {{"interval", text(d.checkpoint_interval_epochs)},
+                                       {"interval_iters", text(d.checkpoint_interval_iters)},
+                                       {"max_keep_ckpts", text(d.max_keep_ckpts)}})},
       {"env_cfg",
        {arg_bool("cudnn_benchmark", false, "accepted, not used"),
         accepted("mp_cfg", ArgKind::Dict, "accepted, not used"),
         arg_of("dist_cfg", ArgKind::Dict, "", "backend and timeout of the process group"),
-        arg_string("device", "auto", {}, "auto, cpu, cuda or cuda:N"),
-        at_least(arg_int("threads", 0, "CPU threads (0: OMP_NUM_THREADS or every core)"), 0)}},
+        arg_string("device", d.device, {}, "auto, cpu, cuda or cuda:N"),
+        at_least(arg_int("threads", d.threads, "CPU threads (0: OMP_NUM_THREADS or every core)"), 0)}},
       {"env_cfg.dist_cfg",
-       {arg_string("backend", "auto", {"auto", "gloo", "nccl"}, "collectives (auto: nccl on GPUs, gloo on CPUs)"),
-        above(arg_number("timeout", 300, "seconds any distributed wait may take"), 0)}},
+       {arg_string("backend", d.backend, {"auto", "gloo", "nccl"}, "collectives (auto: nccl on GPUs, gloo on CPUs)"),
+        above(arg_number("timeout", d.dist_timeout_s, "seconds any distributed wait may take"), 0)}},
       {"dist_params",
        {accepted("backend", ArgKind::String, "accepted (env_cfg.dist_cfg.backend decides)"),
-        between(arg_int("port", 0, "rank 0's store port (0: MASTER_PORT)"), 0, 65535)}},
+        between(arg_int("port", d.port, "rank 0's store port (0: MASTER_PORT)"), 0, 65535)}},
       {"auto_scale_lr",
        {arg_bool("enable", false, "lr *= (batch size x world size) / base_batch_size"),
         at_least(arg_int("base_batch_size", 64, "the batch the lr was tuned for"), 1)}},
       {"randomness",
-       {nullable(at_least(arg_int("seed", 1, "seed of weights and shuffling"), 0)),
+       {nullable(at_least(arg_int("seed", static_cast<int64_t>(d.seed), "seed of weights and shuffling"), 0)),
         arg_bool("deterministic", true, "accepted: Tandem's kernels are deterministic"),
         arg_bool("diff_rank_seed", false, "every rank uses one seed here (true is refused)")}},
       {"visualizer",
        {arg_string("type", "Visualizer", {}, "any *Visualizer (Tandem draws no images)"),
         accepted("name", ArgKind::String, "accepted, not used"),
-        arg_of("vis_backends", ArgKind::Any, R"([{"type": "LocalVisBackend"}])",
+        arg_of("vis_backends", ArgKind::Any, "[" + vis + "]",
                "LocalVisBackend, TensorboardVisBackend")}},
   };
 }

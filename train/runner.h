@@ -48,6 +48,10 @@ struct HookSpec {
   Kwargs args;
 };
 
+// Every default here is also the config's: the sections' schemas (train/run_config_schema.cpp) read
+// them from RunnerOptions{}, so a config that leaves a key out and a RunnerOptions that leaves the
+// field alone run alike (tested). The trainer's default config adds its recipe on top (the MNIST
+// example's StepLR gamma 0.7 and Fashion-MNIST; train::default_run_config).
 struct RunnerOptions {
   // What to build, by registry name with keyword arguments (MMEngine's `type` + the rest).
   std::string model = "MnistNet";
@@ -76,7 +80,7 @@ struct RunnerOptions {
   // train_cfg / val_cfg. max_iters > 0: MMEngine's IterBasedTrainLoop (train_cfg by_epoch=False):
   // max_iters iterations over as many epochs of the data as that takes (max_epochs is then derived),
   // validating every val_interval iterations and after the last; else val_interval counts epochs.
-  int64_t max_epochs = 1;
+  int64_t max_epochs = 14;
   int64_t max_iters = 0;
   int64_t val_interval = 1;  // epochs (or iterations) between validations (0: only at the end)
   uint64_t seed = 1;

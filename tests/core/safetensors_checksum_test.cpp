@@ -159,6 +159,8 @@ TEST(SafetensorsChecksum, ADataChangeNamesTheTensorAndBothCrcs) {
   const std::string msg = error_of([&] { load_safetensors(p); });
   EXPECT_HAS(msg, "safetensors file '" + p + "', tensor 'w': its data fails its CRC-32C check (stored ");
   EXPECT_HAS(msg, ", computed ");
+  EXPECT_HAS(error_of([&] { load_safetensors_file(p); }), "tensor 'w': its data fails its CRC-32C check")
+      << "the one-pass loader checks as load_safetensors does";
 }
 
 TEST(SafetensorsChecksum, AFileWithoutChecksumsLoadsWithANoticeOncePerFile) {

@@ -101,6 +101,10 @@ TEST(Safetensors, Metadata) {
   save_safetensors(p, {{"w", Tensor::ones({2})}}, meta);
   EXPECT_EQ(load_safetensors_metadata(p), meta);
   EXPECT_EQ(load_safetensors(p).size(), 1u);  // __metadata__ is not a tensor
+  const SafetensorsFile both = load_safetensors_file(p);  // one pass: the same tensors and metadata
+  EXPECT_EQ(both.metadata, meta);
+  ASSERT_EQ(both.tensors.size(), 1u);
+  EXPECT_EQ(both.tensors.at("w").to_vector<float>(), std::vector<float>({1.f, 1.f}));
 }
 
 TEST(Safetensors, LayoutIsTheReferenceFormat) {

@@ -148,18 +148,18 @@ TEST(ParamScheduler, BadKeywordArgumentsAreOneLineErrorsNamingTheKey) {
   };
   std::string e = err(R"({"type": "MultiStepLR", "milestone": [1]})");
   EXPECT_HAS(e, "param_scheduler.MultiStepLR: unknown argument 'milestone' (did you mean 'milestones'?); "
-                "expected one of: milestones, gamma, "
-                "by_epoch, begin, end, convert_to_iter_based");
+                "expected one of: by_epoch, begin, end, convert_to_iter_based, milestones, gamma");
   EXPECT_EQ(e.find('\n'), std::string::npos) << e;
-  EXPECT_HAS(err(R"({"type": "MultiStepLR"})"), "param_scheduler.MultiStepLR.milestones is required");
-  EXPECT_HAS(err(R"({"type": "MultiStepLR", "milestones": [1, "x"]})"), "milestones must be a list of integers");
-  EXPECT_HAS(err(R"({"type": "LinearLR", "start_factor": 2})"), "param_scheduler.LinearLR.start_factor must be in (0, 1]");
+  EXPECT_HAS(err(R"({"type": "MultiStepLR"})"), "config key 'param_scheduler.MultiStepLR.milestones' is required");
+  EXPECT_HAS(err(R"({"type": "MultiStepLR", "milestones": [1, "x"]})"), "config key 'param_scheduler.MultiStepLR.milestones' must be a list of integers >= 0, got [1,\"x\"]");
+  EXPECT_HAS(err(R"({"type": "LinearLR", "start_factor": 2})"), "config key 'param_scheduler.LinearLR.start_factor' must be in (0, 1], got 2");
   EXPECT_HAS(err(R"({"type": "ConstantLR", "by_epoch": false, "convert_to_iter_based": true})"),
-             "convert_to_iter_based needs by_epoch true");
-  EXPECT_HAS(err(R"({"type": "StepLR", "begin": 3, "end": 3})"), "param_scheduler.StepLR.end must be > begin (3)");
-  EXPECT_HAS(err(R"({"type": "ExponentialLR"})"), "param_scheduler.ExponentialLR.gamma is required");
+             "config key 'param_scheduler.ConstantLR.convert_to_iter_based' needs by_epoch true");
+  EXPECT_HAS(err(R"({"type": "StepLR", "begin": 3, "end": 3})"), "config key 'param_scheduler.StepLR.end' must be > begin (3)");
+  EXPECT_HAS(err(R"({"type": "ExponentialLR"})"), "config key 'param_scheduler.ExponentialLR.gamma' is required");
   EXPECT_HAS(err(R"({"type": "CosineAnnealingLR", "eta_min": 0, "eta_min_ratio": 0.1})"), "not both");
-  EXPECT_HAS(err(R"({"type": "LinearLR", "end": "5"})"), "param_scheduler.LinearLR.end must be an integer");
+  EXPECT_HAS(err(R"({"type": "LinearLR", "end": "5"})"), "config key 'param_scheduler.LinearLR.end' must be an integer (or null), got \"5\"");
+  EXPECT_HAS(err(R"({"type": "StepLR", "gamma": 0})"), "config key 'param_scheduler.StepLR.gamma' must be > 0, got 0");
 }
 
 }  // namespace

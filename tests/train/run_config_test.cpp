@@ -19,12 +19,6 @@ namespace {
 
 using test::error_of;
 
-Kwargs args(const std::string& owner, std::initializer_list<std::pair<const char*, const char*>> kv) {
-  Kwargs k(owner);
-  for (const auto& [key, json] : kv) k.set_json(key, json);
-  return k;
-}
-
 const Schema& adadelta() { return *optimizers().schema("Adadelta"); }
 
 TEST(RegistrySchema, UnknownKeyNamesTheClosestKnownOne) {
@@ -193,6 +187,52 @@ TEST(RunConfig, RunnerFromConfigWritesAConfigJsonThatReproducesItself) {
   EXPECT_EQ(first["optim_wrapper"]["optimizer"]["momentum"], 0.0) << "SGD's schema default";
   const LoadedConfig again = load_run_config((tmp / "a" / "config.json").string(), {}, {});
   EXPECT_EQ(complete_run_config(again.tree, again.origins), first);
+}
+
+
+// RunnerOptions{} and the default config tree agree: the sections' schemas read their defaults from
+// RunnerOptions, so a key left out of a config and a field left alone mean the same.
+TEST(RunConfig, RunnerOptionsDefaultsAreTheDefaultConfigTrees) {
+  register_tiny_set();
+  Json tree = default_run_config();
+  tree["train_dataloader"]["dataset"] = {{"type", "TinySet"}};  // the recipe's data set needs no files here
+  const RunnerOptions c = runner_options_from_config(tree), d;
+  EXPECT_EQ(c.model, d.model);
+  EXPECT_EQ(c.model_wrapper, d.model_wrapper);
+  EXPECT_EQ(c.optimizer, d.optimizer);
+  EXPECT_EQ(c.optimizer_args.number("lr", -1), apply_schema(d.optimizer_args, adadelta()).number("lr", -2));
+  ASSERT_EQ(c.param_schedulers.size(), 1u);
+  EXPECT_EQ(c.param_schedulers[0].type, d.param_scheduler);
+  EXPECT_EQ(c.max_epochs, d.max_epochs);
+  EXPECT_EQ(c.max_iters, d.max_iters);
+  EXPECT_EQ(c.val_interval, d.val_interval);
+  EXPECT_EQ(c.batch_size, d.batch_size);
+  EXPECT_EQ(c.val_batch_size, d.val_batch_size);
+  EXPECT_EQ(c.shuffle, d.shuffle);
+  EXPECT_EQ(c.pad, d.pad);
+  EXPECT_EQ(c.seed, d.seed);
+  EXPECT_EQ(c.amp, d.amp);
+  EXPECT_EQ(c.accumulative_counts, d.accumulative_counts);
+  EXPECT_EQ(c.clip_max_norm, d.clip_max_norm);
+  EXPECT_EQ(c.clip_norm_type, d.clip_norm_type);
+  EXPECT_EQ(c.auto_scale_lr_base_batch, d.auto_scale_lr_base_batch);
+  EXPECT_EQ(c.device, d.device);
+  EXPECT_EQ(c.threads, d.threads);
+  EXPECT_EQ(c.launcher, d.launcher);
+  EXPECT_EQ(c.backend, d.backend);
+  EXPECT_EQ(c.dist_timeout_s, d.dist_timeout_s);
+  EXPECT_EQ(c.port, d.port);
+  EXPECT_EQ(c.sync_bn, d.sync_bn);
+  EXPECT_EQ(c.cuda_graph, d.cuda_graph);
+  EXPECT_EQ(c.log_interval, d.log_interval);
+  EXPECT_EQ(c.checkpoint_interval_epochs, d.checkpoint_interval_epochs);
+  EXPECT_EQ(c.checkpoint_interval_iters, d.checkpoint_interval_iters);
+  EXPECT_EQ(c.max_keep_ckpts, d.max_keep_ckpts);
+  EXPECT_EQ(c.save_best, d.save_best);
+  EXPECT_EQ(c.vis_backends, d.vis_backends);
+  EXPECT_EQ(c.resume, d.resume);
+  EXPECT_EQ(c.load_from, d.load_from);
+  EXPECT_TRUE(c.custom_hooks.empty() && d.custom_hooks.empty());
 }
 
 }  // namespace

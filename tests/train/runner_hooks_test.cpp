@@ -14,6 +14,7 @@
 #include "train/checkpoint.h"
 #include "train/hooks/builtin_hooks.h"
 #include "train/hooks/ema.h"
+#include "train/registries.h"
 #include "train/tiny_runner.h"
 
 namespace tandem::train {
@@ -189,20 +190,21 @@ TEST(Ema, ResumedRunEndsWithTheStraightRunsAverageBitForBit) {
 TEST(Ema, BadArgumentsAreOneLineErrors) {
   Kwargs k("custom_hooks.EMAHook");
   k.set_json("momentun", "0.1");
-  EXPECT_HAS(error_of([&] { make_ema_hook(k); }), "custom_hooks.EMAHook: unknown argument 'momentun'");
+  const HookFactory make = hooks().get("EMAHook");
+  EXPECT_HAS(error_of([&] { make(k); }), "custom_hooks.EMAHook: unknown argument 'momentun' (did you mean 'momentum'?)");
   Kwargs m("custom_hooks.EMAHook");
   m.set_json("momentum", "1.5");
-  EXPECT_HAS(error_of([&] { make_ema_hook(m); }), "custom_hooks.EMAHook.momentum must be in (0, 1), got 1.5");
+  EXPECT_HAS(error_of([&] { make(m); }), "config key 'custom_hooks.EMAHook.momentum' must be in (0, 1), got 1.5");
   Kwargs b("custom_hooks.EMAHook");
   b.set_json("begin_iter", "2");
   b.set_json("begin_epoch", "1");
-  EXPECT_HAS(error_of([&] { make_ema_hook(b); }), "not both");
+  EXPECT_HAS(error_of([&] { make(b); }), "not both");
 }
 
 std::shared_ptr<Hook> early(const std::map<std::string, std::string>& json_args) {
   Kwargs k("custom_hooks.EarlyStoppingHook");
   for (const auto& [key, v] : json_args) k.set_json(key, v);
-  return make_early_stopping_hook(k);
+  return hooks().get("EarlyStoppingHook")(k);
 }
 
 // loss (rule less, inferred), min_delta 0.1, patience 3: 1.0 is the first best; 0.85 improves on it by

@@ -1,6 +1,6 @@
 // A tiny model and data set for Runner tests: TinyNet (one Linear, log-softmax) registered as
 // "TinyNet", TinySet (n deterministic samples of 6 features, 3 classes), tiny_options (SGD lr 0.5,
-// no schedule, batch 8, unshuffled, one epoch on the CPU, no epoch checkpoints).
+// no schedule, batch 8, unshuffled, one epoch on the CPU, no epoch checkpoints), args (Kwargs from JSON texts).
 #pragma once
 
 #include <cmath>
@@ -16,6 +16,13 @@
 namespace tandem::train {
 
 inline constexpr int64_t kIn = 6, kClasses = 3;
+
+// Keyword arguments of the config entry `owner`, each value given as JSON text.
+inline Kwargs args(const std::string& owner, std::initializer_list<std::pair<const char*, const char*>> kv) {
+  Kwargs k(owner);
+  for (const auto& [key, json] : kv) k.set_json(key, json);
+  return k;
+}
 
 class TinyNet : public nn::Module {
  public:

@@ -33,4 +33,11 @@ std::shared_ptr<Hook> make_check_invalid_loss_hook(const Kwargs& k);
 std::shared_ptr<Hook> make_ema_hook(const Kwargs& k);
 std::shared_ptr<Hook> make_early_stopping_hook(const Kwargs& k);
 
+// The keyword schemas of the hooks that take keywords (the others own an empty one); each factory
+// above is given its keywords checked against its schema, defaults filled in.
+Schema logger_hook_schema();
+Schema checkpoint_hook_schema();
+Schema ema_hook_schema();
+Schema early_stopping_hook_schema();
+
 }  // namespace tandem::train

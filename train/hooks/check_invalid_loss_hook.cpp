@@ -24,8 +24,7 @@ class CheckInvalidLossHook : public Hook {
 
 }  // namespace
 
-std::shared_ptr<Hook> make_check_invalid_loss_hook(const Kwargs& k) {
-  k.check_known({});
+std::shared_ptr<Hook> make_check_invalid_loss_hook(const Kwargs&) {
   return std::make_shared<CheckInvalidLossHook>();
 }
 

@@ -77,19 +77,27 @@ class CheckpointHook : public Hook {
 
 }  // namespace
 
+Schema checkpoint_hook_schema() {
+  ArgSpec rule = nullable(arg_of("rule", ArgKind::String, "null", "how save_best compares (null: by the metric's name)"));
+  rule.choices = {"greater", "less"};
+  return {at_least(arg_int("interval", 1, "epochs (by_epoch false: iterations) between checkpoints (0: off)"), 0),
+          arg_bool("by_epoch", true, "interval counts epochs"),
+          at_least(arg_int("interval_iters", 0, "also every N iterations (0: off)"), 0),
+          at_least(arg_int("max_keep_ckpts", -1, "checkpoints kept (-1 or 0: all)"), -1),
+          nullable(arg_of("save_best", ArgKind::String, "null", "also keep the best checkpoint by this metric ('auto')")),
+          rule,
+          arg_bool("save_last", true, "accepted: the last checkpoint is always saved")};
+}
+
 std::shared_ptr<Hook> make_checkpoint_hook(const Kwargs& k) {
-  k.check_known({"interval", "by_epoch", "interval_iters", "max_keep_ckpts", "save_best", "rule", "save_last"});
-  const int64_t interval = k.integer("interval", 1), interval_iters = k.integer("interval_iters", 0);
-  const int64_t max_keep = k.integer("max_keep_ckpts", -1);
-  TANDEM_CHECK(interval >= 0, k.owner(), ".interval must be >= 0 (0: off), got ", interval);
-  TANDEM_CHECK(interval_iters >= 0, k.owner(), ".interval_iters must be >= 0 (0: off), got ", interval_iters);
-  std::string best = k.has("save_best") && k.items().at("save_best") != "null" ? k.string("save_best", "") : "";
+  std::string best = k.given("save_best") ? k.string("save_best", "") : "";
   if (best == "auto") best = "accuracy";
   // Any metric of the evaluator (checked at the first validation); lower is better for losses.
-  std::string rule = k.string("rule", best == "loss" || best == "perplexity" ? "less" : "greater");
-  TANDEM_CHECK(rule == "greater" || rule == "less", k.owner(), ".rule must be \"greater\" or \"less\", got \"", rule, "\"");
-  return std::make_shared<CheckpointHook>(interval, k.boolean("by_epoch", true), interval_iters,
-                                          max_keep < 0 ? 0 : max_keep, best, rule);
+  const std::string by_name = best == "loss" || best == "perplexity" ? "less" : "greater";
+  const std::string rule = k.given("rule") ? k.string("rule", "") : by_name;
+  const int64_t max_keep = k.integer("max_keep_ckpts", 0);
+  return std::make_shared<CheckpointHook>(k.integer("interval", 0), k.boolean("by_epoch", true),
+                                          k.integer("interval_iters", 0), max_keep < 0 ? 0 : max_keep, best, rule);
 }
 
 }  // namespace tandem::train

@@ -101,25 +101,27 @@ class EarlyStoppingHook : public Hook {
 
 }  // namespace
 
+Schema early_stopping_hook_schema() {
+  ArgSpec rule = nullable(arg_of("rule", ArgKind::String, "null", "greater | less (null: inferred from monitor)"));
+  rule.choices = {"greater", "less"};
+  return {required(arg_string("monitor", "", {}, "a validation metric: accuracy or loss")), rule,
+          at_least(arg_number("min_delta", 0.1, "the least change that counts as an improvement"), 0),
+          arg_bool("strict", false, "a monitor the validation lacks is an error (else skipped)"),
+          arg_bool("check_finite", true, "stop when the metric is not finite"),
+          at_least(arg_int("patience", 5, "validations without improvement before stopping"), 1),
+          nullable(arg_of("stopping_threshold", ArgKind::Number, "null", "stop once the metric passes it"))};
+}
+
 std::shared_ptr<Hook> make_early_stopping_hook(const Kwargs& k) {
-  k.check_known({"monitor", "rule", "min_delta", "strict", "check_finite", "patience", "stopping_threshold"});
-  TANDEM_CHECK(k.has("monitor"), k.owner(), ".monitor is required (a validation metric: accuracy or loss)");
   const std::string monitor = k.string("monitor", "");
-  const bool has_rule = k.has("rule") && k.items().at("rule") != "null";
-  const std::string rule = has_rule ? k.string("rule", "") : infer_rule(monitor);
-  TANDEM_CHECK(has_rule || !rule.empty(), k.owner(), ": cannot infer the rule for monitor '", monitor,
+  const std::string rule = k.given("rule") ? k.string("rule", "") : infer_rule(monitor);
+  TANDEM_CHECK(!rule.empty(), k.owner(), ": cannot infer the rule for monitor '", monitor,
                "'; set rule \"greater\" or \"less\"");
-  TANDEM_CHECK(rule == "greater" || rule == "less", k.owner(), ".rule must be \"greater\" or \"less\", got \"", rule,
-               "\"");
-  const int64_t patience = k.integer("patience", 5);
-  TANDEM_CHECK(patience >= 1, k.owner(), ".patience must be >= 1, got ", patience);
-  const double min_delta = k.number("min_delta", 0.1);
-  TANDEM_CHECK(min_delta >= 0, k.owner(), ".min_delta must be >= 0, got ", min_delta);
   std::optional<double> threshold;
-  if (k.has("stopping_threshold") && k.items().at("stopping_threshold") != "null")
-    threshold = k.number("stopping_threshold", 0.0);
-  return std::make_shared<EarlyStoppingHook>(monitor, rule == "greater", min_delta, k.boolean("strict", false),
-                                             k.boolean("check_finite", true), patience, threshold);
+  if (k.given("stopping_threshold")) threshold = k.number("stopping_threshold", 0.0);
+  return std::make_shared<EarlyStoppingHook>(monitor, rule == "greater", k.number("min_delta", 0),
+                                             k.boolean("strict", false), k.boolean("check_finite", true),
+                                             k.integer("patience", 0), threshold);
 }
 
 }  // namespace tandem::train

@@ -149,21 +149,22 @@ class EMAHook : public Hook {
 
 }  // namespace
 
+Schema ema_hook_schema() {
+  return {arg_string("ema_type", "ExponentialMovingAverage", {"ExponentialMovingAverage"},
+                     "the average (the one Tandem has)"),
+          below(above(arg_number("momentum", 0.0002, "the new weights' share at each update"), 0), 1),
+          at_least(arg_int("interval", 1, "iterations between updates"), 1),
+          arg_bool("update_buffers", false, "average the buffers too (else copied)"),
+          at_least(arg_int("begin_iter", 0, "first iteration that updates"), 0),
+          at_least(arg_int("begin_epoch", 0, "first epoch that updates"), 0),
+          arg_bool("strict_load", false, "accepted: loading is always strict here")};
+}
+
 std::shared_ptr<Hook> make_ema_hook(const Kwargs& k) {
-  k.check_known({"ema_type", "momentum", "interval", "update_buffers", "begin_iter", "begin_epoch", "strict_load"});
-  const std::string type = k.string("ema_type", "ExponentialMovingAverage");
-  TANDEM_CHECK(type == "ExponentialMovingAverage", k.owner(),
-               ".ema_type must be \"ExponentialMovingAverage\" (the one average Tandem has), got \"", type, "\"");
-  const double momentum = k.number("momentum", 0.0002);
-  TANDEM_CHECK(momentum > 0 && momentum < 1, k.owner(), ".momentum must be in (0, 1), got ", momentum);
-  const int64_t interval = k.integer("interval", 1);
-  TANDEM_CHECK(interval >= 1, k.owner(), ".interval must be >= 1, got ", interval);
   const int64_t begin_iter = k.integer("begin_iter", 0), begin_epoch = k.integer("begin_epoch", 0);
-  TANDEM_CHECK(begin_iter >= 0, k.owner(), ".begin_iter must be >= 0, got ", begin_iter);
-  TANDEM_CHECK(begin_epoch >= 0, k.owner(), ".begin_epoch must be >= 0, got ", begin_epoch);
   TANDEM_CHECK(begin_iter == 0 || begin_epoch == 0, k.owner(), ": give begin_iter or begin_epoch, not both");
-  k.boolean("strict_load", false);  // type-checked; loading is always strict here
-  return std::make_shared<EMAHook>(momentum, interval, k.boolean("update_buffers", false), begin_iter, begin_epoch);
+  return std::make_shared<EMAHook>(k.number("momentum", 0), k.integer("interval", 0), k.boolean("update_buffers", false),
+                                   begin_iter, begin_epoch);
 }
 
 }  // namespace tandem::train

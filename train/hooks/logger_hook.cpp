@@ -157,11 +157,10 @@ class LoggerHook : public Hook {
 
 }  // namespace
 
-std::shared_ptr<Hook> make_logger_hook(const Kwargs& k) {
-  k.check_known({"interval"});
-  const int64_t interval = k.integer("interval", 10);
-  TANDEM_CHECK(interval >= 1, k.owner(), ".interval must be >= 1, got ", interval);
-  return std::make_shared<LoggerHook>(interval);
+Schema logger_hook_schema() {
+  return {at_least(arg_int("interval", 10, "iterations between progress lines"), 1)};
 }
+
+std::shared_ptr<Hook> make_logger_hook(const Kwargs& k) { return std::make_shared<LoggerHook>(k.integer("interval", 10)); }
 
 }  // namespace tandem::train

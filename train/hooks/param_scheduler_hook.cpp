@@ -16,8 +16,7 @@ class ParamSchedulerHook : public Hook {
 
 }  // namespace
 
-std::shared_ptr<Hook> make_param_scheduler_hook(const Kwargs& k) {
-  k.check_known({});
+std::shared_ptr<Hook> make_param_scheduler_hook(const Kwargs&) {
   return std::make_shared<ParamSchedulerHook>();
 }
 

@@ -25,8 +25,7 @@ class StopAgreementHook : public Hook {
 
 }  // namespace
 
-std::shared_ptr<Hook> make_stop_agreement_hook(const Kwargs& k) {
-  k.check_known({});
+std::shared_ptr<Hook> make_stop_agreement_hook(const Kwargs&) {
   return std::make_shared<StopAgreementHook>();
 }
 

@@ -12,15 +12,19 @@
 namespace tandem::train {
 namespace {
 
-std::shared_ptr<const data::Dataset> idx_dataset(const Kwargs& k, const std::string& split, const std::string& root,
-                                                 double mean, double stddev) {
-  k.check_known({"data_root", "indices", "mean", "std"});
-  auto set = std::make_shared<data::MnistDataset>(k.string("data_root", root),
+// MNIST's and FashionMNIST's keywords, with each data set's own root and normalisation as defaults.
+Schema idx_schema(const std::string& root, double mean, double stddev) {
+  return {arg_string("data_root", root, {}, "the directory of the IDX files"),
+          at_least(arg_int("indices", 0, "keep the first N samples (0: all)"), 0),
+          arg_number("mean", mean, "pixel mean (of pixel / 255) subtracted"),
+          above(arg_number("std", stddev, "pixel standard deviation divided by"), 0)};
+}
+
+std::shared_ptr<const data::Dataset> idx_dataset(const Kwargs& k, const std::string& split) {
+  auto set = std::make_shared<data::MnistDataset>(k.string("data_root", ""),
                                                   split == "train" ? data::Split::Train : data::Split::Test,
-                                                  k.number("mean", mean), k.number("std", stddev));
-  const int64_t keep = k.integer("indices", 0);
-  TANDEM_CHECK(keep >= 0, k.owner(), ".indices must be >= 0 (0: all), got ", keep);
-  if (keep > 0) set->limit(keep);
+                                                  k.number("mean", 0), k.number("std", 1));
+  if (const int64_t keep = k.integer("indices", 0); keep > 0) set->limit(keep);
   return set;
 }
 
@@ -38,48 +42,58 @@ std::shared_ptr<const gpt::CharCorpus> corpus(const std::string& path, double va
 
 void register_model_zoo(Registry<ModelFactory>& reg) {
   // [resnet-register]
-  reg.register_module("ResNet", [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
-    k.check_known({"width", "blocks_per_stage", "num_classes"});
-    return std::make_shared<resnet::ResNet>(k.integer("width", 16), k.integer("blocks_per_stage", 3),
-                                            k.integer("num_classes", 10));
-  });
+  reg.register_module(
+      "ResNet",
+      [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
+        return std::make_shared<resnet::ResNet>(k.integer("width", 16), k.integer("blocks_per_stage", 3),
+                                                k.integer("num_classes", 10));
+      },
+      Schema{at_least(arg_int("width", 16, "channels of the first stage (doubled at each)"), 1),
+             at_least(arg_int("blocks_per_stage", 3, "residual blocks per stage"), 1),
+             at_least(arg_int("num_classes", 10, "output classes"), 1)});
   // [resnet-register]
-  reg.register_module("GPT", [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
-    k.check_known({"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout"});
-    gpt::Config c;
-    c.vocab_size = k.integer("vocab_size", 128);
-    c.block_size = k.integer("block_size", c.block_size);
-    c.n_layer = k.integer("n_layer", c.n_layer);
-    c.n_head = k.integer("n_head", c.n_head);
-    c.n_embd = k.integer("n_embd", c.n_embd);
-    c.dropout = k.number("dropout", c.dropout);
-    TANDEM_CHECK(c.vocab_size >= 1 && c.block_size >= 1 && c.n_layer >= 1 && c.n_head >= 1 && c.n_embd >= 1,
-                 k.owner(), ": vocab_size, block_size, n_layer, n_head and n_embd must be >= 1");
-    TANDEM_CHECK(c.n_embd % c.n_head == 0, k.owner(), ".n_embd (", c.n_embd, ") must be a multiple of n_head (",
-                 c.n_head, ")");
-    return std::make_shared<gpt::GPTModel>(c);
-  });
+  const gpt::Config d;
+  reg.register_module(
+      "GPT",
+      [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
+        gpt::Config c;
+        c.vocab_size = k.integer("vocab_size", 0);
+        c.block_size = k.integer("block_size", 0);
+        c.n_layer = k.integer("n_layer", 0);
+        c.n_head = k.integer("n_head", 0);
+        c.n_embd = k.integer("n_embd", 0);
+        c.dropout = k.number("dropout", 0);
+        TANDEM_CHECK(c.n_embd % c.n_head == 0, k.label("n_embd"), " (", c.n_embd, ") must be a multiple of n_head (",
+                     c.n_head, ")");
+        return std::make_shared<gpt::GPTModel>(c);
+      },
+      Schema{at_least(arg_int("vocab_size", 128, "tokens (128: every ASCII byte)"), 1),
+             at_least(arg_int("block_size", d.block_size, "the longest context"), 1),
+             at_least(arg_int("n_layer", d.n_layer, "transformer blocks"), 1),
+             at_least(arg_int("n_head", d.n_head, "attention heads"), 1),
+             at_least(arg_int("n_embd", d.n_embd, "embedding width (a multiple of n_head)"), 1),
+             below(at_least(arg_number("dropout", d.dropout, "dropout probability"), 0), 1)});
 }
 
 Registry<DatasetFactory>& datasets() {
   static Registry<DatasetFactory>* r = [] {
     auto* reg = new Registry<DatasetFactory>("dataset");
-    reg->register_module("MNIST", [](const Kwargs& k, const std::string& split) {
-      return idx_dataset(k, split, "/usr/share/datasets/mnist", data::MnistDataset::kDefaultMean,
-                         data::MnistDataset::kDefaultStd);
-    });
-    reg->register_module("FashionMNIST", [](const Kwargs& k, const std::string& split) {
-      return idx_dataset(k, split, "/usr/share/datasets/fashion-mnist", kFashionMean, kFashionStd);
-    });
-    reg->register_module("CharCorpus", [](const Kwargs& k, const std::string& split) -> std::shared_ptr<const data::Dataset> {
-      k.check_known({"data_root", "block_size", "val_fraction", "max_val_windows"});
-      const double val_fraction = k.number("val_fraction", 0.05);
-      TANDEM_CHECK(val_fraction > 0 && val_fraction < 1, k.owner(), ".val_fraction must be in (0, 1), got ",
-                   val_fraction);
-      return std::make_shared<gpt::CharWindows>(corpus(k.string("data_root", "/usr/share/games/fortunes"), val_fraction),
-                                                k.integer("block_size", 64), split == "train",
-                                                k.integer("max_val_windows", 256));
-    });
+    reg->register_module("MNIST", idx_dataset,
+                         idx_schema("/usr/share/datasets/mnist", data::MnistDataset::kDefaultMean,
+                                    data::MnistDataset::kDefaultStd));
+    reg->register_module("FashionMNIST", idx_dataset,
+                         idx_schema("/usr/share/datasets/fashion-mnist", kFashionMean, kFashionStd));
+    reg->register_module(
+        "CharCorpus",
+        [](const Kwargs& k, const std::string& split) -> std::shared_ptr<const data::Dataset> {
+          return std::make_shared<gpt::CharWindows>(corpus(k.string("data_root", ""), k.number("val_fraction", 0)),
+                                                    k.integer("block_size", 0), split == "train",
+                                                    k.integer("max_val_windows", 0));
+        },
+        Schema{arg_string("data_root", "/usr/share/games/fortunes", {}, "a text file or a directory of fortune files"),
+               at_least(arg_int("block_size", 64, "characters per window"), 1),
+               below(above(arg_number("val_fraction", 0.05, "the corpus's held-out share"), 0), 1),
+               at_least(arg_int("max_val_windows", 256, "validation windows at most"), 1)});
     return reg;
   }();
   return *r;

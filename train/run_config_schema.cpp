@@ -8,6 +8,7 @@
 #include "train/evaluator.h"
 #include "train/hooks/builtin_hooks.h"
 #include "train/models/zoo.h"
+#include "train/optim_wrapper.h"
 #include "train/registries.h"
 #include "train/run_config.h"
 #include "train/runner.h"
@@ -17,10 +18,6 @@ namespace {
 
 ArgSpec fixed_type(const std::string& type) { return arg_string("type", type, {type}, "the hook's type"); }
 ArgSpec accepted(const std::string& key, ArgKind kind, const std::string& doc) { return arg_of(key, kind, "", doc); }
-ArgSpec with_default(ArgSpec a, const std::string& json_text) {
-  a.default_json = json_text;
-  return a;
-}
 
 // default_hooks.<name>: the registered hook's own schema with its type fixed and the Runner's
 // defaults (`defaults`: key -> JSON text) in place of the hook's.
@@ -34,6 +31,14 @@ Schema hook_section(const std::string& type, const std::map<std::string, std::st
 }
 
 std::string text(int64_t v) { return std::to_string(v); }
+
+// optim_wrapper: its type, then AmpOptimWrapper's schema (OptimWrapper's keys and dtype, loss_scale;
+// dtype is checked against the type below).
+Schema optim_wrapper_section() {
+  Schema s = {arg_string("type", "OptimWrapper", optim_wrappers().names(), "AmpOptimWrapper: mixed precision")};
+  for (const ArgSpec& a : *optim_wrappers().schema("AmpOptimWrapper")) s.push_back(a);
+  return s;
+}
 
 // The defaults are RunnerOptions' (train/runner.h), the one place they live.
 std::vector<std::pair<std::string, Schema>> make_sections() {
@@ -80,17 +85,8 @@ std::vector<std::pair<std::string, Schema>> make_sections() {
       {"val_dataloader.sampler",
        {arg_string("type", "DefaultSampler", {"DefaultSampler"}, "the sampler"),
         arg_bool("shuffle", false, "validation visits the samples in order")}},
-      {"optim_wrapper",
-       {arg_string("type", "OptimWrapper", {"OptimWrapper", "AmpOptimWrapper"}, "AmpOptimWrapper: mixed precision"),
-        arg_of("optimizer", ArgKind::Dict, "", "a registered optimizer and its keywords"),
-        at_least(arg_int("accumulative_counts", d.accumulative_counts, "backward passes per optimizer step"), 1),
-        nullable(arg_of("clip_grad", ArgKind::Dict, "null", "dict(max_norm, norm_type): clip the gradients' norm")),
-        with_default(nullable(arg_string("dtype", "", {"float16", "bfloat16"}, "AmpOptimWrapper's dtype (null: by device)")),
-                     "null"),
-        arg_string("loss_scale", "dynamic", {"dynamic"}, "AmpOptimWrapper's loss scaler (float16)")}},
-      {"optim_wrapper.clip_grad",
-       {above(arg_of("max_norm", ArgKind::Number, "", "the largest total norm"), 0),
-        at_least(arg_number("norm_type", d.clip_norm_type, "the norm's p"), 1)}},
+      {"optim_wrapper", optim_wrapper_section()},
+      {"optim_wrapper.clip_grad", clip_grad_schema()},
       {"default_hooks.timer", hook_section("IterTimerHook")},
       {"default_hooks.logger", hook_section("LoggerHook", {{"interval", text(d.log_interval)}})},
       {"default_hooks.param_scheduler", hook_section("ParamSchedulerHook")},
@@ -300,8 +296,6 @@ void complete_cross_checks(Json& tree, const Origins& o) {
   TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["dtype"].is_null(), key_label("optim_wrapper.dtype", o),
                " needs type AmpOptimWrapper");
   if (!w["clip_grad"].is_null()) complete_section(tree, "optim_wrapper.clip_grad", section_schema("optim_wrapper.clip_grad"), o);
-  TANDEM_CHECK(w["clip_grad"].is_null() || w["clip_grad"].contains("max_norm"),
-               key_label("optim_wrapper.clip_grad", o), " needs max_norm");
   TANDEM_CHECK(!tree["randomness"]["diff_rank_seed"].get<bool>(), key_label("randomness.diff_rank_seed", o),
                ": every rank uses one seed here");
   if (tree["load_from"] == "") tree["load_from"] = nullptr;  // no weights, as null

@@ -25,6 +25,7 @@
 #include "dist/store/tcp_store.h"
 #include "nn/amp.h"
 #include "nn/functional.h"
+#include "optim/clip_grad.h"
 #include "train/checkpoint.h"
 #include "train/sharded_checkpoint.h"
 #include "train/cuda_graph_step.h"
@@ -252,6 +253,27 @@ std::unique_ptr<optim::Optimizer> Runner::make_optimizer(const Kwargs& args) {
   return zero;
 }
 
+// optim_wrapper: OptimWrapper, or AmpOptimWrapper with the precision decided for the device, built
+// through optim_wrappers() from the options' accumulation, clipping and amp.
+std::unique_ptr<OptimWrapper> Runner::make_optim_wrapper(std::unique_ptr<optim::Optimizer> optimizer) {
+  const amp::Precision precision = amp::parse_precision(o_.amp);
+  Kwargs k("optim_wrapper");
+  k.set_json("accumulative_counts", std::to_string(o_.accumulative_counts));
+  if (o_.clip_max_norm > 0)
+    k.set_json("clip_grad", Json{{"max_norm", o_.clip_max_norm}, {"norm_type", o_.clip_norm_type}}.dump());
+  if (precision != amp::Precision::kOff) k.set("dtype", precision == amp::Precision::kFloat16 ? "float16" : "bfloat16");
+  auto w = optim_wrappers().get(precision == amp::Precision::kOff ? "OptimWrapper" : "AmpOptimWrapper")(
+      std::move(optimizer), k);
+  TANDEM_CHECK(w != nullptr, "optim_wrapper: the factory returned no wrapper");
+  if (fsdp_)  // the norm needs every rank's shards
+    w->set_clip([this](double max_norm, double) { return fsdp_->clip_grad_norm_(max_norm); });
+  else
+    w->set_clip([this](double max_norm, double norm_type) {
+      return optim::clip_grad_norm_(wrapped_->parameters(), max_norm, norm_type).item<double>();
+    });
+  return w;
+}
+
 void Runner::setup_optimizer() {
   Kwargs args = o_.optimizer_args;
   const double lr = args.number("lr", 1.0);
@@ -262,21 +284,18 @@ void Runner::setup_optimizer() {
                  o_.auto_scale_lr_base_batch, scaled);
     args.set("lr", scaled);
   }
-  optimizer_ = make_optimizer(args);
-  base_lr_ = optimizer_->lr();
-  ScheduleContext sc{optimizer_.get(), iters_, o_.max_epochs, {}};
-  for (const auto& g : optimizer_->param_groups()) sc.initial_lrs.push_back(g.lr);
+  optim_wrapper_ = make_optim_wrapper(make_optimizer(args));
+  base_lr_ = optimizer().lr();
+  ScheduleContext sc{&optimizer(), iters_, o_.max_epochs, {}};
+  for (const auto& g : optimizer().param_groups()) sc.initial_lrs.push_back(g.lr);
   for (const SchedulerSpec& s : scheduler_specs(o_)) {  // built in order: each applies its first value
     std::unique_ptr<ParamScheduler> built = param_schedulers().get(s.type)(sc, s.args);
     TANDEM_CHECK(built != nullptr, "param_scheduler type '", s.type, "': the factory returned no scheduler");
     schedulers_.add(std::move(built));
   }
   const amp::Precision precision = amp::parse_precision(o_.amp);
-  // fp16 needs loss scaling (gradients underflow); bf16 has f32's range and does not.
-  scaler_ = std::make_unique<optim::GradScaler>(
-      optim::GradScalerOptions{.enabled = precision == amp::Precision::kFloat16});
   if (precision != amp::Precision::kOff)
-    spdlog::info("amp: {} autocast{}", amp::precision_name(precision), scaler_->enabled() ? " with loss scaling" : "");
+    spdlog::info("amp: {} autocast{}", amp::precision_name(precision), scaler().enabled() ? " with loss scaling" : "");
   if (o_.accumulative_counts > 1 || o_.clip_max_norm > 0)
     spdlog::info("optim_wrapper: accumulative_counts {}, clip_grad {}", o_.accumulative_counts,
                  o_.clip_max_norm > 0 ? "max_norm " + std::to_string(o_.clip_max_norm) + ", norm_type " +
@@ -303,12 +322,12 @@ int Runner::train() {
                  by_epoch() ? "train_cfg.max_epochs (--epochs)" : "train_cfg.max_iters");
   else if (by_epoch())
     spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o_.max_epochs, iters_, batch,
-                 o_.optimizer, optimizer_->lr());
+                 o_.optimizer, optimizer().lr());
   else
     spdlog::info("training: {} iterations ({} per epoch), batch {}, {} lr {}", o_.max_iters, iters_, batch,
-                 o_.optimizer, optimizer_->lr());
+                 o_.optimizer, optimizer().lr());
   call_hooks([&](Hook& h) { h.before_run(*this); });
-  inner_count_ = global_iter_;
+  optim_wrapper_->initialize_count_status(global_iter_, max_iters());
   for (epoch_ = start_epoch_; epoch_ <= o_.max_epochs && stop_ == 0 && global_iter_ < max_iters(); ++epoch_) {
     run_epoch();
     if (stop_ != 0 || stop_training_) break;  // a signal, or EarlyStoppingHook after a validation
@@ -353,7 +372,7 @@ void Runner::train_batches(int64_t first) {
   if (!join) return;
   --iter_;  // the last batch run (shadow_iter counts on from it)
   // A joined rank takes part with zeros; its own gradients from before must not add to its steps.
-  optimizer_->zero_grad(!o_.model_wrapper_args.boolean("gradient_as_bucket_view", false));
+  optimizer().zero_grad(!o_.model_wrapper_args.boolean("gradient_as_bucket_view", false));
   const int64_t shadowed = join->join([this](bool synced) {
     if (stop_ == 0) shadow_iter(synced);
   });

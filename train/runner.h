@@ -38,6 +38,7 @@
 #include "train/evaluator.h"
 #include "train/hook.h"
 #include "train/model.h"
+#include "train/optim_wrapper.h"
 #include "train/param_scheduler.h"
 #include "train/registry.h"
 
@@ -183,8 +184,10 @@ class Runner {
   ModelTask& task() { return *task_; }
   dist::DistributedDataParallel* ddp() { return ddp_; }  // null without DDP or for another wrapper
   dist::FullyShardedDataParallel* fsdp() { return fsdp_; }  // null unless the wrapper is FSDP
-  optim::Optimizer& optimizer() { return *optimizer_; }
-  optim::GradScaler& scaler() { return *scaler_; }
+  // The optimizer wrapper built through optim_wrappers() (AMP, accumulation, clipping) and its parts.
+  OptimWrapper& optim_wrapper() { return *optim_wrapper_; }
+  optim::Optimizer& optimizer() { return optim_wrapper_->optimizer(); }
+  optim::GradScaler& scaler() { return optim_wrapper_->scaler(); }
   SchedulerList& schedulers() { return schedulers_; }  // empty without param_scheduler
   data::DataLoader& train_loader() { return *train_loader_; }
   MetricsWriter* metrics() { return metrics_.get(); }
@@ -216,6 +219,7 @@ class Runner {
   void setup_model();
   void setup_optimizer();
   std::unique_ptr<optim::Optimizer> make_optimizer(const Kwargs& args);
+  std::unique_ptr<OptimWrapper> make_optim_wrapper(std::unique_ptr<optim::Optimizer> optimizer);
   void setup_hooks();
   void load_resume_checkpoint();
   void resume_or_load();
@@ -250,8 +254,7 @@ class Runner {
   std::unique_ptr<Evaluator> val_evaluator_;
   dist::DistributedDataParallel* ddp_ = nullptr;
   dist::FullyShardedDataParallel* fsdp_ = nullptr;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  std::unique_ptr<optim::GradScaler> scaler_;
+  std::unique_ptr<OptimWrapper> optim_wrapper_;
   SchedulerList schedulers_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<CudaGraphStep> graph_step_;
@@ -263,7 +266,6 @@ class Runner {
   // Positions of the current epoch's common order consumed before this run's sharding of it (a
   // re-sharded resume; 0 otherwise). Saved with a mid-epoch checkpoint.
   int64_t epoch_offset_ = 0;
-  int64_t inner_count_ = 0;  // OptimWrapper's: backward passes in the whole run
   double data_time_ = 0, iter_time_ = 0;
   int stop_ = 0;
   bool stop_training_ = false;

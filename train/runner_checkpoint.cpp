@@ -79,16 +79,16 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
     sharded = sharded_checkpoint_name(
         path.empty() ? o_.work_dir + "/iter_" + std::to_string(global_iter_) + ".safetensors" : path);
     tmp = begin_sharded_save(sharded, *dist_->group, c);
-    fsdp_->save_sharded(tmp, optimizer_.get());
+    fsdp_->save_sharded(tmp, &optimizer());
     call_hooks([&](Hook& h) { h.gather_for_checkpoint(*this, c); });
   } else if (fsdp_) {
     // Collective: the module's own weights gathered and the optimizer state unsharded, so that the
     // checkpoint is an ordinary one (tandem-test, load_from) and resumes on any world size.
     for (auto& [name, t] : fsdp_->full_state_dict()) c.weights[name] = t;
-    c.optimizer = fsdp_->full_optimizer_state(*optimizer_);
+    c.optimizer = fsdp_->full_optimizer_state(optimizer());
     call_hooks([&](Hook& h) { h.gather_for_checkpoint(*this, c); });
   }
-  if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(optimizer_.get()))
+  if (auto* zero = dynamic_cast<dist::ZeroRedundancyOptimizer*>(&optimizer()))
     zero->consolidate_state_dict(0);  // collective: every rank's shard of the state on rank 0
   if (env_.rank != 0) {
     if (!sharded.empty()) dist_->group->barrier()->wait(dist_->group->timeout());  // rank 0 renamed it
@@ -96,9 +96,9 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
   }
   if (!fsdp_) {
     for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;
-    c.optimizer = optimizer_->state_dict();
+    c.optimizer = optimizer().state_dict();
   }
-  if (scaler_->enabled()) c.scaler = scaler_->state_dict();
+  if (scaler().enabled()) c.scaler = scaler().state_dict();
   c.meta = {{"epoch", epoch},
             {"iter", done},
             {"global_iter", global_iter_},
@@ -153,11 +153,11 @@ void Runner::resume_or_load() {
       TANDEM_CHECK(fsdp_ != nullptr, "it is a sharded checkpoint (SHARDED_STATE_DICT, one file per rank); resume it "
                    "with model_wrapper_cfg.type=MMFullyShardedDataParallel (on any number of ranks), or start "
                    "from its weights with load_from=", sharded_dir(c));
-      fsdp_->load_sharded(sharded_dir(c), optimizer_.get());
+      fsdp_->load_sharded(sharded_dir(c), &optimizer());
     } else {
-      optimizer_->load_state_dict(fsdp_ ? fsdp_->shard_optimizer_state(c.optimizer) : c.optimizer);
+      optimizer().load_state_dict(fsdp_ ? fsdp_->shard_optimizer_state(c.optimizer) : c.optimizer);
     }
-    if (scaler_->enabled() && !c.scaler.empty()) scaler_->load_state_dict(c.scaler);
+    if (scaler().enabled() && !c.scaler.empty()) scaler().load_state_dict(c.scaler);
     const auto sched = c.meta.at("schedule").at("state").get<std::map<std::string, double>>();
     schedulers_.load_state_dict(sched);
     default_generator().set_state(c.meta.at("rng").get<std::string>());

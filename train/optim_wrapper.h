@@ -1,0 +1,95 @@
+// MMEngine's optimizer wrappers (mmengine/optim/optimizer/optimizer_wrapper.py and
+// amp_optimizer_wrapper.py), registered by name in optim_wrappers() with their keyword schemas:
+//   OptimWrapper     accumulative_counts (1), clip_grad (null or dict(max_norm, norm_type=2))
+//   AmpOptimWrapper  the same, plus dtype ('float16' | 'bfloat16'; null: by device, decided by the
+//                    Runner before it builds the wrapper) and loss_scale ('dynamic': a GradScaler
+//                    for float16; bfloat16 has float32's range and is not scaled)
+// A factory is given the optimizer (built from optim_wrapper.optimizer) and the other keywords.
+//
+// The update, as MMEngine's update_params over a whole run (inner_count = backward passes so far,
+// max_counts = the run's iterations): the loss is divided by accumulative_counts N, or by
+// max_counts % N in the last, short group (scale_loss); gradients are synchronised only by the
+// backward that ends a group or the run (should_sync, for a wrapper's no_sync); after that backward
+// the step is due (should_update): clipping (after AMP unscaling) on the final gradients, then the
+// scaler's or the optimizer's step, then zero_grad when gradients were accumulated.
+//
+// OptimWrapperDict: several named wrappers (MMEngine's optim_wrapper=dict(gen=dict(type=
+// 'OptimWrapper', optimizer=...), disc=dict(...)), the constructor-less form) for a model with
+// several optimizers, whose own training step updates each (docs/embedding.md).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/amp.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+#include "train/registry.h"
+
+namespace tandem::train {
+
+struct OptimWrapperOptions {
+  int64_t accumulative_counts = 1;
+  double clip_max_norm = 0.0;  // 0: no clipping
+  double clip_norm_type = 2.0;
+  amp::Precision precision = amp::Precision::kOff;  // AmpOptimWrapper's dtype (kOff: OptimWrapper)
+};
+
+class OptimWrapper {
+ public:
+  OptimWrapper(std::unique_ptr<optim::Optimizer> optimizer, OptimWrapperOptions options);
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  optim::GradScaler& scaler() { return *scaler_; }
+  const OptimWrapperOptions& options() const { return o_; }
+  // Replaces the clipping over the optimizer's parameters (e.g. FSDP's, whose norm needs every
+  // rank's shards): f(max_norm, norm_type) clips and returns the total norm before clipping.
+  void set_clip(std::function<double(double, double)> f) { clip_ = std::move(f); }
+
+  // MMEngine's initialize_count_status: `done` backward passes so far of a run of `max_counts`.
+  void initialize_count_status(int64_t done, int64_t max_counts);
+  int64_t inner_count() const { return inner_count_; }
+  bool should_sync() const;    // the next backward all-reduces (it ends a group or the run)
+  bool should_update() const;  // after a backward: the step is due
+  Tensor scale_loss(const Tensor& loss) const;  // / N, or / (max_counts % N) in the last group
+  void backward(const Tensor& loss);            // through the loss scaler; counts one pass
+  void count_pass() { ++inner_count_; }         // a pass without a backward of its own (Join)
+  // Clipping (when on) and the step; returns the norm before clipping, or -1 when not clipped.
+  double step();
+  void zero_grad(bool set_to_none) { optimizer_->zero_grad(set_to_none); }
+
+ private:
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  OptimWrapperOptions o_;
+  std::unique_ptr<optim::GradScaler> scaler_;
+  std::function<double(double, double)> clip_;
+  int64_t inner_count_ = 0, max_counts_ = 0;
+};
+
+using OptimWrapperFactory =
+    std::function<std::unique_ptr<OptimWrapper>(std::unique_ptr<optim::Optimizer>, const Kwargs&)>;
+// OptimWrapper and AmpOptimWrapper (see above); an embedding program may add its own.
+Registry<OptimWrapperFactory>& optim_wrappers();
+// clip_grad's keys: max_norm (required, > 0), norm_type (2).
+Schema clip_grad_schema();
+
+class OptimWrapperDict {
+ public:
+  void add(const std::string& name, std::unique_ptr<OptimWrapper> w);
+  OptimWrapper& at(const std::string& name);  // an unknown name throws naming the known ones
+  std::vector<std::string> names() const;
+  size_t size() const { return items_.size(); }
+
+ private:
+  std::map<std::string, std::unique_ptr<OptimWrapper>> items_;
+};
+
+// Each entry of `config` (name -> dict(type=..., optimizer=dict(type=..., ...), ...)) built through
+// optim_wrappers() over `params_of(name)`, its optimizer through optimizers(); errors name
+// "optim_wrapper.<name>".
+OptimWrapperDict build_optim_wrapper_dict(const std::map<std::string, std::string>& config_json,
+                                          const std::function<std::vector<Tensor>(const std::string&)>& params_of);
+
+}  // namespace tandem::train

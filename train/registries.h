@@ -10,6 +10,9 @@
 //   hooks()           IterTimerHook, LoggerHook, ParamSchedulerHook, CheckpointHook,
 //                     DistSamplerSeedHook, StopAgreementHook, CheckInvalidLossHook, EMAHook,
 //                     EarlyStoppingHook
+// and, beside them, optim_wrappers() (OptimWrapper, AmpOptimWrapper; train/optim_wrapper.h),
+// metric_types() (train/evaluator.h) and datasets() (train/models/zoo.h). Every built-in entry owns
+// its keyword schema.
 // An embedding program adds its own with register_module before it builds a Runner, e.g.
 //   train::model_wrappers().register_module("MyDDP", [](const train::WrapContext& c, const train::Kwargs& k) {...});
 // model_wrapper_cfg's DDP keyword arguments become dist::DDPOptions in ddp_options_from_kwargs, the

@@ -223,14 +223,15 @@ default_hooks = dict(logger=dict(type='LoggerHook', interval=1))
   EXPECT_NE(log.find("Epoch(train) [1][1/4] base_lr: 1.0000e-01 lr: 1.0000e-04"), std::string::npos) << log;
   EXPECT_NE(log.find("Epoch(train) [1][3/4] base_lr: 1.0000e-01 lr: 1.0000e-01"), std::string::npos) << log;
   EXPECT_NE(log.find("Epoch(train) [2][1/4] base_lr: 1.0000e-01 lr: 1.0000e-02"), std::string::npos) << log;
-  // A keyword argument the scheduler does not know stops the run as it builds the schedule.
+  // A keyword argument the scheduler does not know is a config error (exit 2), found by its schema as
+  // the config is completed, before anything is built.
   EXPECT_EQ(run_process({kTrainer, "--cfg-options", "param_scheduler=[{\"type\":\"MultiStepLR\",\"milestone\":[2]}]",
                          "--data-dir", kDigits, "--limit", "64", "--epochs", "1", "--work-dir", tmp.file("bad")},
                         tmp / "bad.log"),
-            1);
+            2);
   EXPECT_NE(read_file(tmp / "bad.log").find("error: param_scheduler[0]: unknown argument 'milestone' "
-                                            "(did you mean 'milestones'?); expected one of: milestones, gamma, by_epoch, "
-                                            "begin, end"),
+                                            "(did you mean 'milestones'?); expected one of: by_epoch, begin, end, "
+                                            "convert_to_iter_based, milestones, gamma"),
             std::string::npos)
       << read_file(tmp / "bad.log");
   std::ofstream(tmp / "warm.json") << R"({"_base_": ")" << kConfigs << R"(/mnist_adadelta.json",

@@ -147,8 +147,12 @@ TEST(RunConfig, CompletedTreeIsAFixedPoint) {
   test::TempDir tmp("run_config");
   std::ofstream(tmp / "c.json") << R"({"optim_wrapper": {"type": "AmpOptimWrapper",
       "optimizer": {"type": "AdamW", "lr": 0.001}, "clip_grad": {"max_norm": 1}},
-      "param_scheduler": [{"type": "LinearLR", "by_epoch": false, "end": 10}, {"type": "StepLR", "gamma": 0.5}],
-      "train_cfg": {"by_epoch": false, "max_iters": 20}, "custom_hooks": [{"type": "EMAHook"}]})";
+      "param_scheduler": [{"type": "LinearLR", "by_epoch": false, "end": 10}, {"type": "StepLR", "gamma": 0.5},
+                          {"type": "CosineAnnealingLR", "eta_min_ratio": 0.1}],
+      "model_wrapper_cfg": {"type": "MMFullyShardedDataParallel", "sharding_strategy": "SHARD_GRAD_OP"},
+      "default_hooks": {"checkpoint": {"save_best": "auto"}},
+      "train_cfg": {"by_epoch": false, "max_iters": 20},
+      "custom_hooks": [{"type": "EMAHook"}, {"type": "EarlyStoppingHook", "monitor": "loss"}]})";
   const LoadedConfig l = load_run_config(tmp.file("c.json"), {}, {});
   const Json once = complete_run_config(l.tree, l.origins);
   std::ofstream(tmp / "config.json") << once.dump(2);
@@ -158,6 +162,18 @@ TEST(RunConfig, CompletedTreeIsAFixedPoint) {
   EXPECT_FALSE(once["train_cfg"].contains("max_epochs"));
   EXPECT_EQ(once["optim_wrapper"]["clip_grad"]["norm_type"], 2.0);
   EXPECT_EQ(once["optim_wrapper"]["optimizer"]["weight_decay"], 0.01) << "AdamW's own default";
+  // Every registered type's schema filled its defaults in, and they read back unchanged.
+  EXPECT_EQ(once["param_scheduler"][2]["by_epoch"], true);
+  EXPECT_FALSE(once["param_scheduler"][2].contains("eta_min")) << "no default: absent means 0 unless a ratio is given";
+  EXPECT_EQ(once["model_wrapper_cfg"]["forward_prefetch"], true);
+  EXPECT_FALSE(once["model_wrapper_cfg"].contains("bucket_cap_mb")) << "DDP's keys are not filled in for FSDP";
+  EXPECT_EQ(once["custom_hooks"][0]["momentum"], 0.0002);
+  EXPECT_EQ(once["custom_hooks"][1]["patience"], 5);
+  EXPECT_TRUE(once["custom_hooks"][1]["rule"].is_null());
+  EXPECT_EQ(once["default_hooks"]["checkpoint"]["max_keep_ckpts"], 3) << "the Runner's default over the hook's";
+  Json no_norm = l.tree;
+  no_norm["optim_wrapper"]["clip_grad"] = {{"norm_type", 2}};
+  EXPECT_HAS(error_of([&] { complete_run_config(no_norm); }), "config key 'optim_wrapper.clip_grad.max_norm' is required");
 }
 
 void register_tiny_set() {

@@ -262,8 +262,11 @@ std::unique_ptr<OptimWrapper> Runner::make_optim_wrapper(std::unique_ptr<optim::
   if (o_.clip_max_norm > 0)
     k.set_json("clip_grad", Json{{"max_norm", o_.clip_max_norm}, {"norm_type", o_.clip_norm_type}}.dump());
   if (precision != amp::Precision::kOff) k.set("dtype", precision == amp::Precision::kFloat16 ? "float16" : "bfloat16");
-  auto w = optim_wrappers().get(precision == amp::Precision::kOff ? "OptimWrapper" : "AmpOptimWrapper")(
-      std::move(optimizer), k);
+  const bool off = precision == amp::Precision::kOff;
+  const std::string type = !o_.optim_wrapper.empty() ? o_.optim_wrapper : off ? "OptimWrapper" : "AmpOptimWrapper";
+  TANDEM_CHECK(type != "OptimWrapper" || off, "optim_wrapper.type 'OptimWrapper' is float32; amp ", o_.amp,
+               " needs 'AmpOptimWrapper'");
+  auto w = optim_wrappers().get(type)(std::move(optimizer), k);
   TANDEM_CHECK(w != nullptr, "optim_wrapper: the factory returned no wrapper");
   if (fsdp_)  // the norm needs every rank's shards
     w->set_clip([this](double max_norm, double) { return fsdp_->clip_grad_norm_(max_norm); });

@@ -88,6 +88,9 @@ struct RunnerOptions {
   // optim_wrapper: amp off | fp16 (loss scaling) | bf16 | auto (MMEngine's --amp: fp16 on a CUDA
   // device, bf16 on the CPU, decided once the device is known); accumulative_counts; clip_grad (0: off).
   std::string amp = "off";
+  // optim_wrapper.type: a registered optimizer wrapper (train/optim_wrapper.h) given amp, the
+  // accumulation and clipping below as keywords; "": OptimWrapper, or AmpOptimWrapper when amp is on.
+  std::string optim_wrapper;
   int64_t accumulative_counts = 1;
   double clip_max_norm = 0.0;
   double clip_norm_type = 2.0;

@@ -137,5 +137,33 @@ TEST(OptimWrapperDict, EachNamedWrapperStepsItsOwnPart) {
              "optim_wrapper.gen.optimizer: unknown argument 'lrr' (did you mean 'lr'?)");
 }
 
+
+// A wrapper an embedding program registers is what the Runner steps through when the options
+// (or the config's optim_wrapper.type) name it.
+TEST(OptimWrapper, TheRunnerBuildsTheNamedRegisteredWrapper) {
+  static int built = 0;
+  if (!optim_wrappers().contains("CountingOptimWrapper"))
+    optim_wrappers().register_module(
+        "CountingOptimWrapper",
+        [](std::unique_ptr<optim::Optimizer> opt, const Kwargs& k) {
+          ++built;
+          OptimWrapperOptions o;
+          o.accumulative_counts = k.integer("accumulative_counts", 1);
+          return std::make_unique<OptimWrapper>(std::move(opt), o);
+        },
+        Schema{at_least(arg_int("accumulative_counts", 1, "backward passes per step"), 1)});
+  test::TempDir tmp("optim_wrapper");
+  RunnerOptions o = tiny_options(tmp.file("w"));
+  o.optim_wrapper = "CountingOptimWrapper";
+  Runner r(o);
+  ASSERT_EQ(r.train(), 0);
+  EXPECT_EQ(built, 1);
+  EXPECT_EQ(r.optim_wrapper().inner_count(), r.max_iters()) << "every iteration went through it";
+  RunnerOptions amp = tiny_options(tmp.file("amp"));
+  amp.optim_wrapper = "OptimWrapper";
+  amp.amp = "bf16";
+  EXPECT_HAS(error_of([&] { Runner(amp).train(); }), "optim_wrapper.type 'OptimWrapper' is float32; amp bf16 needs 'AmpOptimWrapper'");
+}
+
 }  // namespace
 }  // namespace tandem::train

@@ -228,6 +228,7 @@ TEST(RunConfig, RunnerOptionsDefaultsAreTheDefaultConfigTrees) {
   EXPECT_EQ(c.pad, d.pad);
   EXPECT_EQ(c.seed, d.seed);
   EXPECT_EQ(c.amp, d.amp);
+  EXPECT_EQ(c.optim_wrapper, d.optim_wrapper);
   EXPECT_EQ(c.accumulative_counts, d.accumulative_counts);
   EXPECT_EQ(c.clip_max_norm, d.clip_max_norm);
   EXPECT_EQ(c.clip_norm_type, d.clip_norm_type);

@@ -56,7 +56,7 @@ class TinySet : public data::Dataset {
 
 inline void register_tiny() {
   if (!models().contains("TinyNet"))
-    models().register_module("TinyNet", [](const Kwargs&) { return std::make_shared<TinyNet>(); });
+    models().register_module("TinyNet", [](const Kwargs&) { return std::make_shared<TinyNet>(); }, Schema{});
 }
 
 inline RunnerOptions tiny_options(const std::string& work_dir) {

@@ -23,6 +23,7 @@
 #include "dist/parallel/sync_batch_norm.h"
 #include "dist/parallel/zero_redundancy_optimizer.h"
 #include "dist/store/tcp_store.h"
+#include "kernels/amp.h"
 #include "nn/amp.h"
 #include "nn/functional.h"
 #include "optim/clip_grad.h"
@@ -87,7 +88,13 @@ void Runner::setup() {
   if (o_.threads > 0) set_num_threads(o_.threads);
   device_ = dist::resolve_device(o_.device, env_.local_rank);
   if (device_.is_cuda()) set_cuda_device(device_.index);
-  if (o_.amp == "auto") o_.amp = device_.is_cuda() ? "fp16" : "bf16";  // as torch.autocast's defaults
+  if (o_.amp == "auto") {  // torch.autocast's defaults, except where the CPU would only emulate bf16
+    o_.amp = device_.is_cuda() ? "fp16" : kernels::cpu_bf16_pays() ? "bf16" : "off";
+    if (o_.amp == "off") {
+      spdlog::info("amp: auto runs float32 here: this CPU (or this build) has no native bf16 kernels, so bf16 "
+                   "would be emulated and slower; --amp bf16 forces it");
+    }
+  }
   const std::string why = o_.cuda_graph ? cuda_graph_refusal(o_, device_, env_.world_size) : "";
   TANDEM_CHECK(why.empty(), why);
   if (env_.rank == 0) {  // rank 0 writes the job's files

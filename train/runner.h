@@ -86,7 +86,8 @@ struct RunnerOptions {
   int64_t val_interval = 1;  // epochs (or iterations) between validations (0: only at the end)
   uint64_t seed = 1;
   // optim_wrapper: amp off | fp16 (loss scaling) | bf16 | auto (MMEngine's --amp: fp16 on a CUDA
-  // device, bf16 on the CPU, decided once the device is known); accumulative_counts; clip_grad (0: off).
+  // device, bf16 on a CPU with native bf16 kernels, else off; decided once the device is known);
+  // accumulative_counts; clip_grad (0: off).
   std::string amp = "off";
   // optim_wrapper.type: a registered optimizer wrapper (train/optim_wrapper.h) given amp, the
   // accumulation and clipping below as keywords; "": OptimWrapper, or AmpOptimWrapper when amp is on.

@@ -67,7 +67,8 @@ std::vector<FlagAlias> make_aliases() {
       {"--log-interval", "default_hooks.logger.interval", K::Int, "iterations between progress lines"},
       {"--init-weights", "load_from", K::String, "start from these weights (safetensors, PyTorch names)"},
       {"--amp", "optim_wrapper.type", K::String,
-       "mixed precision: off, fp16 (with a loss scaler) or bf16; alone (MMEngine's --amp): fp16 on CUDA, bf16 on CPU",
+       "mixed precision: off, fp16 (with a loss scaler) or bf16; alone (MMEngine's --amp): fp16 on CUDA, "
+       "bf16 on a CPU with native bf16 (AVX512_BF16 or AMX), else off",
        {"off", "fp16", "bf16", "auto"}, amp},
       {"--cuda-graph", "compile", K::Bool,
        "CUDA: capture forward + backward + optimizer step once and replay it every iteration", {},

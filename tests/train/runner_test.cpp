@@ -21,6 +21,7 @@
 #include "core/random.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
+#include "kernels/amp.h"
 #include "train/registries.h"
 #include "train/runner.h"
 #include "train/tiny_runner.h"
@@ -205,6 +206,17 @@ TEST(Runner, ClippingUnderFp16SeesUnscaledGradients) {
     EXPECT_GT(norms[0][i], 0.05) << "update " << i << " must be clipped for the test to mean anything";
     EXPECT_NEAR(norms[1][i], norms[0][i], 0.02 * norms[0][i]) << "update " << i;
   }
+}
+
+// MMEngine's --amp alone on the CPU: bf16 where the CPU has native bf16 kernels (AVX512_BF16 or AMX
+// through oneDNN), else float32, since emulated bf16 is slower than float32 (kernels/amp.h).
+TEST(Runner, AmpAutoOnTheCpuChoosesBf16OnlyWhereItPays) {
+  TempDir tmp("runner");
+  RunnerOptions o = tiny_options(tmp.file("w"));
+  o.amp = "auto";
+  Runner r(o);
+  ASSERT_EQ(r.train(), 0);
+  EXPECT_EQ(r.options().amp, kernels::cpu_bf16_pays() ? "bf16" : "off");
 }
 
 TEST(Runner, SaveBestKeepsOnlyTheBestCheckpoint) {

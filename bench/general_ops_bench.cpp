@@ -7,7 +7,7 @@
 
 #include "core/random.h"
 #include "core/thread_pool.h"
-#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
 #include "nn/functional.h"
 
 using namespace tandem;
@@ -28,7 +28,7 @@ struct OneThread {
 
 void BM_AddSameShape(benchmark::State& s) {
   const Tensor a = uniform({1024, 1024}, 1), b = uniform({1024, 1024}, 2);
-  for (auto _ : s) benchmark::DoNotOptimize(kernels::add(a, b));
+  for (auto _ : s) benchmark::DoNotOptimize(kernels::binary(kernels::BinaryOp::Add, a, b));
   s.SetItemsProcessed(s.iterations() * a.numel());
 }
 

@@ -1,4 +1,4 @@
-// Device-neutral log_softmax and nll_loss entry points: validate ranks and
+// Device-neutral nll_loss and class-target entry points: validate ranks and
 // shapes, the int64 target and the scalar grad_out, devices and dtypes, then
 // route to cpu:: or cuda::. Target values are checked by the device kernels.
 #include "kernels/loss.h"
@@ -24,26 +24,6 @@ void check_target(const char* op, const Tensor& log_probs, const Tensor& target)
 }
 
 }  // namespace
-
-Tensor log_softmax_forward(const Tensor& x) {
-  constexpr const char* op = "log_softmax_forward";
-  profiler::Scope prof_scope(op);
-  check_2d(op, "input", x);
-  const Device device = common_device(op, {x});
-  common_float_dtype(op, {x});
-  return TANDEM_KERNEL(device, log_softmax_forward)(x);
-}
-
-Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
-  constexpr const char* op = "log_softmax_backward";
-  profiler::Scope prof_scope(op);
-  check_2d(op, "forward output", y);
-  TANDEM_CHECK(grad_out.defined() && grad_out.shape() == y.shape(), op, ": expected grad_out ",
-               shape_str(y.shape()), ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
-  const Device device = common_device(op, {grad_out, y});
-  common_float_dtype(op, {grad_out, y});
-  return TANDEM_KERNEL(device, log_softmax_backward)(grad_out, y);
-}
 
 Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
   constexpr const char* op = "nll_loss_forward";

@@ -1,6 +1,8 @@
 // The op table's lookups (kernels/ops.h): the backend of a device, the ops a backend registers.
 #include "kernels/ops.h"
 
+#include <atomic>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/dispatch.h"
@@ -53,11 +55,40 @@ void throw_missing_kernel(const char* op, const Backend& backend) {
   TANDEM_FAIL(op, ": the ", backend.backend_name, " backend has no kernel for this op");
 }
 
+namespace {
+constexpr int kFastPaths = 0
+#define TANDEM_OP_ONE(op, ...) +1
+    TANDEM_OPS_FAST_PATHS(TANDEM_OP_ONE)
+#undef TANDEM_OP_ONE
+    ;
+std::atomic<int64_t> g_fast_path_calls[kFastPaths];
+}  // namespace
+
+std::vector<const char*> fast_path_ops() {
+  return {
+#define TANDEM_OP_NAME(op, ...) #op,
+      TANDEM_OPS_FAST_PATHS(TANDEM_OP_NAME)
+#undef TANDEM_OP_NAME
+  };
+}
+
+void count_fast_path(FastPath path) {
+  g_fast_path_calls[static_cast<int>(path)].fetch_add(1, std::memory_order_relaxed);
+}
+
+int64_t fast_path_count(const char* op) {
+  const std::vector<const char*> names = fast_path_ops();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (std::string_view(names[i]) == op) return g_fast_path_calls[i].load(std::memory_order_relaxed);
+  }
+  return -1;
+}
+
 // Each entry point has the signature of its op's kernels.
 #define TANDEM_OP_ENTRY_MATCHES(op, ...)                                 \
   static_assert(std::is_same_v<decltype(&kernels::op), op_sig::op*>, \
                 #op ": the entry point's signature differs from the table's");
-TANDEM_OPS(TANDEM_OP_ENTRY_MATCHES)
+TANDEM_OPS_ENTRY_POINTS(TANDEM_OP_ENTRY_MATCHES)
 #undef TANDEM_OP_ENTRY_MATCHES
 
 }  // namespace tandem::kernels

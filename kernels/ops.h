@@ -1,8 +1,9 @@
 // The op table. TANDEM_OPS lists each table op once, with the signature its kernels share; every
 // backend fills a Backend (a function pointer per op) in one registration file
 // (kernels/cpu/ops.cpp, kernels/cuda/ops.cpp), and one entry point per op, in kernels/<family>.cpp
-// with the same signature, checks its operands, opens the profiler scope, picks the fast path and
-// calls the kernel of the operands' backend through kernel_for (never the backend's namespace).
+// with the same signature, checks its operands, opens the profiler scope, picks the fast path (a
+// kernel of TANDEM_OPS_FAST_PATHS, which have no entry point of their own) and calls the kernel of
+// the operands' backend through kernel_for (never the backend's namespace).
 // tests/kernels/backend_ops_test.cpp runs a list of cases per op on every backend present and
 // fails on an op a backend registers without a case list.
 //
@@ -23,7 +24,6 @@
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
-#include "kernels/elementwise.h"
 #include "kernels/index.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
@@ -35,9 +35,12 @@
 #include "kernels/scan.h"
 
 // X(op, signature): the kernels of `op` have type `signature` (a function type), as its entry point.
-// TANDEM_OPS is every op: those each backend has (TANDEM_OPS_EVERY_BACKEND) and those only the CPU
-// has (TANDEM_OPS_CPU_ONLY: fused fast paths, whose entry points compose the plain ops elsewhere).
+// TANDEM_OPS is every op: those each backend has (TANDEM_OPS_EVERY_BACKEND: the general ops of
+// TANDEM_OPS_GENERAL and the fast paths of TANDEM_OPS_FAST_PATHS, which have no entry point of their
+// own) and those only the CPU has (TANDEM_OPS_CPU_ONLY: fused fast paths, whose entry points compose
+// the plain ops elsewhere). TANDEM_OPS_ENTRY_POINTS is every op with an entry point of its own.
 #define TANDEM_OPS(X) TANDEM_OPS_EVERY_BACKEND(X) TANDEM_OPS_CPU_ONLY(X)
+#define TANDEM_OPS_ENTRY_POINTS(X) TANDEM_OPS_GENERAL(X) TANDEM_OPS_CPU_ONLY(X)
 
 // A family's ops may sit in a list of their own, named in TANDEM_OPS_EVERY_BACKEND (docs/embedding.md
 // quotes this one as the example of adding an op).
@@ -48,14 +51,25 @@
   X(relu_backward, Tensor(const Tensor& grad_out, const Tensor& y))
 // [op-declare]
 
-#define TANDEM_OPS_EVERY_BACKEND(X)                                                                        \
-  /* kernels/elementwise.h: same-shape operands (binary's fast path), whole-tensor sum, rows' argmax */    \
+// Fast paths every backend has, with no entry point of their own: a general op's entry point takes
+// one where its operands allow (the same values) and counts it in fast_path_count.
+#define TANDEM_OPS_FAST_PATHS(X)                                                                           \
+  /* binary (same-shape Add, Sub, Mul) and binary with a scalar (Mul): no broadcasting, no stride walk */ \
   X(add, Tensor(const Tensor& a, const Tensor& b))                                                         \
   X(sub, Tensor(const Tensor& a, const Tensor& b))                                                         \
   X(mul, Tensor(const Tensor& a, const Tensor& b))                                                         \
   X(scale, Tensor(const Tensor& a, double s))                                                              \
+  /* sum_dims over every dimension; argmax_dim of [N, C] over dim 1 */                                     \
   X(sum, Tensor(const Tensor& a))                                                                          \
   X(argmax, Tensor(const Tensor& a))                                                                       \
+  /* softmax_forward/backward with log over dim 1 of [N, C]: one pass per row */                           \
+  X(log_softmax_forward, Tensor(const Tensor& x))                                                          \
+  X(log_softmax_backward, Tensor(const Tensor& grad_out, const Tensor& y))
+
+#define TANDEM_OPS_EVERY_BACKEND(X) TANDEM_OPS_FAST_PATHS(X) TANDEM_OPS_GENERAL(X)
+
+// The ops with an entry point each (kernels/<family>.h), filled by every backend.
+#define TANDEM_OPS_GENERAL(X)                                                                              \
   /* kernels/pointwise.h: broadcasting binary ops and their backward, comparisons, where, unary math */    \
   X(binary, Tensor(BinaryOp op, const Tensor& a, const Tensor& b))                                         \
   X(binary_backward,                                                                                       \
@@ -92,9 +106,7 @@
   X(linear_backward, LinearGrads(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input, \
                                  bool need_weight, bool need_bias))                                        \
   X(matmul, Tensor(const Tensor& a, const Tensor& b))                                                      \
-  /* kernels/loss.h: the rows' log_softmax of [N, C], nll_loss, the class-target pass */                   \
-  X(log_softmax_forward, Tensor(const Tensor& x))                                                          \
-  X(log_softmax_backward, Tensor(const Tensor& grad_out, const Tensor& y))                                 \
+  /* kernels/loss.h: nll_loss of [N, C] log-probabilities, the class-target pass */                        \
   X(nll_loss_forward, Tensor(const Tensor& log_probs, const Tensor& target))                              \
   X(nll_loss_backward, Tensor(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target))     \
   X(class_targets, ClassTargets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype))  \
@@ -209,6 +221,18 @@ const Backend& backend_for(Device device, const char* op);
 
 [[noreturn]] void throw_missing_kernel(const char* op, const Backend& backend);
 
+// The names of TANDEM_OPS_FAST_PATHS, in order, and how often, since the process started, an entry
+// point took each (any backend); -1 for a name that is not a fast path.
+std::vector<const char*> fast_path_ops();
+int64_t fast_path_count(const char* op);
+
+enum class FastPath : int {
+#define TANDEM_OP_ENUM(op, ...) op,
+  TANDEM_OPS_FAST_PATHS(TANDEM_OP_ENUM)
+#undef TANDEM_OP_ENUM
+};
+void count_fast_path(FastPath path);  // one relaxed atomic increment
+
 // The kernel in `Slot` (&Backend::<op>) of device's backend; throws naming the op and backend when
 // that backend lacks it. Entry points write TANDEM_KERNEL(device, binary)(op, a, b).
 template <auto Slot>
@@ -223,3 +247,7 @@ auto kernel_for(Device device, const char* op) {
 
 // The kernel of table op `op` for tensors on `device` (errors name the op as the table does).
 #define TANDEM_KERNEL(device, op) ::tandem::kernels::kernel_for<&::tandem::kernels::Backend::op>(device, #op)
+// The kernel of fast path `op` (TANDEM_OPS_FAST_PATHS), counted in fast_path_count.
+#define TANDEM_FAST_KERNEL(device, op)                                                 \
+  (::tandem::kernels::count_fast_path(::tandem::kernels::FastPath::op), \
+   ::tandem::kernels::kernel_for<&::tandem::kernels::Backend::op>(device, #op))

@@ -1,9 +1,9 @@
 // Device-neutral entry points of kernels/pointwise.h: operands defined, on one device, float dtypes
 // shared, shapes broadcastable; then the kernel of that device's backend (kernels/ops.h). binary
-// takes the same-shape add/sub/mul kernels for same-shape Add, Sub and Mul (elementwise, no
-// stride walk; the same values), and binary_backward returns the gradient itself where it is the
-// derivative (Add, Sub's first operand), scales it by -1 for Sub's second and multiplies same-shape
-// Mul's by the other operand with the mul kernel. No math here.
+// takes the same-shape add/sub/mul fast paths for same-shape Add, Sub and Mul (elementwise, no
+// stride walk; the same values) and scale for Mul by a scalar, and binary_backward returns the
+// gradient itself where it is the derivative (Add, Sub's first operand), scales it by -1 for Sub's
+// second and multiplies same-shape Mul's by the other operand with the mul fast path. No math here.
 #include "kernels/pointwise.h"
 
 #include "core/profiler.h"
@@ -42,11 +42,20 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   profiler::Scope prof_scope(op_name(op));
   const Device device = check_float_pair(op_name(op), a, b);
   if (a.shape() == b.shape()) {
-    if (op == BinaryOp::Add) return TANDEM_KERNEL(device, add)(a, b);
-    if (op == BinaryOp::Sub) return TANDEM_KERNEL(device, sub)(a, b);
-    if (op == BinaryOp::Mul) return TANDEM_KERNEL(device, mul)(a, b);
+    if (op == BinaryOp::Add) return TANDEM_FAST_KERNEL(device, add)(a, b);
+    if (op == BinaryOp::Sub) return TANDEM_FAST_KERNEL(device, sub)(a, b);
+    if (op == BinaryOp::Mul) return TANDEM_FAST_KERNEL(device, mul)(a, b);
   }
   return TANDEM_KERNEL(device, binary)(op, a, b);
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, double b) {
+  TANDEM_CHECK(a.defined(), op_name(op), ": operand is undefined");
+  if (op != BinaryOp::Mul) return binary(op, a, Tensor::full({}, b, a.dtype(), a.device()));
+  profiler::Scope prof_scope(op_name(op));
+  const Device device = common_device(op_name(op), {a});
+  common_float_dtype(op_name(op), {a});
+  return TANDEM_FAST_KERNEL(device, scale)(a, b);
 }
 
 Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
@@ -60,9 +69,9 @@ Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor&
   TANDEM_CHECK(grad.shape() == shape, op_name(op), " backward: gradient ", grad.str(), ", expected shape ",
                shape_str(shape));
   if (op == BinaryOp::Add || (op == BinaryOp::Sub && which == 0)) return grad;
-  if (op == BinaryOp::Sub) return TANDEM_KERNEL(device, scale)(grad, -1.0);
+  if (op == BinaryOp::Sub) return TANDEM_FAST_KERNEL(device, scale)(grad, -1.0);
   if (op == BinaryOp::Mul && a.shape() == b.shape()) {
-    return TANDEM_KERNEL(device, mul)(grad, which == 0 ? b : a);
+    return TANDEM_FAST_KERNEL(device, mul)(grad, which == 0 ? b : a);
   }
   return TANDEM_KERNEL(device, binary_backward)(op, which, grad, a, b, y);
 }

@@ -22,8 +22,12 @@ const char* op_name(BinaryOp op);
 const char* op_name(CompareOp op);
 const char* op_name(UnaryOp op);
 
-// out = a op b, broadcast; a and b share a float dtype.
+// out = a op b, broadcast; a and b share a float dtype. Same-shape Add, Sub and Mul take the
+// elementwise fast paths (kernels/ops.h, TANDEM_OPS_FAST_PATHS).
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);
+// out = a op b for a scalar b (PyTorch's Scalar overloads: b cast to a's dtype): Mul takes the
+// scale fast path, the other ops a 0-D operand of a's dtype and device.
+Tensor binary(BinaryOp op, const Tensor& a, double b);
 // The gradient of `binary` with respect to a (which = 0) or b (which = 1), at the broadcast shape
 // (the caller sums it back to the operand's shape): grad * d(a op b)/d(operand). y is the forward
 // output (used by Div and Pow). Maximum/Minimum split the gradient evenly on ties, and Pow's

@@ -8,10 +8,16 @@
 #include "kernels/ops.h"
 
 namespace tandem::kernels {
+// A sum over every dimension takes the whole-tensor fast path (chunks summed in parallel).
 Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("sum_dims");
-  return TANDEM_KERNEL(float_operand_device("sum", x), sum_dims)(
-      x, views::reduction_dims(dims, x.dim(), "sum"), keepdim);
+  const Device device = float_operand_device("sum", x);
+  const std::vector<int64_t> d = views::reduction_dims(dims, x.dim(), "sum");
+  if (static_cast<int64_t>(d.size()) == x.dim()) {
+    const Tensor total = TANDEM_FAST_KERNEL(device, sum)(x);
+    return keepdim ? total.reshape(views::reduced_shape(x.shape(), d, true)) : total;
+  }
+  return TANDEM_KERNEL(device, sum_dims)(x, d, keepdim);
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
@@ -43,6 +49,15 @@ MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim) {
   return TANDEM_KERNEL(device, max_dim)(x, dim, keepdim);
 }
 
+Tensor argmax_dim(const Tensor& x, int64_t dim, bool keepdim) {
+  const Device device = float_operand_device("argmax", x);
+  const int64_t d = views::wrap_dim(dim, x.dim(), "argmax");
+  if (x.dim() != 2 || d != 1 || x.size(1) == 0) return max_dim(x, d, keepdim).indices;
+  profiler::Scope prof_scope("argmax");
+  const Tensor rows = TANDEM_FAST_KERNEL(device, argmax)(x);
+  return keepdim ? rows.reshape({x.size(0), 1}) : rows;
+}
+
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   profiler::Scope prof_scope("amax");
   const Device device = float_operand_device("amax", x);
@@ -53,14 +68,14 @@ Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   return TANDEM_KERNEL(device, amax)(x, d, keepdim);
 }
 
-// log_softmax over the rows of [N, C] takes the rows' kernel (kernels/loss.h: one pass per row, no
+// log_softmax over the rows of [N, C] takes the rows' fast path (kernels/ops.h: one pass per row, no
 // [outer, len, inner] walk); the same values.
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log) {
   const char* op = log ? "log_softmax" : "softmax";
   profiler::Scope prof_scope(op);
   const Device device = float_operand_device(op, x);
   const int64_t d = views::wrap_dim(dim, x.dim(), op);
-  if (log && x.dim() == 2 && d == 1) return TANDEM_KERNEL(device, log_softmax_forward)(x);
+  if (log && x.dim() == 2 && d == 1) return TANDEM_FAST_KERNEL(device, log_softmax_forward)(x);
   return TANDEM_KERNEL(device, softmax_forward)(x, d, log);
 }
 
@@ -71,7 +86,7 @@ Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool l
   common_float_dtype(op, {grad, y});
   TANDEM_CHECK(grad.shape() == y.shape(), op, " backward: gradient ", grad.str(), " vs output ", y.str());
   const int64_t d = views::wrap_dim(dim, y.dim(), op);
-  if (log && y.dim() == 2 && d == 1) return TANDEM_KERNEL(device, log_softmax_backward)(grad, y);
+  if (log && y.dim() == 2 && d == 1) return TANDEM_FAST_KERNEL(device, log_softmax_backward)(grad, y);
   return TANDEM_KERNEL(device, softmax_backward)(grad, y, d, log);
 }
 

@@ -2,7 +2,8 @@
 // CUDA (kernels/cuda/reduce.cu: sums in double without the CPU's 1024-element blocks). `dims` lists dimensions (negative counts from the end;
 // empty = all); each may appear once. Reduced dimensions are dropped, or kept with size 1 when
 // keepdim. Sums accumulate in double (over the last dimensions: blocks of 1024 summed in the
-// element type, then added in double, as kernels::sum).
+// element type, then added in double; a sum over every dimension takes the whole-tensor fast path
+// of kernels/ops.h, which adds its chunks' partial sums in chunk order).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +22,12 @@ struct MaxResult {
   Tensor values, indices;  // indices: int64, position of the first maximum along dim (NaN wins)
 };
 MaxResult max_dim(const Tensor& x, int64_t dim, bool keepdim);
+// max_dim's indices alone (int64); [N, C] over dim 1 takes the rows' fast path (no values).
+Tensor argmax_dim(const Tensor& x, int64_t dim, bool keepdim);
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim);
 
-// softmax (log = false) or log_softmax (log = true) along dim, and their backward from the output.
+// softmax (log = false) or log_softmax (log = true) along dim, and their backward from the output
+// (log_softmax over dim 1 of [N, C] takes the rows' fast path: one pass per row).
 Tensor softmax_forward(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& grad, const Tensor& y, int64_t dim, bool log);
 

@@ -7,9 +7,9 @@
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
-#include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/loss.h"
+#include "kernels/pointwise.h"
 #include "kernels/pool.h"
 #include "kernels/reduce.h"
 #include "nn/amp.h"
@@ -126,7 +126,9 @@ struct ReshapeBackward final : Node {
 struct ScaleBackward final : Node {
   double s;
   std::string name() const override { return "ScaleBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::scale(g[0], s)}; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    return {kernels::binary(kernels::BinaryOp::Mul, g[0], s)};
+  }
 };
 
 struct SumBackward final : Node {
@@ -377,7 +379,7 @@ Tensor flatten(const Tensor& x, int64_t start_dim) {
 }
 
 Tensor scale(const Tensor& a, double s) {
-  Tensor y = kernels::scale(a, s);
+  Tensor y = kernels::binary(kernels::BinaryOp::Mul, a, s);
   if (autograd::any_requires_grad({a})) {
     auto n = make_node<ScaleBackward>();
     n->s = s;
@@ -387,7 +389,7 @@ Tensor scale(const Tensor& a, double s) {
 }
 
 Tensor sum(const Tensor& a) {
-  Tensor y = kernels::sum(a);
+  Tensor y = kernels::sum_dims(a, {}, false);
   if (autograd::any_requires_grad({a})) {
     auto n = make_node<SumBackward>();
     n->input_shape = a.shape();

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/view.h"
-#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
 #include "kernels/loss.h"
 #include "nn/functional.h"
 
@@ -114,7 +114,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   // The mean divides by the kept targets' weights (their count without class weights). With every
   // target ignored it is NaN (0 / 0) but the gradient is zero, as PyTorch's, so one batch of padding
   // cannot poison the weights.
-  return reduce_loss(loss, target.shape(), reduction, kernels::sum(kept_weight));
+  return reduce_loss(loss, target.shape(), reduction, kernels::sum_dims(kept_weight, {}, false));
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index, double label_smoothing,

@@ -6,7 +6,6 @@
 
 #include "core/autograd.h"
 #include "kernels/amp.h"
-#include "kernels/elementwise.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
 
@@ -29,7 +28,7 @@ struct BinaryBackward final : Node {
       // Add's and Sub's derivatives are 1 and -1: no operand is needed (none is saved).
       Tensor gi;
       if (op == BinaryOp::Add || op == BinaryOp::Sub) {
-        gi = op == BinaryOp::Sub && which == 1 ? kernels::scale(g[0], -1.0) : g[0];
+        gi = op == BinaryOp::Sub && which == 1 ? kernels::binary(BinaryOp::Mul, g[0], -1.0) : g[0];
       } else {
         gi = kernels::binary_backward(op, which, g[0], a, b, y);
       }

@@ -8,7 +8,6 @@
 
 #include "core/autograd.h"
 #include "core/error.h"
-#include "kernels/elementwise.h"
 #include "kernels/index.h"
 #include "kernels/pointwise.h"
 #include "kernels/reduce.h"
@@ -19,7 +18,9 @@ namespace {
 double host_total_norm(const std::vector<Tensor>& grads, double norm_type) {
   double total = 0.0;
   if (norm_type == 2.0) {
-    for (const Tensor& g : grads) total += kernels::sum(kernels::mul(g, g)).item<double>();
+    for (const Tensor& g : grads) {
+      total += kernels::sum_dims(kernels::binary(kernels::BinaryOp::Mul, g, g), {}, false).item<double>();
+    }
     return std::sqrt(total);
   }
   const bool inf = std::isinf(norm_type);
@@ -38,7 +39,7 @@ Tensor host_clip(const std::vector<Tensor>& grads, double max_norm, double norm_
   if (coef < 1.0)
     for (const Tensor& g : grads) {
       Tensor target = g;
-      target.copy_(kernels::scale(g, static_cast<double>(static_cast<float>(coef))));
+      target.copy_(kernels::binary(kernels::BinaryOp::Mul, g, static_cast<double>(static_cast<float>(coef))));
     }
   return Tensor::scalar(total, kFloat64);
 }
@@ -57,10 +58,11 @@ Tensor device_clip(const std::vector<Tensor>& grads, double max_norm, double nor
     const Tensor flat = g.reshape({g.numel()});
     Tensor part;
     if (norm_type == 2.0) {
-      part = kernels::sum(kernels::mul(flat, flat));
+      part = kernels::sum_dims(kernels::binary(kernels::BinaryOp::Mul, flat, flat), {}, false);
     } else {
       const Tensor a = kernels::binary(BinaryOp::Maximum, flat, kernels::unary(kernels::UnaryOp::Neg, flat));
-      part = inf ? kernels::amax(a, {0}, false) : kernels::sum(kernels::binary(BinaryOp::Pow, a, constant(norm_type)));
+      part = inf ? kernels::amax(a, {0}, false)
+                 : kernels::sum_dims(kernels::binary(BinaryOp::Pow, a, constant(norm_type)), {}, false);
     }
     parts.push_back(part.reshape({1}));
   }
@@ -68,11 +70,11 @@ Tensor device_clip(const std::vector<Tensor>& grads, double max_norm, double nor
   const Tensor stacked = kernels::cat(parts, 0);  // one reduction over all of them
   Tensor total;
   if (norm_type == 2.0) {
-    total = kernels::unary(kernels::UnaryOp::Sqrt, kernels::sum(stacked));
+    total = kernels::unary(kernels::UnaryOp::Sqrt, kernels::sum_dims(stacked, {}, false));
   } else if (inf) {
     total = kernels::amax(stacked, {0}, false);
   } else {
-    total = kernels::binary(BinaryOp::Pow, kernels::sum(stacked), constant(1.0 / norm_type));
+    total = kernels::binary(BinaryOp::Pow, kernels::sum_dims(stacked, {}, false), constant(1.0 / norm_type));
   }
   const Tensor coef = kernels::binary(
       BinaryOp::Minimum,

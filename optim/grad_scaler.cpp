@@ -7,7 +7,7 @@
 
 #include "core/autograd.h"
 #include "kernels/amp.h"
-#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
 
 namespace tandem::optim {
 namespace {
@@ -17,7 +17,9 @@ namespace {
 struct LossScaleBackward final : Node {
   double scale = 1.0;
   std::string name() const override { return "LossScaleBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override { return {kernels::scale(g[0], scale)}; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    return {kernels::binary(kernels::BinaryOp::Mul, g[0], scale)};
+  }
 };
 
 }  // namespace
@@ -33,7 +35,7 @@ GradScaler::GradScaler(GradScalerOptions o) : options_(o), scale_(o.init_scale) 
 
 Tensor GradScaler::scale(const Tensor& loss) const {
   if (!options_.enabled) return loss;
-  Tensor scaled = kernels::scale(loss, scale_);
+  Tensor scaled = kernels::binary(kernels::BinaryOp::Mul, loss, scale_);
   if (autograd::any_requires_grad({loss})) {
     auto node = std::make_shared<LossScaleBackward>();
     node->scale = scale_;

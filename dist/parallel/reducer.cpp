@@ -7,7 +7,7 @@
 
 #include "core/autograd.h"
 #include "dist/group/host_values.h"
-#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
 
 namespace tandem::dist {
 namespace {
@@ -24,7 +24,7 @@ void copy_scaled(Tensor& dst, const Tensor& src, double factor) {
     d = Eigen::Map<const Eigen::ArrayXf>(src.data<float>(), src.numel()) * static_cast<float>(factor);
     return;
   }
-  dst.copy_(kernels::scale(src, factor));
+  dst.copy_(kernels::binary(kernels::BinaryOp::Mul, src, factor));
 }
 
 Reducer::Reducer(nn::NamedTensors params, std::shared_ptr<ProcessGroup> group, ReducerOptions options)

@@ -13,7 +13,7 @@
 #include "core/autograd.h"
 #include "dist/group/host_values.h"
 #include "kernels/batch_norm.h"
-#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
 #include "nn/functional.h"
 
 namespace tandem::dist {
@@ -75,7 +75,7 @@ struct SyncBatchNormBackward final : Node {
                                                     channel_tensor(b, x.dtype(), x.device()), mean, var,
                                                     /*training=*/false, 0.0, eps)
                             .output;
-    out[0] = kernels::add(direct, correction);
+    out[0] = kernels::binary(kernels::BinaryOp::Add, direct, correction);
     if (out[0].dtype() != input_dtype) out[0] = out[0].to(input_dtype);
     return out;
   }

@@ -1,6 +1,6 @@
-// CPU elementwise ops and reductions (kernels/elementwise.h) under
+// CPU fast paths of binary, sum_dims and argmax_dim (kernels/ops.h, TANDEM_OPS_FAST_PATHS) under
 // tandem::kernels::cpu: add, sub, mul, scale, sum, argmax.
-// Assumes: validated by kernels/elementwise.cpp (same shapes, float dtypes);
+// Assumes: validated by the entry points (kernels/pointwise.cpp, kernels/reduce.cpp: same shapes, float dtypes);
 // inputs may be non-contiguous.
 // Guarantees: fresh contiguous outputs. sum cuts the data into fixed blocks
 // summed vectorised in the element type, blocks accumulated in double, chunk

@@ -1,4 +1,4 @@
-// CPU log_softmax (over the last dim of [N, C]) and mean nll_loss
+// CPU log_softmax over the last dim of [N, C] (softmax_forward/backward's fast path) and mean nll_loss
 // (kernels/loss.h) under tandem::kernels::cpu.
 // Assumes: validated by kernels/loss.cpp (ranks, shapes, int64 targets);
 // inputs may be non-contiguous. Target values are checked here, where the

@@ -98,7 +98,7 @@ Tensor sum_dims(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim)
                            [&](int64_t r0, int64_t r1) {
                              for (int64_t i = r0; i < r1; ++i) {
                                // Blocks of 1024 summed vectorised in T, the blocks added in double
-                               // (the scheme of kernels::sum).
+                               // (the scheme of the whole-tensor sum).
                                double acc = 0;
                                const T* row = p + i * r.len;
                                for (int64_t j = 0; j < r.len; j += 1024) {

@@ -7,7 +7,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/conv.h"
-#include "kernels/elementwise.h"
+#include "kernels/pointwise.h"
 #include "kernels/linear.h"
 #include "nn/functional.h"
 
@@ -112,7 +112,7 @@ TEST_F(ProfilerTest, DisabledRecordsNothing) {
   EXPECT_FALSE(profiler::enabled());
   const Tensor x = Tensor::full({5, 7}, 1.0), w = Tensor::full({3, 7}, 0.5);
   kernels::linear_forward(x, w, Tensor());
-  kernels::add(x, x);
+  kernels::binary(kernels::BinaryOp::Add, x, x);
   EXPECT_TRUE(profiler::snapshot().empty());
   profiler::set_enabled(true);
   kernels::linear_forward(x, w, Tensor());
@@ -131,7 +131,7 @@ TEST_F(ProfilerTest, SectionsKeepTheirOpsApartAndEachTableHasItsOwnTotal) {
       profiler::Section eval("evaluation");
       kernels::linear_forward(x, w, Tensor());
     }
-    kernels::add(x, x);  // back in "training" once the inner section ends
+    kernels::binary(kernels::BinaryOp::Add, x, x);  // back in "training" once the inner section ends
   }
   const auto stats = profiler::snapshot();
   int64_t train_linear = 0, eval_linear = 0, train_add = 0, other = 0;

@@ -14,7 +14,7 @@
 #include "core/autograd.h"
 #include "core/random.h"
 #include "data/mnist.h"
-#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
 #include "nn/amp.h"
 #include "nn/functional.h"
 #include "nn/models/mnist_net.h"
@@ -78,7 +78,7 @@ RunResult train_and_eval(amp::Precision precision, const data::MnistDataset& tra
       amp::AutocastGuard autocast(precision);
       out = net.forward(batch.images);
     }
-    const auto pred = kernels::argmax(out).to_vector<int64_t>();
+    const auto pred = kernels::argmax_dim(out, 1, false).to_vector<int64_t>();
     const auto labels = batch.labels.to_vector<int64_t>();
     for (size_t i = 0; i < pred.size(); ++i) correct += pred[i] == labels[i];
   }

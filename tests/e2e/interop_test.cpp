@@ -22,7 +22,7 @@
 
 #include "core/autograd.h"
 #include "data/mnist.h"
-#include "kernels/elementwise.h"
+#include "kernels/reduce.h"
 #include "metrics.h"
 #include "nn/nn.h"
 #include "common/process.h"
@@ -76,7 +76,7 @@ EvalResult eval_here(const std::string& weights, nn::models::MnistNet& net) {
     data::Batch b = test.get_batch(idx);
     Tensor out = net(b.images);
     loss_sum += F::nll_loss(out, b.labels).item<double>() * static_cast<double>(idx.size());
-    const auto pred = kernels::argmax(out).to_vector<int64_t>();
+    const auto pred = kernels::argmax_dim(out, 1, false).to_vector<int64_t>();
     const auto truth = b.labels.to_vector<int64_t>();
     for (size_t i = 0; i < pred.size(); ++i) r.correct += pred[i] == truth[i];
     r.predictions.insert(r.predictions.end(), pred.begin(), pred.end());

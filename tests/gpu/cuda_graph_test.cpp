@@ -24,14 +24,15 @@
 #include "common/require_data.h"
 #include "common/test_util.h"
 #include "gpu_test_util.h"
-#include "kernels/elementwise.h"
 #include "kernels/loss.h"
 #include "kernels/pointwise.h"
+#include "kernels/reduce.h"
 #include "core/allocator.h"
 
 namespace fs = std::filesystem;
 using tandem::Device;
 using tandem::Tensor;
+namespace K = tandem::kernels;
 using namespace tandem::test;
 
 namespace {
@@ -63,7 +64,7 @@ TEST(CudaGraph, ReplayReadsTheCapturedInputsCurrentContents) {
   SKIP_WITHOUT_GPU();
   Tensor x = on_gpu({1, 2, 3, 4});
   Tensor out = on_gpu({0, 0, 0, 0});
-  auto body = [&] { out.copy_(tandem::kernels::add(tandem::kernels::scale(x, 2.0), x)); };  // out = 3x
+  auto body = [&] { out.copy_(K::binary(K::BinaryOp::Add, K::binary(K::BinaryOp::Mul, x, 2.0), x)); };  // out = 3x
   body();  // warm-up: the temporaries' blocks are now in the allocator's cache
   EXPECT_EQ(host(out), (std::vector<float>{3, 6, 9, 12}));
 
@@ -102,11 +103,11 @@ TEST(CudaGraph, HostSyncInsideACaptureIsAnErrorAndTheStreamStaysUsable) {
     // .item() copies to the host and synchronises: illegal while capturing. Whichever call notices
     // first (the copy or end_capture) throws; the Graph's destructor closes an abandoned capture.
     EXPECT_ANY_THROW({
-      (void)tandem::kernels::sum(x).item<double>();
+      (void)tandem::kernels::sum_dims(x, {}, false).item<double>();
       g.end_capture();
     });
   }
-  EXPECT_EQ(tandem::kernels::sum(x).item<double>(), 6.0)
+  EXPECT_EQ(tandem::kernels::sum_dims(x, {}, false).item<double>(), 6.0)
       << "the compute stream must work after the failed capture";
 }
 
@@ -114,7 +115,7 @@ TEST(CudaGraph, ReplaysNeverWriteTensorsAllocatedAfterTheCapture) {
   SKIP_WITHOUT_GPU();
   Tensor x = on_gpu({1, 2, 3, 4});
   Tensor out = on_gpu({0, 0, 0, 0});
-  auto body = [&] { out.copy_(tandem::kernels::add(tandem::kernels::scale(x, 2.0), x)); };
+  auto body = [&] { out.copy_(K::binary(K::BinaryOp::Add, K::binary(K::BinaryOp::Mul, x, 2.0), x)); };
   body();
   tandem::cuda::Graph g(0);
   g.begin_capture();
@@ -136,7 +137,7 @@ TEST(CudaGraph, ReplaysNeverWriteTensorsAllocatedAfterTheCapture) {
 
 TEST(CudaGraph, ABadNllTargetFoundByAReplayIsReportedAtTheNextRead) {
   SKIP_WITHOUT_GPU();
-  Tensor lp = tandem::kernels::log_softmax_forward(on_gpu({0.1f, 0.2f, 0.3f, 1.0f, 0.0f, -1.0f}).view({2, 3}));
+  Tensor lp = tandem::kernels::softmax_forward(on_gpu({0.1f, 0.2f, 0.3f, 1.0f, 0.0f, -1.0f}).view({2, 3}), 1, true);
   Tensor target = Tensor::from_vector<int64_t>({0, 2}, {2}).to(tandem::gpu_test::gpu());
   Tensor loss = on_gpu({0});
   auto body = [&] { loss.copy_(tandem::kernels::nll_loss_forward(lp, target).view({1})); };

@@ -52,18 +52,18 @@ inline void add_linear_cases(CaseTable& t) {
 
 inline void add_loss_cases(CaseTable& t) {
   namespace K = kernels;
-  const Run lsm = [](const Inputs& in) { return Inputs{K::log_softmax_forward(in[0])}; };
+  const Run lsm = [](const Inputs& in) { return Inputs{K::softmax_forward(in[0], 1, true)}; };
   t["log_softmax_forward"] = {{"values", {uniform({4, 10}, 171)}, lsm, 8, 4},
                               {"large_logits", {uniform({3, 6}, 172, 9990.0, 10010.0)}, lsm, 8, 4},
                               {"one_class", {uniform({5, 1}, 173)}, lsm},
                               {"specials", {specials({3, 6})}, lsm},
                               {"transposed", {uniform({7, 3}, 174)},
-                               [](const Inputs& in) { return Inputs{K::log_softmax_forward(transposed(in[0]))}; }, 8, 4}};
+                               [](const Inputs& in) { return Inputs{K::softmax_forward(transposed(in[0]), 1, true)}; }, 8, 4}};
   t["log_softmax_backward"] = {{"values", {uniform({4, 10}, 175), uniform({4, 10}, 176)}, [](const Inputs& in) {
-                                  return Inputs{K::log_softmax_backward(in[1], K::log_softmax_forward(in[0]))};
+                                  return Inputs{K::softmax_backward(in[1], K::softmax_forward(in[0], 1, true), 1, true)};
                                 }, 16, 10}};
   const Tensor targets = Tensor::from_vector<int64_t>({2, 0, 4, 4, 1}, {5});
-  t["nll_loss_forward"] = {{"values", {K::log_softmax_forward(uniform({5, 5}, 177)), targets},
+  t["nll_loss_forward"] = {{"values", {K::softmax_forward(uniform({5, 5}, 177), 1, true), targets},
                             [](const Inputs& in) { return Inputs{K::nll_loss_forward(in[0], in[1])}; }, 4, 5}};
   t["nll_loss_backward"] = {{"values", {uniform({5, 5}, 178), targets, uniform({}, 179)}, [](const Inputs& in) {
                                return Inputs{K::nll_loss_backward(in[2], in[0], in[1])};

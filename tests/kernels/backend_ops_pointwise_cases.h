@@ -77,12 +77,14 @@ inline std::vector<kernels::CompareOp> all_compare_ops() {
 
 inline void add_elementwise_cases(CaseTable& t) {
   namespace K = kernels;
-  add_pair_cases(t["add"], "add", true, true, 1, [](const Tensor& a, const Tensor& b) { return Inputs{K::add(a, b)}; });
-  add_pair_cases(t["sub"], "sub", true, true, 1, [](const Tensor& a, const Tensor& b) { return Inputs{K::sub(a, b)}; });
-  add_pair_cases(t["mul"], "mul", true, true, 1, [](const Tensor& a, const Tensor& b) { return Inputs{K::mul(a, b)}; });
+  // Same-shape operands: binary takes the op's fast path (and a scalar Mul takes scale).
+  for (K::BinaryOp op : {K::BinaryOp::Add, K::BinaryOp::Sub, K::BinaryOp::Mul}) {
+    add_pair_cases(t[K::op_name(op)], K::op_name(op), true, true, 1,
+                   [op](const Tensor& a, const Tensor& b) { return Inputs{K::binary(op, a, b)}; });
+  }
   for (double s : {2.5, -1.0, 0.0}) {
     add_pair_cases(t["scale"], "scale_" + std::to_string(s), true, false, 1,
-                   [s](const Tensor& a, const Tensor&) { return Inputs{K::scale(a, s)}; });
+                   [s](const Tensor& a, const Tensor&) { return Inputs{K::binary(K::BinaryOp::Mul, a, s)}; });
   }
 }
 

@@ -44,19 +44,20 @@ inline std::string dims_name(const std::vector<int64_t>& dims, bool keepdim) {
 
 inline void add_sum_and_argmax_cases(CaseTable& t) {
   namespace K = kernels;
-  const Run sum = [](const Inputs& in) { return Inputs{K::sum(in[0])}; };
-  const Run sum_t = [](const Inputs& in) { return Inputs{K::sum(transposed(in[0]))}; };
+  const Run sum = [](const Inputs& in) { return Inputs{K::sum_dims(in[0], {}, false)}; };
+  const Run sum_t = [](const Inputs& in) { return Inputs{K::sum_dims(transposed(in[0]), {}, false)}; };
   t["sum"] = {{"values", {uniform({3, 4}, 1)}, sum, 4, 12},   {"transposed", {uniform({5, 7}, 2)}, sum_t, 4, 35},
               {"large", {uniform({5000}, 3)}, sum, 4, 5000}, {"empty", {uniform({0, 3}, 4)}, sum},
               {"zero_dim", {uniform({}, 5)}, sum},            {"specials", {specials({9})}, sum},
               {"infinities", {values({kInf, 1.0, 2.0}, {3})}, sum}};
-  const Run argmax = [](const Inputs& in) { return Inputs{K::argmax(in[0])}; };
+  const Run argmax = [](const Inputs& in) { return Inputs{K::argmax_dim(in[0], 1, false)}; };
   t["argmax"] = {{"values", {uniform({4, 5}, 6)}, argmax},
                  {"ties", {ties({6, 5}, 7)}, argmax},
                  {"nan_wins", {specials({3, 6})}, argmax},
                  {"one_column", {uniform({3, 1}, 8)}, argmax},
                  {"empty_rows", {uniform({0, 4}, 9)}, argmax},
-                 {"transposed", {ties({5, 4}, 10)}, [](const Inputs& in) { return Inputs{K::argmax(transposed(in[0]))}; }}};
+                 {"transposed", {ties({5, 4}, 10)},
+                  [](const Inputs& in) { return Inputs{K::argmax_dim(transposed(in[0]), 1, false)}; }}};
 }
 
 inline void add_sum_dims_and_amax_cases(CaseTable& t) {

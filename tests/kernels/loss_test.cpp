@@ -1,6 +1,6 @@
-// log_softmax and nll_loss against plain references: values and gradients,
-// extreme inputs (shift invariance), non-contiguous inputs, out-of-range
-// targets (the error names the row and the value), and argument errors.
+// log_softmax over the rows of [N, C] (softmax_forward/backward's fast path) and nll_loss against
+// plain references: values and gradients, extreme inputs (shift invariance), non-contiguous inputs,
+// out-of-range targets (the error names the row and the value), and argument errors.
 #include "kernels/loss.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "kernel_test_util.h"
+#include "kernels/ops.h"
+#include "kernels/reduce.h"
 
 using namespace tandem;
 using namespace tandem::test;
@@ -35,9 +37,11 @@ TEST(LogSoftmax, ForwardAndBackward) {
     const Tensor x = random_tensor({N, C}, dtype, gen, -5, 5);
     const std::vector<double> y = ref_log_softmax(values(x), N, C);
     const Tol tol = tol_for(dtype);
-    const Tensor out = kernels::log_softmax_forward(x);
+    const int64_t rows_before = kernels::fast_path_count("log_softmax_forward");
+    const Tensor out = kernels::softmax_forward(x, -1, true);
+    EXPECT_EQ(kernels::fast_path_count("log_softmax_forward"), rows_before + 1);
     EXPECT_TRUE(all_close(out, y, tol));
-    EXPECT_TRUE(all_close(kernels::log_softmax_forward(non_contiguous(x)), y, tol));
+    EXPECT_TRUE(all_close(kernels::softmax_forward(non_contiguous(x), 1, true), y, tol));
 
     // dx = dy - softmax * sum(dy)
     const Tensor gy = random_tensor({N, C}, dtype, gen);
@@ -48,14 +52,20 @@ TEST(LogSoftmax, ForwardAndBackward) {
       for (int64_t c = 0; c < C; ++c) s += gyv[n * C + c];
       for (int64_t c = 0; c < C; ++c) gx[n * C + c] = gyv[n * C + c] - std::exp(y[n * C + c]) * s;
     }
-    EXPECT_TRUE(all_close(kernels::log_softmax_backward(gy, out), gx, tol));
+    const int64_t back_before = kernels::fast_path_count("log_softmax_backward");
+    EXPECT_TRUE(all_close(kernels::softmax_backward(gy, out, 1, true), gx, tol));
+    EXPECT_EQ(kernels::fast_path_count("log_softmax_backward"), back_before + 1);
+    // Over dim 0 (or softmax without log) the general kernel runs, and the counter stays.
+    kernels::softmax_forward(x, 0, true);
+    kernels::softmax_forward(x, 1, false);
+    EXPECT_EQ(kernels::fast_path_count("log_softmax_forward"), rows_before + 1);
   }
 }
 
 TEST(LogSoftmax, LargeLogitsStayFinite) {
   const Tensor x = Tensor::from_vector<float>({1000, 1001, 999, -1000, 0, 1}, {2, 3});
   const std::vector<double> y = ref_log_softmax(values(x), 2, 3);
-  EXPECT_TRUE(all_close(kernels::log_softmax_forward(x), y, tol_for(kFloat32)));
+  EXPECT_TRUE(all_close(kernels::softmax_forward(x, 1, true), y, tol_for(kFloat32)));
 }
 
 TEST(LogSoftmax, ManyRowsOnSeveralThreads) {
@@ -63,7 +73,7 @@ TEST(LogSoftmax, ManyRowsOnSeveralThreads) {
   Generator gen(2);
   const Tensor x = random_tensor({5000, 10}, kFloat32, gen, -3, 3);
   EXPECT_TRUE(
-      all_close(kernels::log_softmax_forward(x), ref_log_softmax(values(x), 5000, 10), tol_for(kFloat32)));
+      all_close(kernels::softmax_forward(x, 1, true), ref_log_softmax(values(x), 5000, 10), tol_for(kFloat32)));
 }
 
 TEST(NllLoss, ForwardAndBackward) {

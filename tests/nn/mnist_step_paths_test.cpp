@@ -1,0 +1,91 @@
+// The kernels one MnistNet training step takes on the CPU in float32 (forward, nll_loss, backward,
+// SGD step): log_softmax's rows through the general softmax entry points (fast_path_count), and
+// the vector rows of the fused batch_norm+relu+max-pool, conv and linear kernels (simd_path_count)
+// at the level this build's rows have (AVX-512 rows for all, AVX2 rows for the fused pool only).
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/random.h"
+#include "kernels/cpu/simd.h"
+#include "kernels/ops.h"
+#include "nn/functional.h"
+#include "nn/models/mnist_net.h"
+#include "optim/optimizer.h"
+
+using namespace tandem;
+using kernels::cpu::SimdKernel;
+using kernels::cpu::SimdLevel;
+
+namespace {
+
+constexpr SimdLevel kLevels[] = {SimdLevel::portable, SimdLevel::avx2, SimdLevel::avx512};
+
+struct Counts {
+  std::map<std::string, int64_t> fast;
+  std::map<std::pair<int, int>, uint64_t> simd;  // (kernel, level) -> calls
+};
+
+constexpr SimdKernel kStepKernels[] = {SimdKernel::bn_relu_pool_forward, SimdKernel::bn_relu_pool_backward,
+                                       SimdKernel::conv2d_forward,       SimdKernel::conv2d_backward,
+                                       SimdKernel::linear_forward,       SimdKernel::linear_backward,
+                                       SimdKernel::max_pool2d_forward};
+
+Counts read_counts() {
+  Counts c;
+  for (const char* op : kernels::fast_path_ops()) c.fast[op] = kernels::fast_path_count(op);
+  for (SimdKernel k : kStepKernels)
+    for (SimdLevel l : kLevels) c.simd[{int(k), int(l)}] = kernels::cpu::simd_path_count(k, l);
+  return c;
+}
+
+// The level a float32 call of `k` takes in this build.
+SimdLevel float_level(SimdKernel k) {
+  const SimdLevel built = kernels::cpu::compiled_simd_level();
+  if (built == SimdLevel::avx512) return built;
+  const bool has_avx2_rows = k == SimdKernel::bn_relu_pool_forward || k == SimdKernel::bn_relu_pool_backward;
+  return built == SimdLevel::avx2 && has_avx2_rows ? built : SimdLevel::portable;
+}
+
+}  // namespace
+
+TEST(MnistStepPaths, OneTrainingStepTakesTheFastKernels) {
+  manual_seed(7);
+  nn::models::MnistNet net;
+  net.train();
+  optim::SGD sgd(net.parameters(), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+  Generator gen(11);
+  std::vector<float> pixels(8 * 28 * 28);
+  for (float& p : pixels) p = static_cast<float>(gen.uniform(-1.0, 1.0));
+  const Tensor x = Tensor::from_vector<float>(pixels, {8, 1, 28, 28});
+  std::vector<int64_t> labels{0, 1, 2, 3, 4, 5, 6, 7};
+  const Tensor y = Tensor::from_vector<int64_t>(labels, {8});
+
+  const Counts before = read_counts();
+  sgd.zero_grad();
+  Tensor loss = nn::functional::nll_loss(net.forward(x), y);
+  loss.backward();
+  sgd.step();
+  const Counts after = read_counts();
+
+  // log_softmax over the classes of [N, 10] (softmax_forward/backward with log) takes the rows.
+  EXPECT_EQ(after.fast.at("log_softmax_forward") - before.fast.at("log_softmax_forward"), 1);
+  EXPECT_EQ(after.fast.at("log_softmax_backward") - before.fast.at("log_softmax_backward"), 1);
+
+  // Two of each layer: every call on the rows of this build's level, none elsewhere; the 2x2
+  // max-pool runs inside the fused batch_norm+relu+pool, never on its own.
+  const std::map<SimdKernel, uint64_t> calls = {
+      {SimdKernel::bn_relu_pool_forward, 2}, {SimdKernel::bn_relu_pool_backward, 2},
+      {SimdKernel::conv2d_forward, 2},       {SimdKernel::conv2d_backward, 2},
+      {SimdKernel::linear_forward, 2},       {SimdKernel::linear_backward, 2},
+      {SimdKernel::max_pool2d_forward, 0}};
+  for (const auto& [k, n] : calls) {
+    for (SimdLevel l : kLevels) {
+      const uint64_t got = after.simd.at({int(k), int(l)}) - before.simd.at({int(k), int(l)});
+      EXPECT_EQ(got, l == float_level(k) ? n : 0u)
+          << "kernel " << int(k) << " on the " << kernels::cpu::simd_level_name(l) << " rows";
+    }
+  }
+}

@@ -44,8 +44,7 @@ double conv_gemm_flops(const Shape& out, const Tensor& weight, int gemms) {
 DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors) {
   const DType d = common_dtype(op, tensors);
   const Tensor& first = *std::find_if(tensors.begin(), tensors.end(), [](const Tensor& t) { return t.defined(); });
-  TANDEM_CHECK(d == kFloat32 || (d == kFloat64 && first.device().is_cpu()), op,
-               ": expected float32 (or float64 on CPU), got ", first.str());
+  TANDEM_CHECK(d == kFloat32 || d == kFloat64, op, ": expected float32 or float64, got ", first.str());
   return d;
 }
 

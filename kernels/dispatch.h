@@ -17,7 +17,8 @@ Device common_device(const char* op, std::initializer_list<Tensor> tensors);
 // All defined tensors must share one dtype; returns it.
 DType common_dtype(const char* op, std::initializer_list<Tensor> tensors);
 
-// All defined floating tensors must share one dtype (f32, or f64 on CPU).
+// All defined floating tensors must share one dtype, float32 or float64 (a CUDA kernel without a
+// float64 path refuses float64 itself, naming the op).
 DType common_float_dtype(const char* op, std::initializer_list<Tensor> tensors);
 
 // The device of the one operand x of `op`, which must be defined and of a float dtype.

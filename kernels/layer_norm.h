@@ -1,6 +1,6 @@
 // layer_norm over the trailing `norm_size` elements of x, viewed as [rows, norm_size]: per row,
 // mean and biased variance (in double), rstd = 1 / sqrt(var + eps), y = (x - mean) * rstd * w + b
-// with w, b of norm_size elements or undefined. float32 and float64 on CPU, float32 on CUDA
+// with w, b of norm_size elements or undefined. float32 and float64 on CPU and on CUDA
 // (kernels/cuda/layer_norm.cu). The backward works from the saved per-row mean and rstd:
 //   dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * w,
 //   dw = sum over rows of dy * xhat, db = sum over rows of dy.

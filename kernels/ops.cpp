@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <string_view>
-#include <type_traits>
 
 #include "kernels/dispatch.h"
 
@@ -84,11 +83,12 @@ int64_t fast_path_count(const char* op) {
   return -1;
 }
 
-// Each entry point has the signature of its op's kernels.
-#define TANDEM_OP_ENTRY_MATCHES(op, ...)                                 \
-  static_assert(std::is_same_v<decltype(&kernels::op), op_sig::op*>, \
-                #op ": the entry point's signature differs from the table's");
+// Each entry point has the signature of its op's kernels (an overload of that type must exist:
+// binary also takes a scalar operand).
+namespace {
+#define TANDEM_OP_ENTRY_MATCHES(op, ...) [[maybe_unused]] constexpr op_sig::op* op##_entry_point = &kernels::op;
 TANDEM_OPS_ENTRY_POINTS(TANDEM_OP_ENTRY_MATCHES)
 #undef TANDEM_OP_ENTRY_MATCHES
+}  // namespace
 
 }  // namespace tandem::kernels

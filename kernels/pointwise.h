@@ -1,7 +1,7 @@
 // The general elementwise ops: binary ops and comparisons that broadcast (PyTorch's rule), the
-// ternary `where`, unary math with its backward, and the dropout mask. float32 and float64 on CPU,
-// float32 on CUDA (kernels/cuda/pointwise.cu; the per-element math of both is
-// kernels/pointwise_math.h).
+// ternary `where`, unary math with its backward, and the dropout mask. float32 and float64 on CPU
+// and on CUDA (kernels/cuda/pointwise.cu; the dropout mask float32 only there; the per-element math
+// of both is kernels/pointwise_math.h).
 // Comparisons return uint8 masks holding 0 or 1: the byte layout of torch.bool, usable as
 // `where`'s condition and convertible with .to(kFloat32) for arithmetic. `where` takes a uint8
 // condition (nonzero = take a). Outputs are fresh and contiguous; inputs may be strided.

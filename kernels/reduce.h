@@ -1,9 +1,10 @@
-// Reductions over dimensions and softmax on any dimension, float32 and float64 on CPU, float32 on
-// CUDA (kernels/cuda/reduce.cu: sums in double without the CPU's 1024-element blocks). `dims` lists dimensions (negative counts from the end;
-// empty = all); each may appear once. Reduced dimensions are dropped, or kept with size 1 when
-// keepdim. Sums accumulate in double (over the last dimensions: blocks of 1024 summed in the
-// element type, then added in double; a sum over every dimension takes the whole-tensor fast path
-// of kernels/ops.h, which adds its chunks' partial sums in chunk order).
+// Reductions over dimensions and softmax on any dimension, float32 and float64 on CPU and on CUDA
+// (kernels/cuda/reduce.cu: sums in double without the CPU's 1024-element blocks). `dims` lists
+// dimensions (negative counts from the end; empty = all); each may appear once. Reduced dimensions
+// are dropped, or kept with size 1 when keepdim. Sums accumulate in double (over the last
+// dimensions: blocks of 1024 summed in the element type, then added in double; a sum over every
+// dimension takes the whole-tensor fast path of kernels/ops.h, which adds its chunks' partial sums
+// in chunk order).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Losses of the general op set, PyTorch's names and semantics (float32/float64 on CPU).
+// Losses of the general op set, PyTorch's names and semantics (float32/float64 on CPU and CUDA).
 //   cross_entropy(input, target): input [N, C] or [N, C, d1, ...] logits (or [C] with a 0-D
 //       target), target int64 class indices [N] or [N, d1, ...]. log_softmax over the class
 //       dimension, then the negative log-likelihood of the target class; targets equal to

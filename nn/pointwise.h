@@ -2,8 +2,8 @@
 // right; sizes equal or 1). Gradients are summed back over the broadcast dimensions (PyTorch's
 // sum_to), so a [C] bias added to [N, C] gets a [C] gradient. Scalar forms take a double as the
 // right operand (pow also as the left), held as a 0-D tensor of the other operand's dtype.
-// Same-shape add/sub/mul keep the original kernels; everything else runs the general kernels
-// (kernels/pointwise.h): float32 and float64 on CPU, float32 on CUDA. A float16/bfloat16 operand
+// Same-shape add/sub/mul take the elementwise fast paths of kernels::binary; everything else runs
+// the general kernels (kernels/pointwise.h): float32 and float64 on CPU and on CUDA. A float16/bfloat16 operand
 // of a binary op is cast up to float32 first (PyTorch's promotion with a float32 operand).
 // Comparisons return uint8 masks (0/1: torch.bool's byte layout; see kernels/pointwise.h) with no
 // gradient; `where` takes such a mask.

@@ -1,7 +1,7 @@
 // Differentiable reductions over dimensions, PyTorch's names and semantics. `dims` lists
 // dimensions (negative counts from the end; empty = all); each may appear once; reduced dimensions
-// are dropped unless keepdim. float32 and float64 on CPU, float32 on CUDA (kernels/reduce.h;
-// sum(x) over everything keeps its own kernel).
+// are dropped unless keepdim. float32 and float64 on CPU and on CUDA, but prod and cumsum: float32 on CUDA
+// (kernels/reduce.h, kernels/scan.h; a sum over everything takes the whole-tensor fast path).
 //   var: sum((x - mean)^2) / max(0, N - correction), N the number of reduced elements: correction 1
 //        is PyTorch's unbiased=True (the default), 0 is unbiased=False. The mean is subtracted
 //        twice (d = x - mean, then d - mean(d)), so a large mean (1e4 + noise) does not swamp the

@@ -46,7 +46,7 @@ MAY_USE = {
 # One header per folder to include (any would do; these are small).
 PROBE = {
     "core": "core/error.h",
-    "kernels": "kernels/elementwise.h",
+    "kernels": "kernels/activation.h",
     "nn": "nn/module.h",
     "optim": "optim/optimizer.h",
     "data": "data/sampler.h",

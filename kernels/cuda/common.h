@@ -68,9 +68,24 @@ bool allow_tf32();
 // Every defined tensor must be float32 on one CUDA device; returns that device's index.
 int check_f32_cuda(const char* op, std::initializer_list<Tensor> tensors);
 
+// Every defined tensor must be float32, or every one float64, on one CUDA device; returns that
+// device's index (the kernels with a float64 path: kernels/ops.h's family comments name them).
+int check_f32_f64_cuda(const char* op, std::initializer_list<Tensor> tensors);
+
 // Element pointer of a CUDA tensor (its storage plus offset); outputs are written through the
 // const handle as every Tensor is a handle.
 inline float* f32_ptr(const Tensor& t) { return static_cast<float*>(const_cast<void*>(t.raw_data())); }
+template <typename T>
+T* elem_ptr(const Tensor& t) {
+  return static_cast<T*>(const_cast<void*>(t.raw_data()));
+}
+
+// fn(float{}) for float32, fn(double{}) for float64 (the dtypes check_f32_f64_cuda admits).
+template <typename Fn>
+decltype(auto) dispatch_cuda_float(DType dtype, Fn&& fn) {
+  if (dtype == kFloat64) return fn(double{});
+  return fn(float{});
+}
 
 // Throws unless v fits in an int (cuDNN and cuBLAS take int dimensions).
 int to_int(int64_t v, const char* op, const char* what);

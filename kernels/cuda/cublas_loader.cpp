@@ -67,6 +67,13 @@ cublasStatus_t CUBLASWINAPI cublasSgemm_v2(cublasHandle_t handle, cublasOperatio
   TANDEM_FORWARD(cublasSgemm_v2, handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// float64 (kernels/cuda/linear.cu: matmul and linear in double).
+cublasStatus_t CUBLASWINAPI cublasDgemm_v2(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                           int m, int n, int k, const double* alpha, const double* A, int lda,
+                                           const double* B, int ldb, const double* beta, double* C, int ldc) {
+  TANDEM_FORWARD(cublasDgemm_v2, handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 // Batched products of equal-shaped matrices at fixed strides (kernels/cuda/index.cu: bmm).
 cublasStatus_t CUBLASWINAPI cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
                                                       cublasOperation_t transb, int m, int n, int k,

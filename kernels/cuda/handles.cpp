@@ -91,22 +91,39 @@ bool allow_tf32() {
   return allowed;
 }
 
-int check_f32_cuda(const char* op, std::initializer_list<Tensor> tensors) {
+namespace {
+
+// Every defined tensor on one CUDA device, each of a dtype `allowed` admits and all of one dtype.
+template <typename Allowed>
+int check_cuda_operands(const char* op, std::initializer_list<Tensor> tensors, Allowed allowed, const char* expected) {
   const Tensor* first = nullptr;
   for (const Tensor& t : tensors) {
     if (!t.defined()) continue;
     TANDEM_CHECK(t.device().is_cuda(), op, ": expected a CUDA tensor, got ", t.str());
-    TANDEM_CHECK(t.dtype() == kFloat32, op, ": the CUDA kernels support float32 only, got ", t.str());
+    TANDEM_CHECK(allowed(t.dtype()), op, ": the CUDA kernel takes ", expected, ", got ", t.str());
     if (!first) {
       first = &t;
       continue;
     }
     TANDEM_CHECK(t.device() == first->device(), op, ": expected all tensors on ", first->device().str(),
                  ", got ", t.str());
+    TANDEM_CHECK(t.dtype() == first->dtype(), op, ": expected all tensors as ", dtype_name(first->dtype()),
+                 ", got ", t.str());
   }
   TANDEM_CHECK(first != nullptr, op, ": no tensor given");
   check_device_index(first->device().index);
   return first->device().index;
+}
+
+}  // namespace
+
+int check_f32_cuda(const char* op, std::initializer_list<Tensor> tensors) {
+  return check_cuda_operands(op, tensors, [](DType d) { return d == kFloat32; }, "float32 only");
+}
+
+int check_f32_f64_cuda(const char* op, std::initializer_list<Tensor> tensors) {
+  return check_cuda_operands(op, tensors, [](DType d) { return d == kFloat32 || d == kFloat64; },
+                             "float32 or float64");
 }
 
 int to_int(int64_t v, const char* op, const char* what) {

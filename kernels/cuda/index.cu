@@ -1,4 +1,5 @@
-// CUDA kernels of kernels/index.h (float32) under tandem::kernels::cuda.
+// CUDA kernels of kernels/index.h (float32; index_select, index_add, gather and scatter_add also
+// float64) under tandem::kernels::cuda.
 // Assumes: validated by kernels/index.cpp (indices int64, contiguous, on the operands' device;
 // shapes match). Index values are NOT checked on the host (that would wait for the device): each
 // kernel checks the index it reads, skips an out-of-range one (writing 0 where it selects) and
@@ -65,15 +66,17 @@ __device__ __forceinline__ bool index_ok(KernelErrorRecord* rec, int op, int64_t
   return false;
 }
 
-__global__ void index_select_kernel(const float* x, const int64_t* ix, float* out, int64_t n, int64_t k, int64_t inner,
+template <typename T>
+__global__ void index_select_kernel(const T* x, const int64_t* ix, T* out, int64_t n, int64_t k, int64_t inner,
                                     int64_t total, KernelErrorRecord* rec) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
     const int64_t i = t % inner, r = t / inner, j = ix[r % k];
-    out[t] = index_ok(rec, tandem::cuda::kOpIndexSelect, r % k, j, n) ? x[((r / k) * n + j) * inner + i] : 0.0f;
+    out[t] = index_ok(rec, tandem::cuda::kOpIndexSelect, r % k, j, n) ? x[((r / k) * n + j) * inner + i] : T(0);
   }
 }
 
-__global__ void index_add_kernel(const float* src, const int64_t* ix, float* out, int64_t n, int64_t k, int64_t inner,
+template <typename T>
+__global__ void index_add_kernel(const T* src, const int64_t* ix, T* out, int64_t n, int64_t k, int64_t inner,
                                  int64_t skip, int64_t total, KernelErrorRecord* rec) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
     const int64_t i = t % inner, r = t / inner, j = ix[r % k];
@@ -82,14 +85,16 @@ __global__ void index_add_kernel(const float* src, const int64_t* ix, float* out
   }
 }
 
-__global__ void gather_kernel(const float* x, const int64_t* ix, float* out, IndexWalk w, int64_t size, int64_t total,
+template <typename T>
+__global__ void gather_kernel(const T* x, const int64_t* ix, T* out, IndexWalk w, int64_t size, int64_t total,
                               KernelErrorRecord* rec) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
-    out[t] = index_ok(rec, tandem::cuda::kOpGather, t, ix[t], size) ? x[w.offset(t, ix[t])] : 0.0f;
+    out[t] = index_ok(rec, tandem::cuda::kOpGather, t, ix[t], size) ? x[w.offset(t, ix[t])] : T(0);
   }
 }
 
-__global__ void scatter_add_kernel(const float* src, const int64_t* ix, float* out, IndexWalk w, int64_t size,
+template <typename T>
+__global__ void scatter_add_kernel(const T* src, const int64_t* ix, T* out, IndexWalk w, int64_t size,
                                    int64_t total, KernelErrorRecord* rec) {
   TANDEM_GRID_STRIDE_LOOP(t, total) {
     if (index_ok(rec, tandem::cuda::kOpScatterAdd, t, ix[t], size)) atomicAdd(out + w.offset(t, ix[t]), src[t]);
@@ -126,64 +131,80 @@ GemmOperand gemm_operand(const Tensor& x) {
 }  // namespace
 
 Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
-  const int dev = check_f32_cuda("index_select", {x_in});
+  const int dev = check_f32_f64_cuda("index_select", {x_in});
   const Tensor x = x_in.contiguous();
   int64_t outer, n, inner;
   views::split_at(x.shape(), dim, outer, n, inner);
   const int64_t k = index.numel();
   Shape shape = x.shape();
   if (!shape.empty()) shape[dim] = k;
-  Tensor out = Tensor::empty(shape, kFloat32, x.device());
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   const int64_t total = out.numel();
   if (total == 0 || k == 0) return out;  // (k == 0 with a 0-D x: nothing selected)
   KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
-  launch(on, index_select_kernel, grid_for(total), 256, 0, in_ptr(x), idx_ptr(index), f32_ptr(out), n, k, inner,
-         total, rec);
+  dispatch_cuda_float(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, index_select_kernel<T>, grid_for(total), 256, 0, elem_ptr<const T>(x), idx_ptr(index), elem_ptr<T>(out),
+           n, k, inner, total, rec);
+  });
   mark_kernel_error_check_pending(dev);
   return out;
 }
 
 Tensor index_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src_in, int64_t skip) {
-  const int dev = check_f32_cuda("index_add", {src_in});
+  const int dev = check_f32_f64_cuda("index_add", {src_in});
   const Tensor src = src_in.contiguous();
   int64_t outer, n, inner;
   views::split_at(shape, dim, outer, n, inner);
-  Tensor out = Tensor::zeros(shape, kFloat32, src.device());
+  Tensor out = Tensor::zeros(shape, src.dtype(), src.device());
   const int64_t total = src.numel();
   if (total == 0 || index.numel() == 0) return out;
   KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
-  launch(on, index_add_kernel, grid_for(total), 256, 0, in_ptr(src), idx_ptr(index), f32_ptr(out), n, index.numel(),
-         inner, skip, total, rec);
+  dispatch_cuda_float(src.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, index_add_kernel<T>, grid_for(total), 256, 0, elem_ptr<const T>(src), idx_ptr(index), elem_ptr<T>(out),
+           n, index.numel(), inner, skip, total, rec);
+  });
   mark_kernel_error_check_pending(dev);
   return out;
 }
 
 Tensor gather(const Tensor& x_in, int64_t dim, const Tensor& index) {
-  const int dev = check_f32_cuda("gather", {x_in});
+  const int dev = check_f32_f64_cuda("gather", {x_in});
   const Tensor x = x_in.contiguous();
-  Tensor out = Tensor::empty(index.shape(), kFloat32, x.device());
+  Tensor out = Tensor::empty(index.shape(), x.dtype(), x.device());
   const int64_t total = out.numel();
   if (total == 0) return out;
   KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
-  launch(on, gather_kernel, grid_for(total), 256, 0, in_ptr(x), idx_ptr(index), f32_ptr(out),
-         index_walk("gather", index.shape(), x.shape(), dim), x.dim() == 0 ? int64_t{1} : x.size(dim), total, rec);
+  const IndexWalk walk = index_walk("gather", index.shape(), x.shape(), dim);
+  const int64_t size = x.dim() == 0 ? int64_t{1} : x.size(dim);
+  dispatch_cuda_float(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, gather_kernel<T>, grid_for(total), 256, 0, elem_ptr<const T>(x), idx_ptr(index), elem_ptr<T>(out), walk,
+           size, total, rec);
+  });
   mark_kernel_error_check_pending(dev);
   return out;
 }
 
 Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src_in) {
-  const int dev = check_f32_cuda("scatter_add", {src_in});
+  const int dev = check_f32_f64_cuda("scatter_add", {src_in});
   const Tensor src = src_in.contiguous();
-  Tensor out = Tensor::zeros(shape, kFloat32, src.device());
+  Tensor out = Tensor::zeros(shape, src.dtype(), src.device());
   const int64_t total = src.numel();
   if (total == 0) return out;
   KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
-  launch(on, scatter_add_kernel, grid_for(total), 256, 0, in_ptr(src), idx_ptr(index), f32_ptr(out),
-         index_walk("scatter_add", index.shape(), shape, dim), shape.empty() ? int64_t{1} : shape[dim], total, rec);
+  const IndexWalk walk = index_walk("scatter_add", index.shape(), shape, dim);
+  const int64_t size = shape.empty() ? int64_t{1} : shape[dim];
+  dispatch_cuda_float(src.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, scatter_add_kernel<T>, grid_for(total), 256, 0, elem_ptr<const T>(src), idx_ptr(index),
+           elem_ptr<T>(out), walk, size, total, rec);
+  });
   mark_kernel_error_check_pending(dev);
   return out;
 }

@@ -1,4 +1,4 @@
-// CUDA kernels of kernels/layer_norm.h (float32) under tandem::kernels::cuda.
+// CUDA kernels of kernels/layer_norm.h (float32 and float64) under tandem::kernels::cuda.
 // Assumes: validated by kernels/layer_norm.cpp (x holds whole rows of n elements; w, b of n
 // elements or undefined; mean and rstd of one per row).
 // How: one block of 256 threads per row for the forward and the input gradient (row statistics
@@ -6,7 +6,7 @@
 // neighbouring columns x 8 row lanes whose sums are added in lane order (column_tile_sum of
 // reduce.cuh; neighbouring threads read neighbouring addresses; no atomics).
 // Guarantees: the CPU kernel's formulas and precision (statistics and sums in double, the rest
-// in float); fresh contiguous outputs on the input's device, on its compute stream; deterministic.
+// in the element type); fresh contiguous outputs on the input's device, on its compute stream; deterministic.
 #include <algorithm>
 #include <cmath>
 
@@ -20,12 +20,16 @@ namespace {
 
 constexpr int kThreads = 256;
 
-const float* in_ptr(const Tensor& t) { return t.defined() ? static_cast<const float*>(t.raw_data()) : nullptr; }
+template <typename T>
+const T* in_ptr(const Tensor& t) {
+  return t.defined() ? static_cast<const T*>(t.raw_data()) : nullptr;
+}
 
-__global__ void layer_norm_kernel(const float* x, const float* w, const float* b, float* y, float* mean, float* rstd,
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* w, const T* b, T* y, T* mean, T* rstd,
                                   int64_t rows, int64_t n, double eps) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* row = x + r * n;
+    const T* row = x + r * n;
     double s = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) s += static_cast<double>(row[j]);
     const double mu = block_sum(s) / static_cast<double>(n);
@@ -36,12 +40,12 @@ __global__ void layer_norm_kernel(const float* x, const float* w, const float* b
     }
     const double rs = 1.0 / ::sqrt(block_sum(s2) / static_cast<double>(n) + eps);
     if (threadIdx.x == 0) {
-      mean[r] = static_cast<float>(mu);
-      rstd[r] = static_cast<float>(rs);
+      mean[r] = static_cast<T>(mu);
+      rstd[r] = static_cast<T>(rs);
     }
-    const float m = static_cast<float>(mu), rsf = static_cast<float>(rs);
+    const T m = static_cast<T>(mu), rsf = static_cast<T>(rs);
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      float v = (row[j] - m) * rsf;
+      T v = (row[j] - m) * rsf;
       if (w) v *= w[j];
       if (b) v += b[j];
       y[r * n + j] = v;
@@ -50,12 +54,13 @@ __global__ void layer_norm_kernel(const float* x, const float* w, const float* b
 }
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * w.
-__global__ void layer_norm_dx_kernel(const float* g, const float* x, const float* mean, const float* rstd,
-                                     const float* w, float* dx, int64_t rows, int64_t n) {
+template <typename T>
+__global__ void layer_norm_dx_kernel(const T* g, const T* x, const T* mean, const T* rstd,
+                                     const T* w, T* dx, int64_t rows, int64_t n) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* gr = g + r * n;
-    const float* xr = x + r * n;
-    const float m = mean[r], rs = rstd[r];
+    const T* gr = g + r * n;
+    const T* xr = x + r * n;
+    const T m = mean[r], rs = rstd[r];
     double a = 0, b = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const double dxhat = static_cast<double>(gr[j]) * (w ? static_cast<double>(w[j]) : 1.0);
@@ -65,10 +70,10 @@ __global__ void layer_norm_dx_kernel(const float* g, const float* x, const float
     }
     a = block_sum(a);
     b = block_sum(b);
-    const float ma = static_cast<float>(a / static_cast<double>(n)), mb = static_cast<float>(b / static_cast<double>(n));
+    const T ma = static_cast<T>(a / static_cast<double>(n)), mb = static_cast<T>(b / static_cast<double>(n));
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const float dxhat = gr[j] * (w ? w[j] : 1.0f);
-      const float xhat = (xr[j] - m) * rs;
+      const T dxhat = gr[j] * (w ? w[j] : T(1));
+      const T xhat = (xr[j] - m) * rs;
       dx[r * n + j] = rs * (dxhat - ma - xhat * mb);
     }
   }
@@ -76,8 +81,9 @@ __global__ void layer_norm_dx_kernel(const float* g, const float* x, const float
 
 // dw[j] = sum over rows of dy * xhat, db[j] = sum of dy (either output may be null). A block per tile of
 // kColumnTile columns, its kColumnLanes row lanes added in order (column_tile_sum).
-__global__ void layer_norm_dwb_kernel(const float* g, const float* x, const float* mean, const float* rstd, float* dw,
-                                      float* db, int64_t rows, int64_t n) {
+template <typename T>
+__global__ void layer_norm_dwb_kernel(const T* g, const T* x, const T* mean, const T* rstd, T* dw,
+                                      T* db, int64_t rows, int64_t n) {
   const int64_t j = int64_t(blockIdx.x) * kColumnTile + threadIdx.x;
   double acc[2] = {0, 0};
   if (j < n) {
@@ -89,8 +95,8 @@ __global__ void layer_norm_dwb_kernel(const float* g, const float* x, const floa
   }
   column_tile_sum(acc);
   if (threadIdx.y == 0 && j < n) {
-    if (dw) dw[j] = static_cast<float>(acc[0]);
-    if (db) db[j] = static_cast<float>(acc[1]);
+    if (dw) dw[j] = static_cast<T>(acc[0]);
+    if (db) db[j] = static_cast<T>(acc[1]);
   }
 }
 
@@ -100,24 +106,28 @@ unsigned row_grid(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>
 
 LayerNormForward layer_norm_forward(const Tensor& x_in, int64_t n, const Tensor& w_in, const Tensor& b_in,
                                     double eps) {
-  const int dev = check_f32_cuda("layer_norm", {x_in, w_in, b_in});
+  const int dev = check_f32_f64_cuda("layer_norm", {x_in, w_in, b_in});
   const Tensor x = x_in.contiguous();
   const Tensor w = w_in.defined() ? w_in.contiguous() : Tensor(), b = b_in.defined() ? b_in.contiguous() : Tensor();
   const int64_t rows = x.numel() / n;
   const Device device = x.device();
-  LayerNormForward r{Tensor::empty(x.shape(), kFloat32, device), Tensor::empty({rows}, kFloat32, device),
-                     Tensor::empty({rows}, kFloat32, device)};
+  const DType dt = x.dtype();
+  LayerNormForward r{Tensor::empty(x.shape(), dt, device), Tensor::empty({rows}, dt, device),
+                     Tensor::empty({rows}, dt, device)};
   if (rows == 0) return r;
   StreamGuard on(dev);
-  launch(on, layer_norm_kernel, row_grid(rows), kThreads, 0, in_ptr(x), in_ptr(w), in_ptr(b), f32_ptr(r.output),
-         f32_ptr(r.mean), f32_ptr(r.rstd), rows, n, eps);
+  dispatch_cuda_float(dt, [&](auto t) {
+    using T = decltype(t);
+    launch(on, layer_norm_kernel<T>, row_grid(rows), kThreads, 0, in_ptr<T>(x), in_ptr<T>(w), in_ptr<T>(b),
+           elem_ptr<T>(r.output), elem_ptr<T>(r.mean), elem_ptr<T>(r.rstd), rows, n, eps);
+  });
   return r;
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& g_in, const Tensor& x_in, const Tensor& mean_in,
                                    const Tensor& rstd_in, const Tensor& w_in, bool need_input, bool need_weight,
                                    bool need_bias) {
-  const int dev = check_f32_cuda("layer_norm", {g_in, x_in, mean_in, rstd_in, w_in});
+  const int dev = check_f32_f64_cuda("layer_norm", {g_in, x_in, mean_in, rstd_in, w_in});
   const Tensor g = g_in.contiguous(), x = x_in.contiguous();
   const Tensor mean = mean_in.contiguous(), rstd = rstd_in.contiguous();
   const Tensor w = w_in.defined() ? w_in.contiguous() : Tensor();
@@ -126,23 +136,26 @@ LayerNormGrads layer_norm_backward(const Tensor& g_in, const Tensor& x_in, const
   const Device device = x.device();
   LayerNormGrads r;
   StreamGuard on(dev);
-  if (need_input) {
-    r.input = Tensor::empty(x.shape(), kFloat32, device);
-    if (rows > 0 && n > 0) {
-      launch(on, layer_norm_dx_kernel, row_grid(rows), kThreads, 0, in_ptr(g), in_ptr(x), in_ptr(mean), in_ptr(rstd),
-             in_ptr(w), f32_ptr(r.input), rows, n);
+  dispatch_cuda_float(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    if (need_input) {
+      r.input = Tensor::empty(x.shape(), x.dtype(), device);
+      if (rows > 0 && n > 0) {
+        launch(on, layer_norm_dx_kernel<T>, row_grid(rows), kThreads, 0, in_ptr<T>(g), in_ptr<T>(x), in_ptr<T>(mean),
+               in_ptr<T>(rstd), in_ptr<T>(w), elem_ptr<T>(r.input), rows, n);
+      }
     }
-  }
-  if (need_weight || need_bias) {
-    const Shape shape = w.defined() ? w.shape() : Shape{n};
-    if (need_weight) r.weight = Tensor::empty(shape, kFloat32, device);
-    if (need_bias) r.bias = Tensor::empty(shape, kFloat32, device);
-    if (n > 0) {
-      launch(on, layer_norm_dwb_kernel, dim3(static_cast<unsigned>((n + kColumnTile - 1) / kColumnTile)),
-             dim3(kColumnTile, kColumnLanes), 0, in_ptr(g), in_ptr(x), in_ptr(mean), in_ptr(rstd),
-             need_weight ? f32_ptr(r.weight) : nullptr, need_bias ? f32_ptr(r.bias) : nullptr, rows, n);
+    if (need_weight || need_bias) {
+      const Shape shape = w.defined() ? w.shape() : Shape{n};
+      if (need_weight) r.weight = Tensor::empty(shape, x.dtype(), device);
+      if (need_bias) r.bias = Tensor::empty(shape, x.dtype(), device);
+      if (n > 0) {
+        launch(on, layer_norm_dwb_kernel<T>, dim3(static_cast<unsigned>((n + kColumnTile - 1) / kColumnTile)),
+               dim3(kColumnTile, kColumnLanes), 0, in_ptr<T>(g), in_ptr<T>(x), in_ptr<T>(mean), in_ptr<T>(rstd),
+               need_weight ? elem_ptr<T>(r.weight) : nullptr, need_bias ? elem_ptr<T>(r.bias) : nullptr, rows, n);
+      }
     }
-  }
+  });
   return r;
 }
 

@@ -1,5 +1,6 @@
-// linear and matmul on CUDA with cuBLAS sgemm (float32; TF32 only with TANDEM_ALLOW_TF32=1). linear
-// also takes float16 / bfloat16 operands (mixed precision): cublasGemmEx with CUBLAS_COMPUTE_32F
+// linear and matmul on CUDA with cuBLAS sgemm (float32; TF32 only with TANDEM_ALLOW_TF32=1) or dgemm
+// (float64: the bias added and its gradient summed by the kernels below, in double). linear also
+// takes float16 / bfloat16 operands (mixed precision): cublasGemmEx with CUBLAS_COMPUTE_32F
 // (float accumulation, tensor cores), outputs and gradients in the operands' dtype.
 // cuBLAS is column-major; a row-major [R, C] matrix is the column-major [C, R] matrix, its
 // transpose. So each row-major product Z = A * B is computed as the column-major Z^T = B^T * A^T,
@@ -16,12 +17,35 @@
 #include "kernels/cuda/amp.cuh"
 #include "core/cuda/launch.cuh"
 #include "kernels/cuda/common.h"
+#include "kernels/cuda/reduce.cuh"
 #include "kernels/ops.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 const float kOne = 1.0f, kZero = 0.0f;
+const double kOneD = 1.0, kZeroD = 0.0;
+
+// y [N, C] += bias [C], float64.
+__global__ void add_bias_f64_kernel(double* y, const double* bias, int64_t C, int64_t n) {
+  TANDEM_GRID_STRIDE_LOOP(i, n) { y[i] += bias[i % C]; }
+}
+
+// out[c] = sum over rows of dy [N, C], float64: one thread per column (bias gradients are short).
+__global__ void column_sum_f64_kernel(const double* dy, double* out, int64_t N, int64_t C) {
+  TANDEM_GRID_STRIDE_LOOP(c, C) {
+    double acc = 0;
+    for (int64_t r = 0; r < N; ++r) acc += dy[r * C + c];
+    out[c] = acc;
+  }
+}
+
+// The operands' device and dtype: f32, f16, bf16 (amp.cuh's check) or f64, all one dtype.
+int check_linear_operands(const char* op, std::initializer_list<Tensor> tensors, DType& dtype) {
+  if (tensors.begin()->dtype() != kFloat64) return check_float_cuda(op, tensors, dtype);
+  dtype = kFloat64;
+  return check_f32_f64_cuda(op, tensors);
+}
 
 // Column-major C[m, n] = op(A)[m, k] * op(B)[k, n], leading dimensions as stored; handles empty
 // sizes that cuBLAS rejects (zero leading dimensions) or treats specially (k = 0).
@@ -36,7 +60,8 @@ void sgemm(int dev, cublasOperation_t ta, cublasOperation_t tb, int m, int n, in
   TANDEM_CUBLAS_CHECK(cublasSgemm(cublas_handle(dev), ta, tb, m, n, k, &kOne, a, lda, b, ldb, &kZero, c, ldc));
 }
 
-// The same for any of f32 / f16 / bf16 storage (all three matrices one dtype), float compute.
+// The same for any of f32 / f16 / bf16 storage (all three matrices one dtype), float compute, or
+// f64 (double compute).
 void gemm_any(int dev, DType t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void* a,
               int lda, const void* b, int ldb, void* c, int ldc) {
   if (t == kFloat32) {
@@ -50,6 +75,11 @@ void gemm_any(int dev, DType t, cublasOperation_t ta, cublasOperation_t tb, int 
     TANDEM_CUDA_CHECK(cudaMemsetAsync(c, 0, element_size(t) * size_t(m) * size_t(n), on.stream()));
     return;
   }
+  if (t == kFloat64) {
+    TANDEM_CUBLAS_CHECK(cublasDgemm(cublas_handle(dev), ta, tb, m, n, k, &kOneD, static_cast<const double*>(a), lda,
+                                    static_cast<const double*>(b), ldb, &kZeroD, static_cast<double*>(c), ldc));
+    return;
+  }
   const cudaDataType dt = cuda_dtype(t);
   TANDEM_CUBLAS_CHECK(cublasGemmEx(cublas_handle(dev), ta, tb, m, n, k, &kOne, a, dt, lda, b, dt, ldb, &kZero, c, dt,
                                    ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -60,7 +90,7 @@ void gemm_any(int dev, DType t, cublasOperation_t ta, cublasOperation_t tb, int 
 Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const char* op = "linear_forward";
   DType dtype = kFloat32;
-  const int dev = check_float_cuda(op, {x_in, weight_in, bias_in}, dtype);
+  const int dev = check_linear_operands(op, {x_in, weight_in, bias_in}, dtype);
   TANDEM_CHECK(x_in.dim() == 2, op, ": input must be 2-D [N, in], got ", x_in.str());
   TANDEM_CHECK(weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op, ": weight must be [out, ",
                x_in.size(1), "], got ", weight_in.str());
@@ -75,7 +105,13 @@ Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
            std::max(in, 1), y.raw_data(), std::max(out, 1));
   if (bias_in.defined()) {
     const Tensor bias = bias_in.contiguous();
-    add_channel_bias_any(StreamGuard(dev), y.raw_data(), bias.raw_data(), dtype, N, out, 1);
+    if (dtype != kFloat64) {
+      add_channel_bias_any(StreamGuard(dev), y.raw_data(), bias.raw_data(), dtype, N, out, 1);
+    } else if (y.numel() > 0) {
+      StreamGuard on(dev);
+      launch(on, add_bias_f64_kernel, grid_for(y.numel()), 256, 0, elem_ptr<double>(y), elem_ptr<const double>(bias),
+             int64_t{out}, y.numel());
+    }
   }
   return y;
 }
@@ -84,7 +120,7 @@ LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const
                             bool need_weight, bool need_bias) {
   const char* op = "linear_backward";
   DType dtype = kFloat32;
-  const int dev = check_float_cuda(op, {grad_out_in, x_in, weight_in}, dtype);
+  const int dev = check_linear_operands(op, {grad_out_in, x_in, weight_in}, dtype);
   TANDEM_CHECK(x_in.dim() == 2 && weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op,
                ": expected input [N, in] and weight [out, in], got ", x_in.str(), " and ", weight_in.str());
   const int N = to_int(x_in.size(0), op, "batch size");
@@ -111,8 +147,12 @@ LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const
     grads.bias = Tensor::empty({out}, dtype, device);
     if (N == 0) {
       grads.bias.zero_();
-    } else {
+    } else if (dtype != kFloat64) {
       channel_sum_any(StreamGuard(dev), dy.raw_data(), grads.bias.raw_data(), dtype, N, out, 1);
+    } else if (out > 0) {
+      StreamGuard on(dev);
+      launch(on, column_sum_f64_kernel, grid_for(out), 256, 0, elem_ptr<const double>(dy),
+             elem_ptr<double>(grads.bias), int64_t{N}, int64_t{out});
     }
   }
   return grads;
@@ -120,16 +160,16 @@ LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const char* op = "matmul";
-  const int dev = check_f32_cuda(op, {a_in, b_in});
+  const int dev = check_f32_f64_cuda(op, {a_in, b_in});
   TANDEM_CHECK(a_in.dim() == 2 && b_in.dim() == 2 && a_in.size(1) == b_in.size(0), op,
                ": expected a [M, K] and b [K, N], got ", a_in.str(), " and ", b_in.str());
   const int M = to_int(a_in.size(0), op, "M");
   const int K = to_int(a_in.size(1), op, "K");
   const int N = to_int(b_in.size(1), op, "N");
   const Tensor a = a_in.contiguous(), b = b_in.contiguous();
-  Tensor c = Tensor::empty({M, N}, kFloat32, a_in.device());
-  sgemm(dev, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, f32_ptr(b), std::max(N, 1), f32_ptr(a), std::max(K, 1), f32_ptr(c),
-        std::max(N, 1));
+  Tensor c = Tensor::empty({M, N}, a_in.dtype(), a_in.device());
+  gemm_any(dev, a_in.dtype(), CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, b.raw_data(), std::max(N, 1), a.raw_data(),
+           std::max(K, 1), c.raw_data(), std::max(N, 1));
   return c;
 }
 

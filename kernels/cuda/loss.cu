@@ -1,5 +1,6 @@
-// log_softmax over the rows of x [N, C] and the mean nll_loss of int64 targets [N], on CUDA.
-// log_softmax: one warp per row (max, sum of exp, in float); backward dx = g - exp(y) * sum(g).
+// log_softmax over the rows of x [N, C] and the mean nll_loss of int64 targets [N], on CUDA
+// (float32 and float64). log_softmax: one warp per row (max, sum of exp, in the element type);
+// backward dx = g - exp(y) * sum(g).
 // nll_loss forward: one block sums -log_probs[i, target[i]] (double accumulation) and divides by
 // N; backward writes -grad / N at each row's target into a zeroed [N, C]; grad is read on the
 // device, so nothing waits for the host.
@@ -12,56 +13,62 @@
 #include "kernels/cuda/common.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/ops.h"
+#include "kernels/pointwise_math.h"
 
 namespace tandem::kernels::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-__device__ __forceinline__ float warp_all_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+template <typename T>
+__device__ __forceinline__ T warp_all_max(T v) {
+  for (int o = 16; o > 0; o >>= 1) v = tmax(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-__device__ __forceinline__ float warp_all_sum(float v) {
+template <typename T>
+__device__ __forceinline__ T warp_all_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 
-__global__ void log_softmax_forward_kernel(const float* x, float* y, int64_t N, int64_t C) {
+template <typename T>
+__global__ void log_softmax_forward_kernel(const T* x, T* y, int64_t N, int64_t C) {
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= N) return;  // the whole warp leaves together
-  const float* xr = x + row * C;
-  float m = -INFINITY;
-  for (int64_t j = lane; j < C; j += 32) m = fmaxf(m, xr[j]);
+  const T* xr = x + row * C;
+  T m = T(-INFINITY);
+  for (int64_t j = lane; j < C; j += 32) m = tmax(m, xr[j]);
   m = warp_all_max(m);
-  float s = 0.0f;
-  for (int64_t j = lane; j < C; j += 32) s += expf(xr[j] - m);
+  T s = T(0);
+  for (int64_t j = lane; j < C; j += 32) s += math::texp(xr[j] - m);
   s = warp_all_sum(s);
-  const float ls = logf(s);
-  float* yr = y + row * C;
+  const T ls = math::tlog(s);
+  T* yr = y + row * C;
   for (int64_t j = lane; j < C; j += 32) yr[j] = (xr[j] - m) - ls;  // (x - max) first, as PyTorch
 }
 
-__global__ void log_softmax_backward_kernel(const float* g, const float* y, float* dx, int64_t N, int64_t C) {
+template <typename T>
+__global__ void log_softmax_backward_kernel(const T* g, const T* y, T* dx, int64_t N, int64_t C) {
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= N) return;
-  const float* gr = g + row * C;
-  const float* yr = y + row * C;
-  float s = 0.0f;
+  const T* gr = g + row * C;
+  const T* yr = y + row * C;
+  T s = T(0);
   for (int64_t j = lane; j < C; j += 32) s += gr[j];
   s = warp_all_sum(s);
-  float* dr = dx + row * C;
-  for (int64_t j = lane; j < C; j += 32) dr[j] = gr[j] - expf(yr[j]) * s;
+  T* dr = dx + row * C;
+  for (int64_t j = lane; j < C; j += 32) dr[j] = gr[j] - math::texp(yr[j]) * s;
 }
 
 __device__ void report_bad_target(KernelErrorRecord* rec, int64_t row, int64_t value, int64_t C) {
   tandem::cuda::report_kernel_error(rec, kNllTargetOutOfRange, 0, row, value, C);
 }
 
-__global__ void nll_forward_kernel(const float* lp, const int64_t* target, int64_t N, int64_t C, float* out,
+template <typename T>
+__global__ void nll_forward_kernel(const T* lp, const int64_t* target, int64_t N, int64_t C, T* out,
                                    KernelErrorRecord* rec) {
   double acc = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
@@ -73,12 +80,13 @@ __global__ void nll_forward_kernel(const float* lp, const int64_t* target, int64
     acc -= lp[i * C + t];
   }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) *out = static_cast<float>(acc / double(N));  // N = 0 gives NaN, as PyTorch
+  if (threadIdx.x == 0) *out = static_cast<T>(acc / double(N));  // N = 0 gives NaN, as PyTorch
 }
 
-__global__ void nll_backward_kernel(const float* grad, const int64_t* target, float* dx, int64_t N, int64_t C,
+template <typename T>
+__global__ void nll_backward_kernel(const T* grad, const int64_t* target, T* dx, int64_t N, int64_t C,
                                     KernelErrorRecord* rec) {
-  const float g = -grad[0] / static_cast<float>(N);
+  const T g = -grad[0] / static_cast<T>(N);
   TANDEM_GRID_STRIDE_LOOP(i, N) {
     const int64_t t = target[i];
     if (t < 0 || t >= C) {
@@ -143,57 +151,73 @@ ClassTargets class_targets(const Tensor& target_in, int64_t C, int64_t ignore_in
 
 Tensor log_softmax_forward(const Tensor& x_in) {
   const char* op = "log_softmax_forward";
-  const int dev = check_f32_cuda(op, {x_in});
+  const int dev = check_f32_f64_cuda(op, {x_in});
   check_rows(op, x_in);
   const Tensor x = x_in.contiguous();
-  Tensor y = Tensor::empty(x.shape(), kFloat32, x.device());
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   const int64_t N = x.size(0), C = x.size(1);
   if (N == 0 || C == 0) return y;
   StreamGuard on(dev);
-  launch(on, log_softmax_forward_kernel, row_blocks(N), kWarpsPerBlock * 32, 0, f32_ptr(x), f32_ptr(y), N, C);
+  dispatch_cuda_float(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, log_softmax_forward_kernel<T>, row_blocks(N), kWarpsPerBlock * 32, 0, elem_ptr<T>(x), elem_ptr<T>(y),
+           N, C);
+  });
   return y;
 }
 
 Tensor log_softmax_backward(const Tensor& grad_out_in, const Tensor& y_in) {
   const char* op = "log_softmax_backward";
-  const int dev = check_f32_cuda(op, {grad_out_in, y_in});
+  const int dev = check_f32_f64_cuda(op, {grad_out_in, y_in});
   check_rows(op, y_in);
   TANDEM_CHECK(grad_out_in.shape() == y_in.shape(), op, ": grad_output ", grad_out_in.str(), " does not match output ",
                y_in.str());
   const Tensor g = grad_out_in.contiguous(), y = y_in.contiguous();
-  Tensor dx = Tensor::empty(y.shape(), kFloat32, y.device());
+  Tensor dx = Tensor::empty(y.shape(), y.dtype(), y.device());
   const int64_t N = y.size(0), C = y.size(1);
   if (N == 0 || C == 0) return dx;
   StreamGuard on(dev);
-  launch(on, log_softmax_backward_kernel, row_blocks(N), kWarpsPerBlock * 32, 0,  f32_ptr(g), f32_ptr(y), f32_ptr(dx), N, C);
+  dispatch_cuda_float(y.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, log_softmax_backward_kernel<T>, row_blocks(N), kWarpsPerBlock * 32, 0, elem_ptr<T>(g), elem_ptr<T>(y),
+           elem_ptr<T>(dx), N, C);
+  });
   return dx;
 }
 
 Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& target_in) {
   const char* op = "nll_loss_forward";
-  const int dev = check_f32_cuda(op, {log_probs_in});
+  const int dev = check_f32_f64_cuda(op, {log_probs_in});
   check_target(op, log_probs_in, target_in);
   const Tensor lp = log_probs_in.contiguous(), target = target_in.contiguous();
-  Tensor loss = Tensor::empty({}, kFloat32, lp.device());
+  Tensor loss = Tensor::empty({}, lp.dtype(), lp.device());
   KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
-  launch(on, nll_forward_kernel, 1, 256, 0, f32_ptr(lp), static_cast<const int64_t*>(target.raw_data()), lp.size(0), lp.size(1), f32_ptr(loss), rec);
+  dispatch_cuda_float(lp.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, nll_forward_kernel<T>, 1, 256, 0, elem_ptr<T>(lp), elem_ptr<const int64_t>(target), lp.size(0),
+           lp.size(1), elem_ptr<T>(loss), rec);
+  });
   mark_kernel_error_check_pending(dev);
   return loss;
 }
 
 Tensor nll_loss_backward(const Tensor& grad_out_in, const Tensor& log_probs_in, const Tensor& target_in) {
   const char* op = "nll_loss_backward";
-  const int dev = check_f32_cuda(op, {grad_out_in, log_probs_in});
+  const int dev = check_f32_f64_cuda(op, {grad_out_in, log_probs_in});
   check_target(op, log_probs_in, target_in);
   TANDEM_CHECK(grad_out_in.numel() == 1, op, ": grad_output must hold one value, got ", grad_out_in.str());
   const Tensor g = grad_out_in.contiguous(), target = target_in.contiguous();
-  Tensor dx = Tensor::zeros(log_probs_in.shape(), kFloat32, log_probs_in.device());
+  Tensor dx = Tensor::zeros(log_probs_in.shape(), log_probs_in.dtype(), log_probs_in.device());
   const int64_t N = log_probs_in.size(0), C = log_probs_in.size(1);
   if (N == 0) return dx;
   KernelErrorRecord* rec = kernel_error_record(dev);
   StreamGuard on(dev);
-  launch(on, nll_backward_kernel, grid_for(N), 256, 0,  f32_ptr(g), static_cast<const int64_t*>(target.raw_data()), f32_ptr(dx), N, C, rec);
+  dispatch_cuda_float(dx.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, nll_backward_kernel<T>, grid_for(N), 256, 0, elem_ptr<T>(g), elem_ptr<const int64_t>(target),
+           elem_ptr<T>(dx), N, C, rec);
+  });
   mark_kernel_error_check_pending(dev);
   return dx;
 }

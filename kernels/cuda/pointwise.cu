@@ -1,6 +1,6 @@
-// CUDA kernels of kernels/pointwise.h (float32) under tandem::kernels::cuda,
-// registered in the op table (kernels/ops.h).
-// Assumes: validated by kernels/pointwise.cpp (one CUDA device, float32, shapes broadcast).
+// CUDA kernels of kernels/pointwise.h (float32 and float64; the dropout mask float32) under
+// tandem::kernels::cuda, registered in the op table (kernels/ops.h).
+// Assumes: validated by kernels/pointwise.cpp (one CUDA device, one float dtype, shapes broadcast).
 // How: one thread per output element over a grid-stride loop; operands are read in place through
 // their broadcast strides (kernels/cuda/strided.h), so broadcast and strided views need no
 // copy; the per-element math is kernels/pointwise_math.h, the same code the CPU kernels run.
@@ -23,34 +23,36 @@
 namespace tandem::kernels::cuda {
 namespace {
 
-__global__ void binary_kernel(BinaryOp op, const float* a, const float* b, float* out, StridedLayout<2> l, int64_t n) {
+template <typename T>
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, T* out, StridedLayout<2> l, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
     int64_t off[2];
     l.offsets(i, off);
-    out[i] = math::apply_binary<float>(op, a[off[0]], b[off[1]]);
+    out[i] = math::apply_binary<T>(op, a[off[0]], b[off[1]]);
   }
 }
 
-__global__ void binary_grad_kernel(BinaryOp op, int which, const float* g, const float* a, const float* b,
-                                   const float* y, float* out, StridedLayout<4> l, int64_t n) {
+template <typename T>
+__global__ void binary_grad_kernel(BinaryOp op, int which, const T* g, const T* a, const T* b, const T* y, T* out,
+                                   StridedLayout<4> l, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
     int64_t off[4];
     l.offsets(i, off);
-    out[i] = math::apply_binary_grad<float>(op, which, g[off[0]], a[off[1]], b[off[2]], y ? y[off[3]] : 0.0f);
+    out[i] = math::apply_binary_grad<T>(op, which, g[off[0]], a[off[1]], b[off[2]], y ? y[off[3]] : T(0));
   }
 }
 
-__global__ void compare_kernel(CompareOp op, const float* a, const float* b, uint8_t* out, StridedLayout<2> l,
-                               int64_t n) {
+template <typename T>
+__global__ void compare_kernel(CompareOp op, const T* a, const T* b, uint8_t* out, StridedLayout<2> l, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
     int64_t off[2];
     l.offsets(i, off);
-    out[i] = math::apply_compare<float>(op, a[off[0]], b[off[1]]) ? 1 : 0;
+    out[i] = math::apply_compare<T>(op, a[off[0]], b[off[1]]) ? 1 : 0;
   }
 }
 
-__global__ void where_kernel(const uint8_t* c, const float* a, const float* b, float* out, StridedLayout<3> l,
-                             int64_t n) {
+template <typename T>
+__global__ void where_kernel(const uint8_t* c, const T* a, const T* b, T* out, StridedLayout<3> l, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
     int64_t off[3];
     l.offsets(i, off);
@@ -58,20 +60,22 @@ __global__ void where_kernel(const uint8_t* c, const float* a, const float* b, f
   }
 }
 
-__global__ void unary_kernel(UnaryOp op, const float* x, float* out, StridedLayout<1> l, int64_t n) {
+template <typename T>
+__global__ void unary_kernel(UnaryOp op, const T* x, T* out, StridedLayout<1> l, int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
     int64_t off[1];
     l.offsets(i, off);
-    out[i] = math::apply_unary<float>(op, x[off[0]]);
+    out[i] = math::apply_unary<T>(op, x[off[0]]);
   }
 }
 
-__global__ void unary_grad_kernel(UnaryOp op, const float* g, const float* x, const float* y, float* out,
-                                  StridedLayout<3> l, int64_t n) {
+template <typename T>
+__global__ void unary_grad_kernel(UnaryOp op, const T* g, const T* x, const T* y, T* out, StridedLayout<3> l,
+                                  int64_t n) {
   TANDEM_GRID_STRIDE_LOOP(i, n) {
     int64_t off[3];
     l.offsets(i, off);
-    out[i] = math::apply_unary_grad<float>(op, g[off[0]], x[off[1]], y[off[2]]);
+    out[i] = math::apply_unary_grad<T>(op, g[off[0]], x[off[1]], y[off[2]]);
   }
 }
 
@@ -82,88 +86,110 @@ __global__ void dropout_kernel(uint64_t draw, const uint64_t* replay, double p, 
   TANDEM_GRID_STRIDE_LOOP(i, n) { out[i] = math::dropout_value<float>(math::dropout_uniform(seed, i), p, keep); }
 }
 
-const float* in_ptr(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
+template <typename T>
+const T* in_ptr(const Tensor& t) {
+  return static_cast<const T*>(t.raw_data());
+}
 
 }  // namespace
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const char* name = op_name(op);
-  const int dev = check_f32_cuda(name, {a, b});
+  const int dev = check_f32_f64_cuda(name, {a, b});
   const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), name);
-  Tensor out = Tensor::empty(shape, kFloat32, a.device());
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   const int64_t n = out.numel();
   if (n == 0) return out;
   StreamGuard on(dev);
-  launch(on, binary_kernel, grid_for(n), 256, 0, op, in_ptr(a), in_ptr(b), f32_ptr(out),
-         strided_layout<2>(name, shape, {a, b}), n);
+  dispatch_cuda_float(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, binary_kernel<T>, grid_for(n), 256, 0, op, in_ptr<T>(a), in_ptr<T>(b), elem_ptr<T>(out),
+           strided_layout<2>(name, shape, {a, b}), n);
+  });
   return out;
 }
 
 Tensor binary_backward(BinaryOp op, int which, const Tensor& grad, const Tensor& a, const Tensor& b,
                        const Tensor& y) {
   const char* name = op_name(op);
-  const int dev = check_f32_cuda(name, {grad, a, b, y});
+  const int dev = check_f32_f64_cuda(name, {grad, a, b, y});
   const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), name);
   TANDEM_CHECK(grad.shape() == shape, name, " backward: gradient ", grad.str(), ", expected shape ", shape_str(shape));
-  Tensor out = Tensor::empty(shape, kFloat32, a.device());
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   const int64_t n = out.numel();
   if (n == 0) return out;
   const Tensor y_or_g = y.defined() ? y : grad;  // a stand-in for the layout when y is not given
   StreamGuard on(dev);
-  launch(on, binary_grad_kernel, grid_for(n), 256, 0, op, which, in_ptr(grad), in_ptr(a), in_ptr(b),
-         y.defined() ? in_ptr(y) : nullptr, f32_ptr(out), strided_layout<4>(name, shape, {grad, a, b, y_or_g}), n);
+  dispatch_cuda_float(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, binary_grad_kernel<T>, grid_for(n), 256, 0, op, which, in_ptr<T>(grad), in_ptr<T>(a), in_ptr<T>(b),
+           y.defined() ? in_ptr<T>(y) : nullptr, elem_ptr<T>(out), strided_layout<4>(name, shape, {grad, a, b, y_or_g}),
+           n);
+  });
   return out;
 }
 
 Tensor compare(CompareOp op, const Tensor& a, const Tensor& b) {
   const char* name = op_name(op);
-  const int dev = check_f32_cuda(name, {a, b});
+  const int dev = check_f32_f64_cuda(name, {a, b});
   const Shape shape = views::broadcast_shapes(a.shape(), b.shape(), name);
   Tensor out = Tensor::empty(shape, kUInt8, a.device());
   const int64_t n = out.numel();
   if (n == 0) return out;
   StreamGuard on(dev);
-  launch(on, compare_kernel, grid_for(n), 256, 0, op, in_ptr(a), in_ptr(b), static_cast<uint8_t*>(out.raw_data()),
-         strided_layout<2>(name, shape, {a, b}), n);
+  dispatch_cuda_float(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, compare_kernel<T>, grid_for(n), 256, 0, op, in_ptr<T>(a), in_ptr<T>(b), elem_ptr<uint8_t>(out),
+           strided_layout<2>(name, shape, {a, b}), n);
+  });
   return out;
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  const int dev = check_f32_cuda("where", {a, b});
+  const int dev = check_f32_f64_cuda("where", {a, b});
   TANDEM_CHECK(cond.device() == a.device(), "where: condition on ", cond.device().str(), ", operands on ",
                a.device().str());
   const Shape shape =
       views::broadcast_shapes(cond.shape(), views::broadcast_shapes(a.shape(), b.shape(), "where"), "where");
-  Tensor out = Tensor::empty(shape, kFloat32, a.device());
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   const int64_t n = out.numel();
   if (n == 0) return out;
   StreamGuard on(dev);
-  launch(on, where_kernel, grid_for(n), 256, 0, static_cast<const uint8_t*>(cond.raw_data()), in_ptr(a), in_ptr(b),
-         f32_ptr(out), strided_layout<3>("where", shape, {cond, a, b}), n);
+  dispatch_cuda_float(a.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, where_kernel<T>, grid_for(n), 256, 0, in_ptr<uint8_t>(cond), in_ptr<T>(a), in_ptr<T>(b),
+           elem_ptr<T>(out), strided_layout<3>("where", shape, {cond, a, b}), n);
+  });
   return out;
 }
 
 Tensor unary(UnaryOp op, const Tensor& x) {
   const char* name = op_name(op);
-  const int dev = check_f32_cuda(name, {x});
-  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
+  const int dev = check_f32_f64_cuda(name, {x});
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   const int64_t n = out.numel();
   if (n == 0) return out;
   StreamGuard on(dev);
-  launch(on, unary_kernel, grid_for(n), 256, 0, op, in_ptr(x), f32_ptr(out), strided_layout<1>(name, x.shape(), {x}),
-         n);
+  dispatch_cuda_float(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, unary_kernel<T>, grid_for(n), 256, 0, op, in_ptr<T>(x), elem_ptr<T>(out),
+           strided_layout<1>(name, x.shape(), {x}), n);
+  });
   return out;
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad, const Tensor& x, const Tensor& y) {
   const char* name = op_name(op);
-  const int dev = check_f32_cuda(name, {grad, x, y});
-  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
+  const int dev = check_f32_f64_cuda(name, {grad, x, y});
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   const int64_t n = out.numel();
   if (n == 0) return out;
   StreamGuard on(dev);
-  launch(on, unary_grad_kernel, grid_for(n), 256, 0, op, in_ptr(grad), in_ptr(x), in_ptr(y), f32_ptr(out),
-         strided_layout<3>(name, x.shape(), {grad, x, y}), n);
+  dispatch_cuda_float(x.dtype(), [&](auto t) {
+    using T = decltype(t);
+    launch(on, unary_grad_kernel<T>, grid_for(n), 256, 0, op, in_ptr<T>(grad), in_ptr<T>(x), in_ptr<T>(y),
+           elem_ptr<T>(out), strided_layout<3>(name, x.shape(), {grad, x, y}), n);
+  });
   return out;
 }
 

@@ -1,5 +1,5 @@
 // Internal device helpers shared by the .cu files of kernels/cuda: warp and block sums, block
-// maxima (plain, and first-maximum with its index), and the grid-stride loop. Assumes blockDim.x
+// maxima (plain, and first-maximum with its index; float or double), and the grid-stride loop. Assumes blockDim.x
 // is a multiple of 32 and at most 1024.
 #pragma once
 
@@ -42,7 +42,8 @@ __device__ T block_sum(T v) {
 
 // (v, i) beats (w, j) when it is the first maximum: NaN beats numbers, larger beats smaller,
 // and equal values (or two NaNs) go to the lower index (torch.max / torch.argmax).
-__device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
+template <typename T>
+__device__ __forceinline__ bool beats(T v, int64_t i, T w, int64_t j) {
   const bool vn = isnan(v), wn = isnan(w);
   if (vn != wn) return vn;
   if (!vn && v != w) return v > w;
@@ -51,9 +52,10 @@ __device__ __forceinline__ bool beats(float v, int64_t i, float w, int64_t j) {
 
 // The first maximum (by beats) of the warp's (v, i) pairs, in every lane (beats is a total order,
 // so the butterfly gives each lane the same pair). All 32 lanes must call it.
-__device__ __forceinline__ void warp_argmax(float& v, int64_t& i) {
+template <typename T>
+__device__ __forceinline__ void warp_argmax(T& v, int64_t& i) {
   for (int o = 16; o > 0; o >>= 1) {
-    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const T w = __shfl_xor_sync(0xffffffffu, v, o);
     const int64_t j = __shfl_xor_sync(0xffffffffu, i, o);
     if (beats(w, j, v, i)) {
       v = w;
@@ -64,8 +66,9 @@ __device__ __forceinline__ void warp_argmax(float& v, int64_t& i) {
 
 // The first maximum (by beats) of the block's (v, i) pairs, returned to every thread in v and i.
 // A thread without an element passes (-inf, INT64_MAX). Synchronises, as block_sum.
-__device__ inline void block_argmax(float& v, int64_t& i) {
-  __shared__ float warp_v[32];
+template <typename T>
+__device__ inline void block_argmax(T& v, int64_t& i) {
+  __shared__ T warp_v[32];
   __shared__ int64_t warp_i[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   warp_argmax(v, i);
@@ -77,7 +80,7 @@ __device__ inline void block_argmax(float& v, int64_t& i) {
   __syncthreads();
   if (warp == 0) {
     const int nwarps = (blockDim.x + 31) >> 5;
-    v = lane < nwarps ? warp_v[lane] : -INFINITY;
+    v = lane < nwarps ? warp_v[lane] : T(-INFINITY);
     i = lane < nwarps ? warp_i[lane] : INT64_MAX;
     warp_argmax(v, i);
     if (lane == 0) {
@@ -90,19 +93,24 @@ __device__ inline void block_argmax(float& v, int64_t& i) {
   i = warp_i[0];
 }
 
-// The largest v over the block (fmaxf: NaN ignored unless all are NaN), returned to every thread.
-__device__ inline float block_max(float v) {
-  __shared__ float warp_max[32];
-  __shared__ float total;
+// fmax in the element type: NaN ignored unless both are NaN.
+__device__ __forceinline__ float tmax(float a, float b) { return fmaxf(a, b); }
+__device__ __forceinline__ double tmax(double a, double b) { return fmax(a, b); }
+
+// The largest v over the block (fmax: NaN ignored unless all are NaN), returned to every thread.
+template <typename T>
+__device__ inline T block_max(T v) {
+  __shared__ T warp_max[32];
+  __shared__ T total;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  for (int o = 16; o > 0; o >>= 1) v = tmax(v, __shfl_down_sync(0xffffffffu, v, o));
   __syncthreads();
   if (lane == 0) warp_max[warp] = v;
   __syncthreads();
   if (warp == 0) {
     const int nwarps = (blockDim.x + 31) >> 5;
-    float w = lane < nwarps ? warp_max[lane] : -INFINITY;
-    for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_down_sync(0xffffffffu, w, o));
+    T w = lane < nwarps ? warp_max[lane] : T(-INFINITY);
+    for (int o = 16; o > 0; o >>= 1) w = tmax(w, __shfl_down_sync(0xffffffffu, w, o));
     if (lane == 0) total = w;
   }
   __syncthreads();

@@ -52,7 +52,8 @@
 // [op-declare]
 
 // Fast paths every backend has, with no entry point of their own: a general op's entry point takes
-// one where its operands allow (the same values) and counts it in fast_path_count.
+// one where its operands allow (the same values, but for the order of a sum's additions) and
+// counts it in fast_path_count.
 #define TANDEM_OPS_FAST_PATHS(X)                                                                           \
   /* binary (same-shape Add, Sub, Mul) and binary with a scalar (Mul): no broadcasting, no stride walk */ \
   X(add, Tensor(const Tensor& a, const Tensor& b))                                                         \

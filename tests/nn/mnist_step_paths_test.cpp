@@ -1,7 +1,8 @@
 // The kernels one MnistNet training step takes on the CPU in float32 (forward, nll_loss, backward,
 // SGD step): log_softmax's rows through the general softmax entry points (fast_path_count), and
-// the vector rows of the fused batch_norm+relu+max-pool, conv and linear kernels (simd_path_count)
-// at the level this build's rows have (AVX-512 rows for all, AVX2 rows for the fused pool only).
+// the vector rows of the fused batch_norm+relu+max-pool and conv kernels (simd_path_count) at the
+// level this build's rows have (AVX-512 rows for all, AVX2 rows for the fused pool only), and
+// linear's: one call per layer each way, the large fc1 on this build's rows.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -79,13 +80,24 @@ TEST(MnistStepPaths, OneTrainingStepTakesTheFastKernels) {
   const std::map<SimdKernel, uint64_t> calls = {
       {SimdKernel::bn_relu_pool_forward, 2}, {SimdKernel::bn_relu_pool_backward, 2},
       {SimdKernel::conv2d_forward, 2},       {SimdKernel::conv2d_backward, 2},
-      {SimdKernel::linear_forward, 2},       {SimdKernel::linear_backward, 2},
       {SimdKernel::max_pool2d_forward, 0}};
+  const auto calls_on = [&](SimdKernel k, SimdLevel l) {
+    return after.simd.at({int(k), int(l)}) - before.simd.at({int(k), int(l)});
+  };
   for (const auto& [k, n] : calls) {
     for (SimdLevel l : kLevels) {
-      const uint64_t got = after.simd.at({int(k), int(l)}) - before.simd.at({int(k), int(l)});
-      EXPECT_EQ(got, l == float_level(k) ? n : 0u)
+      EXPECT_EQ(calls_on(k, l), l == float_level(k) ? n : 0u)
           << "kernel " << int(k) << " on the " << kernels::cpu::simd_level_name(l) << " rows";
     }
+  }
+  // The two Linear layers: one call each way per layer. Which rows a call takes depends on the
+  // product's size (kernels/cpu/linear.cpp: the small GEMM only for products of 2^18 or more, so
+  // fc1 [8, 1600] x [1600, 128] but not fc2 [8, 128] x [128, 10]).
+  const SimdLevel fc1_level = float_level(SimdKernel::linear_forward);
+  for (SimdKernel k : {SimdKernel::linear_forward, SimdKernel::linear_backward}) {
+    uint64_t total = 0;
+    for (SimdLevel l : kLevels) total += calls_on(k, l);
+    EXPECT_EQ(total, 2u) << "kernel " << int(k);
+    EXPECT_GE(calls_on(k, fc1_level), 1u) << "kernel " << int(k) << ": fc1 left the rows of this build";
   }
 }

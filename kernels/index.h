@@ -1,6 +1,6 @@
-// Indexing, concatenation and batched matrix products, float32 and float64 on CPU; on CUDA float32,
-// and float64 for index_select, index_add, gather and scatter_add (kernels/cuda/index.cu:
-// index_add and scatter_add add with atomics, so their float rounding may vary from run to run). Indices are int64 (int32 accepted where PyTorch accepts it:
+// Indexing, concatenation and batched matrix products, float32 and float64 on CPU and on CUDA
+// (kernels/cuda/index.cu: index_add and scatter_add add with atomics, so their float rounding may
+// vary from run to run there). Indices are int64 (int32 accepted where PyTorch accepts it:
 // index_select) on the operands' device; every index is checked against its dimension (on the
 // host: a CUDA index is copied there first) and a bad one throws, naming its position and value.
 //   index_select(x, dim, index[k])    out.size(dim) = k, out[.., i, ..] = x[.., index[i], ..]

@@ -1,7 +1,7 @@
 // Differentiable ops built for general networks (transformers, MLPs on any rank), PyTorch's names
-// and semantics. float32 and float64 on CPU; on CUDA float32, and float64 but for bmm (batched
-// matmul) and dropout (dropout's mask on CUDA comes from a counter-based generator seeded from
-// `gen`: see kernels/pointwise.h).
+// and semantics. float32 and float64 on CPU; on CUDA float32, and float64 but for dropout
+// (dropout's mask on CUDA comes from a counter-based generator seeded from `gen`: see
+// kernels/pointwise.h).
 //   matmul    torch.matmul: 1-D/1-D dot product, 2-D product (the CUDA-capable kernel), 1-D operands
 //             promoted and the added dimension removed, batch dimensions broadcast ([..., M, K] x
 //             [..., K, N], via bmm)

@@ -85,6 +85,16 @@ cublasStatus_t CUBLASWINAPI cublasSgemmStridedBatched(cublasHandle_t handle, cub
                  beta, C, ldc, strideC, batchCount);
 }
 
+cublasStatus_t CUBLASWINAPI cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                                      cublasOperation_t transb, int m, int n, int k,
+                                                      const double* alpha, const double* A, int lda,
+                                                      long long int strideA, const double* B, int ldb,
+                                                      long long int strideB, const double* beta, double* C, int ldc,
+                                                      long long int strideC, int batchCount) {
+  TANDEM_FORWARD(cublasDgemmStridedBatched, handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                 beta, C, ldc, strideC, batchCount);
+}
+
 // Mixed precision (kernels/cuda/linear.cu): f16/bf16 GEMM with float accumulation. cublas_api.h
 // also declares a C++ overload taking a cudaDataType compute type, so the pointer type is spelled
 // out rather than taken with decltype.

@@ -1,5 +1,4 @@
-// CUDA kernels of kernels/index.h (float32; index_select, index_add, gather and scatter_add also
-// float64) under tandem::kernels::cuda.
+// CUDA kernels of kernels/index.h (float32 and float64) under tandem::kernels::cuda.
 // Assumes: validated by kernels/index.cpp (indices int64, contiguous, on the operands' device;
 // shapes match). Index values are NOT checked on the host (that would wait for the device): each
 // kernel checks the index it reads, skips an out-of-range one (writing 0 where it selects) and
@@ -211,22 +210,31 @@ Tensor scatter_add(const Shape& shape, int64_t dim, const Tensor& index, const T
 
 Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
   const char* op = "bmm";
-  const int dev = check_f32_cuda(op, {a_in, b_in});
+  const int dev = check_f32_f64_cuda(op, {a_in, b_in});
   const int B = to_int(a_in.size(0), op, "batch size");
   const int M = to_int(a_in.size(1), op, "M");
   const int K = to_int(a_in.size(2), op, "K");
   const int N = to_int(b_in.size(2), op, "N");
-  Tensor c = Tensor::empty({B, M, N}, kFloat32, a_in.device());
+  Tensor c = Tensor::empty({B, M, N}, a_in.dtype(), a_in.device());
   if (B == 0 || M == 0 || N == 0) return c;
   if (K == 0) return c.zero_();  // empty sums
   const GemmOperand a = gemm_operand(a_in), b = gemm_operand(b_in);
-  const float one = 1.0f, zero = 0.0f;
+  const int ldb = to_int(b.ld, op, "leading dimension of b"), lda = to_int(a.ld, op, "leading dimension of a");
+  const long long stride_c = static_cast<long long>(M) * N;
   StreamGuard on(dev);
   // Column-major C^T [N, M] = op(B) [N, K] * op(A) [K, M]: m = N, n = M, k = K.
-  TANDEM_CUBLAS_CHECK(cublasSgemmStridedBatched(
-      cublas_handle(dev), b.op, a.op, N, M, K, &one, in_ptr(b.t), to_int(b.ld, op, "leading dimension of b"),
-      b.batch_stride, in_ptr(a.t), to_int(a.ld, op, "leading dimension of a"), a.batch_stride, &zero, f32_ptr(c), N,
-      static_cast<long long>(M) * N, B));
+  if (c.dtype() == kFloat64) {
+    const double one = 1.0, zero = 0.0;
+    TANDEM_CUBLAS_CHECK(cublasDgemmStridedBatched(cublas_handle(dev), b.op, a.op, N, M, K, &one,
+                                                  elem_ptr<const double>(b.t), ldb, b.batch_stride,
+                                                  elem_ptr<const double>(a.t), lda, a.batch_stride, &zero,
+                                                  elem_ptr<double>(c), N, stride_c, B));
+    return c;
+  }
+  const float one = 1.0f, zero = 0.0f;
+  TANDEM_CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_handle(dev), b.op, a.op, N, M, K, &one, in_ptr(b.t), ldb,
+                                                b.batch_stride, in_ptr(a.t), lda, a.batch_stride, &zero, f32_ptr(c),
+                                                N, stride_c, B));
   return c;
 }
 

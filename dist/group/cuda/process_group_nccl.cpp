@@ -69,12 +69,15 @@ namespace {
 
 namespace kc = tandem::cuda;
 
-ncclRedOp_t nccl_op(ReduceOp op) {
+// On a one-rank communicator NCCL before 2.29.7 runs Avg through a kernel that leaves the last
+// `count % blocks` elements unwritten (NVIDIA/nccl issue 1950; seen here on an H100 with the NCCL of
+// PyTorch 2.11's wheels). The mean of one rank is the sum, so one rank asks for Sum.
+ncclRedOp_t nccl_op(ReduceOp op, int world_size) {
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Avg: return world_size == 1 ? ncclSum : ncclAvg;
   }
   TANDEM_FAIL("unknown ReduceOp ", static_cast<int>(op));
 }
@@ -315,7 +318,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor& tensor, ReduceOp op) {
                            ") on cuda:" + std::to_string(dev);
   void* ptr = tensor.raw_data();
   const size_t count = static_cast<size_t>(tensor.numel());
-  const ncclRedOp_t red = nccl_op(op);
+  const ncclRedOp_t red = nccl_op(op, size_);
   return impl_->launch(desc, {tensor}, /*host_wait=*/false, [=](ncclComm_t comm, cudaStream_t stream) {
     if (count == 0) return;
     TANDEM_NCCL_CHECK(ncclAllReduce(ptr, ptr, count, dt, red, comm, stream));
@@ -407,7 +410,7 @@ std::shared_ptr<Work> ProcessGroupNccl::reduce_scatter_tensor(Tensor& output, co
   const void* in = input.raw_data();
   void* out = output.raw_data();
   const size_t count = static_cast<size_t>(output.numel());
-  const ncclRedOp_t red = nccl_op(op);
+  const ncclRedOp_t red = nccl_op(op, size_);
   return impl_->launch(desc, {output, input}, /*host_wait=*/false, [=](ncclComm_t comm, cudaStream_t stream) {
     if (count == 0) return;
     TANDEM_NCCL_CHECK(ncclReduceScatter(in, out, count, dt, red, comm, stream));

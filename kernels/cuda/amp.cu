@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "kernels/ops.h"
 #include "kernels/cuda/amp.cuh"
 #include "core/cuda/launch.cuh"
@@ -24,14 +26,21 @@ __global__ void unscale_and_check_kernel(float* g, float* found_inf, float inv_s
   if (__syncthreads_or(bad) && threadIdx.x == 0) *found_inf = 1.0f;  // benign race: all write 1
 }
 
+// The math type of storage type T: float for f32, f16 and bf16, double for f64.
 template <typename T>
-__device__ __forceinline__ float to_f(T v) {
-  return static_cast<float>(v);
+using acc_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+__device__ __forceinline__ acc_t<T> to_f(T v) {
+  return static_cast<acc_t<T>>(v);
 }
 template <typename T>
-__device__ __forceinline__ T from_f(float v);
+__device__ __forceinline__ T from_f(acc_t<T> v);
 template <>
 __device__ __forceinline__ float from_f<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ double from_f<double>(double v) {
   return v;
 }
 template <>
@@ -58,7 +67,7 @@ __global__ void channel_sum_t(const T* dy, T* out, int64_t N, int64_t C, int64_t
     acc += to_f(dy[(n * C + c) * S + s]);
   }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) out[c] = from_f<T>(static_cast<float>(acc));
+  if (threadIdx.x == 0) out[c] = from_f<T>(static_cast<acc_t<T>>(acc));
 }
 
 }  // namespace
@@ -70,8 +79,8 @@ int check_float_cuda(const char* op, std::initializer_list<Tensor> tensors, DTyp
     TANDEM_CHECK(t.device().is_cuda(), op, ": expected a CUDA tensor, got ", t.str());
     if (!first) {
       first = &t;
-      TANDEM_CHECK(t.dtype() == kFloat32 || is_low_precision(t.dtype()), op,
-                   ": the CUDA kernels support float32, float16 and bfloat16, got ", t.str());
+      TANDEM_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64 || is_low_precision(t.dtype()), op,
+                   ": the CUDA kernels support float32, float64, float16 and bfloat16, got ", t.str());
       continue;
     }
     TANDEM_CHECK(t.device() == first->device() && t.dtype() == first->dtype(), op, ": expected all tensors as ",
@@ -86,6 +95,7 @@ int check_float_cuda(const char* op, std::initializer_list<Tensor> tensors, DTyp
 cudnnDataType_t cudnn_dtype(DType t) {
   switch (t) {
     case DType::Float32: return CUDNN_DATA_FLOAT;
+    case DType::Float64: return CUDNN_DATA_DOUBLE;
     case DType::Float16: return CUDNN_DATA_HALF;
     case DType::BFloat16: return CUDNN_DATA_BFLOAT16;
     default: TANDEM_FAIL("cudnn_dtype: no cuDNN type for ", dtype_name(t));
@@ -109,6 +119,9 @@ void add_channel_bias_any(const StreamGuard& on, void* y, const void* bias, DTyp
     case DType::Float32:
       launch(on, add_channel_bias_t<float>, grid_for(n), 256, 0, static_cast<float*>(y), static_cast<const float*>(bias), C, S, n);
       break;
+    case DType::Float64:
+      launch(on, add_channel_bias_t<double>, grid_for(n), 256, 0, static_cast<double*>(y), static_cast<const double*>(bias), C, S, n);
+      break;
     case DType::Float16:
       launch(on, add_channel_bias_t<__half>, grid_for(n), 256, 0, static_cast<__half*>(y), static_cast<const __half*>(bias), C, S, n);
       break;
@@ -126,6 +139,9 @@ void channel_sum_any(const StreamGuard& on, const void* dy, void* out, DType t, 
   switch (t) {
     case DType::Float32:
       launch(on, channel_sum_t<float>, grid, 256, 0, static_cast<const float*>(dy), static_cast<float*>(out), N, C, S);
+      break;
+    case DType::Float64:
+      launch(on, channel_sum_t<double>, grid, 256, 0, static_cast<const double*>(dy), static_cast<double*>(out), N, C, S);
       break;
     case DType::Float16:
       launch(on, channel_sum_t<__half>, grid, 256, 0, static_cast<const __half*>(dy), static_cast<__half*>(out), N, C, S);

@@ -1,8 +1,10 @@
 // conv2d on CUDA: cuDNN forward, backward data and backward filter (cross-correlation, with
 // dilation and groups from Conv2dArgs: cudnnSetConvolution2dDescriptor, cudnnSetConvolutionGroupCount), with the per-channel bias add and bias gradient of kernels/cuda/amp.cu.
-// dtypes: float32, and float16 / bfloat16 for mixed precision (all operands one dtype; tensors
-// CUDNN_DATA_HALF / CUDNN_DATA_BFLOAT16 with CUDNN_DATA_FLOAT compute, tensor-core algorithms
-// allowed; outputs and gradients in the operands' dtype; bias kernels in kernels/cuda/amp.cu).
+// dtypes: float32, float64 (CUDNN_DATA_DOUBLE with double compute and double scaling factors, as
+// cuDNN requires; for gradient checks), and float16 / bfloat16 for mixed precision (all operands
+// one dtype; tensors CUDNN_DATA_HALF / CUDNN_DATA_BFLOAT16 with CUDNN_DATA_FLOAT compute,
+// tensor-core algorithms allowed; outputs and gradients in the operands' dtype; bias kernels in
+// kernels/cuda/amp.cu).
 //
 // Algorithms: chosen once per (device, op, shape, TF32 setting) with cuDNN's heuristic
 // (cudnnGet*Algorithm_v7) and cached. Among the candidates cuDNN reports as supported we take
@@ -53,11 +55,12 @@ struct FilterDesc {
 
 struct ConvDesc {
   cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc(int ph, int pw, int sh, int sw, int dh, int dw, int groups, bool lowp) {
+  ConvDesc(int ph, int pw, int sh, int sw, int dh, int dw, int groups, bool lowp, bool f64) {
     TANDEM_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d));
-    // Float compute for every storage type (for half storage: cuDNN's "pseudo half" configuration).
-    TANDEM_CUDNN_CHECK(
-        cudnnSetConvolution2dDescriptor(d, ph, pw, sh, sw, dh, dw, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    // Float compute for every storage type but double (for half storage: cuDNN's "pseudo half"
+    // configuration).
+    TANDEM_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(d, ph, pw, sh, sw, dh, dw, CUDNN_CROSS_CORRELATION,
+                                                       f64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
     if (groups > 1) TANDEM_CUDNN_CHECK(cudnnSetConvolutionGroupCount(d, groups));
     TANDEM_CUDNN_CHECK(
         cudnnSetConvolutionMathType(d, lowp || allow_tf32() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
@@ -87,7 +90,7 @@ struct Workspace {
 struct ConvGeometry {
   int n, c, h, w, k, r, s, p, q, ph, pw, sh, sw, dh = 1, dw = 1, groups = 1;
   DType dtype = kFloat32;
-  bool lowp() const { return dtype != kFloat32; }
+  bool lowp() const { return dtype != kFloat32 && dtype != kFloat64; }
 };
 
 ConvGeometry geometry(const char* op, const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
@@ -181,7 +184,7 @@ struct Descriptors {
       : x(g.n, g.c, g.h, g.w, cudnn_dtype(g.dtype)),
         y(g.n, g.k, g.p, g.q, cudnn_dtype(g.dtype)),
         w(g.k, g.c / g.groups, g.r, g.s, cudnn_dtype(g.dtype)),
-        conv(g.ph, g.pw, g.sh, g.sw, g.dh, g.dw, g.groups, g.lowp()) {}
+        conv(g.ph, g.pw, g.sh, g.sw, g.dh, g.dw, g.groups, g.lowp(), g.dtype == kFloat64) {}
 };
 
 AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t handle, const Descriptors& d) {
@@ -258,7 +261,15 @@ AlgoChoice choose(ConvOp op, int device, const ConvGeometry& g, cudnnHandle_t ha
   return choice;
 }
 
-const float kOne = 1.0f, kZero = 0.0f;
+// cuDNN's alpha and beta: double for double data, float otherwise.
+struct Scaling {
+  float f1 = 1.0f, f0 = 0.0f;
+  double d1 = 1.0, d0 = 0.0;
+  bool f64;
+  explicit Scaling(DType t) : f64(t == kFloat64) {}
+  const void* one() const { return f64 ? static_cast<const void*>(&d1) : &f1; }
+  const void* zero() const { return f64 ? static_cast<const void*>(&d0) : &f0; }
+};
 
 }  // namespace
 
@@ -284,9 +295,10 @@ Tensor conv2d_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor&
   const AlgoChoice c = choose(ConvOp::Forward, dev, g, handle, d);
   TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
   Workspace ws(dev, c.workspace);
-  TANDEM_CUDNN_CHECK(cudnnConvolutionForward(handle, &kOne, d.x.d, x.raw_data(), d.w.d, weight.raw_data(), d.conv.d,
+  const Scaling k(dtype);
+  TANDEM_CUDNN_CHECK(cudnnConvolutionForward(handle, k.one(), d.x.d, x.raw_data(), d.w.d, weight.raw_data(), d.conv.d,
                                              static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), ws.ptr, ws.nbytes,
-                                             &kZero, d.y.d, y.raw_data()));
+                                             k.zero(), d.y.d, y.raw_data()));
   if (bias_in.defined()) {
     const Tensor bias = bias_in.contiguous();
     add_channel_bias_any(on, y.raw_data(), bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q);
@@ -318,23 +330,24 @@ Conv2dGrads conv2d_backward(const Tensor& grad_out_in, const Tensor& x_in, const
   const cudnnHandle_t handle = cudnn_handle(dev);
   StreamGuard on(dev);
   Descriptors d(g);
+  const Scaling k(dtype);
   if (need_input) {
     const Tensor weight = weight_in.contiguous();
     const AlgoChoice c = choose(ConvOp::BackwardData, dev, g, handle, d);
     TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
     Workspace ws(dev, c.workspace);
-    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, &kOne, d.w.d, weight.raw_data(), d.y.d, dy.raw_data(),
+    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardData(handle, k.one(), d.w.d, weight.raw_data(), d.y.d, dy.raw_data(),
                                                     d.conv.d, static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
-                                                    ws.ptr, ws.nbytes, &kZero, d.x.d, grads.input.raw_data()));
+                                                    ws.ptr, ws.nbytes, k.zero(), d.x.d, grads.input.raw_data()));
   }
   if (need_weight) {
     const Tensor x = x_in.contiguous();
     const AlgoChoice c = choose(ConvOp::BackwardFilter, dev, g, handle, d);
     TANDEM_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv.d, c.math));
     Workspace ws(dev, c.workspace);
-    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, &kOne, d.x.d, x.raw_data(), d.y.d, dy.raw_data(),
+    TANDEM_CUDNN_CHECK(cudnnConvolutionBackwardFilter(handle, k.one(), d.x.d, x.raw_data(), d.y.d, dy.raw_data(),
                                                       d.conv.d, static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
-                                                      ws.ptr, ws.nbytes, &kZero, d.w.d, grads.weight.raw_data()));
+                                                      ws.ptr, ws.nbytes, k.zero(), d.w.d, grads.weight.raw_data()));
   }
   if (need_bias)
     channel_sum_any(on, dy.raw_data(), grads.bias.raw_data(), dtype, g.n, g.k, int64_t(g.p) * g.q);

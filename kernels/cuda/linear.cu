@@ -40,13 +40,6 @@ __global__ void column_sum_f64_kernel(const double* dy, double* out, int64_t N, 
   }
 }
 
-// The operands' device and dtype: f32, f16, bf16 (amp.cuh's check) or f64, all one dtype.
-int check_linear_operands(const char* op, std::initializer_list<Tensor> tensors, DType& dtype) {
-  if (tensors.begin()->dtype() != kFloat64) return check_float_cuda(op, tensors, dtype);
-  dtype = kFloat64;
-  return check_f32_f64_cuda(op, tensors);
-}
-
 // Column-major C[m, n] = op(A)[m, k] * op(B)[k, n], leading dimensions as stored; handles empty
 // sizes that cuBLAS rejects (zero leading dimensions) or treats specially (k = 0).
 void sgemm(int dev, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const float* a, int lda,
@@ -90,7 +83,7 @@ void gemm_any(int dev, DType t, cublasOperation_t ta, cublasOperation_t tb, int 
 Tensor linear_forward(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in) {
   const char* op = "linear_forward";
   DType dtype = kFloat32;
-  const int dev = check_linear_operands(op, {x_in, weight_in, bias_in}, dtype);
+  const int dev = check_float_cuda(op, {x_in, weight_in, bias_in}, dtype);
   TANDEM_CHECK(x_in.dim() == 2, op, ": input must be 2-D [N, in], got ", x_in.str());
   TANDEM_CHECK(weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op, ": weight must be [out, ",
                x_in.size(1), "], got ", weight_in.str());
@@ -120,7 +113,7 @@ LinearGrads linear_backward(const Tensor& grad_out_in, const Tensor& x_in, const
                             bool need_weight, bool need_bias) {
   const char* op = "linear_backward";
   DType dtype = kFloat32;
-  const int dev = check_linear_operands(op, {grad_out_in, x_in, weight_in}, dtype);
+  const int dev = check_float_cuda(op, {grad_out_in, x_in, weight_in}, dtype);
   TANDEM_CHECK(x_in.dim() == 2 && weight_in.dim() == 2 && weight_in.size(1) == x_in.size(1), op,
                ": expected input [N, in] and weight [out, in], got ", x_in.str(), " and ", weight_in.str());
   const int N = to_int(x_in.size(0), op, "batch size");

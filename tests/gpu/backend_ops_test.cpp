@@ -46,13 +46,15 @@ TEST_P(BackendOpsCuda, Float32AgreesWithTheCpu) {
 INSTANTIATE_TEST_SUITE_P(EveryCudaOp, BackendOpsCuda, ::testing::ValuesIn(cuda_ops()),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
-// The ops whose CUDA kernels take float64 (kernels/cuda/*.cu: check_f32_f64_cuda, and linear's dgemm).
+// The ops whose CUDA kernels take float64 (kernels/cuda/*.cu: check_f32_f64_cuda, and cuBLAS's
+// dgemm for linear and cuDNN's double convolutions for conv2d: check_float_cuda).
 std::vector<std::string> cuda_float64_ops() {
   return {"add", "sub", "mul", "scale", "sum", "argmax", "log_softmax_forward", "log_softmax_backward", "binary",
           "binary_backward", "compare", "where", "unary", "unary_backward", "sum_dims", "max_dim", "amax",
           "softmax_forward", "softmax_backward", "index_select", "index_add", "gather", "scatter_add", "bmm",
           "linear_forward", "linear_backward", "matmul", "nll_loss_forward", "nll_loss_backward",
-          "layer_norm_forward", "layer_norm_backward", "relu_forward", "relu_backward"};
+          "layer_norm_forward", "layer_norm_backward", "relu_forward", "relu_backward", "conv2d_forward",
+          "conv2d_backward", "max_pool2d_forward", "max_pool2d_backward", "avg_pool_forward", "avg_pool_backward"};
 }
 
 class BackendOpsCudaFloat64 : public ::testing::TestWithParam<std::string> {};

@@ -1,7 +1,8 @@
 // Finite-difference gradient checks in float64 on CUDA (tests/nn/gradcheck.h with a device): the ops
 // whose CUDA kernels have a float64 path (pointwise, reductions, softmax and log_softmax with the
 // rows' fast path, relu, matmul (2-D and batched) and linear on cuBLAS dgemm, layer_norm, the index
-// ops and cross_entropy through them), forward and backward run on the GPU, the central differences too.
+// ops and cross_entropy through them, conv2d on cuDNN's double convolutions, max and average
+// pooling), forward and backward run on the GPU, the central differences too.
 // Uses only device-neutral names, so it also compiles in a build without CUDA (where every test
 // skips, or fails under TANDEM_REQUIRE_GPU=1).
 #include <gtest/gtest.h>
@@ -87,4 +88,21 @@ TEST(CudaGradCheck, MatmulLinearLayerNormAndLossesInFloat64) {
         {0});
   const Tensor index = Tensor::from_vector<int64_t>({1, 0, 1}, {3});
   check([&](const V& in) { return F::index_select(in[0], 0, index.to(gpu())); }, {random_f64({2, 3}, g)}, {0});
+}
+
+TEST(CudaGradCheck, ConvolutionAndPoolingInFloat64) {
+  TANDEM_NEED_GPUS(1);
+  Generator g(44);
+  check([](const V& in) { return F::conv2d(in[0], in[1], in[2], 2, 1); },
+        {random_f64({2, 2, 7, 6}, g), random_f64({3, 2, 3, 3}, g), random_f64({3}, g)}, {0, 1, 2});
+  // stride (2, 1), padding (1, 2), dilation (2, 1), 2 groups: one cuDNN convolution
+  check([](const V& in) { return F::conv2d(in[0], in[1], in[2], F::Conv2dParams{{2, 1}, {1, 2}, {2, 1}, 2}); },
+        {random_f64({1, 4, 6, 5}, g), random_f64({4, 2, 2, 2}, g), random_f64({4}, g)}, {0, 1, 2});
+  for (bool ceil_mode : {false, true})
+    check([&](const V& in) { return F::avg_pool2d(in[0], 3, 2, 1, ceil_mode, !ceil_mode); },
+          {random_f64({1, 2, 6, 5}, g)}, {0});
+  check([](const V& in) { return F::adaptive_avg_pool2d(F::transpose(in[0], 2, 3), {3, 2}); },
+        {random_f64({2, 1, 4, 7}, g)}, {0});
+  check([](const V& in) { return F::max_pool2d(in[0], 2, 2, 1, 2, true); }, {random_f64({1, 2, 7, 6}, g)}, {0});
+  check([](const V& in) { return F::adaptive_max_pool2d(in[0], {3, 2}); }, {random_f64({2, 5, 7}, g)}, {0});
 }

@@ -117,7 +117,9 @@ inline void expect_cases_agree(const Cases& cases, DType dtype, Device device, D
     for (size_t k = 0; k < got.size(); ++k) {
       EXPECT_TRUE(agree(got[k], ref[k], c.ulps * ulps_scale, c.magnitude)) << "output " << k;
       EXPECT_EQ(got[k].device(), device) << "output " << k;
-      if (is_floating(got[k].dtype())) EXPECT_EQ(got[k].dtype(), dtype) << "output " << k;
+      if (is_floating(got[k].dtype())) {
+        EXPECT_EQ(got[k].dtype(), dtype) << "output " << k;
+      }
     }
   }
 }

@@ -65,7 +65,11 @@
   X(argmax, Tensor(const Tensor& a))                                                                       \
   /* softmax_forward/backward with log over dim 1 of [N, C]: one pass per row */                           \
   X(log_softmax_forward, Tensor(const Tensor& x))                                                          \
-  X(log_softmax_backward, Tensor(const Tensor& grad_out, const Tensor& y))
+  X(log_softmax_backward, Tensor(const Tensor& grad_out, const Tensor& y))                                 \
+  /* nll_loss_forward/backward of [N, C] rows, reduction "mean", no class weights: one pass */            \
+  X(nll_loss_mean_forward, Tensor(const Tensor& log_probs, const Tensor& target, int64_t ignore_index))   \
+  X(nll_loss_mean_backward,                                                                                \
+    Tensor(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target, int64_t ignore_index))
 
 #define TANDEM_OPS_EVERY_BACKEND(X) TANDEM_OPS_FAST_PATHS(X) TANDEM_OPS_GENERAL(X)
 
@@ -107,9 +111,7 @@
   X(linear_backward, LinearGrads(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input, \
                                  bool need_weight, bool need_bias))                                        \
   X(matmul, Tensor(const Tensor& a, const Tensor& b))                                                      \
-  /* kernels/loss.h: nll_loss of [N, C] log-probabilities, the class-target pass */                        \
-  X(nll_loss_forward, Tensor(const Tensor& log_probs, const Tensor& target))                              \
-  X(nll_loss_backward, Tensor(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target))     \
+  /* kernels/loss.h: the class-target pass (nll_loss's general path and cross_entropy) */                 \
   X(class_targets, ClassTargets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype))  \
   /* kernels/layer_norm.h: normalisation over the last norm_size elements of each row */                    \
   X(layer_norm_forward,                                                                                    \

@@ -109,14 +109,6 @@ struct LogSoftmaxDimBackward final : Node {
   }
 };
 
-struct NllLossBackward final : Node {
-  Tensor log_probs, target;
-  std::string name() const override { return "NllLossBackward"; }
-  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    return {kernels::nll_loss_backward(g[0], log_probs, target)};
-  }
-};
-
 struct ReshapeBackward final : Node {
   Shape input_shape;
   std::string name() const override { return "ReshapeBackward"; }
@@ -344,18 +336,6 @@ Tensor log_softmax(const Tensor& x_in, int64_t dim) {
     autograd::record(n, {x}, {&y});
   }
   return y;
-}
-
-Tensor nll_loss(const Tensor& log_probs_in, const Tensor& target) {
-  const Tensor log_probs = float32_if_half(log_probs_in);
-  Tensor loss = kernels::nll_loss_forward(log_probs, target);
-  if (autograd::any_requires_grad({log_probs})) {
-    auto n = make_node<NllLossBackward>();
-    n->log_probs = log_probs.detach();
-    n->target = target;
-    autograd::record(n, {log_probs}, {&loss});
-  }
-  return loss;
 }
 
 Tensor reshape(const Tensor& x, const Shape& shape) {

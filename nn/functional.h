@@ -58,7 +58,6 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // Any dimension, through kernels::softmax_forward (whose entry point takes the rows' kernel for a
 // 2-D input over its last dimension); a half input is computed in float32.
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
-Tensor nll_loss(const Tensor& log_probs, const Tensor& target);  // mean over the batch
 Tensor flatten(const Tensor& x, int64_t start_dim = 1);
 Tensor reshape(const Tensor& x, const Shape& shape);
 

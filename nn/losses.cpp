@@ -1,11 +1,15 @@
-// nn/losses.h, composed of differentiable ops (log_softmax, gather, index_select, sum, mul): the gradients follow
-// from theirs. The target is checked and turned into a keep mask by kernels::class_targets on its
-// device: a host target throws at once, a CUDA one reports through the deferred kernel-error record.
+// nn/losses.h. nll_loss records one node over kernels::nll_loss_forward/backward (kernels/loss.h),
+// and cross_entropy without label smoothing is log_softmax then that nll_loss. The other forms are
+// composed of differentiable ops (log_softmax, gather, index_select, sum, mul), whose gradients
+// follow from theirs; their target is checked and turned into a keep mask by
+// kernels::class_targets on its device: a host target throws at once, a CUDA one reports through
+// the deferred kernel-error record.
 #include "nn/losses.h"
 
 #include <limits>
 #include <vector>
 
+#include "core/autograd.h"
 #include "core/view.h"
 #include "kernels/reduce.h"
 #include "kernels/loss.h"
@@ -13,6 +17,15 @@
 
 namespace tandem::nn::functional {
 namespace {
+
+struct NllLossBackward final : Node {
+  Tensor log_probs, target;
+  kernels::NllLossArgs args;
+  std::string name() const override { return "NllLossBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    return {kernels::nll_loss_backward(g[0], log_probs, target, args)};
+  }
+};
 
 void check_reduction(const char* op, const std::string& reduction) {
   TANDEM_CHECK(reduction == "mean" || reduction == "sum" || reduction == "none", op,
@@ -46,6 +59,27 @@ Tensor mean_over(const Tensor& loss, const Tensor& divisor) {
   const Tensor none_kept = eq(d, 0.0).to(d.dtype());  // 1 when nothing is kept, else 0
   const Tensor nan_if_none = sub(div(d, d), 1.0);     // d / d: 1, or NaN for 0 / 0
   return add(div(sum(loss), add(d, none_kept)), nan_if_none);
+}
+
+kernels::Reduction reduction_of(const std::string& reduction) {
+  if (reduction == "none") return kernels::Reduction::None;
+  return reduction == "sum" ? kernels::Reduction::Sum : kernels::Reduction::Mean;
+}
+
+// nll_loss of rows lp [M, C] at targets [M] (on lp's device), the per-element result reshaped to
+// none_shape for "none". The weight gets no gradient (PyTorch's nll_loss has none for it).
+Tensor nll_loss_rows(const Tensor& lp, const Tensor& target, const Tensor& weight, int64_t ignore_index,
+                     const std::string& reduction, const Shape& none_shape) {
+  const kernels::NllLossArgs args{weight.defined() ? weight.detach() : Tensor(), ignore_index, reduction_of(reduction)};
+  Tensor loss = kernels::nll_loss_forward(lp, target, args);
+  if (autograd::any_requires_grad({lp})) {
+    auto n = std::make_shared<NllLossBackward>();
+    n->log_probs = lp.detach();
+    n->target = target;
+    n->args = args;
+    autograd::record(n, {lp}, {&loss});
+  }
+  return args.reduction == kernels::Reduction::None ? reshape(loss, none_shape) : loss;
 }
 
 Tensor reduce_loss(const Tensor& loss, const Shape& none_shape, const std::string& reduction, const Tensor& divisor) {
@@ -97,6 +131,8 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   }
   TANDEM_CHECK(target.shape() == per_element, "cross_entropy: target ", target.str(), " does not match input ",
                input.str(), " (expected target shape ", shape_str(per_element), ")");
+  if (label_smoothing == 0.0)
+    return nll_loss_rows(lp, target.to(input.device()).reshape({M}), weight, ignore_index, reduction, per_element);
 
   // The target pass (kernels::class_targets): the keep mask, safe (in-range) gather indices, and
   // the range check, which on CUDA is a deferred kernel error so the host never waits here.
@@ -120,6 +156,29 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
 Tensor cross_entropy(const Tensor& input, const Tensor& target, int64_t ignore_index, double label_smoothing,
                      const std::string& reduction) {
   return cross_entropy(input, target, Tensor(), ignore_index, label_smoothing, reduction);
+}
+
+Tensor nll_loss(const Tensor& input_in, const Tensor& target, const Tensor& weight_in, int64_t ignore_index,
+                const std::string& reduction) {
+  check_reduction("nll_loss", reduction);
+  TANDEM_CHECK(input_in.defined() && input_in.dim() >= 1,
+               "nll_loss: input must be [C], [N, C] or [N, C, d1, ...] log-probabilities, got ",
+               input_in.defined() ? input_in.str() : "undefined");
+  const Tensor input = float32_if_half(input_in);
+  const Tensor weight = weight_in.defined() ? float32_if_half(weight_in) : weight_in;
+  const int64_t class_dim = input.dim() == 1 ? 0 : 1;
+  const int64_t C = input.shape()[class_dim];
+  Shape per_element = input.shape();
+  per_element.erase(per_element.begin() + class_dim);
+  TANDEM_CHECK(target.defined() && target.dtype() == kInt64 && target.shape() == per_element,
+               "nll_loss: target must be int64 class indices of shape ", shape_str(per_element), " for input ",
+               input_in.str(), ", got ", target.defined() ? target.str() : "undefined");
+  TANDEM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == C && weight.dtype() == input.dtype() &&
+                                     weight.device() == input.device()),
+               "nll_loss: weight must be [C] = [", C, "] of the input's dtype and device, got ", weight.str());
+  const int64_t M = shape_numel(per_element);
+  return nll_loss_rows(class_last(input, M, C), target.to(input.device()).reshape({M}), weight, ignore_index,
+                       reduction, per_element);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const std::string& reduction) {

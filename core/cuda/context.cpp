@@ -158,8 +158,8 @@ void wait_and_check_kernel_errors(int device) {
                             "; reported at the next read of a result from that device)";
   switch (host.code) {
     case kNllTargetOutOfRange:
-      TANDEM_FAIL("nll_loss: target ", host.b, " at row ", host.a, " is out of range, expected a class in [0, ",
-                  host.c, ")", where);
+      TANDEM_FAIL("nll_loss (cross_entropy's too): target ", host.b, " at row ", host.a,
+                  " is out of range, expected a class in [0, ", host.c, ") or ignore_index", where);
     case kIndexOutOfRange: {
       static const char* const names[] = {"index_select", "index_add", "gather", "scatter_add"};
       const char* op = host.op >= 0 && host.op < 4 ? names[host.op] : "an index op";
@@ -167,8 +167,8 @@ void wait_and_check_kernel_errors(int device) {
                   host.c, " (expected 0 <= index < ", host.c, ")", where);
     }
     case kClassTargetOutOfRange:
-      TANDEM_FAIL("cross_entropy: target ", host.b, " at position ", host.a, " is out of range for ", host.c,
-                  " classes (expected 0 <= target < ", host.c, " or ignore_index)", where);
+      TANDEM_FAIL("nll_loss (cross_entropy's too): target ", host.b, " at position ", host.a, " is out of range for ",
+                  host.c, " classes (expected 0 <= target < ", host.c, " or ignore_index)", where);
     default:
       TANDEM_FAIL("a CUDA kernel on cuda:", device, " reported error code ", host.code);
   }

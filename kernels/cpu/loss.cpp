@@ -1,11 +1,13 @@
-// CPU log_softmax over the last dim of [N, C] (softmax_forward/backward's fast path) and mean nll_loss
-// (kernels/loss.h) under tandem::kernels::cpu.
+// CPU log_softmax over the last dim of [N, C] (softmax_forward/backward's fast path) and nll_loss's
+// fast path, the mean over the rows whose target is not ignore_index (kernels/loss.h), under
+// tandem::kernels::cpu.
 // Assumes: validated by kernels/loss.cpp (ranks, shapes, int64 targets);
 // inputs may be non-contiguous. Target values are checked here, where the
 // data is readable: a value outside [0, C) throws naming the row and value.
 // class_targets: cross_entropy's target pass (kernels/loss.h), throwing at the first bad target.
 // Guarantees: PyTorch's semantics (max-shifted log-sum-exp, NaN rows for +-inf maxima; loss = -mean of
-// the picked log-probabilities, a 0-D tensor of the input's dtype). Rows are
+// the picked log-probabilities of the kept rows, a 0-D tensor of the input's dtype; NaN with a zero
+// gradient when no row is kept). Rows are
 // split across the pool only when there are many of them.
 #include "kernels/ops.h"
 
@@ -61,38 +63,46 @@ Tensor log_softmax_backward_impl(const Tensor& gy_in, const Tensor& y_in) {
   return gx;
 }
 
-void check_targets(const int64_t* t, int64_t N, int64_t C) {
+// The number of kept rows (target != ignore_index); throws at a target neither kept in range nor ignored.
+int64_t check_targets(const int64_t* t, int64_t N, int64_t C, int64_t ignore_index) {
+  int64_t kept = 0;
   for (int64_t i = 0; i < N; ++i) {
-    TANDEM_CHECK(t[i] >= 0 && t[i] < C, "nll_loss: target[", i, "] = ", t[i],
-                 " is out of range; expected a class index in [0, ", C, ")");
+    if (t[i] == ignore_index) continue;
+    TANDEM_CHECK(t[i] >= 0 && t[i] < C, "nll_loss (cross_entropy's too): target[", i, "] = ", t[i],
+                 " is out of range; expected a class index in [0, ", C, ") or ignore_index ", ignore_index);
+    ++kept;
   }
+  return kept;
 }
 
 template <typename T>
-Tensor nll_forward_impl(const Tensor& lp_in, const Tensor& target_in) {
+Tensor nll_forward_impl(const Tensor& lp_in, const Tensor& target_in, int64_t ignore_index) {
   const Tensor lp = lp_in.contiguous(), target = target_in.contiguous();
   const int64_t N = lp.size(0), C = lp.size(1);
   const T* p = lp.data<T>();
   const int64_t* t = target.data<int64_t>();
-  check_targets(t, N, C);
+  const int64_t kept = check_targets(t, N, C, ignore_index);
   double sum = 0;
-  for (int64_t i = 0; i < N; ++i) sum += double(p[i * C + t[i]]);
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] != ignore_index) sum += double(p[i * C + t[i]]);
   Tensor loss = Tensor::empty({}, lp.dtype());
-  *loss.data<T>() = T(-sum / double(N));  // N == 0 gives NaN, as PyTorch
+  *loss.data<T>() = T(-sum / double(kept));  // nothing kept: 0 / 0 = NaN, as PyTorch
   return loss;
 }
 
 template <typename T>
-Tensor nll_backward_impl(const Tensor& gy, const Tensor& lp, const Tensor& target_in) {
+Tensor nll_backward_impl(const Tensor& gy, const Tensor& lp, const Tensor& target_in, int64_t ignore_index) {
   const Tensor target = target_in.contiguous();
   const int64_t N = lp.size(0), C = lp.size(1);
   const int64_t* t = target.data<int64_t>();
-  check_targets(t, N, C);
+  const int64_t kept = check_targets(t, N, C, ignore_index);
   const T g = gy.contiguous().data<T>()[0];
   Tensor gx = Tensor::zeros({N, C}, lp.dtype());
+  if (kept == 0) return gx;  // the NaN mean has a zero gradient, as PyTorch's
   T* op = gx.data<T>();
-  const T v = -g / T(N);
-  for (int64_t i = 0; i < N; ++i) op[i * C + t[i]] = v;
+  const T v = -g / T(kept);
+  for (int64_t i = 0; i < N; ++i)
+    if (t[i] != ignore_index) op[i * C + t[i]] = v;
   return gx;
 }
 
@@ -110,16 +120,18 @@ Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& y) {
                                 [&](auto t) { return log_softmax_backward_impl<decltype(t)>(grad_out, y); });
 }
 
-Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target) {
+Tensor nll_loss_mean_forward(const Tensor& log_probs, const Tensor& target, int64_t ignore_index) {
   detail::check_cpu("nll_loss_forward", log_probs);
-  return detail::dispatch_float(log_probs.dtype(), "nll_loss_forward",
-                                [&](auto t) { return nll_forward_impl<decltype(t)>(log_probs, target); });
+  return detail::dispatch_float(log_probs.dtype(), "nll_loss_forward", [&](auto t) {
+    return nll_forward_impl<decltype(t)>(log_probs, target, ignore_index);
+  });
 }
 
-Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target) {
+Tensor nll_loss_mean_backward(const Tensor& grad_out, const Tensor& log_probs, const Tensor& target,
+                              int64_t ignore_index) {
   detail::check_cpu("nll_loss_backward", log_probs);
   return detail::dispatch_float(log_probs.dtype(), "nll_loss_backward", [&](auto t) {
-    return nll_backward_impl<decltype(t)>(grad_out, log_probs, target);
+    return nll_backward_impl<decltype(t)>(grad_out, log_probs, target, ignore_index);
   });
 }
 
@@ -129,7 +141,7 @@ ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index
   ClassTargets r{Tensor::empty({M}, keep_dtype), Tensor::empty({M, 1}, kInt64)};
   for (int64_t i = 0; i < M; ++i) {
     const bool ignored = t[i] == ignore_index;
-    TANDEM_CHECK(ignored || (t[i] >= 0 && t[i] < C), "cross_entropy: target ", t[i], " at position ", i,
+    TANDEM_CHECK(ignored || (t[i] >= 0 && t[i] < C), "nll_loss (cross_entropy's too): target ", t[i], " at position ", i,
                  " is out of range for ", C, " classes (expected 0 <= target < ", C, " or ignore_index ",
                  ignore_index, ")");
     if (keep_dtype == kFloat64) {

@@ -1,9 +1,10 @@
-// log_softmax over the rows of x [N, C] and the mean nll_loss of int64 targets [N], on CUDA
-// (float32 and float64). log_softmax: one warp per row (max, sum of exp, in the element type);
-// backward dx = g - exp(y) * sum(g).
-// nll_loss forward: one block sums -log_probs[i, target[i]] (double accumulation) and divides by
-// N; backward writes -grad / N at each row's target into a zeroed [N, C]; grad is read on the
-// device, so nothing waits for the host.
+// log_softmax over the rows of x [N, C] and nll_loss's fast path, the mean over the rows whose
+// int64 target [N] is not ignore_index, on CUDA (float32 and float64). log_softmax: one warp per row
+// (max, sum of exp, in the element type); backward dx = g - exp(y) * sum(g).
+// nll_loss forward: one block sums -log_probs[i, target[i]] over the kept rows (double
+// accumulation) and divides by their count (none kept: NaN); backward, one block, counts the kept
+// rows and writes -grad / kept at each kept row's target into a zeroed [N, C] (none kept: zeros);
+// grad is read on the device, so nothing waits for the host.
 // Out-of-range targets: the host cannot see the targets without waiting for the device, so the
 // kernels skip such rows (never reading or writing out of bounds) and record the first one in the
 // device's kernel-error record (core/cuda/context.h). The error is thrown, naming the row and the value, at
@@ -67,33 +68,43 @@ __device__ void report_bad_target(KernelErrorRecord* rec, int64_t row, int64_t v
   tandem::cuda::report_kernel_error(rec, kNllTargetOutOfRange, 0, row, value, C);
 }
 
+// Whether row i counts: its target is a class (out-of-range targets are reported and skipped).
+__device__ __forceinline__ bool kept_row(const int64_t* target, int64_t i, int64_t C, int64_t ignore_index,
+                                         KernelErrorRecord* rec) {
+  const int64_t t = target[i];
+  if (t == ignore_index) return false;
+  if (t < 0 || t >= C) {
+    report_bad_target(rec, i, t, C);
+    return false;
+  }
+  return true;
+}
+
 template <typename T>
-__global__ void nll_forward_kernel(const T* lp, const int64_t* target, int64_t N, int64_t C, T* out,
-                                   KernelErrorRecord* rec) {
-  double acc = 0;
+__global__ void nll_forward_kernel(const T* lp, const int64_t* target, int64_t N, int64_t C, int64_t ignore_index,
+                                   T* out, KernelErrorRecord* rec) {
+  double acc = 0, kept = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
-    const int64_t t = target[i];
-    if (t < 0 || t >= C) {
-      report_bad_target(rec, i, t, C);
-      continue;
-    }
-    acc -= lp[i * C + t];
+    if (!kept_row(target, i, C, ignore_index, rec)) continue;
+    acc -= lp[i * C + target[i]];
+    kept += 1;
   }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) *out = static_cast<T>(acc / double(N));  // N = 0 gives NaN, as PyTorch
+  kept = block_sum(kept);
+  if (threadIdx.x == 0) *out = static_cast<T>(acc / kept);  // nothing kept: 0 / 0 = NaN, as PyTorch
 }
 
 template <typename T>
 __global__ void nll_backward_kernel(const T* grad, const int64_t* target, T* dx, int64_t N, int64_t C,
-                                    KernelErrorRecord* rec) {
-  const T g = -grad[0] / static_cast<T>(N);
-  TANDEM_GRID_STRIDE_LOOP(i, N) {
+                                    int64_t ignore_index, KernelErrorRecord* rec) {
+  double kept = 0;
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) kept += kept_row(target, i, C, ignore_index, rec) ? 1 : 0;
+  kept = block_sum(kept);
+  if (kept == 0) return;  // the NaN mean has a zero gradient, as PyTorch's
+  const T g = -grad[0] / static_cast<T>(kept);
+  for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
     const int64_t t = target[i];
-    if (t < 0 || t >= C) {
-      report_bad_target(rec, i, t, C);
-      continue;
-    }
-    dx[i * C + t] = g;
+    if (t != ignore_index && t >= 0 && t < C) dx[i * C + t] = g;
   }
 }
 
@@ -185,7 +196,7 @@ Tensor log_softmax_backward(const Tensor& grad_out_in, const Tensor& y_in) {
   return dx;
 }
 
-Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& target_in) {
+Tensor nll_loss_mean_forward(const Tensor& log_probs_in, const Tensor& target_in, int64_t ignore_index) {
   const char* op = "nll_loss_forward";
   const int dev = check_f32_f64_cuda(op, {log_probs_in});
   check_target(op, log_probs_in, target_in);
@@ -196,13 +207,14 @@ Tensor nll_loss_forward(const Tensor& log_probs_in, const Tensor& target_in) {
   dispatch_cuda_float(lp.dtype(), [&](auto t) {
     using T = decltype(t);
     launch(on, nll_forward_kernel<T>, 1, 256, 0, elem_ptr<T>(lp), elem_ptr<const int64_t>(target), lp.size(0),
-           lp.size(1), elem_ptr<T>(loss), rec);
+           lp.size(1), ignore_index, elem_ptr<T>(loss), rec);
   });
   mark_kernel_error_check_pending(dev);
   return loss;
 }
 
-Tensor nll_loss_backward(const Tensor& grad_out_in, const Tensor& log_probs_in, const Tensor& target_in) {
+Tensor nll_loss_mean_backward(const Tensor& grad_out_in, const Tensor& log_probs_in, const Tensor& target_in,
+                              int64_t ignore_index) {
   const char* op = "nll_loss_backward";
   const int dev = check_f32_f64_cuda(op, {grad_out_in, log_probs_in});
   check_target(op, log_probs_in, target_in);
@@ -215,8 +227,8 @@ Tensor nll_loss_backward(const Tensor& grad_out_in, const Tensor& log_probs_in, 
   StreamGuard on(dev);
   dispatch_cuda_float(dx.dtype(), [&](auto t) {
     using T = decltype(t);
-    launch(on, nll_backward_kernel<T>, grid_for(N), 256, 0, elem_ptr<T>(g), elem_ptr<const int64_t>(target),
-           elem_ptr<T>(dx), N, C, rec);
+    launch(on, nll_backward_kernel<T>, 1, 256, 0, elem_ptr<T>(g), elem_ptr<const int64_t>(target),
+           elem_ptr<T>(dx), N, C, ignore_index, rec);
   });
   mark_kernel_error_check_pending(dev);
   return dx;

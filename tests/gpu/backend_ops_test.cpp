@@ -52,7 +52,7 @@ std::vector<std::string> cuda_float64_ops() {
   return {"add", "sub", "mul", "scale", "sum", "argmax", "log_softmax_forward", "log_softmax_backward", "binary",
           "binary_backward", "compare", "where", "unary", "unary_backward", "sum_dims", "max_dim", "amax",
           "softmax_forward", "softmax_backward", "index_select", "index_add", "gather", "scatter_add", "bmm",
-          "linear_forward", "linear_backward", "matmul", "nll_loss_forward", "nll_loss_backward",
+          "linear_forward", "linear_backward", "matmul", "nll_loss_mean_forward", "nll_loss_mean_backward",
           "layer_norm_forward", "layer_norm_backward", "relu_forward", "relu_backward", "conv2d_forward",
           "conv2d_backward", "max_pool2d_forward", "max_pool2d_backward", "avg_pool_forward", "avg_pool_backward"};
 }

@@ -24,13 +24,13 @@ TEST(CudaKernelProperties, OutOfRangeTargetIsReportedWhenTheLossIsRead) {
   Generator gen(3);
   const Tensor lp = K::softmax_forward(random_cpu({6, 10}, gen), 1, true).to(gpu());
   const Tensor bad = Tensor::from_vector<int64_t>({1, 2, 3, 12, 4, 5}, {6}).to(gpu());
-  const Tensor loss = K::nll_loss_forward(lp, bad);
+  const Tensor loss = K::nll_loss_forward(lp, bad, {});
   EXPECT_TRUE(throws_with([&] { (void)loss.item<float>(); }, {"nll_loss", "12", "row 3", "[0, 10)"}));
   // The report is consumed: correct targets work again, and a negative one is caught too.
   const Tensor good = Tensor::from_vector<int64_t>({1, 2, 3, 9, 4, 5}, {6}).to(gpu());
-  EXPECT_TRUE(std::isfinite(K::nll_loss_forward(lp, good).item<float>()));
+  EXPECT_TRUE(std::isfinite(K::nll_loss_forward(lp, good, {}).item<float>()));
   const Tensor negative = Tensor::from_vector<int64_t>({0, 0, 0, 0, -1, 0}, {6}).to(gpu());
-  const Tensor grad = K::nll_loss_backward(Tensor::ones({}, kFloat32, gpu()), lp, negative);
+  const Tensor grad = K::nll_loss_backward(Tensor::ones({}, kFloat32, gpu()), lp, negative, {});
   EXPECT_TRUE(throws_with([&] { (void)grad.to(Device::cpu()); }, {"-1", "row 4"}));
 }
 

@@ -62,12 +62,20 @@ inline void add_loss_cases(CaseTable& t) {
   t["log_softmax_backward"] = {{"values", {uniform({4, 10}, 175), uniform({4, 10}, 176)}, [](const Inputs& in) {
                                   return Inputs{K::softmax_backward(in[1], K::softmax_forward(in[0], 1, true), 1, true)};
                                 }, 16, 10}};
+  // nll_loss's fast path (reduction "mean", no class weights): every row kept, some ignored, all
+  // ignored (NaN forward, zero gradient).
   const Tensor targets = Tensor::from_vector<int64_t>({2, 0, 4, 4, 1}, {5});
-  t["nll_loss_forward"] = {{"values", {K::softmax_forward(uniform({5, 5}, 177), 1, true), targets},
-                            [](const Inputs& in) { return Inputs{K::nll_loss_forward(in[0], in[1])}; }, 4, 5}};
-  t["nll_loss_backward"] = {{"values", {uniform({5, 5}, 178), targets, uniform({}, 179)}, [](const Inputs& in) {
-                               return Inputs{K::nll_loss_backward(in[2], in[0], in[1])};
-                             }}};
+  const Tensor some_ignored = Tensor::from_vector<int64_t>({2, -100, 4, -100, 1}, {5});
+  const Tensor all_ignored = Tensor::full({5}, -100.0, kInt64);
+  const Run nll = [](const Inputs& in) { return Inputs{K::nll_loss_forward(in[0], in[1], {})}; };
+  const Run nll_grad = [](const Inputs& in) { return Inputs{K::nll_loss_backward(in[2], in[0], in[1], {})}; };
+  const Tensor lp = K::softmax_forward(uniform({5, 5}, 177), 1, true);
+  t["nll_loss_mean_forward"] = {{"values", {lp, targets}, nll, 4, 5},
+                                {"ignored", {lp, some_ignored}, nll, 4, 5},
+                                {"all_ignored", {lp, all_ignored}, nll}};
+  t["nll_loss_mean_backward"] = {{"values", {uniform({5, 5}, 178), targets, uniform({}, 179)}, nll_grad},
+                                 {"ignored", {uniform({5, 5}, 178), some_ignored, uniform({}, 179)}, nll_grad},
+                                 {"all_ignored", {uniform({5, 5}, 178), all_ignored, uniform({}, 179)}, nll_grad}};
   const Tensor with_ignored = Tensor::from_vector<int64_t>({3, -100, 0, 2, -100, 3}, {2, 3});
   for (DType keep : {kFloat32, kFloat64}) {
     t["class_targets"].push_back({std::string("keep_") + dtype_name(keep), {with_ignored}, [keep](const Inputs& in) {

@@ -98,7 +98,10 @@ TEST(GeneralOps, BadInputsGetOneClearError) {
                "embedding: padding_idx 4 out of range");
   const Tensor logits = Tensor::zeros({3, 4});
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3})),
-               "cross_entropy: target 4 at position 1 is out of range for 4 classes");
+               "nll_loss (cross_entropy's too): target[1] = 4 is out of range; expected a class index in [0, 4) "
+               "or ignore_index -100");
+  EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 4, 1}, {3}), -100, 0.1),
+               "nll_loss (cross_entropy's too): target 4 at position 1 is out of range for 4 classes");
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::from_vector<int64_t>({0, 1}, {2})), "does not match input");
   EXPECT_ERROR(F::cross_entropy(logits, Tensor::zeros({3})),
                "class-probability target float32[3] on cpu must have the input's shape and dtype");

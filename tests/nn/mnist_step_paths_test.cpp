@@ -1,5 +1,6 @@
 // The kernels one MnistNet training step takes on the CPU in float32 (forward, nll_loss, backward,
-// SGD step): log_softmax's rows through the general softmax entry points (fast_path_count), and
+// SGD step): log_softmax's rows through the general softmax entry points and nll_loss's one-pass
+// mean (fast_path_count), and
 // the vector rows of the fused batch_norm+relu+max-pool and conv kernels (simd_path_count) at the
 // level this build's rows have (AVX-512 rows for all, AVX2 rows for the fused pool only; the
 // 32-channel conv may run on oneDNN instead, gemm_path_count), and linear's: one call per layer
@@ -81,6 +82,9 @@ TEST(MnistStepPaths, OneTrainingStepTakesTheFastKernels) {
   // log_softmax over the classes of [N, 10] (softmax_forward/backward with log) takes the rows.
   EXPECT_EQ(after.fast.at("log_softmax_forward") - before.fast.at("log_softmax_forward"), 1);
   EXPECT_EQ(after.fast.at("log_softmax_backward") - before.fast.at("log_softmax_backward"), 1);
+  // nll_loss's mean without class weights takes its one-pass kernels.
+  EXPECT_EQ(after.fast.at("nll_loss_mean_forward") - before.fast.at("nll_loss_mean_forward"), 1);
+  EXPECT_EQ(after.fast.at("nll_loss_mean_backward") - before.fast.at("nll_loss_mean_backward"), 1);
 
   // Two of each layer: every call on the rows of this build's level, none elsewhere; the 2x2
   // max-pool runs inside the fused batch_norm+relu+pool, never on its own.

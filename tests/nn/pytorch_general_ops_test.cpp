@@ -152,6 +152,22 @@ TEST(PytorchGeneralOps, SoftmaxAndLosses) {
   check_case("mse_mean", {"a", "b"}, {}, [](In& in) { return Fn::mse_loss(in["a"], in["b"]); });
 }
 
+// PyTorch's F.nll_loss: ignored targets, class weights, each reduction, [N, C, d] and [C] inputs, and
+// every target ignored (NaN mean, zero gradient). Mean without weights is the one-pass kernel; the
+// rest is composed (kernels/loss.h).
+TEST(PytorchGeneralOps, NllLoss) {
+  check_case("nll_mean_ignore", {"x"}, {"target"}, [](In& in) { return Fn::nll_loss(in["x"], in["target"]); });
+  check_case("nll_weight_sum", {"x"}, {"target", "w"},
+             [](In& in) { return Fn::nll_loss(in["x"], in["target"], in["w"], -100, "sum"); });
+  check_case("nll_weight_nd_none", {"x"}, {"target", "w"}, [](In& in) {
+    return Fn::nll_loss(in["x"], in["target"], Fn::narrow(in["w"], 0, 0, 4).contiguous(), 1, "none");
+  });
+  check_case("nll_weight_mean", {"x"}, {"target", "w"},
+             [](In& in) { return Fn::nll_loss(in["x"], in["target"], in["w"]); });
+  check_case("nll_unbatched", {"x"}, {"target"}, [](In& in) { return Fn::nll_loss(in["x"], in["target"]); });
+  check_case("nll_all_ignored_mean", {"x"}, {"target"}, [](In& in) { return Fn::nll_loss(in["x"], in["target"]); });
+}
+
 // Class weights (index targets: mean divided by the kept targets' weights) and class-probability
 // targets (mean over elements; the target's own gradient too), with smoothing and ignored targets.
 TEST(PytorchGeneralOps, CrossEntropyWeightsAndProbabilityTargets) {
@@ -163,6 +179,11 @@ TEST(PytorchGeneralOps, CrossEntropyWeightsAndProbabilityTargets) {
     return Fn::cross_entropy(in["x"], in["target"], Fn::narrow(in["w"], 0, 0, 4).contiguous(), -100, 0.0, "none");
   });
   check_case("ce_prob", {"x", "target"}, {}, [](In& in) { return Fn::cross_entropy(in["x"], in["target"]); });
+  // Without smoothing, cross_entropy is log_softmax then nll_loss (the case below runs that path).
+  check_case("ce_weight_nd_none", {"x"}, {"target", "w"}, [](In& in) {
+    return Fn::nll_loss(Fn::log_softmax(in["x"], 1), in["target"], Fn::narrow(in["w"], 0, 0, 4).contiguous(), -100,
+                        "none");
+  });
   check_case("ce_prob_weight_smooth_nd", {"x", "target"}, {"w"}, [](In& in) {
     return Fn::cross_entropy(in["x"], in["target"], Fn::narrow(in["w"], 0, 0, 3).contiguous(), -100, 0.2);
   });

@@ -9,9 +9,11 @@
 // threads: 553 samples/s against 3080 in f32). So no OpenMP worker ever runs: every calling thread
 // sets its OpenMP team to one (omp_set_num_threads(1), before oneDNN builds a primitive, since a
 // primitive's work split follows the team it sees), and the engine's pool runs each call as one
-// slice per thread (slices_for): rows or columns of a matmul, the batch of a convolution; the
-// weight gradient of a convolution sums one f32 partial per slice in slice order. Primitives run
-// with user scratchpads (one per execution), so slices may share a primitive.
+// slice per thread (slices_for): a matmul as MatmulSplit in kernels/cpu/dnnl.h says (slices that
+// keep every operand dense, so oneDNN's native bf16 kernel takes each), the batch of a
+// convolution; weight gradients (convolution batch slices, matmul depth slices) sum one f32
+// partial per slice in slice order. Primitives run with user scratchpads (one per execution), so
+// slices may share a primitive.
 // Bits: depend on the shapes, dtypes, the thread count and oneDNN's ISA; not on timing.
 #include "kernels/cpu/common.h"  // first: kernels/cpu/simd.h's <immintrin.h> before any other
 #include "kernels/cpu/dnnl.h"
@@ -26,12 +28,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-
-#if defined(TANDEM_WITH_ONEDNN)
-#include <omp.h>
-
-#include <oneapi/dnnl/dnnl.hpp>
-#endif
+#include "kernels/cpu/dnnl_internal.h"
 
 namespace tandem::kernels::cpu {
 namespace {
@@ -75,7 +72,6 @@ const char* onednn_isa() { return "none"; }
 GemmPath lowp_gemm_path(DType) { return GemmPath::fallback; }
 
 namespace detail {
-bool onednn_matmul(const MatView&, const MatView&, const Tensor&, Tensor&) { return false; }
 bool onednn_conv_forward(const Tensor&, const Tensor&, const Tensor&, const Conv2dArgs&, DType, Tensor&) {
   return false;
 }
@@ -87,113 +83,27 @@ bool onednn_conv_backward_weights(const Tensor&, const Tensor&, const Conv2dArgs
 
 #else
 
+namespace onednn {
+
+void sum_parts_into(std::vector<Tensor>& parts, Tensor& out) {
+  Tensor& sum = parts[0];
+  float* acc = sum.data<float>();
+  cpu::detail::parallel_range(sum.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
+    for (size_t p = 1; p < parts.size(); ++p) {
+      if (!parts[p].defined()) continue;
+      const float* src = parts[p].data<float>();
+      for (int64_t i = i0; i < i1; ++i) acc[i] += src[i];
+    }
+  });
+  const Tensor r = out.dtype() == kFloat32 ? sum : cpu::cast(sum, out.dtype());
+  std::memcpy(out.raw_data(), r.raw_data(), static_cast<size_t>(r.numel() * elem_size(r.dtype())));
+}
+
+}  // namespace onednn
+
 namespace {
 
-using dnnl::memory;
-using Tag = memory::format_tag;
-using DnnlType = memory::data_type;
-
-dnnl::engine& engine() {
-  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
-  return e;
-}
-
-// The calling thread's stream. oneDNN runs single-threaded on each calling thread (an OpenMP team
-// of one: no OpenMP worker thread ever exists); the engine's pool splits the work (see the header).
-dnnl::stream& stream_for_call() {
-  thread_local bool team_of_one = [] {
-    omp_set_num_threads(1);
-    return true;
-  }();
-  (void)team_of_one;
-  thread_local dnnl::stream s(engine());
-  return s;
-}
-
-DnnlType to_dnnl(DType d) {
-  switch (d) {
-    case DType::Float32:
-      return DnnlType::f32;
-    case DType::BFloat16:
-      return DnnlType::bf16;
-    case DType::Float16:
-      return DnnlType::f16;
-    default:
-      return DnnlType::undef;
-  }
-}
-
-bool has_isa(dnnl_cpu_isa_t isa) {
-  const unsigned effective = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
-  return (effective & static_cast<unsigned>(isa)) == static_cast<unsigned>(isa);
-}
-
-// Whether a primitive computing in `compute` is one of oneDNN's native low-precision kernels: for
-// bf16, an implementation named for bf16 or AMX ("jit_bf16:avx512_core_bf16", "brg:avx512_core_amx",
-// ...). oneDNN falls back to a GEMM-based bf16 convolution for some shapes (ResNet's 8-channel
-// weight gradient: "x64:gemm:jit", ~12 GFLOP/s at 1 thread on Zen 4, below the f32 kernels); those
-// count as unavailable, so the caller widens instead.
-bool native_impl(const char* impl, DType compute) {
-  if (compute != kBFloat16) return true;
-  const std::string s(impl ? impl : "");
-  return s.find("bf16") != std::string::npos || s.find("amx") != std::string::npos;
-}
-
-// ---- the primitive cache ----
-constexpr size_t kMaxCached = 512;
-
-struct Cache {
-  std::mutex mu;
-  std::unordered_map<std::string, std::shared_ptr<const void>> map;
-};
-
-Cache& cache() {
-  static Cache c;
-  return c;
-}
-
-// The entry for key, built by make() (returning a shared_ptr<const T>, null when oneDNN has no
-// implementation: remembered, so the failure is not retried on every call).
-template <typename T, typename Make>
-std::shared_ptr<const T> cached(const std::string& key, Make&& make) {
-  Cache& c = cache();
-  {
-    std::lock_guard<std::mutex> lock(c.mu);
-    auto it = c.map.find(key);
-    if (it != c.map.end()) return std::static_pointer_cast<const T>(it->second);
-  }
-  std::shared_ptr<const T> built;
-  try {
-    built = make();
-  } catch (const dnnl::error&) {
-    built = nullptr;
-  }
-  std::lock_guard<std::mutex> lock(c.mu);
-  if (c.map.size() >= kMaxCached) c.map.clear();
-  c.map.emplace(key, built);
-  return built;
-}
-
-void append_key(std::string& key) { (void)key; }
-template <typename First, typename... Rest>
-void append_key(std::string& key, First first, Rest... rest) {
-  key += std::to_string(static_cast<int64_t>(first));
-  key += ',';
-  append_key(key, rest...);
-}
-template <typename... Args>
-std::string make_key(const char* kind, Args... args) {
-  std::string key(kind);
-  key += ':';
-  append_key(key, args...);
-  return key;
-}
-
-// ---- matmul ----
-struct MatmulEntry {
-  dnnl::matmul prim;
-  memory::desc a, b, c, bias, scratchpad;
-};
+using namespace onednn;
 
 // ---- convolutions ----
 memory::dims nchw_dims(const Tensor& t) { return {t.size(0), t.size(1), t.size(2), t.size(3)}; }
@@ -316,78 +226,6 @@ GemmPath lowp_gemm_path(DType dtype) {
 
 namespace {
 
-int64_t elem_size(DType d) { return d == kFloat32 ? 4 : 2; }
-
-// The number of slices a call over n items of `work_per_item` multiply-adds is cut into: one per
-// thread of the engine's pool (num_threads()), each of >= 2^20 multiply-adds, at most n. One
-// slice at 1 thread: slicing costs oneDNN efficiency (smaller problems per call), so the bits are
-// those of the thread count, as the Eigen paths' are.
-int64_t slices_for(int64_t n, int64_t work_per_item) {
-  return cpu::detail::num_chunks(n, std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, work_per_item)));
-}
-
-// Runs fn(slice, begin, end) over [0, n) cut into `slices` equal slices, in parallel on the
-// engine's pool; true when every slice's fn returned true (a oneDNN error counts as false).
-template <typename Fn>
-bool over_slices(int64_t n, int64_t slices, Fn&& fn) {
-  std::atomic<bool> ok{true};
-  cpu::detail::for_each_chunk(n, slices, [&](int64_t c, int64_t b, int64_t e) {
-    bool done = false;
-    try {
-      done = fn(c, b, e);
-    } catch (const dnnl::error&) {  // e.g. a scratchpad it could not allocate: the caller falls back
-      done = false;
-    }
-    if (!done) ok.store(false, std::memory_order_relaxed);
-  });
-  return ok.load();
-}
-
-// The scratchpad a primitive asks for (user mode: one per execution, so concurrent executions of
-// one primitive on the pool's threads never share one).
-void add_scratchpad(std::unordered_map<int, memory>& args, const memory::desc& md) {
-  if (md.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, memory(md, engine()));
-}
-
-dnnl::primitive_attr user_scratchpad() {
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  return attr;
-}
-
-// c (rows x cols at c_data, row stride ldc, dtype c_dtype) = a * b (+ bias) on the calling thread.
-bool matmul_one(const detail::MatView& a, const detail::MatView& b, const void* bias, DType bias_dtype,
-                void* c_data, DType c_dtype, int64_t ldc) {
-  dnnl::stream& s = stream_for_call();  // first: oneDNN sizes a primitive by the team it sees
-  const int64_t M = a.rows, K = a.cols, N = b.cols;
-  const std::string key =
-      make_key("matmul", M, K, N, a.row_stride, a.col_stride, b.row_stride, b.col_stride, ldc,
-               static_cast<int>(a.dtype), static_cast<int>(b.dtype), static_cast<int>(c_dtype),
-               bias ? int(bias_dtype) : -1);
-  auto entry = cached<MatmulEntry>(key, [&] {
-    memory::desc amd({M, K}, to_dnnl(a.dtype), memory::dims{a.row_stride, a.col_stride});
-    memory::desc bmd({K, N}, to_dnnl(b.dtype), memory::dims{b.row_stride, b.col_stride});
-    memory::desc cmd({M, N}, to_dnnl(c_dtype), memory::dims{ldc, 1});
-    memory::desc biasmd = bias ? memory::desc({1, N}, to_dnnl(bias_dtype), Tag::ab) : memory::desc();
-    dnnl::matmul::primitive_desc pd(
-        bias ? dnnl::matmul::desc(amd, bmd, biasmd, cmd) : dnnl::matmul::desc(amd, bmd, cmd), user_scratchpad(),
-        engine());
-    if (!native_impl(pd.impl_info_str(), a.dtype)) return std::shared_ptr<const MatmulEntry>();
-    return std::make_shared<const MatmulEntry>(MatmulEntry{dnnl::matmul(pd), amd, bmd, cmd, biasmd, pd.scratchpad_desc()});
-  });
-  if (!entry) return false;
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, memory(entry->a, engine(), const_cast<void*>(a.data))},
-                                       {DNNL_ARG_WEIGHTS, memory(entry->b, engine(), const_cast<void*>(b.data))},
-                                       {DNNL_ARG_DST, memory(entry->c, engine(), c_data)}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, memory(entry->bias, engine(), const_cast<void*>(bias)));
-  add_scratchpad(args, entry->scratchpad);
-  entry->prim.execute(s, args);
-  s.wait();
-  return true;
-}
-
-const char* offset(const void* p, int64_t elems, DType d) { return static_cast<const char*>(p) + elems * elem_size(d); }
-
 bool conv_forward_one(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
                          Tensor& y) {
   dnnl::stream& s = stream_for_call();  // first: oneDNN sizes a primitive by the team it sees
@@ -480,29 +318,6 @@ bool conv_backward_weights_one(const Tensor& gy, const Tensor& x, const Conv2dAr
 
 namespace detail {
 
-bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c) {
-  const int64_t M = a.rows, K = a.cols, N = b.cols;
-  if (M == 0 || K == 0 || N == 0) return false;
-  const DType bias_dtype = bias.defined() ? bias.dtype() : kFloat32;
-  for (DType d : {a.dtype, b.dtype, c.dtype(), bias_dtype}) {
-    if (to_dnnl(d) == DnnlType::undef) return false;
-  }
-  const DType cd = c.dtype();
-  char* c_data = static_cast<char*>(c.raw_data());
-  const void* bp = bias.defined() ? bias.raw_data() : nullptr;
-  if (M >= N) {  // slices of rows of a and c
-    return over_slices(M, slices_for(M, K * N), [&](int64_t, int64_t r0, int64_t r1) {
-      const MatView as{offset(a.data, r0 * a.row_stride, a.dtype), a.dtype, r1 - r0, K, a.row_stride, a.col_stride};
-      return matmul_one(as, b, bp, bias_dtype, c_data + r0 * N * elem_size(cd), cd, N);
-    });
-  }
-  return over_slices(N, slices_for(N, K * M), [&](int64_t, int64_t c0, int64_t c1) {  // slices of columns of b and c
-    const MatView bs{offset(b.data, c0 * b.col_stride, b.dtype), b.dtype, K, c1 - c0, b.row_stride, b.col_stride};
-    return matmul_one(a, bs, bp ? offset(bp, c0, bias_dtype) : nullptr, bias_dtype, c_data + c0 * elem_size(cd), cd,
-                      N);
-  });
-}
-
 bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
                          Tensor& y) {
   if (!conv_supported(args, compute, {&x, &w, &b, &y})) return false;
@@ -539,18 +354,8 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
                                      gb ? &pb[c] : nullptr);
   });
   if (!ok) return false;
-  auto reduce = [&](std::vector<Tensor>& parts, Tensor& out) {
-    Tensor sum = parts[0];
-    float* acc = sum.data<float>();
-    for (size_t c = 1; c < parts.size(); ++c) {
-      if (!parts[c].defined()) continue;
-      const float* p = parts[c].data<float>();
-      for (int64_t i = 0; i < sum.numel(); ++i) acc[i] += p[i];
-    }
-    out = out.dtype() == kFloat32 ? sum : cpu::cast(sum, out.dtype());
-  };
-  reduce(pw, gw);
-  if (gb) reduce(pb, *gb);
+  sum_parts_into(pw, gw);
+  if (gb) sum_parts_into(pb, *gb);
   return true;
 }
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 #include "kernels/conv.h"
@@ -54,6 +55,29 @@ const char* onednn_isa();
 // no native bf16 instructions, or f16, which this CPU path widens).
 GemmPath lowp_gemm_path(DType dtype);
 
+// How detail::onednn_matmul cuts a call over the engine's pool. oneDNN's native bf16 matmul
+// (brg:avx512_core_bf16, 2.6) takes dense operands only: an operand with a leading dimension
+// larger than its extent (a column slice of a row-major matrix, a row slice of a transposed one)
+// gets oneDNN's generic gemm:jit, which counts as no native kernel, so the whole bf16 linear fell
+// back to widened f32 math. The rules, in order (slices of >= 2^20 multiply-adds, one per thread
+// at most, so every split is whole at 1 thread):
+//   rows:  a row-major dense and M >= N (or no column split possible): row slices of a and c.
+//   cols:  b column-major dense (a linear's w^T): column slices of b, each into a dense buffer,
+//          copied into c's columns.
+//   depth: a column-major dense (gy^T), b row-major dense (x), no bias (a linear's weight
+//          gradient): slices of the depth K of >= 128 each, one f32 partial each, summed in slice
+//          order and rounded once.
+//   whole: one call on the calling thread.
+// And, at exactly 2 threads, a linear's input and weight gradients (the same n * o * i
+// multiply-adds each) run side by side, each whole on one of the two threads (paired; see
+// pair_linear_gradients): one hand-off to the pool instead of two, no partial sums, and
+// primitives of the full shapes.
+enum class MatmulSplit : int { whole, rows, cols, depth, paired };
+inline constexpr int kMatmulSplits = 5;
+
+// How many onednn_matmul calls took `split` in this process so far.
+uint64_t matmul_split_count(MatmulSplit split);
+
 namespace detail {
 
 void count_gemm_path(GemmKernel kernel, GemmPath path);
@@ -66,8 +90,19 @@ struct MatView {
 };
 
 // c [M, N] (contiguous, its own dtype) = a [M, K] * b [K, N] (+ bias [N], f32 or c's dtype),
-// f32 accumulation. Returns false, touching nothing, when oneDNN cannot run it.
-bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c);
+// f32 accumulation, cut over the pool as MatmulSplit says (whole on the calling thread when
+// `paired`: the caller runs it beside another, see run_pair). Returns false, touching nothing,
+// when oneDNN cannot run it.
+bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c, bool paired = false);
+
+// Whether the input and weight gradients of a linear of `work` (n * o * i) multiply-adds run as a
+// pair: the pool has exactly 2 threads and each product has at least 2^20 multiply-adds (below
+// that one thread runs both: the hand-off costs more than it saves).
+bool pair_linear_gradients(int64_t work);
+
+// Runs first() and second() at once on the pool's first two threads; true when both returned true
+// (a oneDNN error counts as false).
+bool run_pair(const std::function<bool()>& first, const std::function<bool()>& second);
 
 // Convolutions on NCHW tensors in and out (any of f32/bf16 each, contiguous), computed in
 // `compute` (f32 or bf16) with f32 accumulation, in oneDNN's own blocked layouts (the tensors are

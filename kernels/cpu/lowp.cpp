@@ -74,15 +74,19 @@ bool lowp_linear_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
   LinearGrads g;
-  bool ok = true;
-  if (need_input) {
-    g.input = Tensor::empty({N, I}, d);
-    ok = ok && detail::onednn_matmul({gy.raw_data(), d, N, O, O, 1}, {w.raw_data(), d, O, I, I, 1}, Tensor(), g.input);
-  }
-  if (need_weight && ok) {
-    g.weight = Tensor::empty({O, I}, d);
-    ok = detail::onednn_matmul({gy.raw_data(), d, O, N, 1, O}, {x.raw_data(), d, N, I, I, 1}, Tensor(), g.weight);
-  }
+  if (need_input) g.input = Tensor::empty({N, I}, d);
+  if (need_weight) g.weight = Tensor::empty({O, I}, d);
+  const bool pair = need_input && need_weight && detail::pair_linear_gradients(N * O * I);
+  const auto input_grad = [&] {
+    return detail::onednn_matmul({gy.raw_data(), d, N, O, O, 1}, {w.raw_data(), d, O, I, I, 1}, Tensor(), g.input,
+                                 pair);
+  };
+  const auto weight_grad = [&] {
+    return detail::onednn_matmul({gy.raw_data(), d, O, N, 1, O}, {x.raw_data(), d, N, I, I, 1}, Tensor(), g.weight,
+                                 pair);
+  };
+  const bool ok = pair ? detail::run_pair(input_grad, weight_grad)
+                       : (!need_input || input_grad()) && (!need_weight || weight_grad());
   if (!ok) {
     detail::count_gemm_path(GemmKernel::lowp_linear, GemmPath::fallback);
     return false;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/view.h"
 #include "kernel_test_util.h"
 
 using namespace tandem;
@@ -88,6 +89,32 @@ TEST(AmpCast, MatchesGenericConversionBitForBit) {
   const Tensor nc = non_contiguous(random_tensor({4, 5}, kFloat32, gen));
   EXPECT_EQ(bits16(kernels::cast(nc, kBFloat16)), bits16(nc.contiguous().to(kBFloat16)));
   EXPECT_TRUE(kernels::cast(x, kFloat32).is_same(x));
+}
+
+TEST(AmpCast, StridedOperandsMatchTheGenericConversionAtAnyThreadCount) {
+  // Attention heads ([N, L, H, D] permuted to [N, H, L, D]: rows of unit stride), a transpose (no
+  // unit stride), a slice with an offset; large enough (> 2^18 elements) to be cut over the pool,
+  // so chunks start mid-way through the outer dimensions.
+  Generator gen(13);
+  const Tensor heads = views::permute(random_tensor({8, 128, 16, 40}, kFloat32, gen, -1e3, 1e3), {0, 2, 1, 3});
+  const Tensor trans = random_tensor({700, 600}, kFloat32, gen, -1e3, 1e3).transpose(0, 1);
+  const Tensor sliced = random_tensor({9, 70, 30}, kFloat32, gen).slice(1, 3, 67).slice(2, 1, 29);
+  for (int threads : {1, 2, 3}) {
+    ThreadCountGuard guard(threads);
+    for (const Tensor& x : {heads, trans, sliced}) {
+      ASSERT_FALSE(x.is_contiguous());
+      for (DType d : {kBFloat16, kFloat16}) {
+        const Tensor fast = kernels::cast(x, d);
+        EXPECT_TRUE(fast.is_contiguous());
+        EXPECT_EQ(fast.shape(), x.shape());
+        EXPECT_EQ(bits16(fast), bits16(x.contiguous().to(d))) << dtype_name(d) << " " << x.str() << ", " << threads;
+        // Back up to f32 from a strided low-precision view.
+        const Tensor low = fast.transpose(0, 1);
+        EXPECT_EQ(kernels::cast(low, kFloat32).to_vector<float>(), low.contiguous().to(kFloat32).to_vector<float>())
+            << dtype_name(d) << " " << low.str() << ", " << threads;
+      }
+    }
+  }
 }
 
 TEST(AmpLowp, LinearEqualsF32MathOnRoundedOperands) {

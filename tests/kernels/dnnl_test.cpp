@@ -224,3 +224,79 @@ TEST(DnnlF32, ConvWithSixteenChannelsTakesOneDnnAndMatchesFloat64) {
     }
   }
 }
+
+namespace {
+
+using kernels::cpu::MatmulSplit;
+
+// How many bf16 matmuls took each split (kernels/cpu/dnnl.h, MatmulSplit) while fn ran.
+template <typename Fn>
+std::vector<uint64_t> splits_during(Fn&& fn) {
+  std::vector<uint64_t> before(kernels::cpu::kMatmulSplits);
+  for (int s = 0; s < kernels::cpu::kMatmulSplits; ++s) before[s] = kernels::cpu::matmul_split_count(MatmulSplit(s));
+  fn();
+  for (int s = 0; s < kernels::cpu::kMatmulSplits; ++s)
+    before[s] = kernels::cpu::matmul_split_count(MatmulSplit(s)) - before[s];
+  return before;
+}
+
+// The counts of a run where `calls` matmuls all took `split`.
+std::vector<uint64_t> only(MatmulSplit split, uint64_t calls) {
+  std::vector<uint64_t> v(kernels::cpu::kMatmulSplits, 0);
+  v[static_cast<int>(split)] = calls;
+  return v;
+}
+
+}  // namespace
+
+TEST(DnnlSplit, EachShapeTakesTheRulesSplitAndStaysWithinBf16Tolerance) {
+  // Shapes on each side of MatmulSplit's rules, over 1 to 3 threads. Where the CPU has no native
+  // bf16 path no oneDNN matmul runs (all counts zero). MatmulSplit::whole at 1 thread always.
+  const bool native = expected_bf16_path() != GemmPath::fallback;
+  struct Case {
+    int64_t N, I, O;
+    int threads;
+    MatmulSplit forward;
+    std::vector<uint64_t> backward;  // counts of the input and weight gradients' matmuls
+  };
+  const std::vector<Case> cases = {
+      // The GPT's projections (1024 tokens, width 64): rows forward; at 2 threads the two
+      // gradients paired; at 3 the input gradient by rows, the weight gradient by depth.
+      {1024, 64, 64, 1, MatmulSplit::whole, only(MatmulSplit::whole, 2)},
+      {1024, 64, 64, 2, MatmulSplit::rows, only(MatmulSplit::paired, 2)},
+      {1024, 64, 64, 3, MatmulSplit::rows, {0, 1, 0, 1, 0}},
+      // Few rows, many outputs: the forward by columns of w^T; at 3 threads the input gradient
+      // (b = w row-major: no column split) by rows, the weight gradient (depth 8) whole.
+      {8, 1024, 1024, 2, MatmulSplit::cols, only(MatmulSplit::paired, 2)},
+      {8, 1024, 1024, 3, MatmulSplit::cols, {1, 1, 0, 0, 0}},
+      // Below 2^20 multiply-adds: whole, and the gradients not paired.
+      {8, 32, 16, 2, MatmulSplit::whole, only(MatmulSplit::whole, 2)},
+      // A depth (batch) of 64 < 2 x 128: the weight gradient whole; 512: by depth.
+      {64, 1024, 256, 3, MatmulSplit::cols, {1, 1, 0, 0, 0}},
+      {512, 1024, 256, 3, MatmulSplit::rows, {0, 1, 0, 1, 0}},
+  };
+  Generator gen(12);
+  for (const Case& c : cases) {
+    ThreadCountGuard guard(c.threads);
+    const Tensor x = bf16_random({c.N, c.I}, gen), w = bf16_random({c.O, c.I}, gen), b = bf16_random({c.O}, gen);
+    const Tensor dy = bf16_random({c.N, c.O}, gen);
+    Tensor y;
+    kernels::LinearGrads g;
+    const auto fwd = splits_during([&] { y = kernels::lowp_linear_forward(x, w, b); });
+    const auto bwd = splits_during([&] { g = kernels::lowp_linear_backward(dy, x, w, true, true, true); });
+    const std::string where = std::to_string(c.N) + "x" + std::to_string(c.I) + "x" + std::to_string(c.O) + " at " +
+                              std::to_string(c.threads) + " threads";
+    EXPECT_EQ(fwd, native ? only(c.forward, 1) : only(MatmulSplit::whole, 0)) << where;
+    std::vector<uint64_t> want_bwd = c.backward;
+    if (!native) want_bwd.assign(kernels::cpu::kMatmulSplits, 0);
+    EXPECT_EQ(bwd, want_bwd) << where;
+    EXPECT_TRUE(within_bf16(y, kernels::linear_forward(f64(x), f64(w), f64(b)),
+                            kernels::linear_forward(abs64(x), abs64(w), abs64(b)), c.I))
+        << where;
+    const auto r = kernels::linear_backward(f64(dy), f64(x), f64(w), true, true, true);
+    const auto ra = kernels::linear_backward(abs64(dy), abs64(x), abs64(w), true, true, true);
+    EXPECT_TRUE(within_bf16(g.input, r.input, ra.input, c.O)) << where;
+    EXPECT_TRUE(within_bf16(g.weight, r.weight, ra.weight, c.N)) << where;
+    EXPECT_TRUE(within_bf16(g.bias, r.bias, ra.bias, c.N)) << where;
+  }
+}

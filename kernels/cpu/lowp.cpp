@@ -26,7 +26,8 @@ float bf16_to_f32(uint16_t b) {
   return f;
 }
 
-// The column sums of gy [N, O] (bf16), summed in f32 row by row, rounded to bf16 once.
+// The column sums of gy [N, O] (bf16), summed in f32 row by row, rounded to bf16 once (the same
+// bits however the columns are cut).
 Tensor bias_grad(const Tensor& gy) {
   const int64_t N = gy.size(0), O = gy.size(1);
   Tensor sums = Tensor::zeros({O}, kFloat32);
@@ -78,6 +79,8 @@ bool lowp_linear_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   if (need_weight) g.weight = Tensor::empty({O, I}, d);
   const bool pair = need_input && need_weight && detail::pair_linear_gradients(N * O * I);
   const auto input_grad = [&] {
+    // Paired, the bias gradient runs here too (serially: the pool is busy), beside the weight's.
+    if (pair && need_bias) g.bias = bias_grad(gy);
     return detail::onednn_matmul({gy.raw_data(), d, N, O, O, 1}, {w.raw_data(), d, O, I, I, 1}, Tensor(), g.input,
                                  pair);
   };
@@ -91,7 +94,7 @@ bool lowp_linear_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
     detail::count_gemm_path(GemmKernel::lowp_linear, GemmPath::fallback);
     return false;
   }
-  if (need_bias) g.bias = bias_grad(gy);
+  if (need_bias && !g.bias.defined()) g.bias = bias_grad(gy);
   count_native(d, GemmKernel::lowp_linear);
   grads = g;
   return true;

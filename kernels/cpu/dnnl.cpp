@@ -88,7 +88,8 @@ namespace onednn {
 void sum_parts_into(std::vector<Tensor>& parts, Tensor& out) {
   Tensor& sum = parts[0];
   float* acc = sum.data<float>();
-  cpu::detail::parallel_range(sum.numel(), 1 << 14, [&](int64_t i0, int64_t i1) {
+  // Memory-bound: only large sums are cut over the pool.
+  cpu::detail::parallel_range(sum.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {
     for (size_t p = 1; p < parts.size(); ++p) {
       if (!parts[p].defined()) continue;
       const float* src = parts[p].data<float>();

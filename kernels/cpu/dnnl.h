@@ -91,8 +91,8 @@ struct MatView {
 
 // c [M, N] (contiguous, its own dtype) = a [M, K] * b [K, N] (+ bias [N], f32 or c's dtype),
 // f32 accumulation, cut over the pool as MatmulSplit says (whole on the calling thread when
-// `paired`: the caller runs it beside another, see run_pair). Returns false, touching nothing,
-// when oneDNN cannot run it.
+// `paired`: the caller runs it beside another, see run_pair). Returns false when oneDNN cannot run
+// it (c may then hold the slices that did run: the caller discards it).
 bool onednn_matmul(const MatView& a, const MatView& b, const Tensor& bias, Tensor& c, bool paired = false);
 
 // Whether the input and weight gradients of a linear of `work` (n * o * i) multiply-adds run as a

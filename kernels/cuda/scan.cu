@@ -1,6 +1,6 @@
-// CUDA kernels of kernels/scan.h (float32) under tandem::kernels::cuda,
+// CUDA kernels of kernels/scan.h (float32 and float64) under tandem::kernels::cuda,
 // registered in the op table (kernels/ops.h).
-// Assumes: validated by kernels/scan.cpp (float32 on one CUDA device, dim wrapped).
+// Assumes: validated by kernels/scan.cpp (one CUDA device, dim wrapped).
 // How: the input made contiguous and read as [outer, n, inner]; one thread per (outer, inner)
 // column walks n serially in double (neighbouring threads read neighbouring addresses when inner
 // > 1), the same order and precision as the CPU kernels.
@@ -20,53 +20,55 @@ namespace {
 
 constexpr int kThreads = 256;
 
-const float* in_ptr(const Tensor& t) { return static_cast<const float*>(t.raw_data()); }
-
 __device__ __forceinline__ int64_t column_base(int64_t t, int64_t n, int64_t inner) {
   return (t / inner) * n * inner + t % inner;
 }
 
-__global__ void prod_kernel(const float* x, float* out, int64_t outer, int64_t n, int64_t inner) {
+template <typename T>
+__global__ void prod_kernel(const T* x, T* out, int64_t outer, int64_t n, int64_t inner) {
   TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
     const int64_t base = column_base(t, n, inner);
     double acc = 1.0;
     for (int64_t k = 0; k < n; ++k) acc *= static_cast<double>(x[base + k * inner]);
-    out[t] = static_cast<float>(acc);
+    out[t] = static_cast<T>(acc);
   }
 }
 
 // Suffix products into out, then prefix products (times the gradient) times them.
-__global__ void prod_grad_kernel(const float* g, const float* x, float* out, int64_t outer, int64_t n, int64_t inner) {
+template <typename T>
+__global__ void prod_grad_kernel(const T* g, const T* x, T* out, int64_t outer, int64_t n, int64_t inner) {
   TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
     const int64_t base = column_base(t, n, inner);
     double suffix = 1.0;
     for (int64_t k = n - 1; k >= 0; --k) {
-      out[base + k * inner] = static_cast<float>(suffix);
+      out[base + k * inner] = static_cast<T>(suffix);
       suffix *= static_cast<double>(x[base + k * inner]);
     }
     double prefix = static_cast<double>(g[t]);
     for (int64_t k = 0; k < n; ++k) {
       const int64_t i = base + k * inner;
-      out[i] = static_cast<float>(prefix * static_cast<double>(out[i]));
+      out[i] = static_cast<T>(prefix * static_cast<double>(out[i]));
       prefix *= static_cast<double>(x[i]);
     }
   }
 }
 
-__global__ void cumsum_kernel(const float* x, float* out, bool reverse, int64_t outer, int64_t n, int64_t inner) {
+template <typename T>
+__global__ void cumsum_kernel(const T* x, T* out, bool reverse, int64_t outer, int64_t n, int64_t inner) {
   TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
     const int64_t base = column_base(t, n, inner);
     double acc = 0.0;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t i = base + (reverse ? n - 1 - j : j) * inner;
       acc += static_cast<double>(x[i]);
-      out[i] = static_cast<float>(acc);
+      out[i] = static_cast<T>(acc);
     }
   }
 }
 
 // PyTorch's sort order (kernels/cpu/scan.cpp's sorts_before): NaN above every number, -0.0 == 0.0.
-__device__ __forceinline__ bool sorts_before(float a, float b, bool descending) {
+template <typename T>
+__device__ __forceinline__ bool sorts_before(T a, T b, bool descending) {
   const bool a_nan = a != a, b_nan = b != b;
   if (descending) return a_nan ? !b_nan : (!b_nan && a > b);
   return b_nan ? !a_nan : (!a_nan && a < b);
@@ -74,7 +76,8 @@ __device__ __forceinline__ bool sorts_before(float a, float b, bool descending) 
 
 // A stable bottom-up merge sort of each column's positions, ping-ponging between out and scratch
 // (both strided by inner as the column is): the CPU kernel's std::stable_sort order exactly.
-__global__ void argsort_kernel(const float* x, int64_t* out, int64_t* scratch, bool descending, int64_t outer,
+template <typename T>
+__global__ void argsort_kernel(const T* x, int64_t* out, int64_t* scratch, bool descending, int64_t outer,
                                int64_t n, int64_t inner) {
   TANDEM_GRID_STRIDE_LOOP(t, outer * inner) {
     const int64_t base = column_base(t, n, inner);
@@ -129,39 +132,53 @@ void launch_columns(int dev, const Columns& c, void (*kernel)(Params...), Args..
 }  // namespace
 
 Tensor prod_dim(const Tensor& x, int64_t dim, bool keepdim) {
-  const int dev = check_f32_cuda("prod", {x});
+  const int dev = check_f32_f64_cuda("prod", {x});
   const Columns c = columns_of(x, dim);
-  Tensor out = Tensor::empty(x.dim() == 0 ? Shape{} : views::reduced_shape(x.shape(), {dim}, keepdim), kFloat32,
+  Tensor out = Tensor::empty(x.dim() == 0 ? Shape{} : views::reduced_shape(x.shape(), {dim}, keepdim), x.dtype(),
                              x.device());
-  launch_columns(dev, c, prod_kernel, in_ptr(c.x), f32_ptr(out));
+  dispatch_cuda_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    launch_columns(dev, c, prod_kernel<T>, elem_ptr<const T>(c.x), elem_ptr<T>(out));
+  });
   return out;
 }
 
 Tensor prod_dim_backward(const Tensor& g, const Tensor& x, int64_t dim) {
-  const int dev = check_f32_cuda("prod backward", {g, x});
+  const int dev = check_f32_f64_cuda("prod backward", {g, x});
   const Columns c = columns_of(x, dim);
   const Tensor gc = g.contiguous();
-  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
-  if (out.numel() > 0) launch_columns(dev, c, prod_grad_kernel, in_ptr(gc), in_ptr(c.x), f32_ptr(out));
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  dispatch_cuda_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    launch_columns(dev, c, prod_grad_kernel<T>, elem_ptr<const T>(gc), elem_ptr<const T>(c.x), elem_ptr<T>(out));
+  });
   return out;
 }
 
 Tensor argsort(const Tensor& x, int64_t dim, bool descending) {
-  const int dev = check_f32_cuda("argsort", {x});
+  const int dev = check_f32_f64_cuda("argsort", {x});
   const Columns c = columns_of(x, dim);
   Tensor out = Tensor::empty(x.shape(), kInt64, x.device());
   if (out.numel() == 0) return out;
   Tensor scratch = Tensor::empty(x.shape(), kInt64, x.device());
-  launch_columns(dev, c, argsort_kernel, in_ptr(c.x), static_cast<int64_t*>(out.raw_data()),
-                 static_cast<int64_t*>(scratch.raw_data()), descending);
+  dispatch_cuda_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    launch_columns(dev, c, argsort_kernel<T>, elem_ptr<const T>(c.x), elem_ptr<int64_t>(out),
+                   elem_ptr<int64_t>(scratch), descending);
+  });
   return out;
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim, bool reverse) {
-  const int dev = check_f32_cuda("cumsum", {x});
+  const int dev = check_f32_f64_cuda("cumsum", {x});
   const Columns c = columns_of(x, dim);
-  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
-  if (out.numel() > 0) launch_columns(dev, c, cumsum_kernel, in_ptr(c.x), f32_ptr(out), reverse);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (out.numel() == 0) return out;
+  dispatch_cuda_float(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    launch_columns(dev, c, cumsum_kernel<T>, elem_ptr<const T>(c.x), elem_ptr<T>(out), reverse);
+  });
   return out;
 }
 

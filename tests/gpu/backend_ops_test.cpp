@@ -54,7 +54,8 @@ std::vector<std::string> cuda_float64_ops() {
           "softmax_forward", "softmax_backward", "index_select", "index_add", "gather", "scatter_add", "bmm",
           "linear_forward", "linear_backward", "matmul", "nll_loss_mean_forward", "nll_loss_mean_backward",
           "layer_norm_forward", "layer_norm_backward", "relu_forward", "relu_backward", "conv2d_forward",
-          "conv2d_backward", "max_pool2d_forward", "max_pool2d_backward", "avg_pool_forward", "avg_pool_backward"};
+          "conv2d_backward", "max_pool2d_forward", "max_pool2d_backward", "avg_pool_forward", "avg_pool_backward",
+          "prod_dim", "prod_dim_backward", "cumsum", "argsort"};
 }
 
 class BackendOpsCudaFloat64 : public ::testing::TestWithParam<std::string> {};

@@ -2,7 +2,7 @@
 // whose CUDA kernels have a float64 path (pointwise, reductions, softmax and log_softmax with the
 // rows' fast path, relu, matmul (2-D and batched) and linear on cuBLAS dgemm, layer_norm, the index
 // ops and cross_entropy through them, conv2d on cuDNN's double convolutions, max and average
-// pooling), forward and backward run on the GPU, the central differences too.
+// pooling, prod, cumsum and sort), forward and backward run on the GPU, the central differences too.
 // Uses only device-neutral names, so it also compiles in a build without CUDA (where every test
 // skips, or fails under TANDEM_REQUIRE_GPU=1).
 #include <gtest/gtest.h>
@@ -68,6 +68,9 @@ TEST(CudaGradCheck, ReductionsAndSoftmaxInFloat64) {
   // [N, C] over the classes: the rows' fast path; over dim 0 the general kernel.
   check([](const V& in) { return F::log_softmax(in[0], -1); }, {random_f64({4, 7}, g)}, {0});
   check([](const V& in) { return F::log_softmax(in[0], 0); }, {random_f64({4, 7}, g)}, {0});
+  check([](const V& in) { return F::prod(in[0], 1); }, {random_f64({3, 4}, g, 0.5, 2.0)}, {0});
+  check([](const V& in) { return F::cumsum(in[0], 0); }, {random_f64({4, 3}, g)}, {0});
+  check([](const V& in) { return F::sort(in[0], 1).values; }, {random_f64({3, 5}, g)}, {0});
 }
 
 TEST(CudaGradCheck, MatmulLinearLayerNormAndLossesInFloat64) {

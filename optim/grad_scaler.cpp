@@ -24,9 +24,9 @@ struct LossScaleBackward final : Node {
 
 }  // namespace
 
-GradScaler::GradScaler(GradScalerOptions o) : options_(o), scale_(o.init_scale) {
-  TANDEM_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale), "GradScaler: init_scale must be positive and "
-               "finite, got ", o.init_scale);
+GradScaler::GradScaler(GradScalerOptions o) : options_(o), scale_(static_cast<float>(o.init_scale)) {
+  TANDEM_CHECK(o.init_scale > 0 && std::isfinite(scale_), "GradScaler: init_scale must be positive and "
+               "finite in float32, got ", o.init_scale);
   TANDEM_CHECK(o.growth_factor > 1.0, "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
   TANDEM_CHECK(o.backoff_factor > 0.0 && o.backoff_factor < 1.0,
                "GradScaler: backoff_factor must be in (0, 1), got ", o.backoff_factor);
@@ -92,16 +92,36 @@ bool GradScaler::step(Optimizer& opt) {
 void GradScaler::update() {
   if (!options_.enabled || !stepped_since_update_) return;
   stepped_since_update_ = false;
+  // As torch._amp_update_scale_: the products in double, stored as float32.
   if (found_inf_) {
-    scale_ *= options_.backoff_factor;
+    scale_ = static_cast<float>(scale_ * options_.backoff_factor);
     growth_tracker_ = 0;
     return;
   }
   if (++growth_tracker_ >= options_.growth_interval) {
-    const double grown = scale_ * options_.growth_factor;
+    const float grown = static_cast<float>(scale_ * options_.growth_factor);
     if (std::isfinite(grown)) scale_ = grown;  // as PyTorch: never grow to inf
     growth_tracker_ = 0;
   }
+}
+
+void GradScaler::update(double new_scale) {
+  if (!options_.enabled) return;
+  const float s = static_cast<float>(new_scale);
+  TANDEM_CHECK(new_scale > 0 && std::isfinite(s), "GradScaler::update: new_scale must be positive and finite in "
+               "float32, got ", new_scale);
+  scale_ = s;
+  // As PyTorch: the iteration's inf checks are dropped, the growth tracker is kept.
+  found_inf_ = false;
+  stepped_since_update_ = false;
+}
+
+void GradScaler::update(const Tensor& new_scale) {
+  TANDEM_CHECK(new_scale.defined() && new_scale.numel() == 1 && is_floating(new_scale.dtype()) &&
+                   !new_scale.requires_grad(),
+               "GradScaler::update: new_scale must be a float or a one-element floating tensor with "
+               "requires_grad false, got ", new_scale.defined() ? new_scale.str() : std::string("an undefined tensor"));
+  update(new_scale.item<double>());
 }
 
 std::map<std::string, Tensor> GradScaler::state_dict() const {
@@ -126,9 +146,10 @@ void GradScaler::load_state_dict(const std::map<std::string, Tensor>& state) {
   };
   const double s = get("scale").item<double>();
   const double tracker = get("growth_tracker").item<double>();
-  TANDEM_CHECK(s > 0 && std::isfinite(s), "GradScaler::load_state_dict: scale must be positive and finite, got ", s);
+  TANDEM_CHECK(s > 0 && std::isfinite(static_cast<float>(s)), "GradScaler::load_state_dict: scale must be "
+               "positive and finite, got ", s);
   TANDEM_CHECK(tracker >= 0, "GradScaler::load_state_dict: growth_tracker must be >= 0, got ", tracker);
-  scale_ = s;
+  scale_ = static_cast<float>(s);
   growth_tracker_ = static_cast<int64_t>(tracker);
   found_inf_ = false;
   stepped_since_update_ = false;

@@ -5,7 +5,9 @@
 // Guarantees: step() unscales every gradient in place (grad *= 1/scale); if any
 //   gradient holds inf or NaN the optimizer step is skipped and step() returns
 //   false. update() multiplies the scale by backoff_factor after a skipped step and
-//   by growth_factor after growth_interval consecutive clean steps. Disabled: every
+//   by growth_factor after growth_interval consecutive clean steps; update(new_scale)
+//   sets the scale instead (PyTorch's update(new_scale=...): the growth tracker is left
+//   as it is). The scale is a float32 value, as PyTorch's scale tensor. Disabled: every
 //   call is a pass-through (scale() returns the loss, step() always steps).
 #pragma once
 
@@ -33,6 +35,11 @@ class GradScaler {
   void unscale(Optimizer& opt);
   bool step(Optimizer& opt);  // unscale grads in place (unless unscale() ran); skip opt.step() on inf/NaN
   void update();              // back off after a skip, grow after growth_interval clean steps
+  // PyTorch's update(new_scale=...): the scale becomes new_scale (rounded to float32, positive and
+  // finite); the growth tracker is not changed and no step is needed before it. The tensor form
+  // takes a one-element floating tensor that does not require grad.
+  void update(double new_scale);
+  void update(const Tensor& new_scale);
   double get_scale() const { return scale_; }
   bool enabled() const { return options_.enabled; }
   int64_t growth_tracker() const { return growth_tracker_; }
@@ -43,7 +50,7 @@ class GradScaler {
 
  private:
   GradScalerOptions options_;
-  double scale_;
+  float scale_;  // float32, as PyTorch's scale tensor
   int64_t growth_tracker_ = 0;
   bool found_inf_ = false;     // result of the last step()
   bool stepped_since_update_ = false;

@@ -1,6 +1,8 @@
 // OptimWrapper, AmpOptimWrapper and OptimWrapperDict (see optim_wrapper.h).
 #include "train/optim_wrapper.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -20,7 +22,9 @@ Schema optim_wrapper_schema(bool amp) {
   ArgSpec dtype = nullable(arg_of("dtype", ArgKind::String, "null", "autocast's dtype (null: by device)"));
   dtype.choices = {"float16", "bfloat16"};
   s.push_back(dtype);
-  s.push_back(arg_string("loss_scale", "dynamic", {"dynamic"}, "the loss scaler (float16)"));
+  s.push_back(arg_of("loss_scale", ArgKind::Any, "\"dynamic\"",
+                     "the float16 loss scaler: 'dynamic', a number (a static scale) or dict(init_scale, "
+                     "growth_factor, backoff_factor, growth_interval, enabled)"));
   return s;
 }
 
@@ -41,11 +45,47 @@ OptimWrapperOptions options_of(const Kwargs& k, bool amp) {
     TANDEM_CHECK(!dtype.empty(), k.label("dtype"), " is null: the Runner decides it by device before building "
                  "the wrapper; outside a Runner give 'float16' or 'bfloat16'");
     o.precision = dtype == "float16" ? amp::Precision::kFloat16 : amp::Precision::kBFloat16;
+    o.loss_scale = parse_loss_scale(k.items().at("loss_scale"), k.owner() + ".loss_scale");
   }
   return o;
 }
 
 }  // namespace
+
+Schema grad_scaler_schema() {
+  const optim::GradScalerOptions d;
+  return {above(arg_number("init_scale", d.init_scale, "the first scale"), 0),
+          above(arg_number("growth_factor", d.growth_factor, "the scale's factor after growth_interval clean steps"), 1),
+          below(above(arg_number("backoff_factor", d.backoff_factor, "the scale's factor after a skipped step"), 0), 1),
+          at_least(arg_int("growth_interval", d.growth_interval, "clean steps before the scale grows"), 1),
+          arg_bool("enabled", d.enabled, "false: no scaling")};
+}
+
+LossScale parse_loss_scale(const std::string& json_text, const std::string& path) {
+  const nlohmann::json v = nlohmann::json::parse(json_text, nullptr, false);
+  const std::string label = "config key '" + path + "'";
+  LossScale out;
+  if (v.is_string() && v == "dynamic") return out;
+  if (v.is_number()) {
+    const double s = v.get<double>();
+    TANDEM_CHECK(s > 0 && std::isfinite(static_cast<float>(s)), label,
+                 " must be a positive number (finite in float32) for a static scale, got ", json_text);
+    out.scaler.init_scale = out.static_scale = s;
+    return out;
+  }
+  TANDEM_CHECK(v.is_object(), label, " must be 'dynamic', a positive number or a dict of GradScaler's keywords "
+               "(init_scale, growth_factor, backoff_factor, growth_interval, enabled), got ", json_text);
+  Kwargs given(path);
+  for (const auto& [key, value] : v.items()) given.set_json(key, value.dump());
+  const Kwargs k = apply_schema(given, grad_scaler_schema());
+  const optim::GradScalerOptions d;
+  out.scaler = {.init_scale = k.number("init_scale", d.init_scale),
+                .growth_factor = k.number("growth_factor", d.growth_factor),
+                .backoff_factor = k.number("backoff_factor", d.backoff_factor),
+                .growth_interval = k.integer("growth_interval", d.growth_interval),
+                .enabled = k.boolean("enabled", d.enabled)};
+  return out;
+}
 
 Schema clip_grad_schema() {
   return {required(above(arg_of("max_norm", ArgKind::Number, "", "the largest total norm"), 0)),
@@ -58,8 +98,9 @@ OptimWrapper::OptimWrapper(std::unique_ptr<optim::Optimizer> optimizer, OptimWra
   TANDEM_CHECK(o_.accumulative_counts >= 1, "OptimWrapper: accumulative_counts must be >= 1, got ",
                o_.accumulative_counts);
   // fp16 needs loss scaling (gradients underflow); bf16 has f32's range and does not.
-  scaler_ = std::make_unique<optim::GradScaler>(
-      optim::GradScalerOptions{.enabled = o_.precision == amp::Precision::kFloat16});
+  optim::GradScalerOptions scaler = o_.loss_scale.scaler;
+  scaler.enabled = scaler.enabled && o_.precision == amp::Precision::kFloat16;
+  scaler_ = std::make_unique<optim::GradScaler>(scaler);
 }
 
 void OptimWrapper::initialize_count_status(int64_t done, int64_t max_counts) {
@@ -105,7 +146,10 @@ double OptimWrapper::step() {
   }
   if (scaler_->enabled()) {
     scaler_->step(*optimizer_);  // skipped when a gradient is inf/NaN
-    scaler_->update();
+    if (o_.loss_scale.static_scale > 0)
+      scaler_->update(o_.loss_scale.static_scale);  // MMEngine's update(self._scale_update_param)
+    else
+      scaler_->update();
   } else {
     optimizer_->step();
   }

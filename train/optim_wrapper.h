@@ -2,8 +2,13 @@
 // amp_optimizer_wrapper.py), registered by name in optim_wrappers() with their keyword schemas:
 //   OptimWrapper     accumulative_counts (1), clip_grad (null or dict(max_norm, norm_type=2))
 //   AmpOptimWrapper  the same, plus dtype ('float16' | 'bfloat16'; null: by device, decided by the
-//                    Runner before it builds the wrapper) and loss_scale ('dynamic': a GradScaler
-//                    for float16; bfloat16 has float32's range and is not scaled)
+//                    Runner before it builds the wrapper) and loss_scale, as MMEngine's: 'dynamic'
+//                    (a GradScaler with PyTorch's defaults), a positive number (a static scale:
+//                    GradScaler(init_scale=loss_scale) and update(new_scale=loss_scale) after every
+//                    step, so the scale stays put while steps with inf/NaN gradients are still
+//                    skipped) or a dict of GradScaler's keywords (init_scale, growth_factor,
+//                    backoff_factor, growth_interval, enabled). Only float16 is scaled: bfloat16
+//                    has float32's range, its scaler is off whatever loss_scale says.
 // A factory is given the optimizer (built from optim_wrapper.optimizer) and the other keywords.
 //
 // The update, as MMEngine's update_params over a whole run (inner_count = backward passes so far,
@@ -31,11 +36,24 @@
 
 namespace tandem::train {
 
+// AmpOptimWrapper's loss_scale: the GradScaler's options, and static_scale > 0 for a number.
+struct LossScale {
+  optim::GradScalerOptions scaler;
+  double static_scale = 0;  // > 0: update(new_scale=static_scale) after every step
+};
+// loss_scale given as JSON text: "\"dynamic\"", a positive number or a dict of GradScaler's
+// keywords (grad_scaler_schema()). Errors are one line naming the config key `path`
+// ("optim_wrapper.loss_scale").
+LossScale parse_loss_scale(const std::string& json_text, const std::string& path);
+// GradScaler's keywords with PyTorch's defaults, for loss_scale's dict form.
+Schema grad_scaler_schema();
+
 struct OptimWrapperOptions {
   int64_t accumulative_counts = 1;
   double clip_max_norm = 0.0;  // 0: no clipping
   double clip_norm_type = 2.0;
   amp::Precision precision = amp::Precision::kOff;  // AmpOptimWrapper's dtype (kOff: OptimWrapper)
+  LossScale loss_scale;                             // used with float16
 };
 
 class OptimWrapper {

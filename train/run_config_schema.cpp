@@ -33,7 +33,7 @@ Schema hook_section(const std::string& type, const std::map<std::string, std::st
 std::string text(int64_t v) { return std::to_string(v); }
 
 // optim_wrapper: its type, then AmpOptimWrapper's schema (OptimWrapper's keys and dtype, loss_scale;
-// dtype is checked against the type below).
+// dtype and loss_scale are checked against the type below).
 Schema optim_wrapper_section() {
   Schema s = {arg_string("type", "OptimWrapper", optim_wrappers().names(), "AmpOptimWrapper: mixed precision")};
   for (const ArgSpec& a : *optim_wrappers().schema("AmpOptimWrapper")) s.push_back(a);
@@ -295,6 +295,9 @@ void complete_cross_checks(Json& tree, const Origins& o) {
   const Json& w = tree["optim_wrapper"];
   TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["dtype"].is_null(), key_label("optim_wrapper.dtype", o),
                " needs type AmpOptimWrapper");
+  TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["loss_scale"] == "dynamic", key_label("optim_wrapper.loss_scale", o),
+               " needs type AmpOptimWrapper");
+  parse_loss_scale(w["loss_scale"].dump(), "optim_wrapper.loss_scale");
   if (!w["clip_grad"].is_null()) complete_section(tree, "optim_wrapper.clip_grad", section_schema("optim_wrapper.clip_grad"), o);
   TANDEM_CHECK(!tree["randomness"]["diff_rank_seed"].get<bool>(), key_label("randomness.diff_rank_seed", o),
                ": every rank uses one seed here");

@@ -269,6 +269,7 @@ std::unique_ptr<OptimWrapper> Runner::make_optim_wrapper(std::unique_ptr<optim::
   if (o_.clip_max_norm > 0)
     k.set_json("clip_grad", Json{{"max_norm", o_.clip_max_norm}, {"norm_type", o_.clip_norm_type}}.dump());
   if (precision != amp::Precision::kOff) k.set("dtype", precision == amp::Precision::kFloat16 ? "float16" : "bfloat16");
+  if (precision != amp::Precision::kOff && o_.loss_scale != "\"dynamic\"") k.set_json("loss_scale", o_.loss_scale);
   const bool off = precision == amp::Precision::kOff;
   const std::string type = !o_.optim_wrapper.empty() ? o_.optim_wrapper : off ? "OptimWrapper" : "AmpOptimWrapper";
   TANDEM_CHECK(type != "OptimWrapper" || off, "optim_wrapper.type 'OptimWrapper' is float32; amp ", o_.amp,

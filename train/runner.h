@@ -92,6 +92,9 @@ struct RunnerOptions {
   // optim_wrapper.type: a registered optimizer wrapper (train/optim_wrapper.h) given amp, the
   // accumulation and clipping below as keywords; "": OptimWrapper, or AmpOptimWrapper when amp is on.
   std::string optim_wrapper;
+  // AmpOptimWrapper's loss_scale as JSON text: "\"dynamic\"", a number, or a dict of GradScaler's
+  // keywords (train/optim_wrapper.h); used with float16.
+  std::string loss_scale = "\"dynamic\"";
   int64_t accumulative_counts = 1;
   double clip_max_norm = 0.0;
   double clip_norm_type = 2.0;

@@ -54,6 +54,7 @@ void set_optim(const Json& t, const Origins& o, RunnerOptions& r) {
   r.amp = type != "AmpOptimWrapper" ? "off" : dtype.is_null() ? "auto" : dtype == "float16" ? "fp16" : "bf16";
   // The two built-in types follow amp; another registered wrapper is built by its name.
   r.optim_wrapper = type == "OptimWrapper" || type == "AmpOptimWrapper" ? "" : type;
+  r.loss_scale = w["loss_scale"].dump();
   r.accumulative_counts = w["accumulative_counts"].get<int64_t>();
   if (!w["clip_grad"].is_null()) {
     r.clip_max_norm = w["clip_grad"]["max_norm"].get<double>();

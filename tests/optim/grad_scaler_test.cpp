@@ -1,10 +1,15 @@
 // GradScaler policy against torch.cuda.amp.GradScaler's rules, written out by hand: unscale math,
 // skipping on inf/NaN, backoff, growth after growth_interval clean steps, the disabled
-// pass-through, and a state_dict round trip.
+// pass-through, and a state_dict round trip; update(new_scale) against
+// tests/fixtures/grad_scaler_updates.json (make_grad_scaler_fixtures.py: PyTorch 1.13's
+// torch.cuda.amp.GradScaler.update run on CPU tensors, its _amp_update_scale_ kernel written out).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
+
+#include <nlohmann/json.hpp>
 
 #include "../common/test_util.h"
 #include "optim/optim_test_util.h"
@@ -142,4 +147,59 @@ TEST(GradScaler, RejectsNonFloat32GradsAndBadOptions) {
   EXPECT_HAS(test::error_of([&] { scaler.step(opt); }), "must be float32");
   EXPECT_HAS(test::error_of([] { optim::GradScaler s(optim::GradScalerOptions{.backoff_factor = 1.5}); }),
              "backoff_factor");
+}
+
+// Each fixture event: a step with finite or overflowing gradients (or none), then update() or
+// update(new_scale); the scale and the growth tracker after it are PyTorch's.
+TEST(GradScaler, UpdateWithNewScaleMatchesPyTorch) {
+  std::ifstream f(TANDEM_SOURCE_DIR "/tests/fixtures/grad_scaler_updates.json");
+  ASSERT_TRUE(f.good());
+  const nlohmann::json fixture = nlohmann::json::parse(f);
+  ASSERT_EQ(fixture["cases"].size(), 4u);
+  for (const auto& c : fixture["cases"]) {
+    const auto& o = c["options"];
+    optim::GradScalerOptions opts;
+    opts.init_scale = o["init_scale"].get<double>();
+    opts.growth_factor = o.value("growth_factor", opts.growth_factor);
+    opts.backoff_factor = o.value("backoff_factor", opts.backoff_factor);
+    opts.growth_interval = o.value("growth_interval", opts.growth_interval);
+    optim::GradScaler scaler(opts);
+    Tensor a = param({1.0f});
+    optim::SGD opt({a}, optim::SGDOptions{.lr = 1.0});
+    const std::string name = c["name"].get<std::string>();
+    for (size_t i = 0; i < c["events"].size(); ++i) {
+      const auto& e = c["events"][i];
+      if (!e["step"].is_null()) {
+        const float before = a.to_vector<float>()[0];
+        const bool overflow = e["step"] == "inf";
+        set_grad(a, {overflow ? std::numeric_limits<float>::infinity() : 0.0f});
+        EXPECT_EQ(scaler.step(opt), !overflow) << name << " event " << i;
+        EXPECT_EQ(a.to_vector<float>()[0], before) << name << " event " << i;  // zero grad or skipped
+      }
+      if (e["new_scale"].is_null())
+        scaler.update();
+      else
+        scaler.update(e["new_scale"].get<double>());
+      EXPECT_EQ(scaler.get_scale(), c["after"][i]["scale"].get<double>()) << name << " event " << i;
+      EXPECT_EQ(scaler.growth_tracker(), c["after"][i]["growth_tracker"].get<int64_t>()) << name << " event " << i;
+    }
+  }
+}
+
+TEST(GradScaler, UpdateTakesAOneElementTensorAndRejectsBadScales) {
+  optim::GradScaler scaler(optim::GradScalerOptions{.init_scale = 8.0});
+  scaler.update(Tensor::from_vector<float>({2.5f}, {1}));
+  EXPECT_EQ(scaler.get_scale(), 2.5);
+  scaler.update(Tensor::scalar(0.25, kFloat64));
+  EXPECT_EQ(scaler.get_scale(), 0.25);
+  EXPECT_HAS(test::error_of([&] { scaler.update(Tensor::from_vector<float>({1.0f, 2.0f}, {2})); }),
+             "one-element floating tensor");
+  EXPECT_HAS(test::error_of([&] { scaler.update(param({4.0f})); }), "requires_grad false");
+  EXPECT_HAS(test::error_of([&] { scaler.update(Tensor::from_vector<int64_t>({4}, {1})); }), "floating tensor");
+  EXPECT_HAS(test::error_of([&] { scaler.update(0.0); }), "new_scale must be positive and finite");
+  EXPECT_HAS(test::error_of([&] { scaler.update(1e39); }), "new_scale must be positive and finite");
+  EXPECT_EQ(scaler.get_scale(), 0.25);  // the refused values left it alone
+  optim::GradScaler off(optim::GradScalerOptions{.enabled = false});
+  off.update(4.0);  // disabled: a no-op, as PyTorch
+  EXPECT_EQ(off.get_scale(), 65536.0);
 }

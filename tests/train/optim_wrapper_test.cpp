@@ -37,7 +37,7 @@ TEST(OptimWrapper, BuiltThroughTheRegistryWithMMEnginesDefaults) {
   auto bf16 = optim_wrappers().get("AmpOptimWrapper")(sgd(p, 0.1), args("optim_wrapper", {{"dtype", "\"bfloat16\""}}));
   EXPECT_FALSE(bf16->scaler().enabled());
   ASSERT_NE(optim_wrappers().schema("AmpOptimWrapper"), nullptr);
-  EXPECT_HAS(describe_schema(*optim_wrappers().schema("AmpOptimWrapper")), "loss_scale (a string: dynamic, default \"dynamic\")");
+  EXPECT_HAS(describe_schema(*optim_wrappers().schema("AmpOptimWrapper")), "loss_scale (any value, default \"dynamic\"): the float16 loss scaler: 'dynamic', a number");
 }
 
 TEST(OptimWrapper, BadKeywordsAreOneLineErrors) {

@@ -176,15 +176,6 @@ TEST(RunConfig, CompletedTreeIsAFixedPoint) {
   EXPECT_HAS(error_of([&] { complete_run_config(no_norm); }), "config key 'optim_wrapper.clip_grad.max_norm' is required");
 }
 
-void register_tiny_set() {
-  if (datasets().contains("TinySet")) return;
-  datasets().register_module(
-      "TinySet",
-      [](const Kwargs& k, const std::string& split) -> std::shared_ptr<const data::Dataset> {
-        return std::make_shared<TinySet>(split == "train" ? k.integer("n", 0) : 16);
-      },
-      {at_least(arg_int("n", 40, "training samples"), 1)});
-}
 
 // Runner::from_config builds and trains the job of a tree; the config.json it writes, fed back as
 // the config, gives the identical config.json.

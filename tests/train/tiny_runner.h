@@ -10,6 +10,7 @@
 
 #include "nn/functional.h"
 #include "nn/layers.h"
+#include "train/models/zoo.h"
 #include "train/registries.h"
 #include "train/runner.h"
 
@@ -57,6 +58,17 @@ class TinySet : public data::Dataset {
 inline void register_tiny() {
   if (!models().contains("TinyNet"))
     models().register_module("TinyNet", [](const Kwargs&) { return std::make_shared<TinyNet>(); }, Schema{});
+}
+
+// "TinySet" in datasets(): n (default 40) training samples, 16 for validation.
+inline void register_tiny_set() {
+  if (datasets().contains("TinySet")) return;
+  datasets().register_module(
+      "TinySet",
+      [](const Kwargs& k, const std::string& split) -> std::shared_ptr<const data::Dataset> {
+        return std::make_shared<TinySet>(split == "train" ? k.integer("n", 0) : 16);
+      },
+      {at_least(arg_int("n", 40, "training samples"), 1)});
 }
 
 inline RunnerOptions tiny_options(const std::string& work_dir) {

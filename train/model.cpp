@@ -7,6 +7,11 @@
 
 namespace tandem::train {
 
+LossList ModelTask::train_step(const DataBatch&, OptimWrapperDict&) {
+  TANDEM_FAIL("this model has no train_step(batch, optim_wrapper): a model with several optimizers overrides it "
+              "(and has_train_step())");
+}
+
 DataBatch DataPreprocessor::operator()(const data::Batch& batch, Device device) const {
   DataBatch out;
   Tensor inputs = batch.images.to(device);

@@ -9,6 +9,11 @@
 // data_preprocessor) turns the dataset's data::Batch into {"inputs", "labels"} on the Runner's
 // device, casting floating inputs when `cast_inputs` is set. "inputs" is what forward() is given.
 //
+// A model with several optimizers (MMEngine's GAN models; optim_wrapper built by
+// MultiOptimWrapperConstructor into an OptimWrapperDict) overrides train_step(batch, optim_wrapper),
+// MMEngine's override point: it runs its forwards and updates each part through its named wrapper
+// (OptimWrapper::update_params) and returns the losses to log; has_train_step() says it does.
+//
 // A plain nn::Module (not a BaseModel) is a classifier of log-probabilities: one loss, "loss",
 // nll_loss(outputs, labels); predictions are the outputs (ClassifierTask below).
 #pragma once
@@ -32,6 +37,8 @@ using LossList = std::vector<std::pair<std::string, Tensor>>;
 
 enum class Mode { kTensor, kLoss, kPredict };
 
+class OptimWrapperDict;
+
 // What forward(batch, mode, net) returns: losses in loss mode, predictions in predict mode, the
 // network's outputs in every mode.
 struct ModelOutputs {
@@ -53,6 +60,10 @@ class ModelTask {
   // Named losses of the network's `outputs` on `batch`; at least one.
   virtual LossList loss(const Tensor& outputs, const DataBatch& batch) = 0;
   virtual Tensor predict(const Tensor& outputs, const DataBatch& /*batch*/) { return outputs; }
+  // MMEngine's train_step(data, optim_wrapper) for several optimizers (see above); a model that
+  // overrides it returns true from has_train_step(). The default throws.
+  virtual bool has_train_step() const { return false; }
+  virtual LossList train_step(const DataBatch& batch, OptimWrapperDict& optim_wrapper);
   DataPreprocessor& data_preprocessor() { return preprocessor_; }
 
  private:

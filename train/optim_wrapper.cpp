@@ -156,6 +156,14 @@ double OptimWrapper::step() {
   return norm;
 }
 
+bool OptimWrapper::update_params(const Tensor& loss) {
+  backward(scale_loss(loss));
+  if (!should_update()) return false;
+  step();
+  zero_grad(true);
+  return true;
+}
+
 Registry<OptimWrapperFactory>& optim_wrappers() {
   static Registry<OptimWrapperFactory>* r = [] {
     auto* reg = new Registry<OptimWrapperFactory>("optim wrapper");

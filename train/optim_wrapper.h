@@ -18,9 +18,11 @@
 // the step is due (should_update): clipping (after AMP unscaling) on the final gradients, then the
 // scaler's or the optimizer's step, then zero_grad when gradients were accumulated.
 //
-// OptimWrapperDict: several named wrappers (MMEngine's optim_wrapper=dict(gen=dict(type=
-// 'OptimWrapper', optimizer=...), disc=dict(...)), the constructor-less form) for a model with
-// several optimizers, whose own training step updates each (docs/embedding.md).
+// OptimWrapperDict: several named wrappers for a model with several optimizers, whose own
+// train_step (train/model.h) updates each: MMEngine's optim_wrapper=dict(
+// constructor='MultiOptimWrapperConstructor', gen=dict(type='OptimWrapper', optimizer=...),
+// disc=dict(...)), each name a child module of the model whose parameters that optimizer owns
+// (docs/training.md, docs/embedding.md).
 #pragma once
 
 #include <functional>
@@ -77,6 +79,9 @@ class OptimWrapper {
   // Clipping (when on) and the step; returns the norm before clipping, or -1 when not clipped.
   double step();
   void zero_grad(bool set_to_none) { optimizer_->zero_grad(set_to_none); }
+  // MMEngine's update_params: backward(scale_loss(loss)), then, when should_update(), step() and
+  // zero_grad(). Returns whether it stepped.
+  bool update_params(const Tensor& loss);
 
  private:
   std::unique_ptr<optim::Optimizer> optimizer_;
@@ -99,6 +104,10 @@ class OptimWrapperDict {
   OptimWrapper& at(const std::string& name);  // an unknown name throws naming the known ones
   std::vector<std::string> names() const;
   size_t size() const { return items_.size(); }
+  OptimWrapper& first() {  // the first by name (the log's lr)
+    TANDEM_CHECK(!items_.empty(), "optim_wrapper: the OptimWrapperDict is empty");
+    return *items_.begin()->second;
+  }
 
  private:
   std::map<std::string, std::unique_ptr<OptimWrapper>> items_;

@@ -198,6 +198,9 @@ Json merge_onto_defaults(const Json& defaults, const Json& file) {
     if (mine.is_object() && mine.contains("type") && mine["type"] != defaults.at(at).value("type", Json()))
       out[at] = mine;
   }
+  // Several optimizers (MultiOptimWrapperConstructor): the file's wrappers, nothing of the default's.
+  if (file.contains("optim_wrapper") && file["optim_wrapper"].is_object() && file["optim_wrapper"].contains("constructor"))
+    out["optim_wrapper"] = file["optim_wrapper"];
   return out;
 }
 

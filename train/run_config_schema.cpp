@@ -237,6 +237,52 @@ void complete_optimizer(Json& tree, const Origins& o) {
   complete_typed(opt, path, optimizers(), o, "optimizer");
 }
 
+// MMEngine's optim_wrapper for several optimizers: constructor='MultiOptimWrapperConstructor' and one
+// wrapper config per child module of the model (type OptimWrapper unless given), each completed
+// against its wrapper's and its optimizer's schemas. A dict of wrapper configs without the
+// constructor is refused, as MMEngine's Runner refuses it. Returns whether the config is one.
+bool complete_optim_wrapper_dict(Json& tree, const Origins& o) {
+  Json& w = tree["optim_wrapper"];
+  if (!w.is_object()) return false;
+  if (!w.contains("constructor")) {
+    for (const auto& [key, value] : w.items())
+      TANDEM_CHECK(key == "optimizer" || !value.is_object() || !value.contains("optimizer"),
+                   key_label("optim_wrapper." + key, o), " is a wrapper config but optim_wrapper has no constructor: "
+                   "several optimizers need constructor='MultiOptimWrapperConstructor' (MMEngine's Runner refuses "
+                   "them without it)");
+    return false;
+  }
+  TANDEM_CHECK(w["constructor"] == "MultiOptimWrapperConstructor", key_label("optim_wrapper.constructor", o),
+               " must be 'MultiOptimWrapperConstructor' (one optimizer needs no constructor), got ",
+               w["constructor"].dump());
+  TANDEM_CHECK(!w.contains("optimizer") && !w.contains("modules"), key_label("optim_wrapper", o),
+               ": MultiOptimWrapperConstructor's one-optimizer form (optimizer=..., modules=[...]) is not supported; "
+               "give one wrapper config per child module, e.g. gen=dict(type='OptimWrapper', optimizer=...)");
+  int n = 0;
+  for (auto& [name, child] : w.items()) {
+    if (name == "constructor") continue;
+    const std::string path = "optim_wrapper." + name;
+    TANDEM_CHECK(child.is_object() && child.contains("optimizer"), key_label(path, o),
+                 " must be dict(type='OptimWrapper', optimizer=dict(type=..., ...), ...) for the child module '",
+                 name, "', got ", child.dump());
+    TANDEM_CHECK(!child.contains("modules") && !child.contains("paramwise_cfg"), key_label(path, o),
+                 ": modules and paramwise_cfg are not supported; the key names the child module");
+    if (!child.contains("type")) child["type"] = "OptimWrapper";
+    complete_typed(child, path, optim_wrappers(), o, "optim wrapper");
+    complete_typed(child["optimizer"], path + ".optimizer", optimizers(), o, "optimizer");
+    if (child.contains("clip_grad") && !child["clip_grad"].is_null())
+      complete_section(tree, path + ".clip_grad", clip_grad_schema(), o);
+    if (child["type"] == "AmpOptimWrapper") {
+      TANDEM_CHECK(!child["dtype"].is_null(), key_label(path + ".dtype", o), " must be 'float16' or 'bfloat16' "
+                   "(with several optimizers the Runner does not choose it by device)");
+      parse_loss_scale(child["loss_scale"].dump(), path + ".loss_scale");
+    }
+    ++n;
+  }
+  TANDEM_CHECK(n > 0, key_label("optim_wrapper", o), " names no wrapper beside its constructor");
+  return true;
+}
+
 void complete_train_cfg(Json& tree, const Origins& o) {
   Json& t = tree["train_cfg"];
   const bool iter_type = t.is_object() && t.value("type", "") == "IterBasedTrainLoop";
@@ -291,14 +337,16 @@ void complete_default_hooks(Json& tree, const Origins& o) {
       complete_section(tree, path, schema, o);
 }
 
-void complete_cross_checks(Json& tree, const Origins& o) {
+void complete_cross_checks(Json& tree, const Origins& o, bool optim_dict) {
   const Json& w = tree["optim_wrapper"];
-  TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["dtype"].is_null(), key_label("optim_wrapper.dtype", o),
-               " needs type AmpOptimWrapper");
-  TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["loss_scale"] == "dynamic", key_label("optim_wrapper.loss_scale", o),
-               " needs type AmpOptimWrapper");
-  parse_loss_scale(w["loss_scale"].dump(), "optim_wrapper.loss_scale");
-  if (!w["clip_grad"].is_null()) complete_section(tree, "optim_wrapper.clip_grad", section_schema("optim_wrapper.clip_grad"), o);
+  if (!optim_dict) {
+    TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["dtype"].is_null(), key_label("optim_wrapper.dtype", o),
+                 " needs type AmpOptimWrapper");
+    TANDEM_CHECK(w["type"] == "AmpOptimWrapper" || w["loss_scale"] == "dynamic", key_label("optim_wrapper.loss_scale", o),
+                 " needs type AmpOptimWrapper");
+    parse_loss_scale(w["loss_scale"].dump(), "optim_wrapper.loss_scale");
+    if (!w["clip_grad"].is_null()) complete_section(tree, "optim_wrapper.clip_grad", section_schema("optim_wrapper.clip_grad"), o);
+  }
   TANDEM_CHECK(!tree["randomness"]["diff_rank_seed"].get<bool>(), key_label("randomness.diff_rank_seed", o),
                ": every rank uses one seed here");
   if (tree["load_from"] == "") tree["load_from"] = nullptr;  // no weights, as null
@@ -369,15 +417,17 @@ Json complete_run_config(const Json& given, const Origins& o) {
   complete_section(tree, "", section_schema(""), o, top);
   tree.erase("_base_");
   complete_train_cfg(tree, o);
+  const bool optim_dict = complete_optim_wrapper_dict(tree, o);
   for (const auto& [path, schema] : run_config_sections())
     if (!path.empty() && path != "train_cfg" && path.rfind("default_hooks.", 0) != 0 &&
-        path != "optim_wrapper.clip_grad")
+        path.rfind("optim_wrapper", 0) != 0)
       complete_section(tree, path, schema, o);
+  if (!optim_dict) complete_section(tree, "optim_wrapper", section_schema("optim_wrapper"), o);
   complete_default_hooks(tree, o);
-  complete_cross_checks(tree, o);
+  complete_cross_checks(tree, o, optim_dict);
   complete_typed(tree["model"], "model", models(), o, "model");
   complete_typed(tree["model_wrapper_cfg"], "model_wrapper_cfg", model_wrappers(), o, "model wrapper");
-  complete_optimizer(tree, o);
+  if (!optim_dict) complete_optimizer(tree, o);
   complete_typed_list(tree, "param_scheduler", param_schedulers(), o, "param scheduler");
   complete_typed_list(tree, "custom_hooks", hooks(), o, "hook");
   complete_typed_list(tree, "val_evaluator", metric_types(), o, "metric");

@@ -286,6 +286,7 @@ std::unique_ptr<OptimWrapper> Runner::make_optim_wrapper(std::unique_ptr<optim::
 }
 
 void Runner::setup_optimizer() {
+  if (!o_.optim_wrapper_dict.empty()) return setup_optimizer_dict();
   Kwargs args = o_.optimizer_args;
   const double lr = args.number("lr", 1.0);
   if (o_.auto_scale_lr_base_batch > 0) {
@@ -296,6 +297,7 @@ void Runner::setup_optimizer() {
     args.set("lr", scaled);
   }
   optim_wrapper_ = make_optim_wrapper(make_optimizer(args));
+  primary_ = optim_wrapper_.get();
   base_lr_ = optimizer().lr();
   ScheduleContext sc{&optimizer(), iters_, o_.max_epochs, {}};
   for (const auto& g : optimizer().param_groups()) sc.initial_lrs.push_back(g.lr);
@@ -327,18 +329,23 @@ int Runner::train() {
   setup();
   const std::string batch = std::to_string(o_.batch_size) +
                             (world_ > 1 ? " per rank x " + std::to_string(world_) + " ranks" : "");
+  const std::string opt = optim_dict_ ? "optim_wrapper " + optim_dict_->names().front() + " (first of " +
+                                            std::to_string(optim_dict_->size()) + ")" : o_.optimizer;
   if (!resume_path_.empty() && global_iter_ >= max_iters())
     spdlog::info("the run is finished: its last checkpoint, {}, is at global iteration {} of {}; nothing is left to "
                  "train (to train longer, raise {} and resume)", resume_path_, global_iter_, max_iters(),
                  by_epoch() ? "train_cfg.max_epochs (--epochs)" : "train_cfg.max_iters");
   else if (by_epoch())
     spdlog::info("training: {} epochs x {} iterations, batch {}, {} lr {}", o_.max_epochs, iters_, batch,
-                 o_.optimizer, optimizer().lr());
+                 opt, optimizer().lr());
   else
     spdlog::info("training: {} iterations ({} per epoch), batch {}, {} lr {}", o_.max_iters, iters_, batch,
-                 o_.optimizer, optimizer().lr());
+                 opt, optimizer().lr());
   call_hooks([&](Hook& h) { h.before_run(*this); });
-  optim_wrapper_->initialize_count_status(global_iter_, max_iters());
+  if (optim_dict_)
+    for (const std::string& name : optim_dict_->names()) optim_dict_->at(name).initialize_count_status(global_iter_, max_iters());
+  else
+    optim_wrapper_->initialize_count_status(global_iter_, max_iters());
   for (epoch_ = start_epoch_; epoch_ <= o_.max_epochs && stop_ == 0 && global_iter_ < max_iters(); ++epoch_) {
     run_epoch();
     if (stop_ != 0 || stop_training_) break;  // a signal, or EarlyStoppingHook after a validation

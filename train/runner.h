@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,11 @@ struct RunnerOptions {
   // AmpOptimWrapper's loss_scale as JSON text: "\"dynamic\"", a number, or a dict of GradScaler's
   // keywords (train/optim_wrapper.h); used with float16.
   std::string loss_scale = "\"dynamic\"";
+  // Several optimizers (MMEngine's MultiOptimWrapperConstructor): child module name -> its wrapper's
+  // config as JSON text (dict(type=..., optimizer=dict(type=..., ...), ...)). When not empty the
+  // Runner builds an OptimWrapperDict over the children's parameters and trains through the model's
+  // train_step (train/model.h); optimizer, amp and the accumulation / clipping fields are not used.
+  std::map<std::string, std::string> optim_wrapper_dict;
   int64_t accumulative_counts = 1;
   double clip_max_norm = 0.0;
   double clip_norm_type = 2.0;
@@ -191,10 +197,13 @@ class Runner {
   ModelTask& task() { return *task_; }
   dist::DistributedDataParallel* ddp() { return ddp_; }  // null without DDP or for another wrapper
   dist::FullyShardedDataParallel* fsdp() { return fsdp_; }  // null unless the wrapper is FSDP
-  // The optimizer wrapper built through optim_wrappers() (AMP, accumulation, clipping) and its parts.
-  OptimWrapper& optim_wrapper() { return *optim_wrapper_; }
-  optim::Optimizer& optimizer() { return optim_wrapper_->optimizer(); }
-  optim::GradScaler& scaler() { return optim_wrapper_->scaler(); }
+  // The optimizer wrapper built through optim_wrappers() (AMP, accumulation, clipping) and its parts;
+  // with several optimizers, the first of optim_wrapper_dict() by name (the lr the log shows).
+  OptimWrapper& optim_wrapper() { return *primary_; }
+  optim::Optimizer& optimizer() { return primary_->optimizer(); }
+  optim::GradScaler& scaler() { return primary_->scaler(); }
+  // The wrappers of several optimizers (RunnerOptions::optim_wrapper_dict); null with one.
+  OptimWrapperDict* optim_wrapper_dict() { return optim_dict_.get(); }
   SchedulerList& schedulers() { return schedulers_; }  // empty without param_scheduler
   data::DataLoader& train_loader() { return *train_loader_; }
   MetricsWriter* metrics() { return metrics_.get(); }
@@ -225,6 +234,10 @@ class Runner {
   void setup_data();
   void setup_model();
   void setup_optimizer();
+  void setup_optimizer_dict();  // several optimizers (runner_optim_dict.cpp)
+  IterOutputs dict_step(const DataBatch& batch);  // the model's train_step through the dict
+  void save_optim_state(Checkpoint& c);           // every wrapper's optimizer and scaler state
+  void load_optim_state(const Checkpoint& c);
   std::unique_ptr<optim::Optimizer> make_optimizer(const Kwargs& args);
   std::unique_ptr<OptimWrapper> make_optim_wrapper(std::unique_ptr<optim::Optimizer> optimizer);
   void setup_hooks();
@@ -262,6 +275,8 @@ class Runner {
   dist::DistributedDataParallel* ddp_ = nullptr;
   dist::FullyShardedDataParallel* fsdp_ = nullptr;
   std::unique_ptr<OptimWrapper> optim_wrapper_;
+  std::unique_ptr<OptimWrapperDict> optim_dict_;
+  OptimWrapper* primary_ = nullptr;  // optim_wrapper_, or the dict's first
   SchedulerList schedulers_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<CudaGraphStep> graph_step_;

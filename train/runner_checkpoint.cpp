@@ -96,9 +96,10 @@ std::string Runner::save_checkpoint(int64_t epoch, int64_t done, const std::stri
   }
   if (!fsdp_) {
     for (auto& [name, t] : net_->state_dict()) c.weights[name] = t;
-    c.optimizer = optimizer().state_dict();
+    save_optim_state(c);
+  } else if (scaler().enabled()) {
+    c.scaler = scaler().state_dict();
   }
-  if (scaler().enabled()) c.scaler = scaler().state_dict();
   c.meta = {{"epoch", epoch},
             {"iter", done},
             {"global_iter", global_iter_},
@@ -154,10 +155,11 @@ void Runner::resume_or_load() {
                    "with model_wrapper_cfg.type=MMFullyShardedDataParallel (on any number of ranks), or start "
                    "from its weights with load_from=", sharded_dir(c));
       fsdp_->load_sharded(sharded_dir(c), &optimizer());
-    } else {
-      optimizer().load_state_dict(fsdp_ ? fsdp_->shard_optimizer_state(c.optimizer) : c.optimizer);
+    } else if (fsdp_) {
+      optimizer().load_state_dict(fsdp_->shard_optimizer_state(c.optimizer));
     }
-    if (scaler().enabled() && !c.scaler.empty()) scaler().load_state_dict(c.scaler);
+    if (fsdp_ && scaler().enabled() && !c.scaler.empty()) scaler().load_state_dict(c.scaler);
+    if (!fsdp_) load_optim_state(c);
     const auto sched = c.meta.at("schedule").at("state").get<std::map<std::string, double>>();
     schedulers_.load_state_dict(sched);
     default_generator().set_state(c.meta.at("rng").get<std::string>());

@@ -46,6 +46,15 @@ void set_data(const Json& t, const Origins& o, RunnerOptions& r) {
 
 void set_optim(const Json& t, const Origins& o, RunnerOptions& r) {
   const Json& w = t["optim_wrapper"];
+  const Json& scale = t["auto_scale_lr"];
+  r.auto_scale_lr_base_batch = scale["enable"].get<bool>() ? scale["base_batch_size"].get<int64_t>() : 0;
+  r.param_scheduler.clear();
+  r.param_schedulers = specs_of<SchedulerSpec>(t["param_scheduler"], "param_scheduler", o);
+  if (w.contains("constructor")) {  // several optimizers, each wrapper's config as completed
+    for (const auto& [name, child] : w.items())
+      if (name != "constructor") r.optim_wrapper_dict[name] = child.dump();
+    return;
+  }
   const Json& opt = w["optimizer"];
   r.optimizer = opt["type"].get<std::string>();
   r.optimizer_args = kwargs_at(opt, "optim_wrapper.optimizer", o);
@@ -60,10 +69,6 @@ void set_optim(const Json& t, const Origins& o, RunnerOptions& r) {
     r.clip_max_norm = w["clip_grad"]["max_norm"].get<double>();
     r.clip_norm_type = w["clip_grad"]["norm_type"].get<double>();
   }
-  const Json& scale = t["auto_scale_lr"];
-  r.auto_scale_lr_base_batch = scale["enable"].get<bool>() ? scale["base_batch_size"].get<int64_t>() : 0;
-  r.param_scheduler.clear();
-  r.param_schedulers = specs_of<SchedulerSpec>(t["param_scheduler"], "param_scheduler", o);
 }
 
 void set_loop_and_hooks(const Json& t, RunnerOptions& r) {
@@ -125,8 +130,9 @@ RunnerOptions runner_options_from_config(const Json& given, const Origins& o) {
   // The keys that decide the sample order and the saved state's meaning (not the data's path).
   r.resume_keys = {"model", "train_dataloader.batch_size", "train_dataloader.dataset.type",
                    "train_dataloader.dataset.indices", "train_dataloader.sampler.shuffle",
-                   "train_dataloader.sampler.round_up", "optim_wrapper.optimizer.type", "param_scheduler",
-                   "randomness.seed"};
+                   "train_dataloader.sampler.round_up",
+                   t["optim_wrapper"].contains("constructor") ? "optim_wrapper" : "optim_wrapper.optimizer.type",
+                   "param_scheduler", "randomness.seed"};
   set_data(t, o, r);
   return r;
 }

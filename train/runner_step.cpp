@@ -36,6 +36,7 @@ IterOutputs Runner::run_iter(const data::Batch& batch) {
     return out;
   }
   if (graph_step_) graph_step_->count_partial();
+  if (optim_dict_) return dict_step(task_->data_preprocessor()(batch, device_));
   return eager_step(task_->data_preprocessor()(batch, device_));
 }
 

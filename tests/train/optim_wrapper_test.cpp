@@ -96,8 +96,8 @@ TEST(OptimWrapper, ClippingUsesTheGivenNormBeforeTheStep) {
   EXPECT_NEAR(after[1], 4.f - 0.8f, 1e-5);
 }
 
-// A model with two optimizers (a generator and a discriminator part): its own step updates each
-// through the wrapper dict built from MMEngine's constructor-less optim_wrapper=dict(gen=..., disc=...).
+// A model with two optimizers (a generator and a discriminator part) in a program's own loop: its
+// own step updates each through the wrapper dict built from one wrapper config per name.
 class TwoPartModel {
  public:
   Tensor gen = param({1.f, 2.f}), disc = param({-1.f});

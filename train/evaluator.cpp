@@ -110,7 +110,7 @@ Registry<MetricFactory>& metric_types() {
     reg->register_module(
         "Loss",
         [](const Kwargs& k) -> std::unique_ptr<Metric> {
-          return std::make_unique<LossMetric>(k.boolean("perplexity", false));
+          return std::make_unique<LossMetric>(k.boolean("perplexity"));
         },
         Schema{arg_bool("perplexity", false, "also perplexity (exp of the loss)")});
     return reg;

@@ -144,7 +144,7 @@ bool fsdp_sharded_state_dict(const Kwargs& k) {
     return name == "SHARDED_STATE_DICT";
   };
   std::optional<bool> type, cfg;
-  if (k.has("state_dict_type")) type = parse(k.owner() + ".state_dict_type", k.string("state_dict_type", ""));
+  if (k.has("state_dict_type")) type = parse(k.owner() + ".state_dict_type", k.string("state_dict_type"));
   if (k.has("state_dict_cfg")) {
     const std::string where = k.owner() + ".state_dict_cfg";
     const json v = json::parse(k.items().at("state_dict_cfg"), nullptr, false);
@@ -195,9 +195,9 @@ std::shared_ptr<nn::Module> wrap_fsdp(const WrapContext& c, const Kwargs& k) {
   if (o.cpu_offload.offload_params && !c.model->parameters().empty() && c.model->parameters().front().device().is_cpu())
     spdlog::info("fsdp cpu_offload: the model is on the CPU, where its shards, gradients and optimizer state already "
                  "live; nothing changes");
-  o.sharding_strategy = dist::parse_sharding_strategy(k.string("sharding_strategy", ""));
+  o.sharding_strategy = dist::parse_sharding_strategy(k.string("sharding_strategy"));
   o.auto_wrap_policy = wrap_policy(k);
-  o.forward_prefetch = k.boolean("forward_prefetch", true);
+  o.forward_prefetch = k.boolean("forward_prefetch");
   if (k.has("backward_prefetch")) {  // a choice (checked), None, or true/false
     const json v = json::parse(k.items().at("backward_prefetch"), nullptr, false);
     TANDEM_CHECK(v.is_null() || v.is_string() || v.is_boolean(), k.label("backward_prefetch"),

@@ -31,7 +31,7 @@ Schema optim_wrapper_schema(bool amp) {
 // The wrapper's options from its checked keywords.
 OptimWrapperOptions options_of(const Kwargs& k, bool amp) {
   OptimWrapperOptions o;
-  o.accumulative_counts = k.integer("accumulative_counts", o.accumulative_counts);
+  o.accumulative_counts = k.integer("accumulative_counts");
   if (k.given("clip_grad")) {
     Kwargs clip(k.owner() + ".clip_grad");
     const nlohmann::json given = nlohmann::json::parse(k.items().at("clip_grad"));
@@ -41,7 +41,7 @@ OptimWrapperOptions options_of(const Kwargs& k, bool amp) {
     o.clip_norm_type = c.number("norm_type", 2);
   }
   if (amp) {
-    const std::string dtype = k.given("dtype") ? k.string("dtype", "") : "";
+    const std::string dtype = k.given("dtype") ? k.string("dtype") : "";
     TANDEM_CHECK(!dtype.empty(), k.label("dtype"), " is null: the Runner decides it by device before building "
                  "the wrapper; outside a Runner give 'float16' or 'bfloat16'");
     o.precision = dtype == "float16" ? amp::Precision::kFloat16 : amp::Precision::kBFloat16;
@@ -79,11 +79,11 @@ LossScale parse_loss_scale(const std::string& json_text, const std::string& path
   for (const auto& [key, value] : v.items()) given.set_json(key, value.dump());
   const Kwargs k = apply_schema(given, grad_scaler_schema());
   const optim::GradScalerOptions d;
-  out.scaler = {.init_scale = k.number("init_scale", d.init_scale),
-                .growth_factor = k.number("growth_factor", d.growth_factor),
-                .backoff_factor = k.number("backoff_factor", d.backoff_factor),
-                .growth_interval = k.integer("growth_interval", d.growth_interval),
-                .enabled = k.boolean("enabled", d.enabled)};
+  out.scaler = {.init_scale = k.number("init_scale"),
+                .growth_factor = k.number("growth_factor"),
+                .backoff_factor = k.number("backoff_factor"),
+                .growth_interval = k.integer("growth_interval"),
+                .enabled = k.boolean("enabled")};
   return out;
 }
 

@@ -47,13 +47,13 @@ Schema with_common(Schema own) {
 // run did.
 Range read_range(const ScheduleContext& c, const Kwargs& k, bool values_need_end = false) {
   Range r;
-  const bool by_epoch = k.boolean("by_epoch", true);
-  const bool convert = k.boolean("convert_to_iter_based", false);
+  const bool by_epoch = k.boolean("by_epoch");
+  const bool convert = k.boolean("convert_to_iter_based");
   TANDEM_CHECK(!convert || by_epoch, k.label("convert_to_iter_based"),
                " needs by_epoch true (it converts epochs into iterations), got by_epoch false");
-  r.begin = k.integer("begin", 0);
+  r.begin = k.integer("begin");
   const int64_t run_end = by_epoch ? c.max_epochs : c.max_epochs * c.iters_per_epoch;
-  r.end = k.given("end") ? k.integer("end", 0) : values_need_end ? run_end : kUnbounded;
+  r.end = k.given("end") ? k.integer("end") : values_need_end ? run_end : kUnbounded;
   TANDEM_CHECK(r.end > r.begin, k.label("end"), " must be > begin (", r.begin, "), got ", r.end);
   r.end_fixed = k.given("end") || values_need_end;
   if (convert) {
@@ -192,8 +192,8 @@ namespace {
 // Each factory is given its keywords checked against its schema (below), defaults filled in.
 std::unique_ptr<ParamScheduler> make_step_lr(const ScheduleContext& c, const Kwargs& k) {
   const Range r = read_range(c, k);
-  const double gamma = k.number("gamma", 0);
-  const int64_t every = k.integer("step_size", 0) * r.scale;
+  const double gamma = k.number("gamma");
+  const int64_t every = k.integer("step_size") * r.scale;
   return started(c, "StepLR", r, {{"step_size", static_cast<double>(every)}, {"gamma", gamma}},
                  [=](int64_t last, double, double lr) { return last == 0 || last % every != 0 ? lr : lr * gamma; });
 }
@@ -202,7 +202,7 @@ std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, con
   const Range r = read_range(c, k);
   std::vector<int64_t> milestones = milestones_of(k);
   for (int64_t& m : milestones) m *= r.scale;
-  const double gamma = k.number("gamma", 0);
+  const double gamma = k.number("gamma");
   State constants{{"gamma", gamma}, {"milestones", static_cast<double>(milestones.size())}};
   for (size_t i = 0; i < milestones.size(); ++i)
     constants["milestone." + std::to_string(i)] = static_cast<double>(milestones[i]);
@@ -214,7 +214,7 @@ std::unique_ptr<ParamScheduler> make_multi_step_lr(const ScheduleContext& c, con
 
 std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const Kwargs& k) {
   const Range r = read_range(c, k, /*values_need_end=*/true);
-  const double start = k.number("start_factor", 0), end = k.number("end_factor", 0);
+  const double start = k.number("start_factor"), end = k.number("end_factor");
   const double total = static_cast<double>(r.end - r.begin - 1);
   return started(c, "LinearLR", r, {{"start_factor", start}, {"end_factor", end}}, [=](int64_t last, double, double lr) {
     if (last == 0) return lr * start;
@@ -224,7 +224,7 @@ std::unique_ptr<ParamScheduler> make_linear_lr(const ScheduleContext& c, const K
 
 std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const Kwargs& k) {
   const Range r = read_range(c, k, /*values_need_end=*/true);
-  const double factor = k.number("factor", 0);
+  const double factor = k.number("factor");
   const int64_t last_held = r.end - r.begin - 1;  // its step that restores the lr
   return started(c, "ConstantLR", r, {{"factor", factor}}, [=](int64_t last, double, double lr) {
     if (last == 0) return lr * factor;
@@ -234,7 +234,7 @@ std::unique_ptr<ParamScheduler> make_constant_lr(const ScheduleContext& c, const
 
 std::unique_ptr<ParamScheduler> make_exponential_lr(const ScheduleContext& c, const Kwargs& k) {
   const Range r = read_range(c, k);
-  const double gamma = k.number("gamma", 0);
+  const double gamma = k.number("gamma");
   // MMEngine's build_iter_from_epoch: the same decay per epoch, spread over its iterations.
   const double per_step = r.scale > 1 ? std::pow(gamma, 1.0 / static_cast<double>(r.scale)) : gamma;
   return started(c, "ExponentialLR", r, {{"gamma", per_step}},
@@ -246,9 +246,9 @@ std::unique_ptr<ParamScheduler> make_cosine_lr(const ScheduleContext& c, const K
   const Range r = read_range(c, k, /*values_need_end=*/!k.given("T_max"));
   TANDEM_CHECK(!(k.given("eta_min") && k.given("eta_min_ratio")), k.owner(),
                ": give eta_min or eta_min_ratio, not both");
-  const int64_t t_max = k.given("T_max") ? k.integer("T_max", 0) * r.scale : r.end - r.begin;
-  const double ratio = k.given("eta_min_ratio") ? k.number("eta_min_ratio", 0.0) : -1.0;
-  const double eta_min = k.given("eta_min") ? k.number("eta_min", 0.0) : 0.0, t = static_cast<double>(t_max);
+  const int64_t t_max = k.given("T_max") ? k.integer("T_max") * r.scale : r.end - r.begin;
+  const double ratio = k.given("eta_min_ratio") ? k.number("eta_min_ratio") : -1.0;
+  const double eta_min = k.given("eta_min") ? k.number("eta_min") : 0.0, t = static_cast<double>(t_max);
   return started(c, "CosineAnnealingLR", r, {{"T_max", t}, {"eta_min", eta_min}, {"eta_min_ratio", ratio}},
                  [=](int64_t last, double base, double lr) {
                    const double floor = ratio < 0 ? eta_min : base * ratio, s = static_cast<double>(last);

@@ -53,10 +53,10 @@ Schema adam_schema(bool decoupled) {
 
 optim::AdamOptions adam_options(const Kwargs& k, bool decoupled) {
   optim::AdamOptions a;
-  a.lr = k.number("lr", a.lr);
+  a.lr = k.number("lr");
   std::tie(a.beta1, a.beta2) = betas(k);
-  a.eps = k.number("eps", a.eps);
-  a.weight_decay = k.number("weight_decay", a.weight_decay);
+  a.eps = k.number("eps");
+  a.weight_decay = k.number("weight_decay");
   a.decoupled_weight_decay = decoupled;
   return a;
 }
@@ -96,16 +96,16 @@ const std::vector<std::string>& ddp_kwarg_names() {
 dist::DDPOptions ddp_options_from_kwargs(const Kwargs& given) {
   const Kwargs k = apply_schema(given, ddp_schema());
   dist::DDPOptions d;
-  d.broadcast_buffers = k.boolean("broadcast_buffers", d.broadcast_buffers);
-  d.reducer.find_unused_parameters = k.boolean("find_unused_parameters", d.reducer.find_unused_parameters);
-  d.reducer.bucket_cap_mb = k.number("bucket_cap_mb", d.reducer.bucket_cap_mb);
-  d.reducer.first_bucket_cap_mb = k.number("first_bucket_cap_mb", d.reducer.first_bucket_cap_mb);
-  d.reducer.gradient_as_bucket_view = k.boolean("gradient_as_bucket_view", d.reducer.gradient_as_bucket_view);
-  d.reducer.static_graph = k.boolean("static_graph", d.reducer.static_graph);
+  d.broadcast_buffers = k.boolean("broadcast_buffers");
+  d.reducer.find_unused_parameters = k.boolean("find_unused_parameters");
+  d.reducer.bucket_cap_mb = k.number("bucket_cap_mb");
+  d.reducer.first_bucket_cap_mb = k.number("first_bucket_cap_mb");
+  d.reducer.gradient_as_bucket_view = k.boolean("gradient_as_bucket_view");
+  d.reducer.static_graph = k.boolean("static_graph");
   dist::CommHookOptions hook;
-  hook.powersgd_rank = static_cast<int>(k.integer("powersgd_rank", hook.powersgd_rank));
-  hook.powersgd_start_iter = k.integer("powersgd_start_iter", hook.powersgd_start_iter);
-  d.reducer.comm_hook = dist::comm_hook_by_name(k.string("comm_hook", "allreduce"), hook);
+  hook.powersgd_rank = static_cast<int>(k.integer("powersgd_rank"));
+  hook.powersgd_start_iter = k.integer("powersgd_start_iter");
+  d.reducer.comm_hook = dist::comm_hook_by_name(k.string("comm_hook"), hook);
   return d;
 }
 
@@ -128,7 +128,7 @@ Schema zero_schema() {
 
 std::pair<std::string, Kwargs> zero_inner_optimizer(const Kwargs& given) {
   const Kwargs k = apply_schema(given, zero_schema());
-  const std::string inner = k.string("optimizer_type", "");
+  const std::string inner = k.string("optimizer_type");
   TANDEM_CHECK(inner != "ZeroRedundancyOptimizer", k.label("optimizer_type"),
                " must name the optimizer it wraps (Adadelta, SGD, Adam, AdamW), not ZeroRedundancyOptimizer");
   Kwargs rest(k.owner() + "." + inner);
@@ -165,16 +165,16 @@ Registry<OptimizerFactory>& optimizers() {
         "Adadelta",
         [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
           return std::make_unique<optim::Adadelta>(
-              std::move(p), optim::AdadeltaOptions{k.number("lr", 0), k.number("rho", 0), k.number("eps", 0),
-                                                   k.number("weight_decay", 0)});
+              std::move(p), optim::AdadeltaOptions{k.number("lr"), k.number("rho"), k.number("eps"),
+                                                   k.number("weight_decay")});
         },
         adadelta_schema());
     reg->register_module(
         "SGD",
         [](std::vector<Tensor> p, const Kwargs& k) -> std::unique_ptr<optim::Optimizer> {
           return std::make_unique<optim::SGD>(
-              std::move(p), optim::SGDOptions{k.number("lr", 0), k.number("momentum", 0), k.number("dampening", 0),
-                                              k.number("weight_decay", 0), k.boolean("nesterov", false)});
+              std::move(p), optim::SGDOptions{k.number("lr"), k.number("momentum"), k.number("dampening"),
+                                              k.number("weight_decay"), k.boolean("nesterov")});
         },
         sgd_schema());
     reg->register_module(

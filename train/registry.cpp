@@ -218,6 +218,15 @@ std::string Kwargs::string(const std::string& key, const std::string& fallback) 
   return v.get<std::string>();
 }
 
+void Kwargs::check_set(const std::string& key) const {
+  TANDEM_CHECK(has(key), owner_, ".", key, " is not set (a registered type's schema fills it in; build it through "
+               "its registry or give it)");
+}
+double Kwargs::number(const std::string& key) const { return check_set(key), number(key, 0.0); }
+int64_t Kwargs::integer(const std::string& key) const { return check_set(key), integer(key, int64_t{0}); }
+bool Kwargs::boolean(const std::string& key) const { return check_set(key), boolean(key, false); }
+std::string Kwargs::string(const std::string& key) const { return check_set(key), string(key, std::string()); }
+
 void Kwargs::check_known(const std::vector<std::string>& known) const {
   for (const auto& [key, value] : values_) {
     bool ok = false;

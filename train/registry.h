@@ -43,6 +43,12 @@ class Kwargs {
   int64_t integer(const std::string& key, int64_t fallback) const;
   bool boolean(const std::string& key, bool fallback) const;
   std::string string(const std::string& key, const std::string& fallback) const;
+  // The same for a key that must be set: one a schema fills in (a factory's checked Kwargs), or one
+  // given; an absent key throws naming it.
+  double number(const std::string& key) const;
+  int64_t integer(const std::string& key) const;
+  bool boolean(const std::string& key) const;
+  std::string string(const std::string& key) const;
   const std::map<std::string, std::string>& items() const { return values_; }
   const std::string& owner() const { return owner_; }
   // Throws naming the first key not in `known` (and listing `known`).
@@ -54,6 +60,7 @@ class Kwargs {
   std::string label(const std::string& key) const;
 
  private:
+  void check_set(const std::string& key) const;
   std::string owner_ = "kwargs";
   std::map<std::string, std::string> values_;
   std::map<std::string, std::string> origins_;

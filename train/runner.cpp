@@ -40,8 +40,6 @@ namespace tandem::train {
 Runner::Runner(RunnerOptions options) : o_(std::move(options)) {
   TANDEM_CHECK(o_.max_epochs >= 1, "train_cfg.max_epochs must be >= 1, got ", o_.max_epochs);
   TANDEM_CHECK(o_.batch_size >= 1, "the batch size must be >= 1, got ", o_.batch_size);
-  TANDEM_CHECK(o_.accumulative_counts >= 1, "optim_wrapper.accumulative_counts must be >= 1, got ",
-               o_.accumulative_counts);
   TANDEM_CHECK(o_.clip_max_norm >= 0, "optim_wrapper.clip_grad.max_norm must be > 0, got ", o_.clip_max_norm);
   TANDEM_CHECK(o_.train_dataset != nullptr, "Runner: no train_dataset given");
   TANDEM_CHECK(o_.amp == "off" || o_.amp == "fp16" || o_.amp == "bf16" || o_.amp == "auto",
@@ -225,7 +223,7 @@ void Runner::setup_model() {
                "DistributedDataParallel (its Join shadows the iterations of ranks with more batches)");
   TANDEM_CHECK(o_.pad || !o_.sync_bn, "train_dataloader.sampler.round_up false (--no-pad) cannot be combined with "
                "SyncBatchNorm (--sync-bn): its all-reduces inside forward have no one to meet on a rank out of batches");
-  TANDEM_CHECK(ddp_ || fsdp_ || o_.accumulative_counts == 1, "optim_wrapper.accumulative_counts > 1 needs a wrapper "
+  TANDEM_CHECK(ddp_ || fsdp_ || o_.accumulative_counts <= 1, "optim_wrapper.accumulative_counts > 1 needs a wrapper "
                "derived from DistributedDataParallel or FullyShardedDataParallel (for no_sync); model_wrapper_cfg.type '",
                o_.model_wrapper, "' is neither");
 }

@@ -165,5 +165,13 @@ TEST(OptimWrapper, TheRunnerBuildsTheNamedRegisteredWrapper) {
   EXPECT_HAS(error_of([&] { Runner(amp).train(); }), "optim_wrapper.type 'OptimWrapper' is float32; amp bf16 needs 'AmpOptimWrapper'");
 }
 
+// accumulative_counts is checked once, by the wrapper's schema, for a config and for RunnerOptions.
+TEST(OptimWrapper, TheSchemaChecksTheRunnersAccumulativeCounts) {
+  test::TempDir tmp("optim_wrapper_counts");
+  RunnerOptions o = tiny_options(tmp.file("w"));
+  o.accumulative_counts = 0;
+  EXPECT_HAS(error_of([&] { Runner(o).train(); }), "config key 'optim_wrapper.accumulative_counts' must be >= 1, got 0");
+}
+
 }  // namespace
 }  // namespace tandem::train

@@ -26,6 +26,16 @@ TEST(RegistrySchema, UnknownKeyNamesTheClosestKnownOne) {
   EXPECT_HAS(e, "optim_wrapper.optimizer: unknown argument 'lrr' (did you mean 'lr'?)");
 }
 
+// A factory reads its keys without a second default: the schema filled them in.
+TEST(RegistrySchema, FactoriesReadTheKeysTheSchemaFilled) {
+  const Kwargs filled = apply_schema(args("optim_wrapper.optimizer", {}), adadelta());
+  EXPECT_EQ(filled.number("rho"), 0.9);
+  EXPECT_EQ(filled.number("lr"), 1.0);
+  EXPECT_HAS(error_of([] { args("optim_wrapper.optimizer", {}).number("rho"); }),
+             "optim_wrapper.optimizer.rho is not set (a registered type's schema fills it in");
+  EXPECT_HAS(error_of([] { args("m", {{"n", "1.5"}}).integer("n"); }), "m.n must be an integer, got 1.5");
+}
+
 TEST(RegistrySchema, WrongKindAndOutOfRangeNameTheKeyPath) {
   EXPECT_HAS(error_of([] { apply_schema(args("optim_wrapper.optimizer", {{"lr", "\"fast\""}}), adadelta()); }),
              "config key 'optim_wrapper.optimizer.lr' must be a number >= 0, got \"fast\"");

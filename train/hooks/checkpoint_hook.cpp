@@ -90,14 +90,14 @@ Schema checkpoint_hook_schema() {
 }
 
 std::shared_ptr<Hook> make_checkpoint_hook(const Kwargs& k) {
-  std::string best = k.given("save_best") ? k.string("save_best", "") : "";
+  std::string best = k.given("save_best") ? k.string("save_best") : "";
   if (best == "auto") best = "accuracy";
   // Any metric of the evaluator (checked at the first validation); lower is better for losses.
   const std::string by_name = best == "loss" || best == "perplexity" ? "less" : "greater";
-  const std::string rule = k.given("rule") ? k.string("rule", "") : by_name;
-  const int64_t max_keep = k.integer("max_keep_ckpts", 0);
-  return std::make_shared<CheckpointHook>(k.integer("interval", 0), k.boolean("by_epoch", true),
-                                          k.integer("interval_iters", 0), max_keep < 0 ? 0 : max_keep, best, rule);
+  const std::string rule = k.given("rule") ? k.string("rule") : by_name;
+  const int64_t max_keep = k.integer("max_keep_ckpts");
+  return std::make_shared<CheckpointHook>(k.integer("interval"), k.boolean("by_epoch"),
+                                          k.integer("interval_iters"), max_keep < 0 ? 0 : max_keep, best, rule);
 }
 
 }  // namespace tandem::train

@@ -113,15 +113,15 @@ Schema early_stopping_hook_schema() {
 }
 
 std::shared_ptr<Hook> make_early_stopping_hook(const Kwargs& k) {
-  const std::string monitor = k.string("monitor", "");
-  const std::string rule = k.given("rule") ? k.string("rule", "") : infer_rule(monitor);
+  const std::string monitor = k.string("monitor");
+  const std::string rule = k.given("rule") ? k.string("rule") : infer_rule(monitor);
   TANDEM_CHECK(!rule.empty(), k.owner(), ": cannot infer the rule for monitor '", monitor,
                "'; set rule \"greater\" or \"less\"");
   std::optional<double> threshold;
-  if (k.given("stopping_threshold")) threshold = k.number("stopping_threshold", 0.0);
-  return std::make_shared<EarlyStoppingHook>(monitor, rule == "greater", k.number("min_delta", 0),
-                                             k.boolean("strict", false), k.boolean("check_finite", true),
-                                             k.integer("patience", 0), threshold);
+  if (k.given("stopping_threshold")) threshold = k.number("stopping_threshold");
+  return std::make_shared<EarlyStoppingHook>(monitor, rule == "greater", k.number("min_delta"),
+                                             k.boolean("strict"), k.boolean("check_finite"),
+                                             k.integer("patience"), threshold);
 }
 
 }  // namespace tandem::train

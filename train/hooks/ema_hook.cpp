@@ -161,9 +161,9 @@ Schema ema_hook_schema() {
 }
 
 std::shared_ptr<Hook> make_ema_hook(const Kwargs& k) {
-  const int64_t begin_iter = k.integer("begin_iter", 0), begin_epoch = k.integer("begin_epoch", 0);
+  const int64_t begin_iter = k.integer("begin_iter"), begin_epoch = k.integer("begin_epoch");
   TANDEM_CHECK(begin_iter == 0 || begin_epoch == 0, k.owner(), ": give begin_iter or begin_epoch, not both");
-  return std::make_shared<EMAHook>(k.number("momentum", 0), k.integer("interval", 0), k.boolean("update_buffers", false),
+  return std::make_shared<EMAHook>(k.number("momentum"), k.integer("interval"), k.boolean("update_buffers"),
                                    begin_iter, begin_epoch);
 }
 

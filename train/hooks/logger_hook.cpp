@@ -161,6 +161,6 @@ Schema logger_hook_schema() {
   return {at_least(arg_int("interval", 10, "iterations between progress lines"), 1)};
 }
 
-std::shared_ptr<Hook> make_logger_hook(const Kwargs& k) { return std::make_shared<LoggerHook>(k.integer("interval", 10)); }
+std::shared_ptr<Hook> make_logger_hook(const Kwargs& k) { return std::make_shared<LoggerHook>(k.integer("interval")); }
 
 }  // namespace tandem::train

@@ -21,10 +21,10 @@ Schema idx_schema(const std::string& root, double mean, double stddev) {
 }
 
 std::shared_ptr<const data::Dataset> idx_dataset(const Kwargs& k, const std::string& split) {
-  auto set = std::make_shared<data::MnistDataset>(k.string("data_root", ""),
+  auto set = std::make_shared<data::MnistDataset>(k.string("data_root"),
                                                   split == "train" ? data::Split::Train : data::Split::Test,
-                                                  k.number("mean", 0), k.number("std", 1));
-  if (const int64_t keep = k.integer("indices", 0); keep > 0) set->limit(keep);
+                                                  k.number("mean"), k.number("std"));
+  if (const int64_t keep = k.integer("indices"); keep > 0) set->limit(keep);
   return set;
 }
 
@@ -45,8 +45,8 @@ void register_model_zoo(Registry<ModelFactory>& reg) {
   reg.register_module(
       "ResNet",
       [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
-        return std::make_shared<resnet::ResNet>(k.integer("width", 16), k.integer("blocks_per_stage", 3),
-                                                k.integer("num_classes", 10));
+        return std::make_shared<resnet::ResNet>(k.integer("width"), k.integer("blocks_per_stage"),
+                                                k.integer("num_classes"));
       },
       Schema{at_least(arg_int("width", 16, "channels of the first stage (doubled at each)"), 1),
              at_least(arg_int("blocks_per_stage", 3, "residual blocks per stage"), 1),
@@ -57,12 +57,12 @@ void register_model_zoo(Registry<ModelFactory>& reg) {
       "GPT",
       [](const Kwargs& k) -> std::shared_ptr<nn::Module> {
         gpt::Config c;
-        c.vocab_size = k.integer("vocab_size", 0);
-        c.block_size = k.integer("block_size", 0);
-        c.n_layer = k.integer("n_layer", 0);
-        c.n_head = k.integer("n_head", 0);
-        c.n_embd = k.integer("n_embd", 0);
-        c.dropout = k.number("dropout", 0);
+        c.vocab_size = k.integer("vocab_size");
+        c.block_size = k.integer("block_size");
+        c.n_layer = k.integer("n_layer");
+        c.n_head = k.integer("n_head");
+        c.n_embd = k.integer("n_embd");
+        c.dropout = k.number("dropout");
         TANDEM_CHECK(c.n_embd % c.n_head == 0, k.label("n_embd"), " (", c.n_embd, ") must be a multiple of n_head (",
                      c.n_head, ")");
         return std::make_shared<gpt::GPTModel>(c);
@@ -86,9 +86,9 @@ Registry<DatasetFactory>& datasets() {
     reg->register_module(
         "CharCorpus",
         [](const Kwargs& k, const std::string& split) -> std::shared_ptr<const data::Dataset> {
-          return std::make_shared<gpt::CharWindows>(corpus(k.string("data_root", ""), k.number("val_fraction", 0)),
-                                                    k.integer("block_size", 0), split == "train",
-                                                    k.integer("max_val_windows", 0));
+          return std::make_shared<gpt::CharWindows>(corpus(k.string("data_root"), k.number("val_fraction")),
+                                                    k.integer("block_size"), split == "train",
+                                                    k.integer("max_val_windows"));
         },
         Schema{arg_string("data_root", "/usr/share/games/fortunes", {}, "a text file or a directory of fortune files"),
                at_least(arg_int("block_size", 64, "characters per window"), 1),

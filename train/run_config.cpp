@@ -198,9 +198,12 @@ Json merge_onto_defaults(const Json& defaults, const Json& file) {
     if (mine.is_object() && mine.contains("type") && mine["type"] != defaults.at(at).value("type", Json()))
       out[at] = mine;
   }
-  // Several optimizers (MultiOptimWrapperConstructor): the file's wrappers, nothing of the default's.
+  // Several optimizers (MultiOptimWrapperConstructor): the file's wrappers and per-wrapper
+  // schedules (a dict without a type), nothing of the default's.
   if (file.contains("optim_wrapper") && file["optim_wrapper"].is_object() && file["optim_wrapper"].contains("constructor"))
     out["optim_wrapper"] = file["optim_wrapper"];
+  if (file.contains("param_scheduler") && file["param_scheduler"].is_object() && !file["param_scheduler"].contains("type"))
+    out["param_scheduler"] = file["param_scheduler"];
   return out;
 }
 

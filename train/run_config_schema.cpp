@@ -283,6 +283,22 @@ bool complete_optim_wrapper_dict(Json& tree, const Origins& o) {
   return true;
 }
 
+// With several optimizers, MMEngine's param_scheduler=dict(gen=[...], disc=[...]): one list per
+// wrapper (a name left out has none); a list or one scheduler applies to every wrapper as given.
+void complete_param_scheduler_dict(Json& tree, const Origins& o) {
+  Json& ps = tree["param_scheduler"];
+  if (!ps.is_object() || ps.contains("type")) return;
+  for (auto& [name, list] : ps.items()) {
+    const std::string path = "param_scheduler." + name;
+    TANDEM_CHECK(tree["optim_wrapper"].contains(name) && name != "constructor", key_label(path, o),
+                 ": optim_wrapper has no wrapper '", name, "'");
+    if (list.is_object()) list = Json::array({list});
+    TANDEM_CHECK(list.is_array(), key_label(path, o), " must be a list of dicts with a \"type\", got ", list.dump());
+    for (size_t i = 0; i < list.size(); ++i)
+      complete_typed(list[i], path + "[" + std::to_string(i) + "]", param_schedulers(), o, "param scheduler");
+  }
+}
+
 void complete_train_cfg(Json& tree, const Origins& o) {
   Json& t = tree["train_cfg"];
   const bool iter_type = t.is_object() && t.value("type", "") == "IterBasedTrainLoop";
@@ -428,7 +444,11 @@ Json complete_run_config(const Json& given, const Origins& o) {
   complete_typed(tree["model"], "model", models(), o, "model");
   complete_typed(tree["model_wrapper_cfg"], "model_wrapper_cfg", model_wrappers(), o, "model wrapper");
   if (!optim_dict) complete_optimizer(tree, o);
-  complete_typed_list(tree, "param_scheduler", param_schedulers(), o, "param scheduler");
+  const bool scheduler_dict = tree["param_scheduler"].is_object() && !tree["param_scheduler"].contains("type");
+  if (optim_dict && scheduler_dict)
+    complete_param_scheduler_dict(tree, o);
+  else
+    complete_typed_list(tree, "param_scheduler", param_schedulers(), o, "param scheduler");
   complete_typed_list(tree, "custom_hooks", hooks(), o, "hook");
   complete_typed_list(tree, "val_evaluator", metric_types(), o, "metric");
   complete_typed_list(tree, "test_evaluator", metric_types(), o, "metric");

@@ -285,6 +285,8 @@ std::unique_ptr<OptimWrapper> Runner::make_optim_wrapper(std::unique_ptr<optim::
 
 void Runner::setup_optimizer() {
   if (!o_.optim_wrapper_dict.empty()) return setup_optimizer_dict();
+  TANDEM_CHECK(o_.param_scheduler_dict.empty(), "param_scheduler as a dict of lists, one per optimizer, needs several "
+               "optimizers (optim_wrapper with constructor='MultiOptimWrapperConstructor')");
   Kwargs args = o_.optimizer_args;
   const double lr = args.number("lr", 1.0);
   if (o_.auto_scale_lr_base_batch > 0) {

@@ -101,6 +101,10 @@ struct RunnerOptions {
   // Runner builds an OptimWrapperDict over the children's parameters and trains through the model's
   // train_step (train/model.h); optimizer, amp and the accumulation / clipping fields are not used.
   std::map<std::string, std::string> optim_wrapper_dict;
+  // With several optimizers, MMEngine's param_scheduler=dict(gen=[...], ...): each wrapper's own
+  // schedule (a name left out has none). Empty: param_schedulers (or param_scheduler) applies to
+  // every wrapper, each its own copy, as MMEngine's Runner does with a list.
+  std::map<std::string, std::vector<SchedulerSpec>> param_scheduler_dict;
   int64_t accumulative_counts = 1;
   double clip_max_norm = 0.0;
   double clip_norm_type = 2.0;

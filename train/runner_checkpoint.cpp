@@ -21,6 +21,8 @@ namespace {
 std::string scheduler_types(const RunnerOptions& o) {
   std::string out;
   for (const SchedulerSpec& s : scheduler_specs(o)) out += (out.empty() ? "" : ",") + s.type;
+  for (const auto& [name, specs] : o.param_scheduler_dict)  // several optimizers: "gen:StepLR"
+    for (const SchedulerSpec& s : specs) out += (out.empty() ? "" : ",") + name + ":" + s.type;
   return out;
 }
 

@@ -49,7 +49,13 @@ void set_optim(const Json& t, const Origins& o, RunnerOptions& r) {
   const Json& scale = t["auto_scale_lr"];
   r.auto_scale_lr_base_batch = scale["enable"].get<bool>() ? scale["base_batch_size"].get<int64_t>() : 0;
   r.param_scheduler.clear();
-  r.param_schedulers = specs_of<SchedulerSpec>(t["param_scheduler"], "param_scheduler", o);
+  const Json& ps = t["param_scheduler"];
+  if (ps.is_object()) {  // several optimizers: one list per wrapper
+    for (const auto& [name, list] : ps.items())
+      r.param_scheduler_dict[name] = specs_of<SchedulerSpec>(list, "param_scheduler." + name, o);
+  } else {
+    r.param_schedulers = specs_of<SchedulerSpec>(ps, "param_scheduler", o);
+  }
   if (w.contains("constructor")) {  // several optimizers, each wrapper's config as completed
     for (const auto& [name, child] : w.items())
       if (name != "constructor") r.optim_wrapper_dict[name] = child.dump();

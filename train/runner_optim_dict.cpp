@@ -1,10 +1,12 @@
 // The Runner with several optimizers (RunnerOptions::optim_wrapper_dict, MMEngine's
 // MultiOptimWrapperConstructor): an OptimWrapperDict with one wrapper per child module of the model,
-// each over that child's parameters; every iteration is the model's train_step(batch, optim_wrapper);
+// each over that child's parameters, with its param schedulers (param_scheduler_dict, or the one
+// list for each); every iteration is the model's train_step(batch, optim_wrapper);
 // checkpoints hold each wrapper's optimizer and scaler state under "<name>.".
 #include <spdlog/spdlog.h>
 
 #include "train/checkpoint.h"
+#include "train/registries.h"
 #include "train/runner.h"
 #include "train/runner_internal.h"
 
@@ -39,9 +41,6 @@ void Runner::setup_optimizer_dict() {
                "(optim_wrapper ", joined(names), ") train on one process, without --cuda-graph and auto_scale_lr, "
                "here; got launcher ", o_.launcher, o_.cuda_graph ? ", cuda_graph" : "",
                o_.auto_scale_lr_base_batch > 0 ? ", auto_scale_lr" : "");
-  TANDEM_CHECK(scheduler_specs(o_).empty(), "several optimizers (optim_wrapper ", joined(names),
-               "): param_scheduler must be [] (MMEngine's per-optimizer dict(", names[0],
-               "=[...]) is not supported)");
   std::map<std::string, std::shared_ptr<nn::Module>> children;
   std::vector<std::string> child_names;
   for (const auto& [name, child] : net_->children()) {
@@ -55,8 +54,22 @@ void Runner::setup_optimizer_dict() {
       o_.optim_wrapper_dict, [&](const std::string& name) { return children.at(name)->parameters(); }));
   primary_ = &optim_dict_->first();
   base_lr_ = optimizer().lr();
+  for (const auto& [name, specs] : o_.param_scheduler_dict)
+    TANDEM_CHECK(o_.optim_wrapper_dict.count(name) > 0, "param_scheduler.", name,
+                 ": optim_wrapper has no wrapper '", name, "'; it has: ", joined(names));
   for (const std::string& name : names) {
     OptimWrapper& w = optim_dict_->at(name);
+    // Each wrapper's schedulers bound to its optimizer, all stepped in this order by the hook.
+    ScheduleContext sc{&w.optimizer(), iters_, o_.max_epochs, {}};
+    for (const auto& g : w.optimizer().param_groups()) sc.initial_lrs.push_back(g.lr);
+    const auto own = o_.param_scheduler_dict.find(name);
+    for (const SchedulerSpec& spec : o_.param_scheduler_dict.empty() ? scheduler_specs(o_)
+                                     : own == o_.param_scheduler_dict.end() ? std::vector<SchedulerSpec>{}
+                                                                             : own->second) {
+      std::unique_ptr<ParamScheduler> built = param_schedulers().get(spec.type)(sc, spec.args);
+      TANDEM_CHECK(built != nullptr, "param_scheduler type '", spec.type, "': the factory returned no scheduler");
+      schedulers_.add(std::move(built));
+    }
     spdlog::info("optim_wrapper.{}: {} parameters, lr {}{}", name, children.at(name)->parameters().size(),
                  w.optimizer().lr(), w.scaler().enabled() ? ", float16 loss scaling" : "");
   }

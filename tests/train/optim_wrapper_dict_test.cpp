@@ -68,7 +68,7 @@ Json two_optimizer_tree(const std::string& work_dir) {
         "gen": {"optimizer": {"type": "SGD", "lr": 0.1, "momentum": 0.9}},
         "disc": {"type": "AmpOptimWrapper", "dtype": "float16", "loss_scale": {"init_scale": 1024, "growth_interval": 2},
                  "optimizer": {"type": "Adam", "lr": 0.01}}},
-      "param_scheduler": [],
+      "param_scheduler": {"gen": [{"type": "StepLR", "step_size": 1, "gamma": 0.5}]},
       "train_cfg": {"max_epochs": 2}, "train_dataloader": {"batch_size": 8, "dataset": {"type": "TinySet"}},
       "val_dataloader": {"dataset": {"type": "TinySet"}},
       "env_cfg": {"device": "cpu"}, "default_hooks": {"checkpoint": {"interval": 3, "by_epoch": false}}})");
@@ -93,8 +93,8 @@ TEST(OptimWrapperDict, TheRunnerTrainsEachChildThroughItsWrapperFromAConfig) {
   ASSERT_NE(w, nullptr);
   EXPECT_EQ(w->names(), std::vector<std::string>({"disc", "gen"}));
   EXPECT_EQ(w->at("gen").optimizer().param_groups()[0].params.size(), 2u) << "gen's weight and bias";
-  EXPECT_EQ(w->at("gen").optimizer().lr(), 0.1);
-  EXPECT_EQ(w->at("disc").optimizer().lr(), 0.01);
+  EXPECT_EQ(w->at("gen").optimizer().lr(), 0.1 * 0.5 * 0.5) << "gen's StepLR after each of the 2 epochs";
+  EXPECT_EQ(w->at("disc").optimizer().lr(), 0.01) << "disc has no schedule";
   EXPECT_EQ(w->at("gen").inner_count(), 10) << "one update per iteration, 2 epochs x 5";
   EXPECT_EQ(w->at("disc").inner_count(), 10);
   EXPECT_FALSE(w->at("gen").scaler().enabled());
@@ -132,6 +132,18 @@ TEST(OptimWrapperDict, ResumeRestoresEveryWrappersStateBitwise) {
             straight->optim_wrapper_dict()->at("disc").scaler().get_scale());
 }
 
+// A list (not a dict) of schedulers gives every wrapper its own copy, as MMEngine's Runner does.
+TEST(OptimWrapperDict, AListOfSchedulersAppliesToEveryWrapper) {
+  register_two_part();
+  test::TempDir tmp("optim_dict_list");
+  Json tree = two_optimizer_tree(tmp.file("a"));
+  tree["param_scheduler"] = Json::parse(R"([{"type": "StepLR", "step_size": 1, "gamma": 0.5}])");
+  auto r = Runner::from_config(tree.dump());
+  ASSERT_EQ(r->train(), 0);
+  EXPECT_EQ(r->optim_wrapper_dict()->at("gen").optimizer().lr(), 0.1 * 0.25);
+  EXPECT_EQ(r->optim_wrapper_dict()->at("disc").optimizer().lr(), 0.01 * 0.25);
+}
+
 TEST(OptimWrapperDict, WhatIsRefusedIsOneLine) {
   register_two_part();
   test::TempDir tmp("optim_dict_errors");
@@ -156,8 +168,10 @@ TEST(OptimWrapperDict, WhatIsRefusedIsOneLine) {
              "config key 'optim_wrapper.disc.dtype' must be 'float16' or 'bfloat16'");
   EXPECT_HAS(run([](Json& t) { t["optim_wrapper"]["disc"]["loss_scale"] = "static"; }),
              "config key 'optim_wrapper.disc.loss_scale' must be 'dynamic', a positive number or a dict");
-  EXPECT_HAS(run([](Json& t) { t["param_scheduler"] = Json::parse(R"([{"type": "StepLR", "step_size": 1}])"); }),
-             "param_scheduler must be [] (MMEngine's per-optimizer dict(disc=[...]) is not supported)");
+  EXPECT_HAS(run([](Json& t) { t["param_scheduler"]["generator"] = t["param_scheduler"]["gen"]; }),
+             "config key 'param_scheduler.generator': optim_wrapper has no wrapper 'generator'");
+  EXPECT_HAS(run([](Json& t) { t["param_scheduler"]["gen"][0]["step"] = 1; }),
+             "param_scheduler.gen[0]: unknown argument 'step'");
 }
 
 }  // namespace

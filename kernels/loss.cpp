@@ -32,16 +32,17 @@ void check_operands(const char* op, const Tensor& log_probs, const Tensor& targe
 
 bool fast(const NllLossArgs& a) { return !a.weight.defined() && a.reduction == Reduction::Mean; }
 
-// Each row's weight (0 where ignored) and the mask of kept rows, from the target pass.
+// From the target pass: each row's weight (0 where ignored), the mask of kept rows and the safe
+// gather indices [M, 1].
 struct RowWeights {
-  Tensor w, kept;
+  Tensor w, kept, safe;
 };
 
-RowWeights row_weights(const Tensor& log_probs, const Tensor& target, const NllLossArgs& a, ClassTargets& t) {
+RowWeights row_weights(const Tensor& log_probs, const Tensor& target, const NllLossArgs& a) {
   const int64_t M = log_probs.size(0);
-  t = class_targets(target, log_probs.size(1), a.ignore_index, log_probs.dtype());
+  const ClassTargets t = class_targets(target, log_probs.size(1), a.ignore_index, log_probs.dtype());
   const Tensor zero = Tensor::zeros({}, log_probs.dtype(), log_probs.device());
-  RowWeights r{t.keep, compare(CompareOp::Gt, t.keep, zero)};
+  RowWeights r{t.keep, compare(CompareOp::Gt, t.keep, zero), t.safe};
   if (a.weight.defined()) r.w = binary(BinaryOp::Mul, index_select(a.weight, 0, t.safe.reshape({M})), t.keep);
   return r;
 }
@@ -61,9 +62,8 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& target, const Nll
   const Device device = common_device(op, {log_probs, target, a.weight});
   common_float_dtype(op, {log_probs, a.weight});
   if (fast(a)) return TANDEM_FAST_KERNEL(device, nll_loss_mean_forward)(log_probs, target, a.ignore_index);
-  ClassTargets t;
-  const RowWeights r = row_weights(log_probs, target, a, t);
-  const Tensor picked = gather(log_probs, 1, t.safe).reshape({log_probs.size(0)});
+  const RowWeights r = row_weights(log_probs, target, a);
+  const Tensor picked = gather(log_probs, 1, r.safe).reshape({log_probs.size(0)});
   const Tensor loss = kept_only(r, binary(BinaryOp::Mul, binary(BinaryOp::Mul, picked, r.w), -1.0));
   if (a.reduction == Reduction::None) return loss;
   const Tensor total = sum_dims(loss, {}, false);
@@ -77,16 +77,20 @@ Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const 
   profiler::Scope prof_scope(op);
   check_operands(op, log_probs, target, a);
   const bool none = a.reduction == Reduction::None;
-  TANDEM_CHECK(grad_out.defined() && (none ? grad_out.shape() == Shape{log_probs.size(0)} : grad_out.numel() == 1),
-               op, ": expected grad_out ", none ? "[" + std::to_string(log_probs.size(0)) + "]" : "with one value",
-               " (the loss's shape), got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
+  TANDEM_CHECK(grad_out.defined(), op, ": grad_out is undefined");
+  if (none) {
+    TANDEM_CHECK(grad_out.shape() == Shape{log_probs.size(0)}, op, ": expected grad_out [", log_probs.size(0),
+                 "] (the loss's shape), got ", grad_out.str());
+  } else {
+    TANDEM_CHECK(grad_out.numel() == 1, op, ": expected grad_out with one value (the loss's shape), got ",
+                 grad_out.str());
+  }
   const Device device = common_device(op, {grad_out, log_probs, target, a.weight});
   common_float_dtype(op, {grad_out, log_probs, a.weight});
   if (fast(a)) {
     return TANDEM_FAST_KERNEL(device, nll_loss_mean_backward)(grad_out, log_probs, target, a.ignore_index);
   }
-  ClassTargets t;
-  const RowWeights r = row_weights(log_probs, target, a, t);
+  const RowWeights r = row_weights(log_probs, target, a);
   const Tensor g = none ? grad_out : grad_out.reshape({});
   Tensor per_row = binary(BinaryOp::Mul, r.w, g);
   if (a.reduction == Reduction::Mean) {
@@ -98,7 +102,7 @@ Tensor nll_loss_backward(const Tensor& grad_out, const Tensor& log_probs, const 
   }
   const int64_t M = log_probs.size(0);
   const Tensor src = binary(BinaryOp::Mul, kept_only(r, per_row), -1.0).reshape({M, 1});
-  return scatter_add(log_probs.shape(), 1, t.safe, src);
+  return scatter_add(log_probs.shape(), 1, r.safe, src);
 }
 
 ClassTargets class_targets(const Tensor& target, int64_t C, int64_t ignore_index, DType keep_dtype) {

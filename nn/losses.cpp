@@ -61,6 +61,26 @@ Tensor mean_over(const Tensor& loss, const Tensor& divisor) {
   return add(div(sum(loss), add(d, none_kept)), nan_if_none);
 }
 
+// The class layout of a loss's input [C], [N, C] or [N, C, d1, ...]: the class dimension, the
+// number of classes, the per-element shape (the target's) and its element count; checks the
+// optional class weights against it.
+struct ClassLayout {
+  int64_t class_dim, C;
+  Shape per_element;
+  int64_t M;
+};
+
+ClassLayout class_layout(const char* op, const Tensor& input, const Tensor& weight) {
+  ClassLayout l{input.dim() == 1 ? 0 : 1, 0, input.shape(), 0};
+  l.C = input.shape()[l.class_dim];
+  l.per_element.erase(l.per_element.begin() + l.class_dim);
+  l.M = shape_numel(l.per_element);
+  TANDEM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == l.C && weight.dtype() == input.dtype() &&
+                                     weight.device() == input.device()),
+               op, ": weight must be [C] = [", l.C, "] of the input's dtype and device, got ", weight.str());
+  return l;
+}
+
 kernels::Reduction reduction_of(const std::string& reduction) {
   if (reduction == "none") return kernels::Reduction::None;
   return reduction == "sum" ? kernels::Reduction::Sum : kernels::Reduction::Mean;
@@ -110,18 +130,11 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
                input.defined() ? input.str() : "undefined");
   TANDEM_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "cross_entropy: label_smoothing must be in [0, 1], got ",
                label_smoothing);
-  const int64_t class_dim = input.dim() == 1 ? 0 : 1;
-  const int64_t C = input.shape()[class_dim];
-  Shape per_element = input.shape();
-  per_element.erase(per_element.begin() + class_dim);
-  TANDEM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == C && weight.dtype() == input.dtype() &&
-                                     weight.device() == input.device()),
-               "cross_entropy: weight must be [C] = [", C, "] of the input's dtype and device, got ", weight.str());
+  const auto [class_dim, C, per_element, M] = class_layout("cross_entropy", input, weight);
   const bool probabilities = target.defined() && (target.dtype() == kFloat32 || target.dtype() == kFloat64);
   TANDEM_CHECK(target.defined() && (target.dtype() == kInt64 || probabilities),
                "cross_entropy: target must be int64 class indices or class probabilities of the input's shape, got ",
                target.defined() ? target.str() : "undefined");
-  const int64_t M = shape_numel(per_element);
   const Tensor lp = class_last(log_softmax(input, class_dim), M, C);
   if (probabilities) {
     TANDEM_CHECK(target.shape() == input.shape() && target.dtype() == input.dtype(),
@@ -134,19 +147,18 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const Tensor& we
   if (label_smoothing == 0.0)
     return nll_loss_rows(lp, target.to(input.device()).reshape({M}), weight, ignore_index, reduction, per_element);
 
-  // The target pass (kernels::class_targets): the keep mask, safe (in-range) gather indices, and
-  // the range check, which on CUDA is a deferred kernel error so the host never waits here.
+  // With label smoothing: the target pass (kernels::class_targets): the keep mask, safe (in-range)
+  // gather indices, and the range check, which on CUDA is a deferred kernel error so the host never
+  // waits here.
   const DType keep_dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32;  // low precision: log_softmax's f32
   const kernels::ClassTargets targets = kernels::class_targets(target.to(input.device()), C, ignore_index, keep_dtype);
   const Tensor& safe = targets.safe;
   // Each element's weight: w[target] where kept, 0 where ignored (1 and 0 without class weights).
   const Tensor kept_weight = weight.defined() ? mul(index_select(weight, 0, safe.reshape({M})), targets.keep) : targets.keep;
 
-  Tensor loss = mul(neg(reshape(gather(lp, 1, safe), {M})), kept_weight);
-  if (label_smoothing > 0.0) {
-    const Tensor smooth = mul(neg(sum(weight.defined() ? mul(lp, weight) : lp, {1})), targets.keep);
-    loss = add(mul(loss, 1.0 - label_smoothing), mul(smooth, label_smoothing / static_cast<double>(C)));
-  }
+  const Tensor nll = mul(neg(reshape(gather(lp, 1, safe), {M})), kept_weight);
+  const Tensor smooth = mul(neg(sum(weight.defined() ? mul(lp, weight) : lp, {1})), targets.keep);
+  const Tensor loss = add(mul(nll, 1.0 - label_smoothing), mul(smooth, label_smoothing / static_cast<double>(C)));
   // The mean divides by the kept targets' weights (their count without class weights). With every
   // target ignored it is NaN (0 / 0) but the gradient is zero, as PyTorch's, so one batch of padding
   // cannot poison the weights.
@@ -166,17 +178,10 @@ Tensor nll_loss(const Tensor& input_in, const Tensor& target, const Tensor& weig
                input_in.defined() ? input_in.str() : "undefined");
   const Tensor input = float32_if_half(input_in);
   const Tensor weight = weight_in.defined() ? float32_if_half(weight_in) : weight_in;
-  const int64_t class_dim = input.dim() == 1 ? 0 : 1;
-  const int64_t C = input.shape()[class_dim];
-  Shape per_element = input.shape();
-  per_element.erase(per_element.begin() + class_dim);
+  const auto [class_dim, C, per_element, M] = class_layout("nll_loss", input, weight);
   TANDEM_CHECK(target.defined() && target.dtype() == kInt64 && target.shape() == per_element,
                "nll_loss: target must be int64 class indices of shape ", shape_str(per_element), " for input ",
                input_in.str(), ", got ", target.defined() ? target.str() : "undefined");
-  TANDEM_CHECK(!weight.defined() || (weight.dim() == 1 && weight.size(0) == C && weight.dtype() == input.dtype() &&
-                                     weight.device() == input.device()),
-               "nll_loss: weight must be [C] = [", C, "] of the input's dtype and device, got ", weight.str());
-  const int64_t M = shape_numel(per_element);
   return nll_loss_rows(class_last(input, M, C), target.to(input.device()).reshape({M}), weight, ignore_index,
                        reduction, per_element);
 }

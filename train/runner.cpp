@@ -283,6 +283,16 @@ std::unique_ptr<OptimWrapper> Runner::make_optim_wrapper(std::unique_ptr<optim::
   return w;
 }
 
+void Runner::add_schedulers(optim::Optimizer& opt, const std::vector<SchedulerSpec>& specs) {
+  ScheduleContext sc{&opt, iters_, o_.max_epochs, {}};
+  for (const auto& g : opt.param_groups()) sc.initial_lrs.push_back(g.lr);
+  for (const SchedulerSpec& s : specs) {
+    std::unique_ptr<ParamScheduler> built = param_schedulers().get(s.type)(sc, s.args);
+    TANDEM_CHECK(built != nullptr, "param_scheduler type '", s.type, "': the factory returned no scheduler");
+    schedulers_.add(std::move(built));
+  }
+}
+
 void Runner::setup_optimizer() {
   if (!o_.optim_wrapper_dict.empty()) return setup_optimizer_dict();
   TANDEM_CHECK(o_.param_scheduler_dict.empty(), "param_scheduler as a dict of lists, one per optimizer, needs several "
@@ -299,13 +309,7 @@ void Runner::setup_optimizer() {
   optim_wrapper_ = make_optim_wrapper(make_optimizer(args));
   primary_ = optim_wrapper_.get();
   base_lr_ = optimizer().lr();
-  ScheduleContext sc{&optimizer(), iters_, o_.max_epochs, {}};
-  for (const auto& g : optimizer().param_groups()) sc.initial_lrs.push_back(g.lr);
-  for (const SchedulerSpec& s : scheduler_specs(o_)) {  // built in order: each applies its first value
-    std::unique_ptr<ParamScheduler> built = param_schedulers().get(s.type)(sc, s.args);
-    TANDEM_CHECK(built != nullptr, "param_scheduler type '", s.type, "': the factory returned no scheduler");
-    schedulers_.add(std::move(built));
-  }
+  add_schedulers(optimizer(), scheduler_specs(o_));
   const amp::Precision precision = amp::parse_precision(o_.amp);
   if (precision != amp::Precision::kOff)
     spdlog::info("amp: {} autocast{}", amp::precision_name(precision), scaler().enabled() ? " with loss scaling" : "");

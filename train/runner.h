@@ -239,6 +239,8 @@ class Runner {
   void setup_model();
   void setup_optimizer();
   void setup_optimizer_dict();  // several optimizers (runner_optim_dict.cpp)
+  // Builds `specs` in order over `opt` (each applies its first value) into schedulers_.
+  void add_schedulers(optim::Optimizer& opt, const std::vector<SchedulerSpec>& specs);
   IterOutputs dict_step(const DataBatch& batch);  // the model's train_step through the dict
   void save_optim_state(Checkpoint& c);           // every wrapper's optimizer and scaler state
   void load_optim_state(const Checkpoint& c);

@@ -60,16 +60,10 @@ void Runner::setup_optimizer_dict() {
   for (const std::string& name : names) {
     OptimWrapper& w = optim_dict_->at(name);
     // Each wrapper's schedulers bound to its optimizer, all stepped in this order by the hook.
-    ScheduleContext sc{&w.optimizer(), iters_, o_.max_epochs, {}};
-    for (const auto& g : w.optimizer().param_groups()) sc.initial_lrs.push_back(g.lr);
     const auto own = o_.param_scheduler_dict.find(name);
-    for (const SchedulerSpec& spec : o_.param_scheduler_dict.empty() ? scheduler_specs(o_)
-                                     : own == o_.param_scheduler_dict.end() ? std::vector<SchedulerSpec>{}
-                                                                             : own->second) {
-      std::unique_ptr<ParamScheduler> built = param_schedulers().get(spec.type)(sc, spec.args);
-      TANDEM_CHECK(built != nullptr, "param_scheduler type '", spec.type, "': the factory returned no scheduler");
-      schedulers_.add(std::move(built));
-    }
+    add_schedulers(w.optimizer(), o_.param_scheduler_dict.empty()           ? scheduler_specs(o_)
+                                  : own == o_.param_scheduler_dict.end() ? std::vector<SchedulerSpec>{}
+                                                                          : own->second);
     spdlog::info("optim_wrapper.{}: {} parameters, lr {}{}", name, children.at(name)->parameters().size(),
                  w.optimizer().lr(), w.scaler().enabled() ? ", float16 loss scaling" : "");
   }

@@ -1,5 +1,5 @@
-// The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the two conv layers
-// forward and backward, and the fused batch_norm+relu+max_pool beside the unfused composition it
+// The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the conv layers of
+// MnistNet and the example ResNet forward and backward (f32 and bf16), and the fused batch_norm+relu+max_pool beside the unfused composition it
 // replaces (batch_norm_relu then max_pool2d), so that the fusion's gain shows as a ratio of the
 // same run. Build it for another instruction set to see that set's kernel paths, e.g.
 //   cmake -B build-avx2 -DTANDEM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
@@ -84,15 +84,34 @@ void BM_BnReluPoolUnfusedBackward(benchmark::State& state) {
   }
 }
 
-// MnistNet's convolutions: 1 -> 32 channels on 28x28 and 32 -> 64 on 13x13, 3x3, no padding.
+// The convolutions timed, batch 64: MnistNet's two (1 -> 32 channels on 28x28 and 32 -> 64 on 13x13,
+// 3x3, no padding) and the example ResNet's (examples/resnet: the stem, the 3x3 stride-1 layers of
+// its three stages, the two stride-2 3x3 and the two 1x1 stride-2 projections). Arg = index.
+struct ConvGeom {
+  int64_t cin, cout, hw, k, stride, pad;
+  bool need_input;  // false for a first layer (no gradient of the images)
+};
+constexpr ConvGeom kConvs[] = {
+    {1, 32, 28, 3, 1, 0, false},  {32, 64, 13, 3, 1, 0, true},   // MnistNet
+    {1, 8, 28, 3, 1, 1, false},   {8, 8, 28, 3, 1, 1, true},     // ResNet: stem, stage 1
+    {16, 16, 14, 3, 1, 1, true},  {32, 32, 7, 3, 1, 1, true},    // stages 2 and 3
+    {8, 16, 28, 3, 2, 1, true},   {16, 32, 14, 3, 2, 1, true},   // stride-2 3x3
+    {8, 16, 28, 1, 2, 0, true},   {16, 32, 14, 1, 2, 0, true}};  // 1x1 stride-2 projections
+constexpr int64_t kConvCount = sizeof(kConvs) / sizeof(kConvs[0]);
+
 struct ConvCase {
   Tensor x, w, b, gy;
-  explicit ConvCase(int64_t layer) {
-    const int64_t cin = layer == 0 ? 1 : 32, cout = layer == 0 ? 32 : 64, hw = layer == 0 ? 28 : 13;
-    x = uniform({64, cin, hw, hw}, 6);
-    w = uniform({cout, cin, 3, 3}, 7, -0.3, 0.3);
-    b = uniform({cout}, 8);
-    gy = uniform({64, cout, hw - 2, hw - 2}, 9);
+  kernels::Conv2dArgs args;
+  bool need_input;
+  explicit ConvCase(int64_t index) {
+    const ConvGeom& g = kConvs[index];
+    const int64_t out = (g.hw + 2 * g.pad - g.k) / g.stride + 1;
+    x = uniform({64, g.cin, g.hw, g.hw}, 6);
+    w = uniform({g.cout, g.cin, g.k, g.k}, 7, -0.3, 0.3);
+    b = uniform({g.cout}, 8);
+    gy = uniform({64, g.cout, out, out}, 9);
+    args = kernels::Conv2dArgs{g.stride, g.stride, g.pad, g.pad};
+    need_input = g.need_input;
   }
 };
 
@@ -107,7 +126,7 @@ void BM_Conv2dForward(benchmark::State& state) {
   set_num_threads(1);
   ConvCase c(state.range(0));
   for (auto _ : state) {
-    Tensor y = kernels::conv2d_forward(c.x, c.w, c.b, kernels::Conv2dArgs{});
+    Tensor y = kernels::conv2d_forward(c.x, c.w, c.b, c.args);
     benchmark::DoNotOptimize(y.raw_data());
   }
   set_conv_flops(state, c, 1);
@@ -116,12 +135,11 @@ void BM_Conv2dForward(benchmark::State& state) {
 void BM_Conv2dBackward(benchmark::State& state) {
   set_num_threads(1);
   ConvCase c(state.range(0));
-  const bool need_input = state.range(0) != 0;  // MnistNet needs no gradient of its input images
   for (auto _ : state) {
-    auto g = kernels::conv2d_backward(c.gy, c.x, c.w, kernels::Conv2dArgs{}, need_input, true, true);
+    auto g = kernels::conv2d_backward(c.gy, c.x, c.w, c.args, c.need_input, true, true);
     benchmark::DoNotOptimize(g.weight.raw_data());
   }
-  set_conv_flops(state, c, need_input ? 2 : 1);
+  set_conv_flops(state, c, c.need_input ? 2 : 1);
 }
 
 // The same convolutions in bf16 (kernels/amp.h: oneDNN with AVX512_BF16/AMX where the CPU has
@@ -131,7 +149,7 @@ void BM_Conv2dForwardBf16(benchmark::State& state) {
   ConvCase c(state.range(0));
   const Tensor x = kernels::cast(c.x, kBFloat16), w = kernels::cast(c.w, kBFloat16), b = kernels::cast(c.b, kBFloat16);
   for (auto _ : state) {
-    Tensor y = kernels::lowp_conv2d_forward(x, w, b, kernels::Conv2dArgs{});
+    Tensor y = kernels::lowp_conv2d_forward(x, w, b, c.args);
     benchmark::DoNotOptimize(y.raw_data());
   }
   set_conv_flops(state, c, 1);
@@ -141,12 +159,11 @@ void BM_Conv2dBackwardBf16(benchmark::State& state) {
   set_num_threads(1);
   ConvCase c(state.range(0));
   const Tensor x = kernels::cast(c.x, kBFloat16), w = kernels::cast(c.w, kBFloat16), gy = kernels::cast(c.gy, kBFloat16);
-  const bool need_input = state.range(0) != 0;
   for (auto _ : state) {
-    auto g = kernels::lowp_conv2d_backward(gy, x, w, kernels::Conv2dArgs{}, need_input, true, true);
+    auto g = kernels::lowp_conv2d_backward(gy, x, w, c.args, c.need_input, true, true);
     benchmark::DoNotOptimize(g.weight.raw_data());
   }
-  set_conv_flops(state, c, need_input ? 2 : 1);
+  set_conv_flops(state, c, c.need_input ? 2 : 1);
 }
 
 // Linear layers [N, I] x [O, I]^T: MnistNet's fc1 (64 x 9216 x 128) and a small-K one (64 x 1600 x
@@ -193,10 +210,10 @@ BENCHMARK(BM_BnReluPoolFusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicroseco
 BENCHMARK(BM_BnReluPoolUnfusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolFusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolUnfusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Conv2dForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Conv2dBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Conv2dForwardBf16)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_Conv2dBackwardBf16)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dForward)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dBackward)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dForwardBf16)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Conv2dBackwardBf16)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearForward)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_LinearBackward)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 

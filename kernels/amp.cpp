@@ -11,6 +11,7 @@
 #include "kernels/amp.h"
 
 #include "core/profiler.h"
+#include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/dnnl.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -73,35 +74,46 @@ Tensor cast(const Tensor& x, DType to) {
   return TANDEM_KERNEL(x.device(), cast)(x, to);
 }
 
+// The compute dtype of a low-precision conv: the weight's (and bias's, and grad_out's) dtype; x may
+// also be float32 (rounded to that dtype as part of the op).
+DType conv_compute_dtype(const char* op, const Tensor& x, std::initializer_list<Tensor> lowp) {
+  const DType d = common_lowp_dtype(op, lowp);
+  TANDEM_CHECK(x.defined() && (x.dtype() == d || x.dtype() == kFloat32), op, ": expected the input in ",
+               dtype_name(d), " (the weight's dtype) or float32, got ", x.defined() ? dtype_name(x.dtype()) : "none");
+  return d;
+}
+
 Tensor lowp_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args) {
   constexpr const char* op = "lowp_conv2d_forward";
   const Device device = common_device(op, {x, weight, bias});
-  const DType d = common_lowp_dtype(op, {x, weight, bias});
+  const DType d = conv_compute_dtype(op, x, {weight, bias});
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
-    return kernel_for<&Backend::conv2d_forward>(device, op)(x, weight, bias, args);
+    return kernel_for<&Backend::conv2d_forward>(device, op)(cast(x, d), weight, bias, args);
   }
-  if (cpu::lowp_conv2d_native(x)) {
+  if (cpu::lowp_conv2d_native(x, d)) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, 1));
     Tensor y;
     if (cpu::lowp_conv2d_forward(x, weight, bias, args, y)) return y;
   } else {
     cpu_fallback(cpu::GemmKernel::lowp_conv2d, d);
   }
-  return cast(conv2d_forward(widen(x), widen(weight), widen(bias), args), d);
+  return cast(conv2d_forward(widen(cast(x, d)), widen(weight), widen(bias), args), d);
 }
 
 Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
                                  const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
   constexpr const char* op = "lowp_conv2d_backward";
   const Device device = common_device(op, {grad_out, x, weight});
-  const DType d = common_lowp_dtype(op, {grad_out, x, weight});
+  const DType d = conv_compute_dtype(op, x, {grad_out, weight});
   if (device.is_cuda()) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
-    return kernel_for<&Backend::conv2d_backward>(device, op)(grad_out, x, weight, args, need_input, need_weight,
-                                                             need_bias);
+    Conv2dGrads g = kernel_for<&Backend::conv2d_backward>(device, op)(grad_out, cast(x, d), weight, args, need_input,
+                                                                      need_weight, need_bias);
+    if (g.input.defined()) g.input = cast(g.input, x.dtype());
+    return g;
   }
-  if (cpu::lowp_conv2d_native(x)) {
+  if (cpu::lowp_conv2d_native(x, d)) {
     profiler::Scope prof_scope(op, conv_flops(x, weight, args, int(need_input) + int(need_weight)));
     Conv2dGrads g;
     if (cpu::lowp_conv2d_backward(grad_out, x, weight, args, need_input, need_weight, need_bias, g)) return g;
@@ -109,8 +121,19 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
     cpu_fallback(cpu::GemmKernel::lowp_conv2d, d);
   }
   Conv2dGrads g =
-      conv2d_backward(widen(grad_out), widen(x), widen(weight), args, need_input, need_weight, need_bias);
-  return {narrow_to(g.input, d), narrow_to(g.weight, d), narrow_to(g.bias, d)};
+      conv2d_backward(widen(grad_out), widen(cast(x, d)), widen(weight), args, need_input, need_weight, need_bias);
+  // The input gradient in x's dtype: rounded to d, then (for a float32 x) widened exactly.
+  const Tensor gx = g.input.defined() ? cast(narrow_to(g.input, d), x.dtype()) : Tensor();
+  return {gx, narrow_to(g.weight, d), narrow_to(g.bias, d)};
+}
+
+bool autocast_conv2d_in_f32(const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {
+  if (!x.device().is_cpu() || x.dim() != 4 || weight.dim() != 4 || weight.dtype() != kFloat32) return false;
+  const int64_t C = x.size(1), K = weight.size(0);
+  if (C == 1) return true;
+  return (C < 16 || K < 16) &&
+         cpu::detail::conv3x3_supported(C, K, weight.size(2), weight.size(3), a.stride_h, a.stride_w, a.pad_h,
+                                        a.pad_w);
 }
 
 Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {

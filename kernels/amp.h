@@ -1,7 +1,8 @@
 // Mixed-precision kernels: fast dtype casts, low-precision (f16/bf16) conv2d and linear, and the
 // GradScaler's fused unscale + non-finite check.
 // Owns: the entry points autocast (nn/functional.cpp) and GradScaler (optim/grad_scaler.cpp) call.
-// Assumes: low-precision operands all share one dtype (kFloat16 or kBFloat16) and one device.
+// Assumes: low-precision operands all share one dtype (kFloat16 or kBFloat16) and one device
+//   (a conv's input may be float32, below).
 // Guarantees:
 //  - cast: f32 <-> f16/bf16 round to nearest even (as PyTorch); result contiguous; itself when the
 //    dtype already matches.
@@ -12,6 +13,15 @@
 //    CPU has the instructions (cpu_bf16_pays()); elsewhere, and for f16, it is emulated: the
 //    low-precision operands are widened to f32 exactly, the f32 kernels run, and the results are
 //    rounded to the low-precision dtype ("f32 math on rounded inputs, rounded output").
+//  - lowp_conv2d_*: the input x may also be float32 (weight, bias and grad_out carry the
+//    low-precision dtype d): x is rounded to d as part of the op (on the CPU inside oneDNN's input
+//    reorder, no separate pass), and its gradient comes back in float32 (the d gradient widened
+//    exactly): the same numbers as casting x to d first, without the cast's two passes.
+//  - autocast_conv2d_in_f32: where autocast's conv2d computes in float32 instead, because the
+//    engine's f32 kernels beat oneDNN's bf16 there (measured by bench/kernels_bench's Conv2d cases):
+//    CPU, a float32 weight, and one input channel (kernels/cpu/conv_c1.h) or a 3x3 stride-1 pad-1
+//    layer with fewer than 16 input or output channels (kernels/cpu/conv3x3.h). Autocast then runs
+//    the f32 conv on the unrounded operands and rounds its output to the autocast dtype.
 //  - unscale_and_check_: grad *= inv_scale in place (f32 grads, contiguous) and found_inf (a
 //    1-element f32 tensor on the grad's device) is set to 1 if any element of grad, before
 //    scaling, is inf or NaN; never reset to 0 here. On CUDA nothing waits for the device.
@@ -33,6 +43,7 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
 Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias);
 LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
                                  bool need_weight, bool need_bias);
+bool autocast_conv2d_in_f32(const Tensor& x, const Tensor& weight, const Conv2dArgs& args);
 
 void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale);
 

@@ -147,7 +147,7 @@ struct LowpConv2dBackward final : Node {
   bool has_bias;
   std::string name() const override { return "LowpConv2dBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    auto r = kernels::lowp_conv2d_backward(kernels::cast(g[0], x.dtype()), x, w, args, needs_input_grad(0),
+    auto r = kernels::lowp_conv2d_backward(kernels::cast(g[0], w.dtype()), x, w, args, needs_input_grad(0),
                                            needs_input_grad(1), has_bias && needs_input_grad(2));
     return {r.input, r.weight, r.bias};
   }
@@ -196,7 +196,15 @@ DType lowp_dtype_for(const Tensor& x, const Tensor& weight) {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding) {
   kernels::Conv2dArgs args{stride, stride, padding, padding};
   if (const DType lp = lowp_dtype_for(x, weight); lp != kFloat32) {
-    const Tensor xl = cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);
+    if (amp::autocast_enabled() && kernels::autocast_conv2d_in_f32(x, weight, args)) {
+      // The engine's f32 kernel beats the low-precision one on this shape (kernels/amp.h).
+      const Tensor x32 = float32_if_half(x);
+      Tensor y = kernels::conv2d_forward(x32, weight, bias, args);
+      record_weighted<Conv2dBackward>(y, x32, weight, bias, args);
+      return cast(y, lp);
+    }
+    // A float32 x goes in as it is: the kernel rounds it to lp inside its input reorder.
+    const Tensor xl = x.dtype() == kFloat32 ? x : cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);
     Tensor y = kernels::lowp_conv2d_forward(xl, wl, bl, args);
     record_weighted<LowpConv2dBackward>(y, xl, wl, bl, args);
     return y;

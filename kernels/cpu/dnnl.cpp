@@ -260,7 +260,8 @@ bool conv_backward_data_one(const Tensor& gy, const Tensor& w, const Conv2dArgs&
   const std::string key = conv_key("conv_bwd_data", g, compute, gy.dtype(), gx.dtype(), w.dtype());
   auto entry = cached<ConvBackwardDataEntry>(key, [&] {
     auto hint = forward_pd(g, compute, compute, memory::desc());
-    dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, any_md(g.x, gx.dtype()),
+    // diff_src in the compute dtype (a float32 gx receives it widened by take_out's reorder).
+    dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, any_md(g.x, compute),
                                             any_md(g.w, compute), any_md(g.y, compute), g.strides, g.pad_l, g.pad_r);
     dnnl::convolution_backward_data::primitive_desc pd(d, user_scratchpad(), engine(), hint);
     if (!native_impl(pd.impl_info_str(), compute)) return std::shared_ptr<const ConvBackwardDataEntry>();

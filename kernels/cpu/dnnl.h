@@ -136,11 +136,13 @@ bool f32_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, con
 // lowp_conv2d_backward widens only the part (input or weight gradient) oneDNN has no native
 // kernel for, and returns true (counting a fallback).
 namespace tandem::kernels::cpu {
-// Whether the low-precision linear / conv2d of input x runs natively: lowp_gemm_path(x.dtype()) is
-// not fallback, and for conv2d the input has more than one channel (one channel: the f32
-// one-channel kernel, kernels/cpu/conv_c1.h, on widened operands is faster than oneDNN's bf16).
+// Whether the low-precision linear of input x / conv2d computing in d runs natively:
+// lowp_gemm_path(dtype) is not fallback, and for conv2d the input has more than one channel (one
+// channel: the f32 one-channel kernel, kernels/cpu/conv_c1.h, on widened operands is faster than
+// oneDNN's bf16). A conv's x may be float32 (rounded to d in oneDNN's input reorder; its gradient
+// computed in d and widened in the output reorder).
 bool lowp_linear_native(const Tensor& x);
-bool lowp_conv2d_native(const Tensor& x);
+bool lowp_conv2d_native(const Tensor& x, DType d);
 bool lowp_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
 bool lowp_linear_backward(const Tensor& gy, const Tensor& x, const Tensor& w, bool need_input, bool need_weight,
                           bool need_bias, LinearGrads& grads);

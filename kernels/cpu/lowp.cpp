@@ -47,8 +47,8 @@ Tensor bias_grad(const Tensor& gy) {
 
 bool lowp_linear_native(const Tensor& x) { return lowp_gemm_path(x.dtype()) != GemmPath::fallback; }
 
-bool lowp_conv2d_native(const Tensor& x) {
-  return lowp_gemm_path(x.dtype()) != GemmPath::fallback && x.dim() == 4 && !one_channel(x);
+bool lowp_conv2d_native(const Tensor& x, DType d) {
+  return lowp_gemm_path(d) != GemmPath::fallback && x.dim() == 4 && !one_channel(x);
 }
 
 bool lowp_linear_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, Tensor& y) {
@@ -102,8 +102,8 @@ bool lowp_linear_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
 
 bool lowp_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& args,
                          Tensor& y) {
-  const DType d = x_in.dtype();
-  if (!lowp_conv2d_native(x_in)) return false;
+  const DType d = w_in.dtype();
+  if (!lowp_conv2d_native(x_in, d)) return false;
   const Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
   const int64_t P = (x.size(2) + 2 * args.pad_h - w.size(2)) / args.stride_h + 1;
@@ -120,13 +120,13 @@ bool lowp_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b
 
 bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor& w_in, const Conv2dArgs& args,
                           bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads) {
-  const DType d = x_in.dtype();
-  if (!lowp_conv2d_native(x_in)) return false;
+  const DType d = w_in.dtype();
+  if (!lowp_conv2d_native(x_in, d)) return false;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   Conv2dGrads g;
   bool input_ok = true, weight_ok = true;
   if (need_input) {
-    g.input = Tensor::empty(x.shape(), d);
+    g.input = Tensor::empty(x.shape(), x.dtype());  // computed in d, widened in oneDNN's output reorder
     input_ok = detail::onednn_conv_backward_data(gy, w, args, kBFloat16, g.input);
   }
   if (need_weight || need_bias) {
@@ -138,10 +138,10 @@ bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   }
   if (!input_ok || !weight_ok) {
     // The part oneDNN has no native kernel for: f32 math on the widened operands, rounded once.
-    const Conv2dGrads r =
-        cpu::conv2d_backward(cpu::cast(gy, kFloat32), cpu::cast(x, kFloat32), cpu::cast(w, kFloat32), args,
-                             need_input && !input_ok, need_weight && !weight_ok, need_bias && !weight_ok);
-    if (!input_ok) g.input = cpu::cast(r.input, d);
+    const Conv2dGrads r = cpu::conv2d_backward(cpu::cast(gy, kFloat32), cpu::cast(cpu::cast(x, d), kFloat32),
+                                               cpu::cast(w, kFloat32), args, need_input && !input_ok,
+                                               need_weight && !weight_ok, need_bias && !weight_ok);
+    if (!input_ok) g.input = cpu::cast(cpu::cast(r.input, d), x.dtype());
     if (!weight_ok && need_weight) g.weight = cpu::cast(r.weight, d);
     if (!weight_ok && need_bias) g.bias = cpu::cast(r.bias, d);
   }

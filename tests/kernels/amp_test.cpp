@@ -160,6 +160,42 @@ TEST(AmpLowp, Conv2dEqualsF32MathOnRoundedOperands) {
   EXPECT_TRUE(same_or_one_step(g.bias, r.bias.to(d)));
 }
 
+// A float32 input is rounded to the weight's dtype inside the op (oneDNN's input reorder on the
+// native path): the same bits as casting it first, and its gradient is that low-precision gradient
+// widened exactly, at each thread count (the pool's batch slices) and for both half types.
+TEST(AmpLowp, Conv2dTakesAFloat32InputAsIfCastFirst) {
+  for (int threads : {1, 2}) {
+    ThreadCountGuard guard(threads);
+    for (DType d : {kBFloat16, kFloat16}) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + ", threads " + std::to_string(threads));
+      Generator gen(21);
+      const kernels::Conv2dArgs args{1, 1, 1, 1};
+      const Tensor x = random_tensor({4, 16, 9, 7}, kFloat32, gen);
+      const Tensor w = kernels::cast(random_tensor({16, 16, 3, 3}, kFloat32, gen), d);
+      const Tensor b = kernels::cast(random_tensor({16}, kFloat32, gen), d);
+      const Tensor xd = kernels::cast(x, d);
+      const Tensor y = kernels::lowp_conv2d_forward(x, w, b, args);
+      ASSERT_EQ(y.dtype(), d);
+      EXPECT_EQ(bits16(y), bits16(kernels::lowp_conv2d_forward(xd, w, b, args)));
+      const Tensor dy = kernels::cast(random_tensor(y.shape(), kFloat32, gen), d);
+      const auto g = kernels::lowp_conv2d_backward(dy, x, w, args, true, true, true);
+      const auto r = kernels::lowp_conv2d_backward(dy, xd, w, args, true, true, true);
+      ASSERT_EQ(g.input.dtype(), kFloat32);
+      EXPECT_EQ(values(g.input), values(kernels::cast(r.input, kFloat32)));
+      EXPECT_EQ(bits16(g.weight), bits16(r.weight));
+      EXPECT_EQ(bits16(g.bias), bits16(r.bias));
+    }
+  }
+  Generator gen(22);
+  const Tensor w = kernels::cast(random_tensor({2, 2, 1, 1}, kFloat32, gen), kBFloat16);
+  EXPECT_TRUE(throws_with(
+      [&] {
+        kernels::lowp_conv2d_forward(kernels::cast(random_tensor({1, 2, 3, 3}, kFloat32, gen), kFloat16), w, Tensor(),
+                                     kernels::Conv2dArgs{});
+      },
+      {"lowp_conv2d_forward", "expected the input in bfloat16 (the weight's dtype) or float32, got float16"}));
+}
+
 TEST(AmpLowp, RejectsMixedOrFullPrecisionOperands) {
   Generator gen(13);
   const Tensor x = random_tensor({2, 3}, kFloat32, gen), w = random_tensor({4, 3}, kFloat32, gen);

@@ -142,27 +142,35 @@ void BM_Conv2dBackward(benchmark::State& state) {
   set_conv_flops(state, c, c.need_input ? 2 : 1);
 }
 
-// The same convolutions in bf16 (kernels/amp.h: oneDNN with AVX512_BF16/AMX where the CPU has
-// them, else the widening emulation), operands already bf16 as autocast passes them.
+// The same convolutions under bf16 autocast, as F::conv2d runs them (kernels/amp.h): the f32 route
+// where autocast_conv2d_in_f32 says the engine's f32 kernels win (output rounded to bf16, bf16 output
+// gradient), else the low-precision conv (oneDNN with AVX512_BF16/AMX where the CPU has them, else the
+// widening emulation) of the f32 input (rounded inside the op) and the bf16 weight.
 void BM_Conv2dForwardBf16(benchmark::State& state) {
   set_num_threads(1);
   ConvCase c(state.range(0));
-  const Tensor x = kernels::cast(c.x, kBFloat16), w = kernels::cast(c.w, kBFloat16), b = kernels::cast(c.b, kBFloat16);
+  const bool f32_route = kernels::autocast_conv2d_in_f32(c.x, c.w, c.args);
+  const Tensor w = kernels::cast(c.w, kBFloat16), b = kernels::cast(c.b, kBFloat16);
   for (auto _ : state) {
-    Tensor y = kernels::lowp_conv2d_forward(x, w, b, c.args);
+    Tensor y = f32_route ? kernels::autocast_f32_conv2d_forward(c.x, c.w, c.b, c.args, kBFloat16)
+                         : kernels::lowp_conv2d_forward(c.x, w, b, c.args);
     benchmark::DoNotOptimize(y.raw_data());
   }
+  state.SetLabel(f32_route ? "f32 route" : "bf16");
   set_conv_flops(state, c, 1);
 }
 
 void BM_Conv2dBackwardBf16(benchmark::State& state) {
   set_num_threads(1);
   ConvCase c(state.range(0));
-  const Tensor x = kernels::cast(c.x, kBFloat16), w = kernels::cast(c.w, kBFloat16), gy = kernels::cast(c.gy, kBFloat16);
+  const bool f32_route = kernels::autocast_conv2d_in_f32(c.x, c.w, c.args);
+  const Tensor w = kernels::cast(c.w, kBFloat16), gy = kernels::cast(c.gy, kBFloat16);
   for (auto _ : state) {
-    auto g = kernels::lowp_conv2d_backward(gy, x, w, c.args, c.need_input, true, true);
+    auto g = f32_route ? kernels::autocast_f32_conv2d_backward(gy, c.x, c.w, c.args, c.need_input, true, true)
+                       : kernels::lowp_conv2d_backward(gy, c.x, w, c.args, c.need_input, true, true);
     benchmark::DoNotOptimize(g.weight.raw_data());
   }
+  state.SetLabel(f32_route ? "f32 route" : "bf16");
   set_conv_flops(state, c, c.need_input ? 2 : 1);
 }
 

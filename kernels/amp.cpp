@@ -12,6 +12,7 @@
 
 #include "core/profiler.h"
 #include "kernels/cpu/conv3x3.h"
+#include "kernels/cpu/conv_c1.h"
 #include "kernels/cpu/dnnl.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -125,6 +126,24 @@ Conv2dGrads lowp_conv2d_backward(const Tensor& grad_out, const Tensor& x, const 
   // The input gradient in x's dtype: rounded to d, then (for a float32 x) widened exactly.
   const Tensor gx = g.input.defined() ? cast(narrow_to(g.input, d), x.dtype()) : Tensor();
   return {gx, narrow_to(g.weight, d), narrow_to(g.bias, d)};
+}
+
+Tensor autocast_f32_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args,
+                                   DType out) {
+  if (out == kBFloat16 && cpu::conv2d_c1_bf16_applies(x, weight, bias, args)) {
+    profiler::Scope prof_scope("conv2d_forward", conv_flops(x, weight, args, 1));
+    return cpu::conv2d_c1_forward_bf16(x, weight, bias, args);
+  }
+  return cast(conv2d_forward(x, weight, bias, args), out);
+}
+
+Conv2dGrads autocast_f32_conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                         const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias) {
+  if (!need_input && cpu::conv2d_c1_bf16_backward_applies(grad_out, x, weight, args)) {
+    profiler::Scope prof_scope("conv2d_backward", conv_flops(x, weight, args, int(need_weight)));
+    return cpu::conv2d_c1_backward_bf16(grad_out, x, weight, args, need_weight, need_bias);
+  }
+  return conv2d_backward(cast(grad_out, x.dtype()), x, weight, args, need_input, need_weight, need_bias);
 }
 
 bool autocast_conv2d_in_f32(const Tensor& x, const Tensor& weight, const Conv2dArgs& a) {

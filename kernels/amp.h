@@ -21,7 +21,11 @@
 //    engine's f32 kernels beat oneDNN's bf16 there (measured by bench/kernels_bench's Conv2d cases):
 //    CPU, a float32 weight, and one input channel (kernels/cpu/conv_c1.h) or a 3x3 stride-1 pad-1
 //    layer with fewer than 16 input or output channels (kernels/cpu/conv3x3.h). Autocast then runs
-//    the f32 conv on the unrounded operands and rounds its output to the autocast dtype.
+//    the f32 conv on the unrounded operands and rounds its output to the autocast dtype:
+//    autocast_f32_conv2d_forward (the rounding fused into the one-channel kernel's stores on CPUs
+//    with AVX-512, else a cast), whose backward autocast_f32_conv2d_backward takes the output's
+//    low-precision gradient (read directly by the one-channel weight gradient, else widened) and
+//    returns f32 gradients.
 //  - unscale_and_check_: grad *= inv_scale in place (f32 grads, contiguous) and found_inf (a
 //    1-element f32 tensor on the grad's device) is set to 1 if any element of grad, before
 //    scaling, is inf or NaN; never reset to 0 here. On CUDA nothing waits for the device.
@@ -44,6 +48,10 @@ Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& 
 LinearGrads lowp_linear_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight, bool need_input,
                                  bool need_weight, bool need_bias);
 bool autocast_conv2d_in_f32(const Tensor& x, const Tensor& weight, const Conv2dArgs& args);
+Tensor autocast_f32_conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dArgs& args,
+                                   DType out);
+Conv2dGrads autocast_f32_conv2d_backward(const Tensor& grad_out, const Tensor& x, const Tensor& weight,
+                                         const Conv2dArgs& args, bool need_input, bool need_weight, bool need_bias);
 
 void unscale_and_check_(const Tensor& grad, const Tensor& found_inf, double inv_scale);
 

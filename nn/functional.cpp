@@ -25,8 +25,10 @@ struct Conv2dBackward final : Node {
   bool has_bias;
   std::string name() const override { return "Conv2dBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    auto r = kernels::conv2d_backward(g[0], x, w, args, needs_input_grad(0), needs_input_grad(1),
-                                      has_bias && needs_input_grad(2));
+    // A low-precision gradient: autocast's f32 route (kernels/amp.h), whose output was rounded.
+    const bool rounded = g[0].dtype() != x.dtype();
+    auto r = (rounded ? kernels::autocast_f32_conv2d_backward : kernels::conv2d_backward)(
+        g[0], x, w, args, needs_input_grad(0), needs_input_grad(1), has_bias && needs_input_grad(2));
     return {r.input, r.weight, r.bias};
   }
 };
@@ -199,9 +201,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
     if (amp::autocast_enabled() && kernels::autocast_conv2d_in_f32(x, weight, args)) {
       // The engine's f32 kernel beats the low-precision one on this shape (kernels/amp.h).
       const Tensor x32 = float32_if_half(x);
-      Tensor y = kernels::conv2d_forward(x32, weight, bias, args);
+      Tensor y = kernels::autocast_f32_conv2d_forward(x32, weight, bias, args, lp);
       record_weighted<Conv2dBackward>(y, x32, weight, bias, args);
-      return cast(y, lp);
+      return y;
     }
     // A float32 x goes in as it is: the kernel rounds it to lp inside its input reorder.
     const Tensor xl = x.dtype() == kFloat32 ? x : cast(x, lp), wl = cast(weight, lp), bl = cast(bias, lp);

@@ -4,7 +4,8 @@
 // time (8 independent FMA chains hide the FMA latency). Weight gradient: per
 // output channel, 9 + 1 vector accumulators run over all images and rows of
 // the range, then are reduced once. Row tails use masked loads and stores
-// (kernels/cpu/simd.h), so nothing outside the given images is read or written.
+// (kernels/cpu/simd.h), so nothing outside the given images is read or written. The output may be
+// stored in bf16 and the output gradient read from bf16 (autocast's f32 route, kernels/amp.h).
 // AVX-512 only; other levels have stubs (conv_c1_supported() is false).
 #include "kernels/cpu/conv_c1.h"
 
@@ -24,19 +25,29 @@ bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_
 
 using simd::lane_mask;
 
-void conv_c1_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1, int64_t H,
+namespace {
+// Out: float, or uint16_t for bf16 (each output rounded once).
+inline void store_out(float* p, __m512 v, int64_t n) { simd::store_first(p, v, n); }
+inline void store_out(uint16_t* p, __m512 v, int64_t n) { simd::store_bf16_first(p, v, n); }
+// G: float, or uint16_t for bf16 (widened exactly).
+inline __m512 load_grad(const float* p, __mmask16 m, int64_t) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_grad(const uint16_t* p, __mmask16, int64_t n) { return simd::load_bf16_first(p, n); }
+}  // namespace
+
+template <typename Out>
+void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
                      int64_t W, int64_t K) {
   const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
   for (int64_t n = n0; n < n1; ++n) {
     const float* xi = x + n * H * W;
-    float* yo = y + n * K * PQ;
+    Out* yo = y + n * K * PQ;
     for (int64_t p = 0; p < P; ++p) {
       for (int64_t q0 = 0; q0 < Q; q0 += 16) {
         const __mmask16 m = lane_mask(Q - q0);
         __m512 t[9];
 #pragma GCC unroll 9
         for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
-        float* out = yo + p * Q + q0;
+        Out* out = yo + p * Q + q0;
         int64_t k = 0;
         for (; k + 8 <= K; k += 8) {
           __m512 acc[8];
@@ -48,26 +59,30 @@ void conv_c1_forward(const float* x, const float* w, const float* b, float* y, i
             for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[(k + j) * 9 + i]), acc[j]);
           }
 #pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) simd::store_first(out + (k + j) * PQ, acc[j], Q - q0);
+          for (int j = 0; j < 8; ++j) store_out(out + (k + j) * PQ, acc[j], Q - q0);
         }
         for (; k < K; ++k) {
           __m512 acc = b ? _mm512_set1_ps(b[k]) : _mm512_setzero_ps();
 #pragma GCC unroll 9
           for (int i = 0; i < 9; ++i) acc = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[k * 9 + i]), acc);
-          _mm512_mask_storeu_ps(out + k * PQ, m, acc);
+          store_out(out + k * PQ, acc, Q - q0);
         }
       }
     }
   }
 }
+template void conv_c1_forward<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                                     int64_t, int64_t);
+template void conv_c1_forward<uint16_t>(const float*, const float*, const float*, uint16_t*, int64_t, int64_t,
+                                        int64_t, int64_t, int64_t);
 
 // Adds image n's contribution for channels k .. k+KB-1 to their 10 vector
 // accumulators each (9 taps + bias) kept in `part` ([K][10][16] floats).
 // KB = 2: 2 x 10 accumulators and 9 shared input vectors fill the 32 vector
 // registers. Loops are fully unrolled (constant indices) so the accumulators
 // stay in registers.
-template <int KB>
-void weight_grad_channels(const float* gy, const float* xi, float* part, int64_t n, int64_t H, int64_t W,
+template <int KB, typename G>
+void weight_grad_channels(const G* gy, const float* xi, float* part, int64_t n, int64_t H, int64_t W,
                           int64_t K, int64_t k) {
   const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
   __m512 acc[KB][10];
@@ -76,7 +91,7 @@ void weight_grad_channels(const float* gy, const float* xi, float* part, int64_t
 #pragma GCC unroll 10
     for (int i = 0; i < 10; ++i) acc[j][i] = _mm512_loadu_ps(part + ((k + j) * 10 + i) * 16);
   }
-  const float* g = gy + (n * K + k) * PQ;
+  const G* g = gy + (n * K + k) * PQ;
   for (int64_t p = 0; p < P; ++p) {
     for (int64_t q0 = 0; q0 < Q; q0 += 16) {
       const __mmask16 m = lane_mask(Q - q0);
@@ -85,7 +100,7 @@ void weight_grad_channels(const float* gy, const float* xi, float* part, int64_t
       for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
 #pragma GCC unroll 2
       for (int j = 0; j < KB; ++j) {
-        const __m512 gv = _mm512_maskz_loadu_ps(m, g + j * PQ + p * Q + q0);
+        const __m512 gv = load_grad(g + j * PQ + p * Q + q0, m, Q - q0);
         acc[j][9] = _mm512_add_ps(acc[j][9], gv);
 #pragma GCC unroll 9
         for (int i = 0; i < 9; ++i) acc[j][i] = _mm512_fmadd_ps(gv, t[i], acc[j][i]);
@@ -99,15 +114,16 @@ void weight_grad_channels(const float* gy, const float* xi, float* part, int64_t
   }
 }
 
-void conv_c1_weight_grad(const float* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1,
-                         int64_t H, int64_t W, int64_t K) {
+template <typename G>
+void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1, int64_t H,
+                         int64_t W, int64_t K) {
   // Images outer, so gy and x are read once, in address order.
   std::vector<float> part(static_cast<size_t>(K) * 10 * 16, 0.0f);
   for (int64_t n = n0; n < n1; ++n) {
     const float* xi = x + n * H * W;
     int64_t k = 0;
-    for (; k + 2 <= K; k += 2) weight_grad_channels<2>(gy, xi, part.data(), n, H, W, K, k);
-    for (; k < K; ++k) weight_grad_channels<1>(gy, xi, part.data(), n, H, W, K, k);
+    for (; k + 2 <= K; k += 2) weight_grad_channels<2, G>(gy, xi, part.data(), n, H, W, K, k);
+    for (; k < K; ++k) weight_grad_channels<1, G>(gy, xi, part.data(), n, H, W, K, k);
   }
   for (int64_t k = 0; k < K; ++k) {
     const float* a = part.data() + k * 10 * 16;
@@ -117,14 +133,26 @@ void conv_c1_weight_grad(const float* gy, const float* x, float* dw, float* db, 
     if (db) db[k] += simd::hsum(_mm512_loadu_ps(a + 9 * 16));
   }
 }
+template void conv_c1_weight_grad<float>(const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
+                                         int64_t, int64_t);
+template void conv_c1_weight_grad<uint16_t>(const uint16_t*, const float*, float*, float*, int64_t, int64_t,
+                                            int64_t, int64_t, int64_t);
 
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
 bool conv_c1_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
-void conv_c1_forward(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t,
-                     int64_t) {}
-void conv_c1_weight_grad(const float*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t,
-                         int64_t) {}
+template <typename Out>
+void conv_c1_forward(const float*, const float*, const float*, Out*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+template <typename G>
+void conv_c1_weight_grad(const G*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+template void conv_c1_forward<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                                     int64_t, int64_t);
+template void conv_c1_forward<uint16_t>(const float*, const float*, const float*, uint16_t*, int64_t, int64_t,
+                                        int64_t, int64_t, int64_t);
+template void conv_c1_weight_grad<float>(const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
+                                         int64_t, int64_t);
+template void conv_c1_weight_grad<uint16_t>(const uint16_t*, const float*, float*, float*, int64_t, int64_t,
+                                            int64_t, int64_t, int64_t);
 
 #endif
 

@@ -10,19 +10,38 @@
 
 #include <cstdint>
 
+#include "core/tensor.h"
+#include "kernels/conv.h"
+
 namespace tandem::kernels::cpu::detail {
 
 // True when this build has the direct kernels (AVX-512) and the geometry fits.
 bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                        int64_t pad_w);
 
-// y[n] = w * x[n] (+ b) for n in [n0, n1); y is [N, K, H-2, W-2]; b may be null.
-void conv_c1_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1, int64_t H,
+// y[n] = w * x[n] (+ b) for n in [n0, n1); y is [N, K, H-2, W-2]; b may be null. Out is float, or
+// uint16_t for bf16 bits (each output computed in f32 and rounded to nearest even once, NaN kept).
+template <typename Out>
+void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
                      int64_t W, int64_t K);
 
 // dw[K, 9] += sum over n in [n0, n1) of gy[n] (x) x[n]; db[K] += sums of gy[n]
-// (either may be null to skip it).
-void conv_c1_weight_grad(const float* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1,
-                         int64_t H, int64_t W, int64_t K);
+// (either may be null to skip it). G is float, or uint16_t for bf16 bits (widened exactly: the same
+// sums as on the widened gradient).
+template <typename G>
+void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1, int64_t H,
+                         int64_t W, int64_t K);
 
 }  // namespace tandem::kernels::cpu::detail
+
+namespace tandem::kernels::cpu {
+// Autocast's f32 route for a one-channel conv (kernels/amp.h), its bf16 seams fused: the forward of
+// f32 x, w, b stores y in bf16 (each output rounded once: the bits of the f32 conv then a cast), and
+// the weight and bias gradients (f32) read a bf16 grad_out directly (the bits of widening it first).
+// Callers check *_applies first (CPU, the dtypes and shapes these take, conv_c1_supported).
+bool conv2d_c1_bf16_applies(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args);
+bool conv2d_c1_bf16_backward_applies(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args);
+Tensor conv2d_c1_forward_bf16(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args);
+Conv2dGrads conv2d_c1_backward_bf16(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args,
+                                    bool need_weight, bool need_bias);
+}  // namespace tandem::kernels::cpu

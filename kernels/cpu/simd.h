@@ -116,6 +116,35 @@ inline void store_first(float* p, __m512 v, int64_t n) {
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 inline double hsum(__m512d v) { return _mm512_reduce_add_pd(v); }
 
+// bfloat16 lanes (the upper 16 bits of a float32; uint16_t storage). Widening is exact; narrowing
+// rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/amp.cpp's scalar
+// conversion (integer arithmetic, not vcvtneps2bf16, so that every CPU gives the same bits).
+// The first n (clamped to 0..16) bf16 values at p widened, 0.0f in the other lanes.
+inline __m512 load_bf16_first(const uint16_t* p, int64_t n) {
+  __m256i h;
+  if (n >= 16) {
+    h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    h = _mm256_maskz_loadu_epi16(lane_mask(n), p);  // a masked load: no register-hungry tail loop
+#else
+    alignas(32) uint16_t tail[16] = {};
+    for (int64_t i = 0; i < n; ++i) tail[i] = p[i];
+    h = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+#endif
+  }
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// The first n (clamped to 0..16) lanes of v rounded to bf16 and stored at p.
+inline void store_bf16_first(uint16_t* p, __m512 v, int64_t n) {
+  const __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+  const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+  const __m512i quiet = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
+  const __m512i bits = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet);
+  _mm512_mask_cvtepi32_storeu_epi16(p, lane_mask(n), bits);
+}
+
 // Float lanes summed into per-lane doubles (lanes 0-7 and 8-15), reduced once at the end.
 struct WideSum {
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();

@@ -196,6 +196,33 @@ TEST(AmpLowp, Conv2dTakesAFloat32InputAsIfCastFirst) {
       {"lowp_conv2d_forward", "expected the input in bfloat16 (the weight's dtype) or float32, got float16"}));
 }
 
+// Autocast's f32 route: the one-channel conv stores its output in bf16 and reads a bf16 output
+// gradient directly (AVX-512 builds); elsewhere an f32 conv and casts. Either way the bits of the f32
+// conv followed by a cast, and of widening the gradient first, at any thread count, with row tails.
+TEST(AmpLowp, F32RouteConvMatchesF32ConvAndCastsBitForBit) {
+  for (int threads : {1, 2, 3}) {
+    ThreadCountGuard guard(threads);
+    for (const Shape& xs : {Shape{5, 1, 13, 11}, Shape{3, 1, 28, 28}, Shape{2, 4, 9, 9}}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + ", x " + shape_str(xs));
+      Generator gen(23);
+      const kernels::Conv2dArgs args{};
+      const Tensor x = random_tensor(xs, kFloat32, gen), w = random_tensor({9, xs[1], 3, 3}, kFloat32, gen);
+      const Tensor b = random_tensor({9}, kFloat32, gen);
+      const Tensor y = kernels::autocast_f32_conv2d_forward(x, w, b, args, kBFloat16);
+      ASSERT_EQ(y.dtype(), kBFloat16);
+      EXPECT_EQ(bits16(y), bits16(kernels::cast(kernels::conv2d_forward(x, w, b, args), kBFloat16)));
+      const Tensor gy = kernels::cast(random_tensor(y.shape(), kFloat32, gen), kBFloat16);
+      const bool need_input = xs[1] > 1;
+      const auto g = kernels::autocast_f32_conv2d_backward(gy, x, w, args, need_input, true, true);
+      const auto r = kernels::conv2d_backward(kernels::cast(gy, kFloat32), x, w, args, need_input, true, true);
+      EXPECT_EQ(values(g.weight), values(r.weight));
+      EXPECT_EQ(values(g.bias), values(r.bias));
+      EXPECT_EQ(g.input.defined(), need_input);
+      if (need_input) EXPECT_EQ(values(g.input), values(r.input));
+    }
+  }
+}
+
 TEST(AmpLowp, RejectsMixedOrFullPrecisionOperands) {
   Generator gen(13);
   const Tensor x = random_tensor({2, 3}, kFloat32, gen), w = random_tensor({4, 3}, kFloat32, gen);

@@ -8,7 +8,10 @@
 // x86-64-v3 stage sets avx2) makes the build's level a requirement.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
+#include <vector>
 #include <functional>
 #include <string>
 
@@ -211,3 +214,30 @@ TEST(Simd, LinearCountsItsPath) {
   const Tensor x = random_tensor({2, 3}, kFloat32, gen), w = random_tensor({4, 3}, kFloat32, gen);
   expect_path(SimdKernel::linear_forward, SimdLevel::portable, [&] { kernels::linear_forward(x, w, Tensor()); });
 }
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+// The vector bf16 conversions against the scalar ones (Tensor::to's round to nearest even, NaN kept
+// NaN): every rounding case, infinities, NaN, denormals; a partial vector touches only its n lanes.
+TEST(Simd, Bf16LanesConvertAsTheScalarCast) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> v = {1.0f,        1.00390625f, 1.0078125f, 1.01171875f, -3.14159f, 65504.0f, 1e-40f,
+                                -1e-39f,     inf,         -inf,       nan,         0.0f,      -0.0f,    3.3895314e38f,
+                                1.5f + 1e-7f, 2.0f};
+  const Tensor src = Tensor::from_vector<float>(v, {16});
+  const Tensor want = src.to(kBFloat16);
+  const auto* want_bits = static_cast<const uint16_t*>(want.raw_data());
+  for (int64_t n : {16, 11, 1, 0}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    std::vector<uint16_t> out(17, 0xABCD);
+    kernels::cpu::simd::store_bf16_first(out.data(), _mm512_loadu_ps(v.data()), n);
+    for (int64_t i = 0; i < 17; ++i) EXPECT_EQ(out[i], i < n ? want_bits[i] : uint16_t{0xABCD}) << "lane " << i;
+    float back[16];
+    _mm512_storeu_ps(back, kernels::cpu::simd::load_bf16_first(want_bits, n));
+    const Tensor widened = want.to(kFloat32);
+    for (int64_t i = 0; i < 16; ++i) {
+      const float w = i < n ? widened.data<float>()[i] : 0.0f;
+      EXPECT_TRUE(back[i] == w || (std::isnan(back[i]) && std::isnan(w))) << "lane " << i;
+    }
+  }
+}
+#endif

@@ -2,15 +2,19 @@
 """The headline table: every ratio against PyTorch that the README states, from one run folder.
 
 Owns: reading the JSON files that bench/run_all.sh leaves in its run folder (compare_pytorch.json,
-compare_pytorch_bf16.json, compare_models.json, compare_models_bf16.json, compare_ddp.json, ddp_buckets.json, allreduce.json) and
-writing one markdown table, table.md, headed by the CPU (model, cores, the flags that choose kernels),
+compare_pytorch_bf16.json, compare_models.json, compare_models_bf16.json, compare_ddp.json, ddp_buckets.json, allreduce.json,
+kernels.json) and writing one markdown table, table.md, headed by the CPU (model, cores, the flags that choose kernels),
 the PyTorch version it was compared with and the date. A file that is missing leaves its rows out and
-is named under the table, so a partial run still reports what it measured.
+is named under the table, so a partial run still reports what it measured. The rows from kernels.json
+(kernels_bench) are Tandem's alone, with "-" for PyTorch: the GEMM peak f32 and bf16 at 1 and 2 threads,
+the MNIST trainer as a share of its GEMM-bound limit (the peak of its dtype at its thread count over
+the FLOPs of one training sample), and each conv and linear case's GFLOP/s and share of its dtype's peak.
 Assumes: the files' formats as the scripts of bench/ write them. Only the standard library.
 Example:  /usr/bin/python3 bench/headline.py bench/runs/<date-time>
 """
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -110,9 +114,64 @@ def allreduce_rows(data):
     return rows
 
 
+# FLOPs of one MnistNet training sample as the profiler counts its GEMM-shaped work: conv1 forward and
+# weight grad (2 x 194,688 multiply-adds), conv2 forward and both grads (3 x 2,230,272), fc1 (3 x 204,800)
+# and fc2 (3 x 1,280) forward and both grads: 7,698,432 multiply-adds, ~15.4 MFLOP.
+MNIST_FLOP_PER_SAMPLE = 2 * 7_698_432
+DTYPES = ("f32", "bf16")
+
+
+def kernel_figures(data):
+    """{(case, args...): (label, median FLOP/s over its repetitions)} from kernels_bench's JSON."""
+    runs = {}
+    for b in (data or {}).get("benchmarks", []):
+        if b.get("run_type", "iteration") != "iteration" or "FLOP/s" not in b:
+            continue
+        parts = b.get("run_name", b["name"]).split("/")
+        key = (parts[0].removeprefix("BM_"),) + tuple(int(p) for p in parts[1:] if p.isdigit())
+        runs.setdefault(key, (b.get("label", ""), []))[1].append(b["FLOP/s"])
+    return {k: (label, statistics.median(v)) for k, (label, v) in runs.items()}
+
+
+def kernel_rows(data, fp32, bf16):
+    """Tandem alone ("-" for PyTorch): the GEMM peaks, the MNIST trainer against its GEMM-bound limit,
+    and each conv and linear case of kernels_bench against the 1-thread peak of its dtype."""
+    figures = kernel_figures(data)
+    if not figures:
+        return []
+    peak = {(d, t): figures[("GemmPeak", t, i)][1] for i, d in enumerate(DTYPES) for t in (1, 2)
+            if ("GemmPeak", t, i) in figures}
+    rows = [("**Tandem alone** (kernels_bench; no PyTorch figure): speed against its own GEMM peak", "", "", "")]
+    for (d, t), v in sorted(peak.items(), key=lambda kv: (DTYPES.index(kv[0][0]), kv[0][1])):
+        rows.append((f"GEMM peak 512^3, {d}, {count(t, 'thread')}, GFLOP/s", v / 1e9, "-", "-"))
+    for d, run, what in (("f32", fp32, "MNIST trainer"), ("bf16", bf16, "MNIST trainer, bf16 autocast")):
+        for t, r in sorted(per_threads(run["results"]).items()) if run else []:
+            if (d, t) in peak:
+                limit = peak[(d, t)] / MNIST_FLOP_PER_SAMPLE
+                rows.append((f"{what}, {count(t, 'thread')}, % of its GEMM-bound limit ({d} peak / 15.4 MFLOP per sample)",
+                             100 * r["tandem"]["samples_per_s"] / limit, "-", "-"))
+    def shapes(kind):
+        return sorted({k[1] for k in figures if k[0].startswith(kind)})
+    cases = [("Linear", "linear", n) for n in reversed(shapes("Linear"))] + [("Conv2d", "conv", n) for n in shapes("Conv2d")]
+    for kind, word, n in cases:
+        for direction in ("Forward", "Backward"):
+            for i, d in enumerate(DTYPES):
+                key = (kind + direction + ("Bf16" if d == "bf16" and kind == "Conv2d" else ""), n)
+                key += (i,) if kind == "Linear" else ()
+                if key not in figures:
+                    continue
+                label, v = figures[key]
+                share = f" ({100 * v / peak[(d, 1)]:.0f}%)" if (d, 1) in peak else ""
+                rows.append((f"{word} {label}: {direction.lower()} {d}, 1 thread, GFLOP/s (% of {d} peak)",
+                             f"{fmt(v / 1e9)}{share}", "-", "-"))
+    return rows
+
+
 def fmt(v):
     if v is None:
         return ""
+    if isinstance(v, str):
+        return v
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
 
 
@@ -121,9 +180,11 @@ def table(folder):
     models, ddp = load(folder, "compare_models.json"), load(folder, "compare_ddp.json")
     models_bf16 = load(folder, "compare_models_bf16.json")
     buckets, allreduce = load(folder, "ddp_buckets.json"), load(folder, "allreduce.json")
+    kernels = load(folder, "kernels.json")
     machine = next((d["machine"] for d in (fp32, models, ddp, bf16) if d and isinstance(d.get("machine", {}).get("cpu"), dict)),
                    None) or describe()
     rows = mnist_rows(fp32, bf16) + model_rows(models, models_bf16) + ddp_rows(ddp, buckets) + allreduce_rows(allreduce)
+    rows += kernel_rows(kernels, fp32, bf16)
     lines = [f"Measured on {cpu_label(machine['cpu'])}; peer: PyTorch {machine.get('pytorch') or 'not found'}; "
              f"{time.strftime('%Y-%m-%d', time.localtime(os.path.getmtime(folder)))}; folder {os.path.basename(os.path.abspath(folder))}",
              "", "| what | Tandem | PyTorch | Tandem / PyTorch |", "|---|---:|---:|---:|"]
@@ -131,7 +192,8 @@ def table(folder):
     missing = [n for n, d in (("compare_pytorch.json", fp32), ("compare_pytorch_bf16.json", bf16),
                               ("compare_models.json", models), ("compare_models_bf16.json", models_bf16),
                               ("compare_ddp.json", ddp),
-                              ("ddp_buckets.json", buckets), ("allreduce.json", allreduce)) if d is None]
+                              ("ddp_buckets.json", buckets), ("allreduce.json", allreduce),
+                              ("kernels.json", kernels)) if d is None]
     if missing:
         lines += ["", "Not measured in this run (file missing): " + ", ".join(missing)]
     return "\n".join(lines) + "\n", rows

@@ -1,10 +1,13 @@
 // The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the conv layers of
 // MnistNet and the example ResNet forward and backward (f32 and bf16), and the fused batch_norm+relu+max_pool beside the unfused composition it
 // replaces (batch_norm_relu then max_pool2d), so that the fusion's gain shows as a ratio of the
-// same run. Build it for another instruction set to see that set's kernel paths, e.g.
+// same run. BM_GemmPeak times a 512^3 product through the engine's linear entry points at 1 and 2
+// threads, f32 and bf16: the peak that bench/headline.py divides each kernel's FLOP/s by. Build it for another instruction set to see that set's kernel paths, e.g.
 //   cmake -B build-avx2 -DTANDEM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
 //   cmake --build build-avx2 --target kernels_bench && build-avx2/bench/kernels_bench
 #include <benchmark/benchmark.h>
+
+#include <string>
 
 #include "core/random.h"
 #include "core/thread_pool.h"
@@ -87,16 +90,23 @@ void BM_BnReluPoolUnfusedBackward(benchmark::State& state) {
 // The convolutions timed, batch 64: MnistNet's two (1 -> 32 channels on 28x28 and 32 -> 64 on 13x13,
 // 3x3, no padding) and the example ResNet's (examples/resnet: the stem, the 3x3 stride-1 layers of
 // its three stages, the two stride-2 3x3 and the two 1x1 stride-2 projections). Arg = index.
+// Each case's label names its layer (bench/headline.py prints it).
 struct ConvGeom {
   int64_t cin, cout, hw, k, stride, pad;
   bool need_input;  // false for a first layer (no gradient of the images)
+  const char* name;
 };
 constexpr ConvGeom kConvs[] = {
-    {1, 32, 28, 3, 1, 0, false},  {32, 64, 13, 3, 1, 0, true},   // MnistNet
-    {1, 8, 28, 3, 1, 1, false},   {8, 8, 28, 3, 1, 1, true},     // ResNet: stem, stage 1
-    {16, 16, 14, 3, 1, 1, true},  {32, 32, 7, 3, 1, 1, true},    // stages 2 and 3
-    {8, 16, 28, 3, 2, 1, true},   {16, 32, 14, 3, 2, 1, true},   // stride-2 3x3
-    {8, 16, 28, 1, 2, 0, true},   {16, 32, 14, 1, 2, 0, true}};  // 1x1 stride-2 projections
+    {1, 32, 28, 3, 1, 0, false, "MnistNet conv1 1->32 3x3, 28x28"},
+    {32, 64, 13, 3, 1, 0, true, "MnistNet conv2 32->64 3x3, 13x13"},
+    {1, 8, 28, 3, 1, 1, false, "ResNet stem 1->8 3x3, 28x28"},
+    {8, 8, 28, 3, 1, 1, true, "ResNet stage 1 8->8 3x3, 28x28"},
+    {16, 16, 14, 3, 1, 1, true, "ResNet stage 2 16->16 3x3, 14x14"},
+    {32, 32, 7, 3, 1, 1, true, "ResNet stage 3 32->32 3x3, 7x7"},
+    {8, 16, 28, 3, 2, 1, true, "ResNet 8->16 3x3 stride 2, 28x28"},
+    {16, 32, 14, 3, 2, 1, true, "ResNet 16->32 3x3 stride 2, 14x14"},
+    {8, 16, 28, 1, 2, 0, true, "ResNet 8->16 1x1 stride 2, 28x28"},
+    {16, 32, 14, 1, 2, 0, true, "ResNet 16->32 1x1 stride 2, 14x14"}};
 constexpr int64_t kConvCount = sizeof(kConvs) / sizeof(kConvs[0]);
 
 struct ConvCase {
@@ -115,11 +125,18 @@ struct ConvCase {
   }
 };
 
-// Floating-point operations per second (printed with a G suffix) of `passes` GEMM-sized passes.
-void set_conv_flops(benchmark::State& state, const ConvCase& c, double passes) {
+// Floating-point operations per second (printed with a G suffix) of `passes` GEMM-sized passes, and
+// the layer's name as the label (a backward without the input's gradient says so, and a bf16 case that
+// autocast computes in f32, rounding only its output).
+void set_conv_flops(benchmark::State& state, const ConvCase& c, double passes, bool backward,
+                    bool f32_route = false) {
   const double macs = double(c.gy.numel()) * double(c.w.numel() / c.w.size(0));
   state.counters["FLOP/s"] = benchmark::Counter(2 * macs * passes * double(state.iterations()),
                                                 benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+  std::string label = kConvs[state.range(0)].name;
+  if (backward && !c.need_input) label += " (weight grad only)";
+  if (f32_route) label += " (autocast's f32 route)";
+  state.SetLabel(label);
 }
 
 void BM_Conv2dForward(benchmark::State& state) {
@@ -129,7 +146,7 @@ void BM_Conv2dForward(benchmark::State& state) {
     Tensor y = kernels::conv2d_forward(c.x, c.w, c.b, c.args);
     benchmark::DoNotOptimize(y.raw_data());
   }
-  set_conv_flops(state, c, 1);
+  set_conv_flops(state, c, 1, false);
 }
 
 void BM_Conv2dBackward(benchmark::State& state) {
@@ -139,7 +156,7 @@ void BM_Conv2dBackward(benchmark::State& state) {
     auto g = kernels::conv2d_backward(c.gy, c.x, c.w, c.args, c.need_input, true, true);
     benchmark::DoNotOptimize(g.weight.raw_data());
   }
-  set_conv_flops(state, c, c.need_input ? 2 : 1);
+  set_conv_flops(state, c, c.need_input ? 2 : 1, true);
 }
 
 // The same convolutions under bf16 autocast, as F::conv2d runs them (kernels/amp.h): the f32 route
@@ -156,8 +173,7 @@ void BM_Conv2dForwardBf16(benchmark::State& state) {
                          : kernels::lowp_conv2d_forward(c.x, w, b, c.args);
     benchmark::DoNotOptimize(y.raw_data());
   }
-  state.SetLabel(f32_route ? "f32 route" : "bf16");
-  set_conv_flops(state, c, 1);
+  set_conv_flops(state, c, 1, false, f32_route);
 }
 
 void BM_Conv2dBackwardBf16(benchmark::State& state) {
@@ -170,16 +186,16 @@ void BM_Conv2dBackwardBf16(benchmark::State& state) {
                        : kernels::lowp_conv2d_backward(gy, c.x, w, c.args, c.need_input, true, true);
     benchmark::DoNotOptimize(g.weight.raw_data());
   }
-  state.SetLabel(f32_route ? "f32 route" : "bf16");
-  set_conv_flops(state, c, c.need_input ? 2 : 1);
+  set_conv_flops(state, c, c.need_input ? 2 : 1, true, f32_route);
 }
 
-// Linear layers [N, I] x [O, I]^T: MnistNet's fc1 (64 x 9216 x 128) and a small-K one (64 x 1600 x
-// 128); arg 1 = 1: bf16 (kernels/amp.h), else f32. Forward, then backward (input and weight grads).
+// Linear layers [N, I] x [O, I]^T: a wide-K one (64 x 9216 x 128) and MnistNet's fc1, small K (64 x
+// 1600 x 128); arg 1 = 1: bf16 (kernels/amp.h), else f32. Forward, then backward (input and weight grads).
 struct LinearCase {
   Tensor x, w, b, gy;
-  LinearCase(int64_t which, DType d) {
+  LinearCase(benchmark::State& state, int64_t which, DType d) {
     const int64_t I = which == 0 ? 9216 : 1600;
+    state.SetLabel(which == 0 ? "64x9216x128, wide K" : "64x1600x128, small K (MnistNet fc1)");
     x = kernels::cast(uniform({64, I}, 11), d);
     w = kernels::cast(uniform({128, I}, 12, -0.05, 0.05), d);
     b = kernels::cast(uniform({128}, 13), d);
@@ -190,7 +206,7 @@ struct LinearCase {
 void BM_LinearForward(benchmark::State& state) {
   set_num_threads(1);
   const bool bf16 = state.range(1) != 0;
-  LinearCase c(state.range(0), bf16 ? kBFloat16 : kFloat32);
+  LinearCase c(state, state.range(0), bf16 ? kBFloat16 : kFloat32);
   for (auto _ : state) {
     Tensor y = bf16 ? kernels::lowp_linear_forward(c.x, c.w, c.b) : kernels::linear_forward(c.x, c.w, c.b);
     benchmark::DoNotOptimize(y.raw_data());
@@ -202,7 +218,7 @@ void BM_LinearForward(benchmark::State& state) {
 void BM_LinearBackward(benchmark::State& state) {
   set_num_threads(1);
   const bool bf16 = state.range(1) != 0;
-  LinearCase c(state.range(0), bf16 ? kBFloat16 : kFloat32);
+  LinearCase c(state, state.range(0), bf16 ? kBFloat16 : kFloat32);
   for (auto _ : state) {
     auto g = bf16 ? kernels::lowp_linear_backward(c.gy, c.x, c.w, true, true, true)
                   : kernels::linear_backward(c.gy, c.x, c.w, true, true, true);
@@ -212,8 +228,34 @@ void BM_LinearBackward(benchmark::State& state) {
                                                 benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
 }
 
+// The GEMM peak: [512, 512] x [512, 512]^T through linear_forward (f32) or lowp_linear_forward on
+// bf16 operands, arg 0 = threads, arg 1 = 1: bf16. Timed in wall-clock time (the kernel pool's threads
+// run beside this one). The f32 case also reports kernels::measure_gemm_peak_gflops (the profiler's
+// peak: Eigen's 512^3 GEMM, best of five) as "profiler_peak" to show the two agree.
+void BM_GemmPeak(benchmark::State& state) {
+  constexpr int64_t n = 512;
+  const int threads = static_cast<int>(state.range(0));
+  const bool bf16 = state.range(1) != 0;
+  set_num_threads(threads);
+  const DType d = bf16 ? kBFloat16 : kFloat32;
+  const Tensor a = kernels::cast(uniform({n, n}, 21), d), b = kernels::cast(uniform({n, n}, 22), d);
+  for (auto _ : state) {
+    Tensor y = bf16 ? kernels::lowp_linear_forward(a, b, Tensor()) : kernels::linear_forward(a, b, Tensor());
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  state.counters["FLOP/s"] = benchmark::Counter(2.0 * n * n * n * double(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+  if (!bf16)
+    state.counters["profiler_peak"] = benchmark::Counter(kernels::measure_gemm_peak_gflops(threads) * 1e9,
+                                                         benchmark::Counter::kDefaults,
+                                                         benchmark::Counter::OneK::kIs1000);
+  state.SetLabel("512x512x512");
+  set_num_threads(1);
+}
+
 }  // namespace
 
+BENCHMARK(BM_GemmPeak)->ArgsProduct({{1, 2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolFusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolUnfusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolFusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);

@@ -2,7 +2,8 @@
 # Remeasures every headline ratio against PyTorch in one run and writes one table:
 #   MNIST trainer (1 and 2 threads, fp32 and bf16 autocast), the ResNet and GPT training steps,
 #   DDP on 2 ranks (MNIST scaling; the MLP's compute-only step, DDP step and all-reduce at bucket cap
-#   25 MiB), and the all-reduce by size (engine in place against Gloo's ring).
+#   25 MiB), the all-reduce by size (engine in place against Gloo's ring), and Tandem's kernels alone
+#   (kernels_bench: the GEMM peak f32 and bf16 at 1 and 2 threads, each conv and linear case at 1 thread).
 # Everything goes to a fresh folder bench/runs/<date-time>/ (or --out DIR, which must not exist yet):
 # each script's JSON, each child's log, and table.md (bench/headline.py), which names the CPU model and
 # flags and the PyTorch version. About 6 minutes on 2 cores; --quick checks the pipeline in about 3.
@@ -36,15 +37,16 @@ fi
 mkdir -p "$OUT/logs"
 if [ "$MAKE" = 1 ]; then
   echo "run_all: building the benchmark targets in $BUILD"
-  cmake --build "$BUILD" -j"$(nproc)" --target tandem-mnist tandem-run model_steps allreduce_bench ddp_buckets \
+  cmake --build "$BUILD" -j"$(nproc)" --target tandem-mnist tandem-run model_steps allreduce_bench ddp_buckets kernels_bench \
     >"$OUT/logs/build.log" 2>&1 || { tail -20 "$OUT/logs/build.log"; exit 1; }
 fi
 
 if [ "$QUICK" = 1 ]; then
   REPEATS=1 MNIST=(--limit 1280 --test-limit 200) MODELS=(--iters 3 --warmup 1) DDP=(--limit 1280 --epochs 2)
-  BUCKETS=(--quick) SIZES=1M,4M
+  BUCKETS=(--quick) SIZES=1M,4M KERNELS=(--benchmark_repetitions=1 --benchmark_min_time=0.05)
 else
   REPEATS=3 MNIST=() MODELS=() DDP=() BUCKETS=() SIZES=1M,4M,25M,100M
+  KERNELS=(--benchmark_repetitions=3 --benchmark_min_time=0.2)  # headline.py takes the median
 fi
 step() {  # step NAME COMMAND...: runs one benchmark, its output in logs/NAME.log
   local name=$1 t0=$SECONDS; shift
@@ -57,6 +59,8 @@ step() {  # step NAME COMMAND...: runs one benchmark, its output in logs/NAME.lo
   echo "run_all: $name done in $((SECONDS - t0)) s"
 }
 TM=$BUILD/apps/tandem-mnist TR=$BUILD/apps/tandem-run
+step kernels "$BUILD/bench/kernels_bench" '--benchmark_filter=^BM_(GemmPeak|Conv2d|Linear)' "${KERNELS[@]}" \
+  --benchmark_out="$OUT/kernels.json" --benchmark_out_format=json
 step mnist $PY bench/compare_pytorch.py --tandem-bin "$TM" --threads 1,2 --repeats $REPEATS "${MNIST[@]}" \
   --json-out "$OUT/compare_pytorch.json"
 step mnist_bf16 $PY bench/compare_pytorch.py --tandem-bin "$TM" --threads 1,2 --repeats $REPEATS --amp bf16 \

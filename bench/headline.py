@@ -2,8 +2,8 @@
 """The headline table: every ratio against PyTorch that the README states, from one run folder.
 
 Owns: reading the JSON files that bench/run_all.sh leaves in its run folder (compare_pytorch.json,
-compare_pytorch_bf16.json, compare_models.json, compare_models_bf16.json, compare_ddp.json, ddp_buckets.json, allreduce.json,
-kernels.json) and writing one markdown table, table.md, headed by the CPU (model, cores, the flags that choose kernels),
+compare_pytorch_bf16.json, compare_models.json, compare_models_bf16.json, compare_ddp.json, ddp_buckets.json,
+allreduce.json, kernels.json) and writing one markdown table, table.md, headed by the CPU (model, cores, the flags that choose kernels),
 the PyTorch version it was compared with and the date. A file that is missing leaves its rows out and
 is named under the table, so a partial run still reports what it measured. The rows from kernels.json
 (kernels_bench) are Tandem's alone, with "-" for PyTorch: the GEMM peak f32 and bf16 at 1 and 2 threads,
@@ -148,11 +148,12 @@ def kernel_rows(data, fp32, bf16):
         for t, r in sorted(per_threads(run["results"]).items()) if run else []:
             if (d, t) in peak:
                 limit = peak[(d, t)] / MNIST_FLOP_PER_SAMPLE
-                rows.append((f"{what}, {count(t, 'thread')}, % of its GEMM-bound limit ({d} peak / 15.4 MFLOP per sample)",
-                             100 * r["tandem"]["samples_per_s"] / limit, "-", "-"))
+                label = f"{what}, {count(t, 'thread')}, % of its GEMM-bound limit ({d} peak / 15.4 MFLOP per sample)"
+                rows.append((label, 100 * r["tandem"]["samples_per_s"] / limit, "-", "-"))
     def shapes(kind):
         return sorted({k[1] for k in figures if k[0].startswith(kind)})
-    cases = [("Linear", "linear", n) for n in reversed(shapes("Linear"))] + [("Conv2d", "conv", n) for n in shapes("Conv2d")]
+    cases = [("Linear", "linear", n) for n in reversed(shapes("Linear"))]
+    cases += [("Conv2d", "conv", n) for n in shapes("Conv2d")]
     for kind, word, n in cases:
         for direction in ("Forward", "Backward"):
             for i, d in enumerate(DTYPES):

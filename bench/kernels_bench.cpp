@@ -1,8 +1,10 @@
 // The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the conv layers of
-// MnistNet and the example ResNet forward and backward (f32 and bf16), and the fused batch_norm+relu+max_pool beside the unfused composition it
-// replaces (batch_norm_relu then max_pool2d), so that the fusion's gain shows as a ratio of the
-// same run. BM_GemmPeak times a 512^3 product through the engine's linear entry points at 1 and 2
-// threads, f32 and bf16: the peak that bench/headline.py divides each kernel's FLOP/s by. Build it for another instruction set to see that set's kernel paths, e.g.
+// MnistNet and the example ResNet forward and backward (f32 and bf16), linear forward and backward,
+// and the fused batch_norm+relu+max_pool beside the unfused composition it replaces (batch_norm_relu
+// then max_pool2d), so that the fusion's gain shows as a ratio of the same run. BM_GemmPeak times a
+// 512^3 product through the engine's linear entry points at 1 and 2 threads, f32 and bf16: the peak
+// that bench/headline.py divides each kernel's FLOP/s by. Build it for another instruction set to
+// see that set's kernel paths, e.g.
 //   cmake -B build-avx2 -DTANDEM_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
 //   cmake --build build-avx2 --target kernels_bench && build-avx2/bench/kernels_bench
 #include <benchmark/benchmark.h>

@@ -1,6 +1,7 @@
 // The benchmark outputs' rules, end to end: bench/run_all.sh --quick fills one fresh folder with every
 // script's JSON and a table that names the CPU and has every headline row, each ratio the quotient of its
-// two figures; a second run into the same folder is refused. allreduce_bench takes --sizes (DDP's default
+// two figures, and the rows of Tandem alone (kernels_bench) each kernel's share of the printed GEMM peak;
+// a second run into the same folder is refused. allreduce_bench takes --sizes (DDP's default
 // 25 MiB bucket among them), states the CPU model, and never writes over a result file without
 // --overwrite; the Python scripts refuse the same. Nothing here is timed: the figures are only checked
 // for consistency with each other.
@@ -36,6 +37,35 @@ std::string cpu_model() {
   return "";
 }
 
+double table_value(const std::string& table, const std::string& label) {
+  const std::regex row("\\| " + std::regex_replace(label, std::regex(R"([\^$.|?*+()\[\]{}])"), R"(\$&)") +
+                       R"( \| ([0-9.]+) \|)");
+  std::smatch m;
+  return std::regex_search(table, m, row) ? std::stod(m[1]) : -1;
+}
+
+// The rows of Tandem alone: each kernel's share is its GFLOP/s over the printed 1-thread peak of its
+// dtype, and the trainer's share of its GEMM-bound limit is samples/s x 15.4 MFLOP over the peak.
+void expect_shares_of_the_peak(const std::string& table) {
+  const double f32 = table_value(table, "GEMM peak 512^3, f32, 1 thread, GFLOP/s"),
+               bf16 = table_value(table, "GEMM peak 512^3, bf16, 1 thread, GFLOP/s");
+  ASSERT_GT(f32, 0) << table;
+  ASSERT_GT(bf16, 0) << table;
+  const std::regex kernel(
+      R"(\| ((conv|linear) [^|]+ (f32|bf16), 1 thread, GFLOP/s[^|]*) \| ([0-9.]+) \(([0-9]+)%\) \| - \| - \|)");
+  int kernels = 0;
+  for (auto it = std::sregex_iterator(table.begin(), table.end(), kernel); it != std::sregex_iterator(); ++it) {
+    const double share = 100 * std::stod((*it)[4]) / ((*it)[3] == "f32" ? f32 : bf16);
+    EXPECT_NEAR(std::stod((*it)[5]), share, 0.01 * share + 1) << (*it)[0];
+    ++kernels;
+  }
+  EXPECT_EQ(kernels, 48) << "10 convs and 2 linears, forward and backward, f32 and bf16:\n" << table;
+  const double per_s = table_value(table, "MNIST trainer, 1 thread, samples/s"),
+               share = table_value(
+                   table, "MNIST trainer, 1 thread, % of its GEMM-bound limit (f32 peak / 15.4 MFLOP per sample)");
+  EXPECT_NEAR(share, 100 * per_s * 15.396864e6 / (f32 * 1e9), 0.02 * share + 0.1) << table;
+}
+
 TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
   TANDEM_NEED_DATA_FILE(kFashion, "train-images-idx3-ubyte.gz");
   ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
@@ -47,7 +77,7 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
 
   for (const char* f : {"compare_pytorch.json", "compare_pytorch_bf16.json", "compare_models.json", "compare_models_bf16.json",
                         "compare_ddp.json",
-                        "ddp_buckets.json", "allreduce.json", "table.md"})
+                        "ddp_buckets.json", "allreduce.json", "kernels.json", "table.md"})
     EXPECT_TRUE(fs::exists(out / f)) << f;
   const json mnist = json::parse(test::read_file(out / "compare_pytorch.json"));
   EXPECT_EQ(mnist["machine"]["cpu"]["model"].get<std::string>(), cpu_model());
@@ -60,7 +90,9 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
                           "bf16 / own fp32", "resnet training step, 2 threads", "gpt training step, 1 thread",
                           "gpt training step, bf16 autocast, 2 threads", "bf16 / own fp32, resnet, 1 thread",
                           "MNIST DDP, 2 ranks", "MLP DDP step, 2 ranks, bucket cap 25 MiB",
-                          "MLP all-reduce of all gradients", "all-reduce 4 MiB"})
+                          "MLP all-reduce of all gradients", "all-reduce 4 MiB", "GEMM peak 512^3, bf16, 2 threads",
+                          "MNIST trainer, bf16 autocast, 2 threads, % of its GEMM-bound limit",
+                          "conv ResNet 8->16 1x1 stride 2, 28x28: backward bf16", "linear 64x1600x128"})
     EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;
   // Every row with a ratio: the ratio is Tandem / PyTorch as printed (to the printed precision).
   const std::regex line(R"(\| ([^|]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|)");
@@ -72,6 +104,7 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
     ++checked;
   }
   EXPECT_GE(checked, 12) << table;
+  expect_shares_of_the_peak(table);
 
   // The folder is never written over.
   EXPECT_EQ(test::run_process(argv, tmp / "again"), 2);

@@ -135,10 +135,10 @@ void set_conv_flops(benchmark::State& state, const ConvCase& c, double passes, b
   const double macs = double(c.gy.numel()) * double(c.w.numel() / c.w.size(0));
   state.counters["FLOP/s"] = benchmark::Counter(2 * macs * passes * double(state.iterations()),
                                                 benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
-  std::string label = kConvs[state.range(0)].name;
-  if (backward && !c.need_input) label += " (weight grad only)";
-  if (f32_route) label += " (autocast's f32 route)";
-  state.SetLabel(label);
+  const bool weight_only = backward && !c.need_input;
+  const std::string notes = std::string(weight_only ? "weight grad only" : "") + (weight_only && f32_route ? "; " : "") +
+                            (f32_route ? "autocast's f32 route" : "");
+  state.SetLabel(kConvs[state.range(0)].name + (notes.empty() ? "" : " (" + notes + ")"));
 }
 
 void BM_Conv2dForward(benchmark::State& state) {

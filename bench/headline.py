@@ -7,8 +7,10 @@ allreduce.json, kernels.json) and writing one markdown table, table.md, headed b
 the PyTorch version it was compared with and the date. A file that is missing leaves its rows out and
 is named under the table, so a partial run still reports what it measured. The rows from kernels.json
 (kernels_bench) are Tandem's alone, with "-" for PyTorch: the GEMM peak f32 and bf16 at 1 and 2 threads,
-the MNIST trainer as a share of its GEMM-bound limit (the peak of its dtype at its thread count over
-the FLOPs of one training sample), and each conv and linear case's GFLOP/s and share of its dtype's peak.
+the core's multiply-add peak (a register-only loop), the MNIST trainer as a share of its GEMM-bound
+limit (the peak of its dtype at its thread count over the FLOPs of one training sample), and each conv
+and linear case's GFLOP/s and share of its dtype's peak; a peak is the larger of the GEMM's and the
+multiply-add loop's (times the threads).
 Assumes: the files' formats as the scripts of bench/ write them. Only the standard library.
 Example:  /usr/bin/python3 bench/headline.py bench/runs/<date-time>
 """
@@ -134,16 +136,26 @@ def kernel_figures(data):
 
 
 def kernel_rows(data, fp32, bf16):
-    """Tandem alone ("-" for PyTorch): the GEMM peaks, the MNIST trainer against its GEMM-bound limit,
-    and each conv and linear case of kernels_bench against the 1-thread peak of its dtype."""
+    """Tandem alone ("-" for PyTorch): the peaks, the MNIST trainer against its GEMM-bound limit, and
+    each conv and linear case of kernels_bench against the 1-thread peak of its dtype."""
     figures = kernel_figures(data)
     if not figures:
         return []
-    peak = {(d, t): figures[("GemmPeak", t, i)][1] for i, d in enumerate(DTYPES) for t in (1, 2)
+    gemm = {(d, t): figures[("GemmPeak", t, i)][1] for i, d in enumerate(DTYPES) for t in (1, 2)
             if ("GemmPeak", t, i) in figures}
-    rows = [("**Tandem alone** (kernels_bench; no PyTorch figure): speed against its own GEMM peak", "", "", "")]
-    for (d, t), v in sorted(peak.items(), key=lambda kv: (DTYPES.index(kv[0][0]), kv[0][1])):
+    fma = {d: figures[("FmaPeak", i)][1] for i, d in enumerate(DTYPES) if ("FmaPeak", i) in figures}
+    # The peak a share is of: the larger of the 512^3 GEMM and the core's multiply-add loop (times the
+    # threads), so that no kernel reads above what the core can do.
+    peak = {(d, t): max(v, t * fma.get(d, 0)) for (d, t), v in gemm.items()}
+    rows = [("**Tandem alone** (kernels_bench; no PyTorch figure): speed against the core's peak", "", "", "")]
+    order = lambda kv: (DTYPES.index(kv[0][0]), kv[0][1])  # noqa: E731
+    for (d, t), v in sorted(gemm.items(), key=order):
         rows.append((f"GEMM peak 512^3, {d}, {count(t, 'thread')}, GFLOP/s", v / 1e9, "-", "-"))
+    for d, v in sorted(fma.items(), key=lambda kv: DTYPES.index(kv[0])):
+        rows.append((f"multiply-add peak (registers only), {d}, 1 thread, GFLOP/s", v / 1e9, "-", "-"))
+    for (d, t), v in sorted(peak.items(), key=order):
+        rows.append((f"peak the shares are of, {d}, {count(t, 'thread')}, GFLOP/s (the larger of the two, x threads)",
+                     v / 1e9, "-", "-"))
     for d, run, what in (("f32", fp32, "MNIST trainer"), ("bf16", bf16, "MNIST trainer, bf16 autocast")):
         for t, r in sorted(per_threads(run["results"]).items()) if run else []:
             if (d, t) in peak:

@@ -9,6 +9,8 @@
 //   cmake --build build-avx2 --target kernels_bench && build-avx2/bench/kernels_bench
 #include <benchmark/benchmark.h>
 
+#include <immintrin.h>
+
 #include <string>
 
 #include "core/random.h"
@@ -255,8 +257,60 @@ void BM_GemmPeak(benchmark::State& state) {
   set_num_threads(1);
 }
 
+// The core's own arithmetic peak, 1 thread: a loop of independent multiply-adds on registers only
+// (no memory), arg = 1: bf16 pairs (vdpbf16ps, 2 multiply-adds per f32 lane; only in builds with
+// AVX512_BF16). A GEMM can only approach it; bench/headline.py divides by the larger of this and the
+// 512^3 GEMM, so no kernel reads above 100% of what the core can do.
+void BM_FmaPeak(benchmark::State& state) {
+  set_num_threads(1);
+  const bool bf16 = state.range(0) != 0;
+  constexpr int kAcc = 12, kSteps = 1000;
+  double flops_per_step = 0;
+#if defined(__AVX512F__)
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(0.001f * float(i));
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-6f);
+  for (auto _ : state) {
+    for (int k = 0; k < kSteps; ++k) {
+#if defined(__AVX512BF16__)
+      if (bf16) {
+        for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)a, (__m512bh)b);
+        continue;
+      }
+#endif
+      for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    }
+    for (int i = 0; i < kAcc; ++i) benchmark::DoNotOptimize(acc[i]);
+  }
+  flops_per_step = kAcc * (bf16 ? 64.0 : 32.0);
+#if !defined(__AVX512BF16__)
+  if (bf16) state.SkipWithError("this build has no AVX512_BF16 instructions");
+#endif
+#elif defined(__AVX2__) && defined(__FMA__)
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(0.001f * float(i));
+  const __m256 a = _mm256_set1_ps(0.999f), b = _mm256_set1_ps(1e-6f);
+  for (auto _ : state) {
+    for (int k = 0; k < kSteps; ++k) {
+      for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+    }
+    for (int i = 0; i < kAcc; ++i) benchmark::DoNotOptimize(acc[i]);
+  }
+  flops_per_step = kAcc * 16.0;
+  if (bf16) state.SkipWithError("this build has no AVX512_BF16 instructions");
+#else
+  for (auto _ : state) {
+  }
+  state.SkipWithError("this build has no vector multiply-add to time");
+#endif
+  state.counters["FLOP/s"] = benchmark::Counter(flops_per_step * kSteps * double(state.iterations()),
+                                                benchmark::Counter::kIsRate, benchmark::Counter::OneK::kIs1000);
+  state.SetLabel("registers only");
+}
+
 }  // namespace
 
+BENCHMARK(BM_FmaPeak)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 // One thread on this thread's CPU time like the other cases; two in wall-clock time.
 BENCHMARK(BM_GemmPeak)->ArgsProduct({{1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GemmPeak)->ArgsProduct({{2}, {0, 1}})->UseRealTime()->Unit(benchmark::kMicrosecond);

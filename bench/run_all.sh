@@ -3,7 +3,8 @@
 #   MNIST trainer (1 and 2 threads, fp32 and bf16 autocast), the ResNet and GPT training steps,
 #   DDP on 2 ranks (MNIST scaling; the MLP's compute-only step, DDP step and all-reduce at bucket cap
 #   25 MiB), the all-reduce by size (engine in place against Gloo's ring), and Tandem's kernels alone
-#   (kernels_bench: the GEMM peak f32 and bf16 at 1 and 2 threads, each conv and linear case at 1 thread).
+#   (kernels_bench: the GEMM peak f32 and bf16 at 1 and 2 threads, the core's multiply-add peak, each conv
+#   and linear case at 1 thread).
 # Everything goes to a fresh folder bench/runs/<date-time>/ (or --out DIR, which must not exist yet):
 # each script's JSON, each child's log, and table.md (bench/headline.py), which names the CPU model and
 # flags and the PyTorch version. About 7 minutes on 2 cores; --quick checks the pipeline in about 3.
@@ -59,7 +60,7 @@ step() {  # step NAME COMMAND...: runs one benchmark, its output in logs/NAME.lo
   echo "run_all: $name done in $((SECONDS - t0)) s"
 }
 TM=$BUILD/apps/tandem-mnist TR=$BUILD/apps/tandem-run
-step kernels "$BUILD/bench/kernels_bench" '--benchmark_filter=^BM_(GemmPeak|Conv2d|Linear)' "${KERNELS[@]}" \
+step kernels "$BUILD/bench/kernels_bench" '--benchmark_filter=^BM_(FmaPeak|GemmPeak|Conv2d|Linear)' "${KERNELS[@]}" \
   --benchmark_out="$OUT/kernels.json" --benchmark_out_format=json
 step mnist $PY bench/compare_pytorch.py --tandem-bin "$TM" --threads 1,2 --repeats $REPEATS "${MNIST[@]}" \
   --json-out "$OUT/compare_pytorch.json"

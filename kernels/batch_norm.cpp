@@ -6,7 +6,8 @@
 // operands' backend (kernels/ops.h). The fused batch_norm + relu is a CPU kernel: on a backend
 // without it the entry points run batch_norm and relu's kernels one after the other (the backward
 // recomputes the batch_norm output from the saved statistics for relu's mask). The fused
-// batch_norm + relu + max-pool is CPU only.
+// batch_norm + relu + max-pool is CPU only. On the CPU x may be bfloat16 with every other operand
+// float32 (the kernels widen it as they read it; outputs float32, the input gradient bfloat16).
 #include "kernels/batch_norm.h"
 
 #include "core/profiler.h"
@@ -62,6 +63,18 @@ BatchNormGrads composed_batch_norm_relu_backward(Device device, const Tensor& gr
 
 Shape pooled_shape(const Tensor& x) { return {x.size(0), x.size(1), x.size(2) / 2, x.size(3) / 2}; }
 
+// Whether the CPU kernels take x in bfloat16 here: on the CPU, with the defined operands of `rest`
+// float32 (checked: else an error naming the operand). False for any other x, whose operands then
+// share one float dtype (common_float_dtype at the call).
+bool cpu_bf16_input(const char* op, const Device& device, const Tensor& x, std::initializer_list<Tensor> rest) {
+  if (x.dtype() != kBFloat16 || !device.is_cpu()) return false;
+  for (const Tensor& t : rest) {
+    TANDEM_CHECK(!t.defined() || t.dtype() == kFloat32, op,
+                 ": with a bfloat16 input the other operands must be float32, got ", t.str());
+  }
+  return true;
+}
+
 void check_cpu_only(const char* op, const Device& device) {
   TANDEM_CHECK(!device.is_cuda(), op,
                ": CPU only; on CUDA use batch_norm_forward, relu_forward and max_pool2d_forward");
@@ -91,7 +104,9 @@ Device check_forward(const char* op, const Tensor& x, const Tensor& weight, cons
                  ": eval mode (training=false) needs running_mean and running_var; got undefined ones");
   }
   const Device device = common_device(op, {x, weight, bias, running_mean, running_var});
-  common_float_dtype(op, {x, weight, bias, running_mean, running_var});
+  if (!cpu_bf16_input(op, device, x, {weight, bias, running_mean, running_var})) {
+    common_float_dtype(op, {x, weight, bias, running_mean, running_var});
+  }
   return device;
 }
 
@@ -109,7 +124,9 @@ Device check_backward(const char* op, const Tensor& grad_out, const Tensor& x, c
   check_channel_vector(op, "save_mean", save_mean, C);
   check_channel_vector(op, "save_invstd", save_invstd, C);
   const Device device = common_device(op, {grad_out, x, weight, save_mean, save_invstd});
-  common_float_dtype(op, {grad_out, x, weight, save_mean, save_invstd});
+  if (!cpu_bf16_input(op, device, x, {grad_out, weight, save_mean, save_invstd})) {
+    common_float_dtype(op, {grad_out, x, weight, save_mean, save_invstd});
+  }
   return device;
 }
 
@@ -157,8 +174,8 @@ BatchNormGrads batch_norm_relu_backward(const Tensor& grad_out, const Tensor& x,
   profiler::Scope prof_scope(op);
   const Device device = check_backward(op, grad_out, x, weight, save_mean, save_invstd);
   check_channel_vector(op, "bias", bias, x.size(1));
-  if (bias.defined()) common_float_dtype(op, {x, bias});
   if (bias.defined()) common_device(op, {x, bias});
+  if (bias.defined() && !cpu_bf16_input(op, device, x, {bias})) common_float_dtype(op, {x, bias});
   if (backend_for(device, op).batch_norm_relu_backward == nullptr) {
     return composed_batch_norm_relu_backward(device, grad_out, x, weight, bias, save_mean, save_invstd, training,
                                              need_input, need_weight, need_bias);
@@ -206,7 +223,9 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
   check_channel_vector(op, "save_mean", save_mean, C);
   check_channel_vector(op, "save_invstd", save_invstd, C);
   const Device device = common_device(op, {grad_out, x, code, winner, weight, bias, save_mean, save_invstd});
-  common_float_dtype(op, {grad_out, x, winner, weight, bias, save_mean, save_invstd});
+  if (!cpu_bf16_input(op, device, x, {grad_out, winner, weight, bias, save_mean, save_invstd})) {
+    common_float_dtype(op, {grad_out, x, winner, weight, bias, save_mean, save_invstd});
+  }
   check_cpu_only(op, device);
   return TANDEM_KERNEL(device, batch_norm_relu_max_pool2d_backward)(
       grad_out, x, code, winner, weight, bias, save_mean, save_invstd, training, need_input, need_weight, need_bias);
@@ -215,7 +234,8 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
 BatchNormReluPool batch_norm_relu_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
                                          const Tensor& running_mean, const Tensor& running_var, bool training,
                                          double momentum, double eps) {
-  const bool fused = x.defined() && x.dim() == 4 && x.size(2) >= 2 && x.size(3) >= 2 && x.dtype() == kFloat32 &&
+  const bool fused = x.defined() && x.dim() == 4 && x.size(2) >= 2 && x.size(3) >= 2 &&
+                     (x.dtype() == kFloat32 || (x.dtype() == kBFloat16 && x.device().is_cpu())) &&
                      backend_for(x.device(), "batch_norm_relu_pool2d").batch_norm_relu_max_pool2d_forward != nullptr;
   if (fused) {
     auto r = batch_norm_relu_max_pool2d_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);

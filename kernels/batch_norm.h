@@ -5,6 +5,11 @@
 // statistics. save_mean/save_invstd [C] are what backward needs: the batch
 // mean and 1/sqrt(var + eps) in training, the running ones in eval.
 // weight/bias [C] may be undefined (affine=false).
+// On the CPU x may be bfloat16 with every other operand float32: the kernels widen it as they read it
+// and compute in float32; the output and saved statistics are float32, grad_out float32, and the
+// backward's input gradient bfloat16 (rounded to nearest even), the weight and bias gradients
+// float32: bitwise what casting x to float32, the float32 kernel and casting the input gradient to
+// bfloat16 give.
 #pragma once
 
 #include "core/tensor.h"

@@ -13,7 +13,8 @@
 // recomputed from x with the forward's instructions; every x element (also the last row/column
 // that odd H/W drop from pooling) gets the batch_norm input gradient. Equal to the unfused
 // composition's gradients up to float32 summation order. Both directions give the same bits on
-// repeated calls and for any thread count.
+// repeated calls and for any thread count. A bfloat16 x is taken as batch_norm_forward takes it
+// (kernels/batch_norm.h): float32 outputs, a bfloat16 input gradient.
 #pragma once
 
 #include "core/tensor.h"
@@ -22,9 +23,9 @@
 namespace tandem::kernels {
 
 struct BatchNormReluPoolForward {
-  Tensor output;                  // [N, C, H/2, W/2], x's dtype
+  Tensor output;                  // [N, C, H/2, W/2], x's dtype (float32 for a bfloat16 x)
   Tensor code;                    // [N, C, H/2, W/2], uint8 in 0..3: the winning window position
-  Tensor winner;                  // [N, C, H/2, W/2], x's dtype: x at the winning position
+  Tensor winner;                  // [N, C, H/2, W/2], as output: x at the winning position
   Tensor save_mean, save_invstd;  // [C], as BatchNormForward's
 };
 
@@ -41,8 +42,8 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
                                                    bool need_bias);
 
 // max_pool2d(relu(batch_norm(x)), 2) on any backend and float dtype: the entry point callers use.
-// It takes the fused kernel above where it applies (a backend that has it, float32, x [N, C, H, W]
-// with H, W >= 2) and otherwise batch_norm_relu_forward then max_pool2d_forward (kernel 2), whose
+// It takes the fused kernel above where it applies (a backend that has it, x float32, or bfloat16 on
+// the CPU, [N, C, H, W] with H, W >= 2) and otherwise batch_norm_relu_forward then max_pool2d_forward (kernel 2), whose
 // checks and messages then apply. The forward's result says which ran (code and winner, or the
 // pooling's indices); the backward takes it and runs the matching backward.
 struct BatchNormReluPool {

@@ -5,7 +5,8 @@
 // Guarantees: under AutocastGuard(p) with p != kOff, F::conv2d and F::linear cast
 //   input, weight and bias to p's dtype, compute, and return p-typed outputs whose
 //   gradients flow back to the f32 master weights as f32. Ops that need f32
-//   (batch_norm, log_softmax, nll_loss, losses) cast a half input up at entry.
+//   (batch_norm, log_softmax, nll_loss, losses) cast a half input up at entry (the batch norms
+//   read a CPU bf16 input directly instead, with the same results).
 //   Guards nest; the destructor restores the previous precision.
 #pragma once
 

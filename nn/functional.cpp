@@ -1,5 +1,7 @@
 #include "nn/functional.h"
 
+#include <algorithm>
+
 #include "core/autograd.h"
 #include "core/view.h"
 #include "kernels/activation.h"
@@ -216,9 +218,23 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, int64_t
   return y;
 }
 
+namespace {
+
+// The batch-norm input as the kernels take it: a CPU bfloat16 x as it is when the other operands are
+// float32 (or undefined): the CPU kernels read it and give its gradient in bfloat16, with the bits of
+// casting it up and the gradient down, without the two passes; else float32_if_half (CUDA, float16).
+Tensor batch_norm_input(const Tensor& x, std::initializer_list<Tensor> others) {
+  const bool take = x.defined() && x.dtype() == kBFloat16 && x.device().is_cpu() &&
+                    std::all_of(others.begin(), others.end(),
+                                [](const Tensor& t) { return !t.defined() || t.dtype() == kFloat32; });
+  return take ? x : float32_if_half(x);
+}
+
+}  // namespace
+
 Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const Tensor x = float32_if_half(x_in);
+  const Tensor x = batch_norm_input(x_in, {running_mean, running_var, weight, bias});
   auto r = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormBackward>();
@@ -230,7 +246,7 @@ Tensor batch_norm(const Tensor& x_in, const Tensor& running_mean, const Tensor& 
 
 Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
-  const Tensor x = float32_if_half(x_in);
+  const Tensor x = batch_norm_input(x_in, {running_mean, running_var, weight, bias});
   auto r = kernels::batch_norm_relu_forward(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluBackward>();
@@ -243,7 +259,7 @@ Tensor batch_norm_relu(const Tensor& x_in, const Tensor& running_mean, const Ten
 Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean, const Tensor& running_var,
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
                                   double eps) {
-  const Tensor x = float32_if_half(x_in);
+  const Tensor x = batch_norm_input(x_in, {running_mean, running_var, weight, bias});
   auto r = kernels::batch_norm_relu_pool2d(x, weight, bias, running_mean, running_var, training, momentum, eps);
   if (autograd::any_requires_grad({x, weight, bias})) {
     auto n = make_node<BatchNormReluMaxPool2dBackward>();

@@ -5,8 +5,11 @@
 // Mixed precision (nn/amp.h): under an AutocastGuard, conv2d and linear cast f32 input, weight and
 // bias to the autocast dtype (differentiably: f32 leaves get f32 gradients) and return f16/bf16
 // outputs; explicit f16/bf16 inputs take the same path, and so does a f32 input with a f16/bf16
-// weight (parameters in low precision: FSDP's mixed precision). batch_norm, relu, max_pool2d, log_softmax
-// and nll_loss cast a f16/bf16 input up to f32 at entry and compute in f32, as do the general ops
+// weight (parameters in low precision: FSDP's mixed precision). The batch norms (batch_norm, batch_norm_relu,
+// batch_norm_relu_max_pool2d) take a CPU bf16 input as it is when their other operands are f32: the
+// kernels read it in bf16, compute and return f32, and give its gradient in bf16 (the bits of casting
+// it up and the gradient down). relu, max_pool2d, log_softmax, nll_loss and the batch norms' other
+// f16/bf16 inputs (CUDA, f16) cast up to f32 at entry and compute in f32, as do the general ops
 // that have no half kernels (binary and unary ops, layer_norm and its parameters, embedding's table;
 // F::float32_if_half).
 // The general op set (broadcasting elementwise ops, reductions, views, matmul, softmax, losses,

@@ -24,6 +24,10 @@
 //   unfused ops'. Each call is counted in simd_path_count with the level of the rows it ran.
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
+// - x may be bfloat16 (weight, bias, running and saved statistics float32): each plane is widened
+//   into a per-thread scratch and computed in float32; the output and winner are float32 and the
+//   backward's input gradient bfloat16, rounded on store: the same bits as casting x up, the float32
+//   kernels and casting the input gradient down.
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -364,19 +368,24 @@ void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g
   }
 }
 
-template <typename T>
+using detail::bn_out_row;
+using detail::bn_row;
+using detail::bn_store_row;
+using detail::BnRowScratch;
+
+template <typename T, typename X>
 BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                                       const Tensor& running_mean, const Tensor& running_var, bool training,
                                       double momentum, double eps) {
-  const detail::BnForwardArgs<T> a(x_in, weight_in, bias_in, running_mean, running_var);
+  const detail::BnForwardArgs<T, X> a(x_in, weight_in, bias_in, running_mean, running_var);
   const BnLayout& l = a.l;
-  const T* xp = a.xp;
+  const X* xp = a.xp;
   const Tensor& x = a.x;
   const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
   BatchNormReluPoolForward r;
-  r.output = Tensor::empty({l.N, l.C, g.P, g.Q}, x.dtype());
+  r.output = Tensor::empty({l.N, l.C, g.P, g.Q}, dtype_of<T>);
   r.code = Tensor::empty({l.N, l.C, g.P, g.Q}, kUInt8);
-  r.winner = Tensor::empty({l.N, l.C, g.P, g.Q}, x.dtype());
+  r.winner = Tensor::empty({l.N, l.C, g.P, g.Q}, dtype_of<T>);
   r.save_mean = a.save_mean;
   r.save_invstd = a.save_invstd;
   T* yp = r.output.data<T>();
@@ -386,20 +395,21 @@ BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_i
   detail::count_simd_path(SimdKernel::bn_relu_pool_forward, detail::simd_path<T>(kVectorRows));
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+    auto xs = BnRowScratch<T>::template of<X>(l.HW);
     for (int64_t c = c0; c < c1; ++c) {
-      const auto [alpha, beta] = a.channel(c, training, momentum, eps);
+      const auto [alpha, beta] = a.channel(c, training, momentum, eps, xs);
       for (int64_t n = 0; n < l.N; ++n) {
-        const T* xs = xp + (n * l.C + c) * l.HW;
         const int64_t o = (n * l.C + c) * PQ;
         prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
-        forward_plane<T>(xs, g, alpha, beta, yp + o, kp + o, xwp + o);
+        forward_plane<T>(bn_row<T>(xp, (n * l.C + c) * l.HW, l.HW, xs), g, alpha, beta, yp + o, kp + o, xwp + o);
       }
     }
   });
   return r;
 }
 
-template <typename T>
+// x and the input gradient are stored as X.
+template <typename T, typename X>
 BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor& code_in,
                              const Tensor& winner_in, const Tensor& weight_in, const Tensor& bias_in,
                              const Tensor& save_mean_in, const Tensor& save_invstd_in, bool training,
@@ -415,13 +425,13 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const BnLayout l = detail::bn_layout_of(x);
   const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
   if (need_input) r.input = Tensor::empty(x.shape(), x.dtype());
-  if (need_weight) r.weight = Tensor::empty({l.C}, x.dtype());
-  if (need_bias) r.bias = Tensor::empty({l.C}, x.dtype());
+  if (need_weight) r.weight = Tensor::empty({l.C}, dtype_of<T>);
+  if (need_bias) r.bias = Tensor::empty({l.C}, dtype_of<T>);
   // The masked pooled gradient of pass 1, read back by pass 2 (L2-resident per channel).
-  Tensor scratch = Tensor::empty(gy.shape(), x.dtype());
+  Tensor scratch = Tensor::empty(gy.shape(), dtype_of<T>);
 
   const T* gyp = gy.data<T>();
-  const T* xp = x.data<T>();
+  const X* xp = detail::bn_data<X>(x);
   const uint8_t* kp = code.data<uint8_t>();
   const T* xwp = winner.data<T>();
   const T* wp = detail::data_or_null<T>(weight);
@@ -429,12 +439,13 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
   T* dp = scratch.data<T>();
-  T* gxp = need_input ? r.input.data<T>() : nullptr;
+  X* gxp = need_input ? detail::bn_data<X>(r.input) : nullptr;
   T* gwp = need_weight ? r.weight.data<T>() : nullptr;
   T* gbp = need_bias ? r.bias.data<T>() : nullptr;
   const int64_t M = l.N * l.HW, PQ = g.P * g.Q;
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+    auto xs = BnRowScratch<T>::template of<X>(l.HW), gs = BnRowScratch<T>::template of<X>(l.HW);
     for (int64_t c = c0; c < c1; ++c) {
       const T mean = mp[c], invstd = ip[c];
       const T w = wp ? wp[c] : T(1);
@@ -459,7 +470,9 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const int64_t off = (n * l.C + c) * l.HW, o = (n * l.C + c) * PQ;
         prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
         prefetch_next_plane(kp + c * PQ, n, l.N, l.C * PQ, PQ);
-        input_grad_plane<T>(xp + off, dp + o, kp + o, g, mean, grad_mean, k, scale, gxp + off, !training);
+        T* gr = bn_out_row<T>(gxp, off, gs);
+        input_grad_plane<T>(bn_row<T>(xp, off, l.HW, xs), dp + o, kp + o, g, mean, grad_mean, k, scale, gr, !training);
+        bn_store_row<T>(gr, gxp, off, l.HW);
       }
     }
   });
@@ -473,8 +486,8 @@ BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, con
                                                             const Tensor& running_var, bool training,
                                                             double momentum, double eps) {
   detail::check_cpu("batch_norm_relu_max_pool2d_forward", x);
-  return detail::dispatch_float(x.dtype(), "batch_norm_relu_max_pool2d_forward", [&](auto t) {
-    return forward_impl<decltype(t)>(x, weight, bias, running_mean, running_var, training, momentum, eps);
+  return detail::bn_dispatch(x.dtype(), "batch_norm_relu_max_pool2d_forward", [&](auto t, auto s) {
+    return forward_impl<decltype(t), decltype(s)>(x, weight, bias, running_mean, running_var, training, momentum, eps);
   });
 }
 
@@ -485,8 +498,8 @@ BatchNormGrads batch_norm_relu_max_pool2d_backward(const Tensor& grad_out, const
                                                    bool training, bool need_input, bool need_weight,
                                                    bool need_bias) {
   detail::check_cpu("batch_norm_relu_max_pool2d_backward", x);
-  return detail::dispatch_float(x.dtype(), "batch_norm_relu_max_pool2d_backward", [&](auto t) {
-    return backward_impl<decltype(t)>(grad_out, x, code, winner, weight, bias, save_mean, save_invstd,
+  return detail::bn_dispatch(x.dtype(), "batch_norm_relu_max_pool2d_backward", [&](auto t, auto s) {
+    return backward_impl<decltype(t), decltype(s)>(grad_out, x, code, winner, weight, bias, save_mean, save_invstd,
                                       training, need_input, need_weight, need_bias);
   });
 }

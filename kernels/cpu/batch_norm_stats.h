@@ -6,7 +6,11 @@
 // y = fma(x, alpha, beta) with its relu, written once so that every fused kernel produces the
 // same bits as batch_norm_relu_forward; the software prefetch of a channel's next plane; the
 // forwards' common set-up (BnForwardArgs).
-// Assumes: x contiguous; running_mean/running_var contiguous [C] of x's dtype when given.
+// x may be stored in bfloat16 (X = uint16_t, its bits) and computed in float (T): its rows are widened
+// into a row scratch (BnRowScratch) and the input gradient's rows computed there and rounded on
+// store, so that every row function runs on float rows exactly as on a float32 tensor: the same bits
+// as casting x up, running the float kernel and casting the input gradient down.
+// Assumes: x contiguous; running_mean/running_var contiguous [C] of the compute type T when given.
 // Guarantees: channel_statistics reads only channel c and writes only rm[c], rv[c], so channels
 // may run on different threads; its result does not depend on the thread count.
 #pragma once
@@ -14,7 +18,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
+#include <vector>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/simd.h"
 
@@ -82,6 +89,89 @@ inline void prefetch_next_plane(const T* base, int64_t n, int64_t N, int64_t str
   if (n + 1 < N) prefetch_bytes(base + (n + 1) * stride, count * int64_t(sizeof(T)));
 }
 
+// ---- x stored in another type (X) than the one computed in (T): bf16 bits (uint16_t) read as float ----
+
+// Runs fn(T{}, X{}) for x's dtype: float32 or float64 (X = T), or bfloat16 (X = uint16_t, T = float).
+template <typename Fn>
+decltype(auto) bn_dispatch(DType dtype, const char* op, Fn&& fn) {
+  if (dtype == kBFloat16) return fn(float{}, uint16_t{});
+  return dispatch_float(dtype, op, [&](auto t) { return fn(t, t); });
+}
+
+// x's elements in storage type X (checked by the caller: bf16 bits when X is uint16_t).
+template <typename X>
+const X* bn_data(const Tensor& t) {
+  return static_cast<const X*>(t.raw_data());
+}
+template <typename X>
+X* bn_data(Tensor& t) {
+  return static_cast<X*>(t.raw_data());
+}
+
+// One stored value read as T.
+template <typename T, typename X>
+inline T bn_load(X v) {
+  if constexpr (std::is_same_v<X, uint16_t>) {
+    return bf16_bits_to_f32(v);
+  } else {
+    return v;
+  }
+}
+
+// A row of float values standing in for a row of a bf16 tensor (widened x, or an input gradient
+// before rounding). at(off) places element offset `off` of a tensor at the address a float32 tensor
+// (64-byte aligned) would give it, modulo 64 bytes, so that the row functions (Eigen's included,
+// whose vector loops may start at the first aligned element) take the same path and give the same
+// bits as on the float32 tensor. Holds nothing when X is T (rows are read in place).
+template <typename T>
+class BnRowScratch {
+ public:
+  template <typename X>
+  static BnRowScratch of(int64_t n) {
+    return BnRowScratch(std::is_same_v<X, T> ? 0 : n);
+  }
+  T* at(int64_t off) {
+    const auto base = (reinterpret_cast<uintptr_t>(buf_.data()) + 63) & ~uintptr_t(63);
+    return reinterpret_cast<T*>(base) + off % kPerLine;
+  }
+
+ private:
+  static constexpr int64_t kPerLine = 64 / int64_t(sizeof(T));
+  explicit BnRowScratch(int64_t n) : buf_(n > 0 ? size_t(n + 2 * kPerLine) : 0) {}
+  std::vector<T> buf_;
+};
+
+// Row `off` (n values) of x as T: x's own memory when X is T, else widened into s.
+template <typename T, typename X>
+const T* bn_row(const X* x, int64_t off, int64_t n, BnRowScratch<T>& s) {
+  if constexpr (std::is_same_v<X, T>) {
+    return x + off;
+  } else {
+    T* p = s.at(off);
+    const X* r = x + off;
+    for (int64_t i = 0; i < n; ++i) p[i] = bn_load<T>(r[i]);
+    return p;
+  }
+}
+
+// Where row `off` of an output stored as G is computed: in place when G is T, else in s, from where
+// bn_store_row rounds it into the output.
+template <typename T, typename G>
+T* bn_out_row(G* y, int64_t off, BnRowScratch<T>& s) {
+  if constexpr (std::is_same_v<G, T>) {
+    return y + off;
+  } else {
+    return s.at(off);
+  }
+}
+template <typename T, typename G>
+void bn_store_row(const T* row, G* y, int64_t off, int64_t n) {
+  if constexpr (!std::is_same_v<G, T>) {
+    G* o = y + off;
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16_bits(row[i]);
+  }
+}
+
 template <typename T>
 struct BnChannelStats {
   T mean, invstd;
@@ -89,19 +179,19 @@ struct BnChannelStats {
 
 // Statistics of channel c of x [N, C, HW] (xp). Training: batch mean and 1/sqrt(biased var + eps);
 // when rm and rv are both non-null, rm[c]/rv[c] are updated with momentum (unbiased variance).
-// Eval: rm[c]/rv[c] (both required).
-template <typename T>
-BnChannelStats<T> channel_statistics(const T* xp, const BnLayout& l, int64_t c, bool training,
-                                     double momentum, double eps, T* rm, T* rv) {
+// Eval: rm[c]/rv[c] (both required). xs: the row scratch of a bf16 x.
+template <typename T, typename X>
+BnChannelStats<T> channel_statistics(const X* xp, const BnLayout& l, int64_t c, bool training,
+                                     double momentum, double eps, T* rm, T* rv, BnRowScratch<T>& xs) {
   const int64_t M = l.N * l.HW;
   if (!training) return {rm[c], T(1.0 / std::sqrt(double(rv[c]) + eps))};
   // One pass for both moments, shifted by the channel's first value so that the sum of squares
   // does not cancel catastrophically.
-  const T shift = M > 0 ? xp[c * l.HW] : T(0);
+  const T shift = M > 0 ? bn_load<T>(xp[c * l.HW]) : T(0);
   double s1 = 0, s2 = 0;
   for (int64_t n = 0; n < l.N; ++n) {
     prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
-    const CArrMap<T> row(xp + (n * l.C + c) * l.HW, l.HW);  // L1-resident: read twice
+    const CArrMap<T> row(bn_row<T>(xp, (n * l.C + c) * l.HW, l.HW, xs), l.HW);  // L1-resident: read twice
     s1 += (row - shift).sum();
     s2 += (row - shift).square().sum();
   }
@@ -125,13 +215,14 @@ const T* data_or_null(const Tensor& t) {
 }
 
 // What every CPU batch-norm forward (plain, +relu, +relu+pool) sets up: x, weight and bias made
-// contiguous, the saved mean and invstd [C] it fills, and the running statistics, updated in place
-// in the caller's buffers (through handles) when given.
-template <typename T>
+// contiguous, the saved mean and invstd [C] (of T) it fills, and the running statistics, updated in
+// place in the caller's buffers (through handles) when given. x is stored as X.
+template <typename T, typename X = T>
 struct BnForwardArgs {
   Tensor x, weight, bias, save_mean, save_invstd, running_mean, running_var;
   BnLayout l;
-  const T *xp, *wp, *bp;
+  const X* xp;
+  const T *wp, *bp;
   T *mp, *ip, *rmp, *rvp;
 
   BnForwardArgs(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& rm,
@@ -142,9 +233,9 @@ struct BnForwardArgs {
         running_mean(rm),
         running_var(rv),
         l(bn_layout_of(x)) {
-    save_mean = Tensor::empty({l.C}, x.dtype());
-    save_invstd = Tensor::empty({l.C}, x.dtype());
-    xp = x.data<T>();
+    save_mean = Tensor::empty({l.C}, dtype_of<T>);
+    save_invstd = Tensor::empty({l.C}, dtype_of<T>);
+    xp = bn_data<X>(x);
     wp = data_or_null<T>(weight);
     bp = data_or_null<T>(bias);
     mp = save_mean.data<T>();
@@ -154,9 +245,10 @@ struct BnForwardArgs {
   }
 
   // Channel c: its statistics (saved; the running ones updated in training, read in eval) and the
-  // affine map the output applies. Touches only channel c, so channels may run on any thread.
-  BnAffine<T> channel(int64_t c, bool training, double momentum, double eps) const {
-    const auto [mean, invstd] = channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp);
+  // affine map the output applies. Touches only channel c, so channels may run on any thread (each
+  // with its own row scratch xs).
+  BnAffine<T> channel(int64_t c, bool training, double momentum, double eps, BnRowScratch<T>& xs) const {
+    const auto [mean, invstd] = channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp, xs);
     mp[c] = mean;
     ip[c] = invstd;
     return bn_affine_of<T>(invstd, wp, bp, c, mean);

@@ -19,10 +19,13 @@
 // simd_path_count with the level of the rows it ran.
 // The statistics, the affine map and the layout are kernels/cpu/batch_norm_stats.h's, shared with
 // the fused batch_norm+relu+max_pool kernels (kernels/cpu/batch_norm_pool.cpp).
-// x may be bfloat16 (weight, bias, running and saved statistics float32): rows are widened into a
-// per-thread scratch and computed in float32, the output is float32, and the backward's input
-// gradient is bfloat16, rounded on store; the same bits as casting x up, the float32 kernel and
-// casting the input gradient down.
+// x may be bfloat16 (weight, bias, running and saved statistics float32), computed in float32: the
+// relu vector rows widen it on load and round the input gradient to bfloat16 on store
+// (simd::load_lanes / store_lanes); the statistics, the plain batch_norm's (Eigen) rows and the
+// portable rows widen each row into a per-thread scratch first and round the gradient from one
+// (kernels/cpu/batch_norm_stats.h). The output is float32. The same instructions in the same order as
+// on float32 rows: the same bits as casting x up, the float32 kernel and casting the input gradient
+// down.
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -38,6 +41,8 @@ namespace {
 
 using detail::bn_affine_of;
 using detail::bn_affine_value;
+using detail::bn_load;
+using detail::bn_narrow;
 using detail::bn_relu_value;
 using detail::BnLayout;
 
@@ -49,12 +54,15 @@ constexpr bool kVectorRows = kSimdLevel == SimdLevel::avx512;
 using simd::kFloatLanes;
 using simd::lane_mask;
 
+// The vector rows take x (and write its gradient) as float or bfloat16 (X), converted in the lanes.
+
 // y = relu(fma(x, a, b)) over n values; NaN propagates as in relu.
-void bn_relu_row_vec(const float* x, float* y, int64_t n, float a, float b) {
+template <typename X>
+void bn_relu_row_vec(const X* x, float* y, int64_t n, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kFloatLanes) {
     const __mmask16 m = lane_mask(n - i);
-    const __m512 v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + i), va, vb);
+    const __m512 v = _mm512_fmadd_ps(simd::load_lanes(m, x + i), va, vb);
     _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(z, v));  // max(z, NaN) = NaN
   }
 }
@@ -70,7 +78,8 @@ inline __mmask16 relu_mask(__mmask16 m, __m512 xv, __m512 va, __m512 vb) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
-void bn_relu_sums_row_vec(const float* dy, const float* x, int64_t n, float a, float b, float mean,
+template <typename X>
+void bn_relu_sums_row_vec(const float* dy, const X* x, int64_t n, float a, float b, float mean,
                           double& s_dy, double& s_dy_xmu) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
   const __m512 z = _mm512_setzero_ps();
@@ -78,7 +87,7 @@ void bn_relu_sums_row_vec(const float* dy, const float* x, int64_t n, float a, f
   // one chain of adds is latency-bound.
   __m512 s1a = z, s1b = z, s2a = z, s2b = z;
   auto step = [&](int64_t i, __mmask16 m, __m512& s1, __m512& s2) {
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 xv = simd::load_lanes(m, x + i);
     const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
     s1 = _mm512_add_ps(s1, d);
     s2 = _mm512_fmadd_ps(d, _mm512_sub_ps(xv, vm), s2);
@@ -96,43 +105,47 @@ void bn_relu_sums_row_vec(const float* dy, const float* x, int64_t n, float a, f
 #pragma GCC diagnostic pop
 #endif
 
-void bn_relu_grad_row_vec(const float* dy, const float* x, float* gx, int64_t n, float a, float b, float mean,
+template <typename X>
+void bn_relu_grad_row_vec(const float* dy, const X* x, X* gx, int64_t n, float a, float b, float mean,
                           float grad_mean, float k, float scale) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
   const __m512 vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k), vs = _mm512_set1_ps(scale);
   const __m512 z = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kFloatLanes) {
     const __mmask16 m = lane_mask(n - i);
-    const __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
+    const __m512 xv = simd::load_lanes(m, x + i);
     const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(d, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-    _mm512_mask_storeu_ps(gx + i, m, _mm512_mul_ps(t, vs));
+    simd::store_lanes(gx + i, m, _mm512_mul_ps(t, vs));
   }
 }
 #endif
 
+// The scalar rows read x stored as X (widened exactly) and store the gradient as X.
+
 // y = relu(fma(x, a, b)) over n values; NaN propagates as in relu.
-template <typename T>
-void bn_relu_row(const T* x, T* y, int64_t n, T a, T b) {
+template <typename T, typename X>
+void bn_relu_row(const X* x, T* y, int64_t n, T a, T b) {
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
   if constexpr (std::is_same_v<T, float>) return bn_relu_row_vec(x, y, n, a, b);
 #endif
   for (int64_t i = 0; i < n; ++i) {
-    y[i] = bn_relu_value(bn_affine_value(x[i], a, b));
+    y[i] = bn_relu_value(bn_affine_value(bn_load<T>(x[i]), a, b));
   }
 }
 
 // With d = (fma(x, a, b) <= 0 ? 0 : dy): s_dy += sum d, s_dy_xmu += sum d * (x - mean).
-template <typename T>
-void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, double& s_dy, double& s_dy_xmu) {
+template <typename T, typename X>
+void bn_relu_sums_row(const T* dy, const X* x, int64_t n, T a, T b, T mean, double& s_dy, double& s_dy_xmu) {
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
   if constexpr (std::is_same_v<T, float>) return bn_relu_sums_row_vec(dy, x, n, a, b, mean, s_dy, s_dy_xmu);
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T d = bn_affine_value(x[i], a, b) <= T(0) ? T(0) : dy[i];
+    const T xi = bn_load<T>(x[i]);
+    const T d = bn_affine_value(xi, a, b) <= T(0) ? T(0) : dy[i];
     t1 += d;
-    t2 += d * (x[i] - mean);
+    t2 += d * (xi - mean);
   }
   s_dy += t1;
   s_dy_xmu += t2;
@@ -141,19 +154,22 @@ void bn_relu_sums_row(const T* dy, const T* x, int64_t n, T a, T b, T mean, doub
 // gx = (d - grad_mean - (x - mean) * k) * scale with d as above (training); gx = d * scale (eval: x
 // takes no part, so a NaN x that passes its gradient gives dy * scale there, as PyTorch's eval
 // backward; for finite x the training formula with grad_mean = k = 0 has the same bits).
-template <typename T>
-void bn_relu_grad_row(const T* dy, const T* x, T* gx, int64_t n, T a, T b, T mean, T grad_mean, T k, T scale,
+template <typename T, typename X>
+void bn_relu_grad_row(const T* dy, const X* x, X* gx, int64_t n, T a, T b, T mean, T grad_mean, T k, T scale,
                       bool eval = false) {
   if (eval) {
-    for (int64_t i = 0; i < n; ++i) gx[i] = (bn_affine_value(x[i], a, b) <= T(0) ? T(0) : dy[i]) * scale;
+    for (int64_t i = 0; i < n; ++i) {
+      gx[i] = bn_narrow<X>((bn_affine_value(bn_load<T>(x[i]), a, b) <= T(0) ? T(0) : dy[i]) * scale);
+    }
     return;
   }
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
   if constexpr (std::is_same_v<T, float>) return bn_relu_grad_row_vec(dy, x, gx, n, a, b, mean, grad_mean, k, scale);
 #endif
   for (int64_t i = 0; i < n; ++i) {
-    const T d = bn_affine_value(x[i], a, b) <= T(0) ? T(0) : dy[i];
-    gx[i] = (d - grad_mean - (x[i] - mean) * k) * scale;
+    const T xi = bn_load<T>(x[i]);
+    const T d = bn_affine_value(xi, a, b) <= T(0) ? T(0) : dy[i];
+    gx[i] = bn_narrow<X>((d - grad_mean - (xi - mean) * k) * scale);
   }
 }
 
@@ -163,6 +179,33 @@ using detail::bn_row;
 using detail::bn_store_row;
 using detail::BnRowScratch;
 using detail::CArrMap;
+
+// Whether the relu rows read x (and write its gradient) in x's storage type X themselves: the float
+// vector rows (and any X = T). Else a bfloat16 row is widened into a scratch first and its gradient
+// rounded from one, so that the portable rows run on float rows only; so do the Eigen rows of the
+// plain batch_norm and the statistics.
+template <typename T, typename X>
+constexpr bool kDirectRows = std::is_same_v<X, T> || (std::is_same_v<T, float> && kVectorRows);
+
+// Row `off` of x as the relu rows take it: in place where kDirectRows, else widened into s.
+template <typename T, typename X>
+auto relu_row_x(const X* x, int64_t off, int64_t n, BnRowScratch<T>& s) {
+  if constexpr (kDirectRows<T, X>) {
+    return x + off;
+  } else {
+    return bn_row<T>(x, off, n, s);
+  }
+}
+// Where the relu rows write row `off` of the input gradient: in place where kDirectRows, else in s
+// (then bn_store_row).
+template <typename T, typename X>
+auto relu_row_gx(X* gx, int64_t off, BnRowScratch<T>& s) {
+  if constexpr (kDirectRows<T, X>) {
+    return gx + off;
+  } else {
+    return bn_out_row<T>(gx, off, s);
+  }
+}
 
 template <typename T, typename X>
 BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
@@ -184,11 +227,10 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
       const auto [alpha, beta] = a.channel(c, training, momentum, eps, xs);
       for (int64_t n = 0; n < l.N; ++n) {
         const int64_t off = (n * l.C + c) * l.HW;
-        const T* xr = bn_row<T>(xp, off, l.HW, xs);
         if (relu) {
-          bn_relu_row<T>(xr, yp + off, l.HW, alpha, beta);
+          bn_relu_row<T>(relu_row_x<T>(xp, off, l.HW, xs), yp + off, l.HW, alpha, beta);
         } else {
-          ArrMap<T>(yp + off, l.HW) = CArrMap<T>(xr, l.HW) * alpha + beta;
+          ArrMap<T>(yp + off, l.HW) = CArrMap<T>(bn_row<T>(xp, off, l.HW, xs), l.HW) * alpha + beta;
         }
       }
     }
@@ -240,7 +282,8 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
       if (need_sums && relu) {
         for (int64_t n = 0; n < l.N; ++n) {
           const int64_t off = (n * l.C + c) * l.HW;
-          bn_relu_sums_row<T>(gyp + off, bn_row<T>(xp, off, l.HW, xs), l.HW, alpha, beta, mean, sum_dy, sum_dy_xmu);
+          bn_relu_sums_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), l.HW, alpha, beta, mean, sum_dy,
+                              sum_dy_xmu);
         }
       } else if (need_sums) {
         for (int64_t n = 0; n < l.N; ++n) {
@@ -259,27 +302,31 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const T scale = invstd * w;
         for (int64_t n = 0; n < l.N; ++n) {
           const int64_t off = (n * l.C + c) * l.HW;
-          const T* xr = bn_row<T>(xp, off, l.HW, xs);
-          T* gr = bn_out_row<T>(gxp, off, gs);
           if (relu) {
-            bn_relu_grad_row<T>(gyp + off, xr, gr, l.HW, alpha, beta, mean, grad_mean, k, scale);
-          } else {
-            const CArrMap<T> dy(gyp + off, l.HW), xv(xr, l.HW);
-            ArrMap<T>(gr, l.HW) = (dy - grad_mean - (xv - mean) * k) * scale;
+            const auto gr = relu_row_gx<T>(gxp, off, gs);
+            bn_relu_grad_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), gr, l.HW, alpha, beta, mean, grad_mean,
+                                k, scale);
+            if constexpr (!kDirectRows<T, X>) bn_store_row<T>(gr, gxp, off, l.HW);
+            continue;
           }
+          T* gr = bn_out_row<T>(gxp, off, gs);
+          const CArrMap<T> dy(gyp + off, l.HW), xv(bn_row<T>(xp, off, l.HW, xs), l.HW);
+          ArrMap<T>(gr, l.HW) = (dy - grad_mean - (xv - mean) * k) * scale;
           bn_store_row<T>(gr, gxp, off, l.HW);
         }
       } else {
         const T scale = invstd * w;
         for (int64_t n = 0; n < l.N; ++n) {
           const int64_t off = (n * l.C + c) * l.HW;
-          T* gr = bn_out_row<T>(gxp, off, gs);
           if (relu) {
-            bn_relu_grad_row<T>(gyp + off, bn_row<T>(xp, off, l.HW, xs), gr, l.HW, alpha, beta, mean, T(0), T(0),
-                                scale, /*eval=*/true);
-          } else {
-            ArrMap<T>(gr, l.HW) = CArrMap<T>(gyp + off, l.HW) * scale;
+            const auto gr = relu_row_gx<T>(gxp, off, gs);
+            bn_relu_grad_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), gr, l.HW, alpha, beta, mean, T(0),
+                                T(0), scale, /*eval=*/true);
+            if constexpr (!kDirectRows<T, X>) bn_store_row<T>(gr, gxp, off, l.HW);
+            continue;
           }
+          T* gr = bn_out_row<T>(gxp, off, gs);
+          ArrMap<T>(gr, l.HW) = CArrMap<T>(gyp + off, l.HW) * scale;
           bn_store_row<T>(gr, gxp, off, l.HW);
         }
       }

@@ -24,10 +24,12 @@
 //   unfused ops'. Each call is counted in simd_path_count with the level of the rows it ran.
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
-// - x may be bfloat16 (weight, bias, running and saved statistics float32): each plane is widened
-//   into a per-thread scratch and computed in float32; the output and winner are float32 and the
-//   backward's input gradient bfloat16, rounded on store: the same bits as casting x up, the float32
-//   kernels and casting the input gradient down.
+// - x may be bfloat16 (weight, bias, running and saved statistics float32): the vector rows widen it
+//   on load and round the input gradient to bfloat16 on store (simd::load_lanes / store_lanes,
+//   load_first / store_first); the statistics, and the portable rows, widen each row into a
+//   per-thread scratch first (kernels/cpu/batch_norm_stats.h). Computed in float32 with the float
+//   rows' instructions and order; the output and winner are float32: the same bits as casting x up,
+//   the float32 kernels and casting the input gradient down.
 #include "kernels/ops.h"
 
 #include <algorithm>
@@ -44,6 +46,8 @@ namespace {
 
 using detail::bn_affine_of;
 using detail::bn_affine_value;
+using detail::bn_load;
+using detail::bn_narrow;
 using detail::bn_relu_value;
 using detail::BnLayout;
 
@@ -93,24 +97,23 @@ struct GradSums {
 using simd::kFloatLanes;
 using simd::lane_mask;
 
-// forward_plane's float rows, 16 pooled outputs per step.
-void forward_plane_vec(const float* x, const Geom& g, float a, float b, float* y, uint8_t* code, float* xw) {
+// forward_plane's float rows, 16 pooled outputs per step; x float or bfloat16 (X).
+template <typename X>
+void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, uint8_t* code, float* xw) {
   const int64_t Q = g.Q;
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
   const __m512i even = simd::even_lanes(), odd = simd::odd_lanes();
   // relu(fma(x, a, b)) exactly as batch_norm_relu_forward's row: max(z, NaN) = NaN.
   auto act = [&](__m512 xv) { return _mm512_max_ps(z, _mm512_fmadd_ps(xv, va, vb)); };
   for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
-    const float* r0 = x + 2 * p * g.W;
-    const float* r1 = r0 + g.W;
+    const X* r0 = x + 2 * p * g.W;
+    const X* r1 = r0 + g.W;
     for (int64_t q0 = 0; q0 < Q; q0 += kFloatLanes) {
       // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
       const int64_t n = std::min<int64_t>(kFloatLanes, Q - q0), n2 = 2 * n;
       const __mmask16 m = lane_mask(n), m_lo = lane_mask(n2), m_hi = lane_mask(n2 - 16);
-      const __m512 xa0 = _mm512_maskz_loadu_ps(m_lo, r0 + 2 * q0),
-                   xa1 = _mm512_maskz_loadu_ps(m_hi, r0 + 2 * q0 + 16);
-      const __m512 xb0 = _mm512_maskz_loadu_ps(m_lo, r1 + 2 * q0),
-                   xb1 = _mm512_maskz_loadu_ps(m_hi, r1 + 2 * q0 + 16);
+      const __m512 xa0 = simd::load_lanes(m_lo, r0 + 2 * q0), xa1 = simd::load_lanes(m_hi, r0 + 2 * q0 + 16);
+      const __m512 xb0 = simd::load_lanes(m_lo, r1 + 2 * q0), xb1 = simd::load_lanes(m_hi, r1 + 2 * q0 + 16);
       const __m512 a0 = act(xa0), a1 = act(xa1), b0 = act(xb0), b1 = act(xb1);
       __m512 best = _mm512_permutex2var_ps(a0, even, a1), xbest = _mm512_permutex2var_ps(xa0, even, xa1);
       __m512i k = _mm512_setzero_si512();
@@ -150,9 +153,10 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
   s.xmu_lanes.add(s2);
 }
 
-// input_grad_plane's float rows, 16 columns (8 pooled elements) per step.
-void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, const Geom& g, float mean,
-                          float grad_mean, float k, float scale, float* gx) {
+// input_grad_plane's float rows, 16 columns (8 pooled elements) per step; x and gx float or bfloat16 (X).
+template <typename X>
+void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const Geom& g, float mean,
+                          float grad_mean, float k, float scale, X* gx) {
   const int64_t W = g.W, Q = g.Q;
   const __m512 vm = _mm512_set1_ps(mean), vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k);
   const __m512 vs = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
@@ -160,14 +164,14 @@ void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, c
   // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
   const __m512i here_even = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
   const __m512i here_odd = _mm512_add_epi32(here_even, _mm512_set1_epi32(2));
-  auto row = [&](const float* xr, float* gr, __m512 dv, int64_t j0, __mmask16 m) {
-    const __m512 xv = _mm512_maskz_loadu_ps(m, xr + j0);
+  auto row = [&](const X* xr, X* gr, __m512 dv, int64_t j0, __mmask16 m) {
+    const __m512 xv = simd::load_lanes(m, xr + j0);
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-    _mm512_mask_storeu_ps(gr + j0, m, _mm512_mul_ps(t, vs));
+    simd::store_lanes(gr + j0, m, _mm512_mul_ps(t, vs));
   };
   for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
-    const float* x0 = x + 2 * p * W;
-    float* g0 = gx + 2 * p * W;
+    const X* x0 = x + 2 * p * W;
+    X* g0 = gx + 2 * p * W;
     for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
       const __mmask16 m = lane_mask(W - j0);
       // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
@@ -217,14 +221,16 @@ inline __m256i load_codes_dup(const uint8_t* in, int64_t n) {
                                      _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
 }
 
-// forward_plane's float rows, 8 pooled outputs per step; the relu is the scalar rows' (relu8).
-void forward_plane_vec(const float* x, const Geom& g, float a, float b, float* y, uint8_t* code, float* xw) {
+// forward_plane's float rows, 8 pooled outputs per step; the relu is the scalar rows' (relu8); x float
+// or bfloat16 (X).
+template <typename X>
+void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, uint8_t* code, float* xw) {
   const int64_t Q = g.Q;
   const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
   auto act = [&](__m256 xv) { return relu8(_mm256_fmadd_ps(xv, va, vb)); };
   for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
-    const float* r0 = x + 2 * p * g.W;
-    const float* r1 = r0 + g.W;
+    const X* r0 = x + 2 * p * g.W;
+    const X* r1 = r0 + g.W;
     for (int64_t q0 = 0; q0 < Q; q0 += kFloatLanes) {
       // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
       const int64_t n = std::min<int64_t>(kFloatLanes, Q - q0);
@@ -268,9 +274,10 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
   s.xmu_lanes.add(s2);
 }
 
-// input_grad_plane's float rows, 8 columns (4 pooled elements) per step.
-void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, const Geom& g, float mean,
-                          float grad_mean, float k, float scale, float* gx) {
+// input_grad_plane's float rows, 8 columns (4 pooled elements) per step; x and gx float or bfloat16 (X).
+template <typename X>
+void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const Geom& g, float mean,
+                          float grad_mean, float k, float scale, X* gx) {
   const int64_t W = g.W, Q = g.Q;
   const __m256 vm = _mm256_set1_ps(mean), vg = _mm256_set1_ps(grad_mean), vk = _mm256_set1_ps(k);
   const __m256 vs = _mm256_set1_ps(scale);
@@ -278,14 +285,14 @@ void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, c
   // The window position of each lane in an even and an odd row: 2 * (h & 1) + (lane & 1).
   const __m256i here_even = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
   const __m256i here_odd = _mm256_add_epi32(here_even, _mm256_set1_epi32(2));
-  auto row = [&](const float* xr, float* gr, __m256 dv, int64_t j0) {
+  auto row = [&](const X* xr, X* gr, __m256 dv, int64_t j0) {
     const __m256 xv = load_first(xr + j0, W - j0);
     const __m256 t = _mm256_sub_ps(_mm256_sub_ps(dv, vg), _mm256_mul_ps(_mm256_sub_ps(xv, vm), vk));
     store_first(gr + j0, _mm256_mul_ps(t, vs), W - j0);
   };
   for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
-    const float* x0 = x + 2 * p * W;
-    float* g0 = gx + 2 * p * W;
+    const X* x0 = x + 2 * p * W;
+    X* g0 = gx + 2 * p * W;
     for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
       // Pooled elements under these lanes: columns j0 .. min(j0 + 8, 2Q) - 1 (j0 is even); lanes
       // past them get d = 0 (masked load) and code 0, which never matters with d = 0.
@@ -304,18 +311,19 @@ void input_grad_plane_vec(const float* x, const float* d, const uint8_t* code, c
 }
 #endif
 
-// ---- forward: one plane x [H, W] -> y, code, xw (x at the winning position) [P, Q] ----
-template <typename T>
-void forward_plane(const T* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* xw) {
+// ---- forward: one plane x [H, W] (stored as X) -> y, code, xw (x at the winning position) [P, Q] ----
+template <typename T, typename X>
+void forward_plane(const X* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* xw) {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
   if constexpr (std::is_same_v<T, float>) return forward_plane_vec(x, g, a, b, y, code, xw);
 #endif
   const int64_t Q = g.Q;
   for (int64_t p = 0; p < g.P; ++p, y += Q, code += Q, xw += Q) {
-    const T* r0 = x + 2 * p * g.W;
-    const T* r1 = r0 + g.W;
+    const X* r0 = x + 2 * p * g.W;
+    const X* r1 = r0 + g.W;
     for (int64_t q = 0; q < Q; ++q) {
-      const T win[4] = {r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1]};
+      const T win[4] = {bn_load<T>(r0[2 * q]), bn_load<T>(r0[2 * q + 1]), bn_load<T>(r1[2 * q]),
+                        bn_load<T>(r1[2 * q + 1])};
       T best = bn_relu_value(bn_affine_value(win[0], a, b));
       uint8_t bk = 0;
       for (uint8_t i = 1; i < 4; ++i) take_max(bn_relu_value(bn_affine_value(win[i], a, b)), i, best, bk);
@@ -348,9 +356,9 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
 // d_here = d[h / 2, w / 2] where code[h / 2, w / 2] == 2 * (h & 1) + (w & 1), h < 2P and w < 2Q; else 0. ----
 // Eval (grad_mean = k = 0): gx = d_here * scale, x taking no part (a NaN x whose window it won gets
 // dy * scale, as PyTorch's eval backward; finite x give the same bits either way).
-template <typename T>
-void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g, T mean, T grad_mean, T k,
-                      T scale, T* gx, bool eval) {
+template <typename T, typename X>
+void input_grad_plane(const X* x, const T* d, const uint8_t* code, const Geom& g, T mean, T grad_mean, T k,
+                      T scale, X* gx, bool eval) {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
   if constexpr (std::is_same_v<T, float>) {
     if (!eval) return input_grad_plane_vec(x, d, code, g, mean, grad_mean, k, scale, gx);
@@ -363,15 +371,19 @@ void input_grad_plane(const T* x, const T* d, const uint8_t* code, const Geom& g
       const int64_t i = (h / 2) * Q + w / 2;
       T dv = T(0);
       if (pooled && w < 2 * Q && code[i] == 2 * (h & 1) + (w & 1)) dv = d[i];
-      gx[h * W + w] = eval ? dv * scale : (dv - grad_mean - (x[h * W + w] - mean) * k) * scale;
+      gx[h * W + w] =
+          bn_narrow<X>(eval ? dv * scale : (dv - grad_mean - (bn_load<T>(x[h * W + w]) - mean) * k) * scale);
     }
   }
 }
 
-using detail::bn_out_row;
-using detail::bn_row;
-using detail::bn_store_row;
 using detail::BnRowScratch;
+
+// Whether the plane rows read (and write) x's storage type X themselves: the float vector rows (and
+// any X = T); else a bfloat16 plane is widened into a scratch first and its gradient rounded from one,
+// so that the portable rows run on float planes only.
+template <typename T, typename X>
+constexpr bool kDirectRows = std::is_same_v<X, T> || (std::is_same_v<T, float> && kVectorRows);
 
 template <typename T, typename X>
 BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
@@ -401,7 +413,12 @@ BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_i
       for (int64_t n = 0; n < l.N; ++n) {
         const int64_t o = (n * l.C + c) * PQ;
         prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
-        forward_plane<T>(bn_row<T>(xp, (n * l.C + c) * l.HW, l.HW, xs), g, alpha, beta, yp + o, kp + o, xwp + o);
+        const int64_t off = (n * l.C + c) * l.HW;
+        if constexpr (kDirectRows<T, X>) {
+          forward_plane<T>(xp + off, g, alpha, beta, yp + o, kp + o, xwp + o);
+        } else {
+          forward_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), g, alpha, beta, yp + o, kp + o, xwp + o);
+        }
       }
     }
   });
@@ -445,7 +462,9 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const int64_t M = l.N * l.HW, PQ = g.P * g.Q;
 
   detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
-    auto xs = BnRowScratch<T>::template of<X>(l.HW), gs = BnRowScratch<T>::template of<X>(l.HW);
+    // The portable rows' widened planes of a bfloat16 x and its gradient.
+    auto xs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
+    auto gs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
     for (int64_t c = c0; c < c1; ++c) {
       const T mean = mp[c], invstd = ip[c];
       const T w = wp ? wp[c] : T(1);
@@ -470,9 +489,14 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const int64_t off = (n * l.C + c) * l.HW, o = (n * l.C + c) * PQ;
         prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
         prefetch_next_plane(kp + c * PQ, n, l.N, l.C * PQ, PQ);
-        T* gr = bn_out_row<T>(gxp, off, gs);
-        input_grad_plane<T>(bn_row<T>(xp, off, l.HW, xs), dp + o, kp + o, g, mean, grad_mean, k, scale, gr, !training);
-        bn_store_row<T>(gr, gxp, off, l.HW);
+        if constexpr (kDirectRows<T, X>) {
+          input_grad_plane<T>(xp + off, dp + o, kp + o, g, mean, grad_mean, k, scale, gxp + off, !training);
+        } else {
+          T* gr = detail::bn_out_row<T>(gxp, off, gs);
+          input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), dp + o, kp + o, g, mean, grad_mean, k, scale, gr,
+                              !training);
+          detail::bn_store_row<T>(gr, gxp, off, l.HW);
+        }
       }
     }
   });

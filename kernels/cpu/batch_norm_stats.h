@@ -118,6 +118,16 @@ inline T bn_load(X v) {
   }
 }
 
+// One value of T stored as G (bfloat16 bits: rounded as f32_to_bf16_bits).
+template <typename G, typename T>
+inline G bn_narrow(T v) {
+  if constexpr (std::is_same_v<G, uint16_t>) {
+    return f32_to_bf16_bits(v);
+  } else {
+    return v;
+  }
+}
+
 // A row of float values standing in for a row of a bf16 tensor (widened x, or an input gradient
 // before rounding). at(off) places element offset `off` of a tensor at the address a float32 tensor
 // (64-byte aligned) would give it, modulo 64 bytes, so that the row functions (Eigen's included,
@@ -168,7 +178,7 @@ template <typename T, typename G>
 void bn_store_row(const T* row, G* y, int64_t off, int64_t n) {
   if constexpr (!std::is_same_v<G, T>) {
     G* o = y + off;
-    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16_bits(row[i]);
+    for (int64_t i = 0; i < n; ++i) o[i] = bn_narrow<G>(row[i]);
   }
 }
 

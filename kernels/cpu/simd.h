@@ -3,7 +3,8 @@
 // compiler's macros (TANDEM_SIMD for the preprocessor, kSimdLevel for C++; no kernel tests
 // __AVX512F__ or __AVX2__ itself), the <immintrin.h> include, the pieces the vector rows share
 // (lane counts, masks of a row's ragged end, masked loads and stores, horizontal sums, float lanes
-// summed into doubles, even/odd lane splits, max_pool2d's comparison) and the record of which path
+// summed into doubles, even/odd lane splits, max_pool2d's comparison, bfloat16 lanes widened on load
+// and rounded on store) and the record of which path
 // each kernel call took (simd_path_count, counted in kernels/cpu/simd.cpp).
 // Guarantees: load_first/store_first touch nothing at or past p + n. AVX-512: a masked load; a
 // plain store of a full vector, a masked one of the ragged end (rows that are mostly a ragged end,
@@ -164,6 +165,33 @@ inline __mmask16 greater_or_nan(__m512 v, __m512 best) {
   return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
 }
 
+// bfloat16 lanes (uint16_t bits): the lanes m of p widened to float (exact), 0 in the others.
+inline __m512 load_bf16(__mmask16 m, const uint16_t* p) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+#else
+  alignas(32) uint16_t tmp[16] = {};
+  for (int i = 0; i < 16; ++i) tmp[i] = (m >> i) & 1 ? p[i] : uint16_t(0);
+  const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+#endif
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// v rounded to bfloat16 as kernels/cpu/bf16.h's f32_to_bf16_bits (nearest even, a NaN a quiet NaN),
+// the lanes m stored to p.
+inline void store_bf16(uint16_t* p, __mmask16 m, __m512 v) {
+  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+  const __m512i rounding = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, rounding), 16);
+  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  _mm512_mask_cvtepi32_storeu_epi16(p, m, _mm512_mask_mov_epi32(rounded, nan, quiet));
+}
+// The lanes m of a float or bfloat16 row: loaded as float (0 in the other lanes), stored from float.
+inline __m512 load_lanes(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load_lanes(__mmask16 m, const uint16_t* p) { return load_bf16(m, p); }
+inline void store_lanes(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store_lanes(uint16_t* p, __mmask16 m, __m512 v) { store_bf16(p, m, v); }
+
 #elif TANDEM_SIMD == TANDEM_SIMD_AVX2
 
 inline constexpr int64_t kFloatLanes = 8;
@@ -213,6 +241,38 @@ inline __m256 deinterleave(__m256 a, __m256 b) {
 // The lanes (all ones) where v replaces best under max_pool2d's rule: v greater, or v NaN.
 inline __m256 greater_or_nan(__m256 v, __m256 best) {
   return _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+// bfloat16 lanes (uint16_t bits): the first n (clamped to 0..8) values at p widened to float
+// (exact), 0 in the other lanes; the ragged end through the stack.
+inline __m256 load_first(const uint16_t* p, int64_t n) {
+  __m128i h;
+  if (n >= 8) {
+    h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  } else {
+    alignas(16) uint16_t tmp[8] = {};
+    for (int64_t i = 0; i < n; ++i) tmp[i] = p[i];
+    h = _mm_load_si128(reinterpret_cast<const __m128i*>(tmp));
+  }
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+// v rounded to bfloat16 as kernels/cpu/bf16.h's f32_to_bf16_bits (nearest even, a NaN a quiet NaN),
+// the first n (clamped to 0..8) lanes stored to p; the ragged end through the stack.
+inline void store_first(uint16_t* p, __m256 v, int64_t n) {
+  const __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+  const __m256i rounding = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)));
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rounding), 16);
+  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+  const __m256i r = _mm256_blendv_epi8(rounded, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  // packus (values fit 16 bits) gives lanes 0-3 in quadword 0 and 4-7 in quadword 2.
+  const __m128i h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+  if (n >= 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  } else {
+    alignas(16) uint16_t tmp[8];
+    _mm_store_si128(reinterpret_cast<__m128i*>(tmp), h);
+    for (int64_t i = 0; i < n; ++i) p[i] = tmp[i];
+  }
 }
 
 #endif

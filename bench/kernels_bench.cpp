@@ -1,7 +1,8 @@
 // The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the conv layers of
 // MnistNet and the example ResNet forward and backward (f32 and bf16), linear forward and backward,
 // and the fused batch_norm+relu+max_pool beside the unfused composition it replaces (batch_norm_relu
-// then max_pool2d), so that the fusion's gain shows as a ratio of the same run. BM_GemmPeak times a
+// then max_pool2d), so that the fusion's gain shows as a ratio of the same run; likewise the batch
+// norms on a bf16 input beside the cast-up composition they replace. BM_GemmPeak times a
 // 512^3 product through the engine's linear entry points at 1 and 2 threads, f32 and bf16: the peak
 // that bench/headline.py divides each kernel's FLOP/s by. Build it for another instruction set to
 // see that set's kernel paths, e.g.
@@ -88,6 +89,45 @@ void BM_BnReluPoolUnfusedBackward(benchmark::State& state) {
     auto g = kernels::batch_norm_relu_backward(g_relu, c.x, c.w, c.b, bn.save_mean, bn.save_invstd, true, true,
                                                true, true);
     benchmark::DoNotOptimize(g.input.raw_data());
+  }
+}
+
+// A bf16 activation (autocast's conv output) into batch_norm_relu (kPool false) or the fused
+// batch_norm+relu+max_pool (kPool true): Arg(1) 0 times the composition the bf16 kernels replace (x
+// cast up to f32, the f32 kernel; backward: the f32 kernel on that saved f32 x, its input gradient
+// cast down to bf16), 1 the kernel on the bf16 x itself (same bits). Arg(0) = layer.
+template <bool kPool>
+void BM_BnReluBf16Forward(benchmark::State& state) {
+  set_num_threads(1);
+  BnCase c(bn_shape(state.range(0)));
+  const Tensor x16 = kernels::cast(c.x, kBFloat16);
+  const bool direct = state.range(1) == 1;
+  for (auto _ : state) {
+    const Tensor x = direct ? x16 : kernels::cast(x16, kFloat32);
+    if constexpr (kPool) {
+      benchmark::DoNotOptimize(
+          kernels::batch_norm_relu_max_pool2d_forward(x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5).output.raw_data());
+    } else {
+      benchmark::DoNotOptimize(kernels::batch_norm_relu_forward(x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5).output.raw_data());
+    }
+  }
+}
+
+template <bool kPool>
+void BM_BnReluBf16Backward(benchmark::State& state) {
+  set_num_threads(1);
+  BnCase c(bn_shape(state.range(0)));
+  const Tensor x16 = kernels::cast(c.x, kBFloat16);
+  const Tensor x = state.range(1) == 1 ? x16 : kernels::cast(x16, kFloat32);
+  auto f = kernels::batch_norm_relu_max_pool2d_forward(x, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+  const Tensor gy = kPool ? c.gy : uniform(x.shape(), 6);
+  for (auto _ : state) {
+    auto g = kPool ? kernels::batch_norm_relu_max_pool2d_backward(gy, x, f.code, f.winner, c.w, c.b, f.save_mean,
+                                                                  f.save_invstd, true, true, true, true)
+                   : kernels::batch_norm_relu_backward(gy, x, c.w, c.b, f.save_mean, f.save_invstd, true, true, true,
+                                                       true);
+    const Tensor gx = kernels::cast(g.input, kBFloat16);  // no pass when it already is bf16
+    benchmark::DoNotOptimize(gx.raw_data());
   }
 }
 
@@ -318,6 +358,10 @@ BENCHMARK(BM_BnReluPoolFusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicroseco
 BENCHMARK(BM_BnReluPoolUnfusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolFusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolUnfusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluBf16Forward<false>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluBf16Backward<false>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluBf16Forward<true>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_BnReluBf16Backward<true>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dBackward)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForwardBf16)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);

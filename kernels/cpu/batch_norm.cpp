@@ -21,7 +21,7 @@
 // the fused batch_norm+relu+max_pool kernels (kernels/cpu/batch_norm_pool.cpp).
 // x may be bfloat16 (weight, bias, running and saved statistics float32), computed in float32: the
 // relu vector rows widen it on load and round the input gradient to bfloat16 on store
-// (simd::load_lanes / store_lanes); the statistics, the plain batch_norm's (Eigen) rows and the
+// (simd::load_first / store_first); the statistics, the plain batch_norm's (Eigen) rows and the
 // portable rows widen each row into a per-thread scratch first and round the gradient from one
 // (kernels/cpu/batch_norm_stats.h). The output is float32. The same instructions in the same order as
 // on float32 rows: the same bits as casting x up, the float32 kernel and casting the input gradient
@@ -62,7 +62,7 @@ void bn_relu_row_vec(const X* x, float* y, int64_t n, float a, float b) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), z = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kFloatLanes) {
     const __mmask16 m = lane_mask(n - i);
-    const __m512 v = _mm512_fmadd_ps(simd::load_lanes(m, x + i), va, vb);
+    const __m512 v = _mm512_fmadd_ps(simd::load_first(x + i, n - i), va, vb);
     _mm512_mask_storeu_ps(y + i, m, _mm512_max_ps(z, v));  // max(z, NaN) = NaN
   }
 }
@@ -87,7 +87,7 @@ void bn_relu_sums_row_vec(const float* dy, const X* x, int64_t n, float a, float
   // one chain of adds is latency-bound.
   __m512 s1a = z, s1b = z, s2a = z, s2b = z;
   auto step = [&](int64_t i, __mmask16 m, __m512& s1, __m512& s2) {
-    const __m512 xv = simd::load_lanes(m, x + i);
+    const __m512 xv = simd::load_first(x + i, n - i);
     const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
     s1 = _mm512_add_ps(s1, d);
     s2 = _mm512_fmadd_ps(d, _mm512_sub_ps(xv, vm), s2);
@@ -113,10 +113,10 @@ void bn_relu_grad_row_vec(const float* dy, const X* x, X* gx, int64_t n, float a
   const __m512 z = _mm512_setzero_ps();
   for (int64_t i = 0; i < n; i += kFloatLanes) {
     const __mmask16 m = lane_mask(n - i);
-    const __m512 xv = simd::load_lanes(m, x + i);
+    const __m512 xv = simd::load_first(x + i, n - i);
     const __m512 d = _mm512_mask_blend_ps(relu_mask(m, xv, va, vb), z, _mm512_maskz_loadu_ps(m, dy + i));
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(d, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-    simd::store_lanes(gx + i, m, _mm512_mul_ps(t, vs));
+    simd::store_first(gx + i, _mm512_mul_ps(t, vs), n - i);
   }
 }
 #endif

@@ -25,8 +25,7 @@
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
 // - x may be bfloat16 (weight, bias, running and saved statistics float32): the vector rows widen it
-//   on load and round the input gradient to bfloat16 on store (simd::load_lanes / store_lanes,
-//   load_first / store_first); the statistics, and the portable rows, widen each row into a
+//   on load and round the input gradient to bfloat16 on store (simd::load_first / store_first); the statistics, and the portable rows, widen each row into a
 //   per-thread scratch first (kernels/cpu/batch_norm_stats.h). Computed in float32 with the float
 //   rows' instructions and order; the output and winner are float32: the same bits as casting x up,
 //   the float32 kernels and casting the input gradient down.
@@ -111,9 +110,9 @@ void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, ui
     for (int64_t q0 = 0; q0 < Q; q0 += kFloatLanes) {
       // n pooled outputs from 2n values of each row; masked-off lanes load 0 and are not stored.
       const int64_t n = std::min<int64_t>(kFloatLanes, Q - q0), n2 = 2 * n;
-      const __mmask16 m = lane_mask(n), m_lo = lane_mask(n2), m_hi = lane_mask(n2 - 16);
-      const __m512 xa0 = simd::load_lanes(m_lo, r0 + 2 * q0), xa1 = simd::load_lanes(m_hi, r0 + 2 * q0 + 16);
-      const __m512 xb0 = simd::load_lanes(m_lo, r1 + 2 * q0), xb1 = simd::load_lanes(m_hi, r1 + 2 * q0 + 16);
+      const __mmask16 m = lane_mask(n);
+      const __m512 xa0 = simd::load_first(r0 + 2 * q0, n2), xa1 = simd::load_first(r0 + 2 * q0 + 16, n2 - 16);
+      const __m512 xb0 = simd::load_first(r1 + 2 * q0, n2), xb1 = simd::load_first(r1 + 2 * q0 + 16, n2 - 16);
       const __m512 a0 = act(xa0), a1 = act(xa1), b0 = act(xb0), b1 = act(xb1);
       __m512 best = _mm512_permutex2var_ps(a0, even, a1), xbest = _mm512_permutex2var_ps(xa0, even, xa1);
       __m512i k = _mm512_setzero_si512();
@@ -164,16 +163,15 @@ void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const
   // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
   const __m512i here_even = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
   const __m512i here_odd = _mm512_add_epi32(here_even, _mm512_set1_epi32(2));
-  auto row = [&](const X* xr, X* gr, __m512 dv, int64_t j0, __mmask16 m) {
-    const __m512 xv = simd::load_lanes(m, xr + j0);
+  auto row = [&](const X* xr, X* gr, __m512 dv, int64_t j0) {
+    const __m512 xv = simd::load_first(xr + j0, W - j0);
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
-    simd::store_lanes(gr + j0, m, _mm512_mul_ps(t, vs));
+    simd::store_first(gr + j0, _mm512_mul_ps(t, vs), W - j0);
   };
   for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
     const X* x0 = x + 2 * p * W;
     X* g0 = gx + 2 * p * W;
     for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
-      const __mmask16 m = lane_mask(W - j0);
       // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
       // past them read d = 0 (masked load), so their code does not matter.
       const int64_t np = std::min<int64_t>(8, std::max<int64_t>(0, Q - j0 / 2));
@@ -181,12 +179,12 @@ void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const
       const __m512 dp = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, d + j0 / 2)));
       const __m512i kp =
           _mm512_permutexvar_epi32(dup, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mp, code + j0 / 2)));
-      row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0, m);
-      row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0, m);
+      row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0);
+      row(x0 + W, g0 + W, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_odd), dp), j0);
     }
   }
   for (int64_t h = 2 * g.P; h < g.H; ++h) {  // the row an odd H leaves out of pooling: d = 0
-    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) row(x + h * W, gx + h * W, z, j0, lane_mask(W - j0));
+    for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) row(x + h * W, gx + h * W, z, j0);
   }
 }
 

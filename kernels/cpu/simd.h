@@ -118,7 +118,7 @@ inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 inline double hsum(__m512d v) { return _mm512_reduce_add_pd(v); }
 
 // bfloat16 lanes (the upper 16 bits of a float32; uint16_t storage). Widening is exact; narrowing
-// rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/amp.cpp's scalar
+// rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/bf16.h's scalar
 // conversion (integer arithmetic, not vcvtneps2bf16, so that every CPU gives the same bits).
 // The first n (clamped to 0..16) bf16 values at p widened, 0.0f in the other lanes.
 inline __m512 load_bf16_first(const uint16_t* p, int64_t n) {
@@ -165,32 +165,10 @@ inline __mmask16 greater_or_nan(__m512 v, __m512 best) {
   return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
 }
 
-// bfloat16 lanes (uint16_t bits): the lanes m of p widened to float (exact), 0 in the others.
-inline __m512 load_bf16(__mmask16 m, const uint16_t* p) {
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-#else
-  alignas(32) uint16_t tmp[16] = {};
-  for (int i = 0; i < 16; ++i) tmp[i] = (m >> i) & 1 ? p[i] : uint16_t(0);
-  const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
-#endif
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-// v rounded to bfloat16 as kernels/cpu/bf16.h's f32_to_bf16_bits (nearest even, a NaN a quiet NaN),
-// the lanes m stored to p.
-inline void store_bf16(uint16_t* p, __mmask16 m, __m512 v) {
-  const __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
-  const __m512i rounding = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, rounding), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x40));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  _mm512_mask_cvtepi32_storeu_epi16(p, m, _mm512_mask_mov_epi32(rounded, nan, quiet));
-}
-// The lanes m of a float or bfloat16 row: loaded as float (0 in the other lanes), stored from float.
-inline __m512 load_lanes(__mmask16 m, const float* p) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load_lanes(__mmask16 m, const uint16_t* p) { return load_bf16(m, p); }
-inline void store_lanes(float* p, __mmask16 m, __m512 v) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store_lanes(uint16_t* p, __mmask16 m, __m512 v) { store_bf16(p, m, v); }
+// load_first / store_first of a bfloat16 row (uint16_t bits), so that a row template reads and writes
+// float and bfloat16 rows with the same calls.
+inline __m512 load_first(const uint16_t* p, int64_t n) { return load_bf16_first(p, n); }
+inline void store_first(uint16_t* p, __m512 v, int64_t n) { store_bf16_first(p, v, n); }
 
 #elif TANDEM_SIMD == TANDEM_SIMD_AVX2
 

@@ -25,7 +25,7 @@ configure() {  # configure <dir> <sanitizers> <native: ON or OFF>
 }
 
 # The tests ThreadSanitizer runs: everything with threads of ours in it.
-TSAN_TESTS='^(TCPStore|StoreSecurity|Store/StoreKinds|GlooGroup|ShmGroup|Ranks/GlooRanks|MakeProcessGroup|Ddp|DdpEquivalence|Reducer|CommHook|SyncBatchNorm|DataLoader)[./]'
+TSAN_TESTS='^(ThreadPool|TCPStore|StoreSecurity|Store/StoreKinds|GlooGroup|ShmGroup|Ranks/GlooRanks|MakeProcessGroup|Ddp|DdpEquivalence|Reducer|CommHook|SyncBatchNorm|DataLoader)[./]'
 
 for stage in $STAGES; do
   t0=$SECONDS
@@ -42,7 +42,7 @@ for stage in $STAGES; do
       ;;
     tsan)
       configure build-tsan thread ON
-      cmake --build build-tsan -j"$JOBS" --target tandem_data_tests tandem_dist_tests tandem-run
+      cmake --build build-tsan -j"$JOBS" --target tandem_core_tests tandem_data_tests tandem_dist_tests tandem-run
       # Gloo comes from Debian without TSan instrumentation: see scripts/ci/tsan.supp.
       TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/ci/tsan.supp" \
         ctest --test-dir build-tsan -R "$TSAN_TESTS" --output-on-failure -j"$JOBS" --timeout "$CTEST_TIMEOUT"

@@ -78,7 +78,6 @@ LossScale parse_loss_scale(const std::string& json_text, const std::string& path
   Kwargs given(path);
   for (const auto& [key, value] : v.items()) given.set_json(key, value.dump());
   const Kwargs k = apply_schema(given, grad_scaler_schema());
-  const optim::GradScalerOptions d;
   out.scaler = {.init_scale = k.number("init_scale"),
                 .growth_factor = k.number("growth_factor"),
                 .backoff_factor = k.number("backoff_factor"),

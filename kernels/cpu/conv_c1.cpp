@@ -25,14 +25,6 @@ bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_
 
 using simd::lane_mask;
 
-namespace {
-// Out: float, or uint16_t for bf16 (each output rounded once).
-inline void store_out(float* p, __m512 v, int64_t n) { simd::store_first(p, v, n); }
-inline void store_out(uint16_t* p, __m512 v, int64_t n) { simd::store_bf16_first(p, v, n); }
-// G: float, or uint16_t for bf16 (widened exactly).
-inline __m512 load_grad(const float* p, __mmask16 m, int64_t) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load_grad(const uint16_t* p, __mmask16, int64_t n) { return simd::load_bf16_first(p, n); }
-}  // namespace
 
 template <typename Out>
 void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
@@ -59,13 +51,13 @@ void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int
             for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[(k + j) * 9 + i]), acc[j]);
           }
 #pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) store_out(out + (k + j) * PQ, acc[j], Q - q0);
+          for (int j = 0; j < 8; ++j) simd::store_first(out + (k + j) * PQ, acc[j], Q - q0);
         }
         for (; k < K; ++k) {
           __m512 acc = b ? _mm512_set1_ps(b[k]) : _mm512_setzero_ps();
 #pragma GCC unroll 9
           for (int i = 0; i < 9; ++i) acc = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[k * 9 + i]), acc);
-          store_out(out + k * PQ, acc, Q - q0);
+          simd::store_first(out + k * PQ, acc, Q - q0);
         }
       }
     }
@@ -100,7 +92,7 @@ void weight_grad_channels(const G* gy, const float* xi, float* part, int64_t n, 
       for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
 #pragma GCC unroll 2
       for (int j = 0; j < KB; ++j) {
-        const __m512 gv = load_grad(g + j * PQ + p * Q + q0, m, Q - q0);
+        const __m512 gv = simd::load_first(g + j * PQ + p * Q + q0, Q - q0);  // float or bf16 lanes
         acc[j][9] = _mm512_add_ps(acc[j][9], gv);
 #pragma GCC unroll 9
         for (int i = 0; i < 9; ++i) acc[j][i] = _mm512_fmadd_ps(gv, t[i], acc[j][i]);

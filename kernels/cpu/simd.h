@@ -119,9 +119,11 @@ inline double hsum(__m512d v) { return _mm512_reduce_add_pd(v); }
 
 // bfloat16 lanes (the upper 16 bits of a float32; uint16_t storage). Widening is exact; narrowing
 // rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/bf16.h's scalar
-// conversion (integer arithmetic, not vcvtneps2bf16, so that every CPU gives the same bits).
+// conversion (integer arithmetic, not vcvtneps2bf16, so that every CPU gives the same bits). The
+// overloads of load_first / store_first, so that a row template reads and writes float and bfloat16
+// rows with the same calls.
 // The first n (clamped to 0..16) bf16 values at p widened, 0.0f in the other lanes.
-inline __m512 load_bf16_first(const uint16_t* p, int64_t n) {
+inline __m512 load_first(const uint16_t* p, int64_t n) {
   __m256i h;
   if (n >= 16) {
     h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -137,7 +139,7 @@ inline __m512 load_bf16_first(const uint16_t* p, int64_t n) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 // The first n (clamped to 0..16) lanes of v rounded to bf16 and stored at p.
-inline void store_bf16_first(uint16_t* p, __m512 v, int64_t n) {
+inline void store_first(uint16_t* p, __m512 v, int64_t n) {
   const __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
   const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
@@ -165,10 +167,6 @@ inline __mmask16 greater_or_nan(__m512 v, __m512 best) {
   return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
 }
 
-// load_first / store_first of a bfloat16 row (uint16_t bits), so that a row template reads and writes
-// float and bfloat16 rows with the same calls.
-inline __m512 load_first(const uint16_t* p, int64_t n) { return load_bf16_first(p, n); }
-inline void store_first(uint16_t* p, __m512 v, int64_t n) { store_bf16_first(p, v, n); }
 
 #elif TANDEM_SIMD == TANDEM_SIMD_AVX2
 

@@ -229,10 +229,10 @@ TEST(Simd, Bf16LanesConvertAsTheScalarCast) {
   for (int64_t n : {16, 11, 1, 0}) {
     SCOPED_TRACE("n " + std::to_string(n));
     std::vector<uint16_t> out(17, 0xABCD);
-    kernels::cpu::simd::store_bf16_first(out.data(), _mm512_loadu_ps(v.data()), n);
+    kernels::cpu::simd::store_first(out.data(), _mm512_loadu_ps(v.data()), n);
     for (int64_t i = 0; i < 17; ++i) EXPECT_EQ(out[i], i < n ? want_bits[i] : uint16_t{0xABCD}) << "lane " << i;
     float back[16];
-    _mm512_storeu_ps(back, kernels::cpu::simd::load_bf16_first(want_bits, n));
+    _mm512_storeu_ps(back, kernels::cpu::simd::load_first(want_bits, n));
     const Tensor widened = want.to(kFloat32);
     for (int64_t i = 0; i < 16; ++i) {
       const float w = i < n ? widened.data<float>()[i] : 0.0f;

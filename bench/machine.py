@@ -20,8 +20,18 @@ RUNS = os.path.join(HERE, "runs")
 KERNEL_FLAGS = ("amx_tile", "amx_bf16", "amx_fp16", "avx512_fp16", "avx512_bf16", "avx512f", "avx2", "fma")
 
 
+def _amd_core(family, model):
+    """AMD's core generation from cpuinfo's family and model (a VM often reports just 'AMD EPYC')."""
+    if family == 26:
+        return "Zen 5"
+    if family == 25:
+        zen4 = 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF
+        return "Zen 4" if zen4 else "Zen 3"
+    return None
+
+
 def _cpuinfo():
-    model, flags = None, set()
+    model, flags, family, number = None, set(), None, None
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -29,11 +39,15 @@ def _cpuinfo():
                 key = key.strip()
                 if key == "model name" and model is None:
                     model = value.strip()
+                elif key == "cpu family" and family is None:
+                    family = int(value)
+                elif key == "model" and number is None:
+                    number = int(value)
                 elif key == "flags" and not flags:
                     flags = set(value.split())
-    except OSError:
+    except (OSError, ValueError):
         pass
-    return model or platform.processor() or "unknown CPU", flags
+    return model or platform.processor() or "unknown CPU", flags, family, number
 
 
 def cpu_model():
@@ -41,17 +55,26 @@ def cpu_model():
 
 
 def cpu():
-    """{"model", "cpus", "flags"}: the model name, the logical CPUs, the kernel-choosing flags present."""
-    model, flags = _cpuinfo()
-    return {"model": model, "cpus": os.cpu_count(), "flags": [f for f in KERNEL_FLAGS if f in flags]}
+    """{"model", "family", "model_number", "core", "cpus", "flags"}: the model name, cpuinfo's family
+    and model numbers and the core generation they mean (AMD; else None), the logical CPUs, the
+    kernel-choosing flags present."""
+    model, flags, family, number = _cpuinfo()
+    core = _amd_core(family, number) if "AMD" in model and family is not None and number is not None else None
+    return {"model": model, "family": family, "model_number": number, "core": core, "cpus": os.cpu_count(),
+            "flags": [f for f in KERNEL_FLAGS if f in flags]}
 
 
 def cpu_label(info=None):
-    """One line for a table's caption: 'AMD EPYC, 2 CPUs (avx512_bf16 avx512f avx2 fma; no AMX)'."""
+    """One line for a table's caption:
+    'AMD EPYC (Zen 5, family 26 model 2), 2 CPUs (avx512_bf16 avx512f avx2 fma; no AMX)'."""
     info = info or cpu()
     flags = info["flags"]
     amx = "" if any(f.startswith("amx") for f in flags) else "; no AMX"
-    return f"{info['model']}, {info['cpus']} CPUs ({' '.join(flags) or 'no AVX2'}{amx})"
+    ident = ""
+    if info.get("family") is not None:
+        core = f"{info['core']}, " if info.get("core") else ""
+        ident = f" ({core}family {info['family']} model {info.get('model_number')})"
+    return f"{info['model']}{ident}, {info['cpus']} CPUs ({' '.join(flags) or 'no AVX2'}{amx})"
 
 
 def torch_version(python="/usr/bin/python3"):

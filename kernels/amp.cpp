@@ -13,6 +13,7 @@
 #include "core/profiler.h"
 #include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/conv_c1.h"
+#include "kernels/cpu/conv_strided.h"
 #include "kernels/cpu/dnnl.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -150,6 +151,10 @@ bool autocast_conv2d_in_f32(const Tensor& x, const Tensor& weight, const Conv2dA
   if (!x.device().is_cpu() || x.dim() != 4 || weight.dim() != 4 || weight.dtype() != kFloat32) return false;
   const int64_t C = x.size(1), K = weight.size(0);
   if (C == 1) return true;
+  const int64_t R = weight.size(2), S = weight.size(3);
+  if (R == 1 && S == 1 && cpu::detail::conv_strided_supported(C, K, R, S, a.stride_h, a.stride_w, a.pad_h, a.pad_w)) {
+    return true;  // a stride-2 1x1 projection: the direct f32 kernel moves half the bytes of oneDNN's reorders
+  }
   return (C < 16 || K < 16) &&
          cpu::detail::conv3x3_supported(C, K, weight.size(2), weight.size(3), a.stride_h, a.stride_w, a.pad_h,
                                         a.pad_w);

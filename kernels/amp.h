@@ -19,8 +19,9 @@
 //    exactly): the same numbers as casting x to d first, without the cast's two passes.
 //  - autocast_conv2d_in_f32: where autocast's conv2d computes in float32 instead, because the
 //    engine's f32 kernels beat oneDNN's bf16 there (measured by bench/kernels_bench's Conv2d cases):
-//    CPU, a float32 weight, and one input channel (kernels/cpu/conv_c1.h) or a 3x3 stride-1 pad-1
-//    layer with fewer than 16 input or output channels (kernels/cpu/conv3x3.h). Autocast then runs
+//    CPU, a float32 weight, and one input channel (kernels/cpu/conv_c1.h), a 3x3 stride-1 pad-1
+//    layer with fewer than 16 input or output channels (kernels/cpu/conv3x3.h), or a 1x1 stride-2
+//    projection of at most 64 channels (kernels/cpu/conv_strided.h). Autocast then runs
 //    the f32 conv on the unrounded operands and rounds its output to the autocast dtype:
 //    autocast_f32_conv2d_forward (the rounding fused into the one-channel kernel's stores on CPUs
 //    with AVX-512, else a cast), whose backward autocast_f32_conv2d_backward takes the output's

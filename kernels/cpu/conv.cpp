@@ -2,14 +2,16 @@
 // kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
 // fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
 // direct kernels of conv_c1.h, 3x3 convs with stride 1 and padding 1 those of
-// conv3x3.h (forward, input and weight gradients); stride-1 geometries build the column matrix
+// conv3x3.h (forward, input and weight gradients), 1x1 and 3x3 convs with stride 2 those of
+// conv_strided.h (the same three); stride-1 geometries build the column matrix
 // with permutes (Im2colPermute; with padding, from a zero-bordered copy of
 // the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
 // and add rows with masked loads. bench/PERF_NOTES.md has the numbers. Each
 // call is counted in simd_path_count with the level of the rows it ran. Float32 convs with >= 16
 // input and output channels run on oneDNN instead where the build has it (kernels/cpu/dnnl.h,
-// f32_conv2d_*; counted in gemm_path_count as onednn_f32, the others as eigen). The geometry and
+// f32_conv2d_*; counted in gemm_path_count as onednn_f32, the others as eigen), except the stride-2
+// 1x1 projections, which the direct kernel runs faster. The geometry and
 // the permute plans live in kernels/cpu/conv_plan.h. Autocast's f32 route for a one-channel conv
 // (conv2d_c1_*_bf16, kernels/cpu/conv_c1.h) stores its output in bf16 and reads a bf16 output
 // gradient through the same forward and backward.
@@ -214,7 +216,9 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
   }
   Tensor y = Tensor::empty({g.N, g.K, g.P, g.Q}, out_dtype);
   detail::count_gemm_path(GemmKernel::conv2d_forward, GemmPath::eigen);
-  detail::count_simd_path(SimdKernel::conv2d_forward, detail::simd_path<T>(kVectorRows && g.vector_rows()));
+  const bool strided = std::is_same_v<T, float> && g.direct_strided();  // conv_strided.h's vector kernels
+  detail::count_simd_path(SimdKernel::conv2d_forward,
+                          detail::simd_path<T>(kVectorRows && (g.vector_rows() || strided)));
   if (y.numel() == 0) return y;
 
   const int64_t CRS = g.crs(), PQ = g.pq();
@@ -236,6 +240,12 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
     if (g.direct_3x3()) {
       detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
         detail::conv3x3_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.C, g.H, g.W, g.K);
+      });
+      return y;
+    }
+    if (strided) {
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv_strided_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.strided());
       });
       return y;
     }
@@ -285,7 +295,8 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const bool direct = g.identity_col();
   // Weight and bias gradients of a one-channel 3x3 conv: direct kernels, no column matrix.
   const bool c1 = std::is_same_v<T, float> && !need_input && g.direct_c1();
-  const bool rows = c1 || ((need_input || need_weight) && g.vector_rows());
+  const bool strided = std::is_same_v<T, float> && g.direct_strided();  // conv_strided.h's vector kernels
+  const bool rows = c1 || ((need_input || need_weight) && (g.vector_rows() || strided));
   detail::count_simd_path(SimdKernel::conv2d_backward, detail::simd_path<T>(kVectorRows && rows));
 
   if (need_input) out.input = Tensor::empty(x.shape(), x.dtype());
@@ -307,14 +318,23 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
       });
       need_input = false;
     }
+    if (need_input && strided) {
+      detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv_strided_input_grad(gy.data<float>(), w.data<float>(), out.input.data<float>(), n0, n1,
+                                        g.strided());
+      });
+      need_input = false;
+    }
   }
   // Per-chunk buffers: column matrix (weight grad, with im2col's slack),
   // column gradient and a padded image for col2im to accumulate into (input
   // grad), partial weight and bias gradients for chunks after the first
   // (chunk 0 accumulates straight into the outputs).
   // 3x3, stride 1, padding 1: the weight gradient from the direct kernel too (the bias below).
+  // Stride 2 (conv_strided.h): the weight gradient from its direct kernel likewise.
   const bool w3 = std::is_same_v<T, float> && need_weight && !need_input && g.direct_3x3();
-  const int64_t col_sz = (need_weight && !direct && !c1 && !w3) ? CRS * PQ + kSpill<T> : 0;
+  const bool ws2 = need_weight && !need_input && strided;
+  const int64_t col_sz = (need_weight && !direct && !c1 && !w3 && !ws2) ? CRS * PQ + kSpill<T> : 0;
   const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
   const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
   const int64_t dw_sz = need_weight ? g.K * CRS : 0;
@@ -358,6 +378,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
         return;
       }
       if (w3) detail::conv3x3_weight_grad(gyp, xp, dw, n0, n1, g.C, g.H, g.W, g.K);
+      if (ws2) detail::conv_strided_weight_grad(gyp, xp, dw, n0, n1, g.strided());
     }
     const CMatMap<T> wm(wp, g.K, CRS);
     for (int64_t n = n0; n < n1; ++n) {
@@ -366,7 +387,7 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
       if (need_bias) {
         for (int64_t k = 0; k < g.K; ++k) db[k] += gyn.row(k).sum();
       }
-      if (need_weight && !w3) {
+      if (need_weight && !w3 && !ws2) {
         if (!direct) to_columns(xn, g, col);
         MatMap<T> dwm(dw, g.K, CRS);
         dwm.noalias() += gyn * CMatMap<T>(direct ? xn : col, CRS, PQ).transpose();

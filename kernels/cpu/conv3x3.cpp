@@ -13,6 +13,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/conv_taps.h"
 #include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu::detail {
@@ -29,52 +30,18 @@ namespace {
 
 constexpr int64_t kBlock = 8;  // output channels per block
 
-// Output channels [k0, k0 + KB) of one image at flat positions [j0, j0 + 16 NV): output (p, q) is
-// j = p * (W + 2) + q and reads tap (r, s) at j + r * (W + 2) + s of the bordered image xp
-// ([C][H + 2][W + 2]), so one vector covers parts of several rows of a small map (the two
-// positions between rows are computed and dropped). wk: the block's packed weights [C][9][KB];
-// out: [KB][Lr].
-template <int KB, int NV>
-void block_flat(const float* xp, const float* wk, const float* b, float* out, int64_t C, int64_t Lr, int64_t Wp,
-                int64_t plane, int64_t j0) {
-  __m512 acc[KB][NV];
-#pragma GCC unroll 8
-  for (int j = 0; j < KB; ++j) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) acc[j][v] = b ? _mm512_set1_ps(b[j]) : _mm512_setzero_ps();
-  }
-  for (int64_t c = 0; c < C; ++c) {
-    const float* base = xp + c * plane + j0;
-    const float* wc = wk + c * 9 * KB;
-#pragma GCC unroll 9
-    for (int t = 0; t < 9; ++t) {
-      __m512 in[NV];
-#pragma GCC unroll 2
-      for (int v = 0; v < NV; ++v) in[v] = _mm512_loadu_ps(base + (t / 3) * Wp + t % 3 + 16 * v);
-#pragma GCC unroll 8
-      for (int j = 0; j < KB; ++j) {
-        const __m512 wv = _mm512_set1_ps(wc[t * KB + j]);
-#pragma GCC unroll 2
-        for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(wv, in[v], acc[j][v]);
-      }
-    }
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < KB; ++j) {
-#pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(out + j * Lr + j0 + 16 * v, acc[j][v]);
-  }
-}
-
 // Output channels [k0, k0 + KB) of one image: all flat positions into out, then its rows into y.
 template <int KB>
 void block(const float* xp, const float* wk, const float* b, float* out, float* y, int64_t C, int64_t H, int64_t W) {
   const int64_t Wp = W + 2, plane = (H + 2) * Wp, L = H * Wp, Lr = (L + 31) / 32 * 32;
+  // Output (p, q) is j = p * (W + 2) + q and reads tap (r, s) at j + r * (W + 2) + s of the
+  // bordered image xp ([C][H + 2][W + 2]); the two positions between rows are computed and dropped.
+  const int64_t off[9] = {0, 1, 2, Wp, Wp + 1, Wp + 2, 2 * Wp, 2 * Wp + 1, 2 * Wp + 2};
   for (int64_t j0 = 0; j0 < L; j0 += 32) {
     if (L - j0 > 16) {
-      block_flat<KB, 2>(xp, wk, b, out, C, Lr, Wp, plane, j0);
+      taps_block<KB, 2, 9>(xp, off, wk, b, out, C, plane, Lr, Lr, j0);
     } else {
-      block_flat<KB, 1>(xp, wk, b, out, C, Lr, Wp, plane, j0);
+      taps_block<KB, 1, 9>(xp, off, wk, b, out, C, plane, Lr, Lr, j0);
     }
   }
   for (int j = 0; j < KB; ++j)

@@ -13,6 +13,7 @@
 #include "kernels/conv.h"
 #include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/conv_c1.h"
+#include "kernels/cpu/conv_strided.h"
 #include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu::detail::conv_plan {
@@ -27,6 +28,9 @@ struct Geometry {
   bool direct_c1() const { return detail::conv_c1_supported(C, R, S, sh, sw, ph, pw); }
   // 3x3, stride 1, padding 1, up to 64 channels: the direct kernels of conv3x3.h (float32).
   bool direct_3x3() const { return detail::conv3x3_supported(C, K, R, S, sh, sw, ph, pw); }
+  // Stride 2, 1x1 or 3x3, up to 64 channels: the direct kernels of conv_strided.h (float32).
+  bool direct_strided() const { return detail::conv_strided_supported(C, K, R, S, sh, sw, ph, pw); }
+  detail::StridedConvShape strided() const { return {C, H, W, K, R, S, ph, pw, P, Q}; }
   // A float32 column matrix is built and scattered with vector rows (copy_spill, add_spill,
   // Im2colPermute, Col2imGather) where they are compiled in: rows of stride 1. The direct kernels'
   // geometry is one of these.

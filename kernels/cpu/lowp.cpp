@@ -4,6 +4,7 @@
 // in place through strides), gb = the column sums of gy summed in f32 in row order, rounded once.
 // Bits: as kernels/cpu/dnnl.h says (shapes, dtypes, thread count, oneDNN's ISA).
 #include "kernels/cpu/common.h"
+#include "kernels/cpu/conv_strided.h"
 #include "kernels/cpu/dnnl.h"
 #include "kernels/ops.h"
 
@@ -151,15 +152,21 @@ bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
 }
 
 namespace {
-bool f32_conv_pays(const Tensor& x, const Tensor& w) {
-  return onednn_built() && x.dim() == 4 && w.dim() == 4 && x.dtype() == kFloat32 && x.size(1) >= 16 &&
-         w.size(0) >= 16;
+// Not the stride-2 1x1 projections the engine's direct kernel takes (kernels/cpu/conv_strided.h):
+// it runs them faster than oneDNN with its reorders (bench/PERF_NOTES.md section 18).
+bool f32_conv_pays(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
+  if (!onednn_built() || x.dim() != 4 || w.dim() != 4 || x.dtype() != kFloat32 || x.size(1) < 16 || w.size(0) < 16) {
+    return false;
+  }
+  const int64_t R = w.size(2), S = w.size(3);
+  return !(R == 1 && S == 1 &&
+           detail::conv_strided_supported(x.size(1), w.size(0), R, S, a.stride_h, a.stride_w, a.pad_h, a.pad_w));
 }
 }  // namespace
 
 bool f32_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& args,
                         Tensor& y) {
-  if (!f32_conv_pays(x_in, w_in)) return false;
+  if (!f32_conv_pays(x_in, w_in, args)) return false;
   const Tensor x = x_in.contiguous(), w = w_in.contiguous();
   const Tensor b = b_in.defined() ? b_in.contiguous() : Tensor();
   const int64_t P = (x.size(2) + 2 * args.pad_h - w.size(2)) / args.stride_h + 1;
@@ -174,7 +181,7 @@ bool f32_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_
 
 bool f32_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor& w_in, const Conv2dArgs& args,
                          bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads) {
-  if (!f32_conv_pays(x_in, w_in) || (!need_input && !need_weight && !need_bias)) return false;
+  if (!f32_conv_pays(x_in, w_in, args) || (!need_input && !need_weight && !need_bias)) return false;
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   if (gy.numel() == 0) return false;
   Conv2dGrads g;

@@ -27,8 +27,10 @@ TEST(Models, ResNetTrainsFromItsConfigAndTandemTestPrintsTheLastValidation) {
   TANDEM_NEED_DATA("/usr/share/datasets/fashion-mnist");
   TempDir tmp("models");
   // Two ranks: each validates its shard with its own BatchNorm statistics (as PyTorch DDP and
-  // MMEngine), the checkpoint holds rank 0's; tandem-test, one process, evaluates those, so its
-  // numbers may differ from the last validation's in the last digits.
+  // MMEngine), the checkpoint holds rank 0's; tandem-test, one process, evaluates those, so rank 1's
+  // 256 images are classified with running statistics one momentum update apart from the ones it
+  // validated with. Over five seeds and two conv kernels (rounding changes) the top-1 gap was 0 to
+  // 0.016 (8 images of 512); the tolerance is 0.025.
   const std::vector<std::string> args = {"--work-dir", tmp.file("w"), "--cfg-options",
                                          "train_dataloader.dataset.indices=2048", "val_dataloader.dataset.indices=512",
                                          "train_cfg.max_epochs=2", "default_hooks.logger.interval=8"};
@@ -42,8 +44,8 @@ TEST(Models, ResNetTrainsFromItsConfigAndTandemTestPrintsTheLastValidation) {
   const std::string metrics = test_metrics(
       {kTest, config, ckpt, "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512"},
       tmp / "test.log");
-  EXPECT_NEAR(first_value(metrics, "accuracy/top1: "), accuracy, 0.01) << metrics;
-  EXPECT_NEAR(first_value(metrics, "accuracy/top2: "), last_value(log, "accuracy/top2: "), 0.01) << metrics;
+  EXPECT_NEAR(first_value(metrics, "accuracy/top1: "), accuracy, 0.025) << metrics;
+  EXPECT_NEAR(first_value(metrics, "accuracy/top2: "), last_value(log, "accuracy/top2: "), 0.025) << metrics;
   EXPECT_NEAR(first_value(metrics, "loss: "), last_value(log, "test_loss: "), 0.02) << metrics;
   const std::string top3 =
       test_metrics({kTest, config, ckpt, "--work-dir", tmp.file("w"), "--cfg-options", "val_dataloader.dataset.indices=512",

@@ -277,3 +277,29 @@ TEST(Conv2d, ThreeByThreePaddingOneDirectKernels) {
   check_case({2, 16, 14, 14, 16, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 76);
   check_case({2, 32, 7, 7, 32, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 77);
 }
+
+TEST(Conv2d, StrideTwoDirectKernels) {
+  // Stride 2 both ways, 1x1 or 3x3, float32: the forward, the input gradient and the weight
+  // gradient take the direct kernels of kernels/cpu/conv_strided.cpp. Even and odd image sides
+  // (the last padded row read or not), padding 0, 1 and 2 (every phase's first column and row
+  // shifted), rows of 35 outputs (two vectors, then a tail) and of 1; channels in the forward's
+  // blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and 2 x 1 blocks and their
+  // remainders (5, 7); 1x1 images; strided inputs; over several threads. More than 64 channels
+  // take im2col. The ResNet's own shapes last.
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadCountGuard guard(threads);
+    check_case({3, 5, 9, 70, 11, 3, 3, {2, 2, 1, 1}, true}, kFloat32, false, 90);
+    check_case({2, 3, 8, 8, 7, 3, 3, {2, 2, 0, 0}, false}, kFloat32, false, 91);
+    check_case({2, 4, 7, 10, 5, 3, 3, {2, 2, 2, 1}, true}, kFloat32, true, 92);
+    check_case({2, 7, 12, 9, 5, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 93);
+    check_case({3, 8, 15, 34, 16, 1, 1, {2, 2, 0, 0}, false}, kFloat32, true, 94);
+    check_case({2, 2, 1, 1, 3, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 95);
+    check_case({2, 3, 2, 3, 9, 3, 3, {2, 2, 1, 2}, true}, kFloat32, false, 96);
+  }
+  check_case({2, 70, 6, 6, 3, 3, 3, {2, 2, 1, 1}, true}, kFloat32, false, 97);
+  check_case({2, 8, 28, 28, 16, 3, 3, {2, 2, 1, 1}, false}, kFloat32, false, 98);
+  check_case({2, 16, 14, 14, 32, 3, 3, {2, 2, 1, 1}, false}, kFloat32, false, 99);
+  check_case({2, 8, 28, 28, 16, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 100);
+  check_case({2, 16, 14, 14, 32, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 101);
+}

@@ -170,7 +170,26 @@ TEST(Simd, Conv2dCountsItsPath) {
       kernels::conv2d_backward(t[3], t[0], t[1], kernels::Conv2dArgs{}, false, true, true);
     });
   }
-  // Stride 2 in width: no vector rows at any level.
+  // Stride 2 both ways, 3x3 and 1x1: the direct strided kernels' vector rows (float32).
+  for (int64_t k : {3, 1}) {
+    SCOPED_TRACE("kernel " + std::to_string(k));
+    kernels::Conv2dArgs two{2, 2, k / 2, k / 2};
+    auto tensors = [k](DType dtype) {
+      Generator gen(10);
+      // 19 x 20 images: 10 x 10 outputs with either kernel.
+      return std::vector<Tensor>{random_tensor({2, 3, 19, 20}, dtype, gen), random_tensor({4, 3, k, k}, dtype, gen),
+                                 random_tensor({4}, dtype, gen), random_tensor({2, 4, 10, 10}, dtype, gen)};
+    };
+    expect_paths(SimdKernel::conv2d_forward, Rows::avx512, [&](DType dtype) {
+      const auto t = tensors(dtype);
+      kernels::conv2d_forward(t[0], t[1], t[2], two);
+    });
+    expect_paths(SimdKernel::conv2d_backward, Rows::avx512, [&](DType dtype) {
+      const auto t = tensors(dtype);
+      kernels::conv2d_backward(t[3], t[0], t[1], two, true, true, true);
+    });
+  }
+  // Stride 2 in width only: no vector rows at any level.
   Generator gen(9);
   const Tensor x = random_tensor({2, 3, 9, 21}, kFloat32, gen), w = random_tensor({4, 3, 3, 3}, kFloat32, gen);
   kernels::Conv2dArgs strided;

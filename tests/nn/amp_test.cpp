@@ -116,8 +116,9 @@ TEST(Amp, LinearAndConvReturnLowPrecisionAndF32GradsReachMasterWeights) {
 }
 
 // Where the engine's f32 kernels beat oneDNN's bf16 (one input channel; 3x3 stride-1 layers with
-// fewer than 16 channels where the direct kernel is built), autocast's conv2d computes in f32 on the
-// unrounded operands and rounds only its output; elsewhere it computes in bf16 (the input rounded).
+// fewer than 16 channels and 1x1 stride-2 projections, where the direct kernels are built),
+// autocast's conv2d computes in f32 on the unrounded operands and rounds only its output; elsewhere
+// (3x3 stride 2 included) it computes in bf16 (the input rounded).
 TEST(Amp, ConvComputesInF32OnlyWhereTheF32KernelIsFaster) {
   Generator gen(8);
   struct Case {
@@ -128,10 +129,18 @@ TEST(Amp, ConvComputesInF32OnlyWhereTheF32KernelIsFaster) {
   const bool direct = kernels::autocast_conv2d_in_f32(rand_t({2, 8, 6, 6}, gen), w8, s1p1);
   EXPECT_TRUE(kernels::autocast_conv2d_in_f32(rand_t({2, 1, 6, 6}, gen), rand_t({8, 1, 3, 3}, gen), {}));
   EXPECT_FALSE(kernels::autocast_conv2d_in_f32(rand_t({2, 16, 6, 6}, gen), rand_t({16, 16, 3, 3}, gen), s1p1));
-  EXPECT_FALSE(kernels::autocast_conv2d_in_f32(rand_t({2, 8, 6, 6}, gen), rand_t({16, 8, 1, 1}, gen),
-                                               kernels::Conv2dArgs{2, 2, 0, 0}));
+  EXPECT_EQ(kernels::autocast_conv2d_in_f32(rand_t({2, 8, 6, 6}, gen), rand_t({16, 8, 1, 1}, gen),
+                                            kernels::Conv2dArgs{2, 2, 0, 0}),
+            direct);
+  EXPECT_EQ(kernels::autocast_conv2d_in_f32(rand_t({2, 32, 6, 6}, gen), rand_t({64, 32, 1, 1}, gen),
+                                            kernels::Conv2dArgs{2, 2, 0, 0}),
+            direct);
+  EXPECT_FALSE(kernels::autocast_conv2d_in_f32(rand_t({2, 8, 6, 6}, gen), rand_t({16, 8, 1, 1}, gen), {}));
+  EXPECT_FALSE(kernels::autocast_conv2d_in_f32(rand_t({2, 8, 6, 6}, gen), rand_t({16, 8, 3, 3}, gen),
+                                               kernels::Conv2dArgs{2, 2, 1, 1}));
   EXPECT_FALSE(kernels::autocast_conv2d_in_f32(rand_t({2, 8, 6, 6}, gen), w8.to(kBFloat16), s1p1));
-  for (const Case c : {Case{1, 8, 3, 1, 0}, Case{8, 8, 3, 1, 1}, Case{16, 16, 3, 1, 1}, Case{8, 16, 1, 2, 0}}) {
+  for (const Case c : {Case{1, 8, 3, 1, 0}, Case{8, 8, 3, 1, 1}, Case{16, 16, 3, 1, 1}, Case{8, 16, 1, 2, 0},
+                       Case{8, 16, 3, 2, 1}}) {
     SCOPED_TRACE("cin " + std::to_string(c.cin) + " cout " + std::to_string(c.cout) + " k " + std::to_string(c.k));
     const Tensor x = rand_t({2, c.cin, 6, 6}, gen), w = rand_t({c.cout, c.cin, c.k, c.k}, gen), b = rand_t({c.cout}, gen);
     const kernels::Conv2dArgs args{c.stride, c.stride, c.pad, c.pad};
@@ -141,7 +150,7 @@ TEST(Amp, ConvComputesInF32OnlyWhereTheF32KernelIsFaster) {
       y = F::conv2d(x, w, b, c.stride, c.pad);
     }
     ASSERT_EQ(y.dtype(), kBFloat16);
-    const bool f32 = c.cin == 1 || (c.cout == 8 && direct);
+    const bool f32 = c.cin == 1 || (direct && (c.cout == 8 || (c.k == 1 && c.stride == 2)));
     EXPECT_EQ(kernels::autocast_conv2d_in_f32(x, w, args), f32);
     const Tensor want = f32 ? kernels::cast(kernels::conv2d_forward(x, w, b, args), kBFloat16)
                             : kernels::lowp_conv2d_forward(kernels::cast(x, kBFloat16), kernels::cast(w, kBFloat16),

@@ -1,0 +1,408 @@
+// Direct convolutions with stride 2 (kernels/cpu/conv_strided.h). Layout: the zero-padded input
+// [C][H + 2 ph][W + 2 pw] is split into the phases its taps read, phase (a, b) a plane
+// [Hf][Wf] (Hf = P + (R - 1) / 2, Wf = Q + (S - 1) / 2) holding padded pixel (2 i + a, 2 j + b)
+// at (i, j); output (p, q) is flat position p * Wf + q and reads tap (r, s) at that position plus
+// (r / 2) * Wf + s / 2 in phase (r % 2, s % 2). Splitting a row into its even and odd pixels is
+// one permute of two loads (deinterleave). Forward: per block of 8 output channels and 32
+// positions, 16 accumulators take, for every input channel and tap, 2 input vectors and 8
+// broadcast weights (the stride-1 kernel's inner loop, kernels/cpu/conv3x3.cpp, with a table of
+// tap offsets). Weight gradient: per block of output and input channels, per lane accumulators
+// over the output gradient laid out the same way with zeros between rows. Input gradient: per
+// phase (a, b) of the padded input, the taps of that phase read the output gradient, copied into
+// a zero border of (R - 1) / 2 rows and (S - 1) / 2 columns, at fixed offsets (the same forward
+// kernel with the output and input channels swapped); the phases' rows are then interleaved into
+// the image's rows (one permute per 16 pixel pairs).
+#include "kernels/cpu/conv_strided.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/cpu/conv3x3.h"
+#include "kernels/cpu/conv_taps.h"
+#include "kernels/cpu/simd.h"
+
+namespace tandem::kernels::cpu::detail {
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+
+bool conv_strided_supported(int64_t C, int64_t K, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w,
+                            int64_t pad_h, int64_t pad_w) {
+  const bool kernel = (R == 1 && S == 1) || (R == 3 && S == 3);
+  return kernel && stride_h == 2 && stride_w == 2 && pad_h >= 0 && pad_w >= 0 && pad_h < R && pad_w < S && C >= 1 &&
+         K >= 1 && C <= kConv3x3MaxChannels && K <= kConv3x3MaxChannels;
+}
+
+namespace {
+
+constexpr int64_t kBlock = 8;  // output channels per forward block
+constexpr int kMaxTaps = 9;
+
+// even[m] = src[2 m] (m < n_even) and odd[m] = src[2 m + 1] (m < n_odd), for a row of w floats:
+// two masked loads (nothing read at or past src + w) and two permutes per 32 source floats;
+// masked stores (nothing written at or past even + n_even, odd + n_odd). A null even or odd is
+// not written.
+void deinterleave(const float* src, int64_t w, float* even, int64_t n_even, float* odd, int64_t n_odd) {
+  const __m512i even_idx = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd_idx = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  if (!even) n_even = 0;
+  if (!odd) n_odd = 0;
+  for (int64_t m = 0; m < std::max(n_even, n_odd); m += 16) {
+    const __m512 lo = _mm512_maskz_loadu_ps(first_lanes16(w - 2 * m), src + 2 * m);
+    const __m512 hi = _mm512_maskz_loadu_ps(first_lanes16(w - 2 * m - 16), src + 2 * m + 16);
+    if (m < n_even) {
+      _mm512_mask_storeu_ps(even + m, first_lanes16(n_even - m), _mm512_permutex2var_ps(lo, even_idx, hi));
+    }
+    if (m < n_odd) _mm512_mask_storeu_ps(odd + m, first_lanes16(n_odd - m), _mm512_permutex2var_ps(lo, odd_idx, hi));
+  }
+}
+
+// dst[2 m] = e[m], dst[2 m + 1] = o[m] for the n destination floats (e and o readable 16 floats
+// past (n + 1) / 2).
+void interleave(const float* e, const float* o, int64_t n, float* dst) {
+  const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t m = 0; 2 * m < n; m += 16) {
+    const __m512 ev = _mm512_loadu_ps(e + m), ov = _mm512_loadu_ps(o + m);
+    _mm512_mask_storeu_ps(dst + 2 * m, first_lanes16(n - 2 * m), _mm512_permutex2var_ps(ev, lo_idx, ov));
+    _mm512_mask_storeu_ps(dst + 2 * m + 16, first_lanes16(n - 2 * m - 16), _mm512_permutex2var_ps(ev, hi_idx, ov));
+  }
+}
+
+// All Cout output channels over flat positions [0, L) into out [Cout][pitch] (the operands are
+// read up to L rounded up to 32): blocks of kBlock channels, then single ones. packed: [Cout
+// blocks][Cin][T][kb] as pack_weights writes it.
+void taps_conv(const float* in, const int64_t* off, int T, const float* packed, const float* b, float* out,
+               int64_t pitch, int64_t Cin, int64_t Cout, int64_t plane, int64_t L) {
+  int64_t k0 = 0;
+  const auto run = [&](auto kb_tag, auto t_tag) {
+    constexpr int KB = decltype(kb_tag)::value, TT = decltype(t_tag)::value;
+    const float* wk = packed + k0 * Cin * TT;
+    const float* bk = b ? b + k0 : nullptr;
+    for (int64_t j0 = 0; j0 < L; j0 += 32) {
+      if (L - j0 > 16) {
+        taps_block<KB, 2, TT>(in, off, wk, bk, out + k0 * pitch, Cin, plane, pitch, L, j0);
+      } else {
+        taps_block<KB, 1, TT>(in, off, wk, bk, out + k0 * pitch, Cin, plane, pitch, L, j0);
+      }
+    }
+  };
+  // The tap counts the supported kernels make: 9 (3x3), 4, 2 and 1 (the input gradient's phases of
+  // a 3x3; a 1x1).
+  const auto taps = [&](auto kb_tag) {
+    switch (T) {
+      case 9: return run(kb_tag, std::integral_constant<int, 9>{});
+      case 4: return run(kb_tag, std::integral_constant<int, 4>{});
+      case 2: return run(kb_tag, std::integral_constant<int, 2>{});
+      default: return run(kb_tag, std::integral_constant<int, 1>{});
+    }
+  };
+  for (; k0 + kBlock <= Cout; k0 += kBlock) taps(std::integral_constant<int, kBlock>{});
+  for (; k0 < Cout; ++k0) taps(std::integral_constant<int, 1>{});
+}
+
+// packed[k0 * Cin * T + (c * T + t) * kb + j] = weight(k0 + j, c, t), in taps_conv's blocks.
+template <typename F>
+std::vector<float> pack_weights(int64_t Cin, int64_t Cout, int T, F weight) {
+  std::vector<float> packed(static_cast<size_t>(Cout * Cin * T));
+  for (int64_t k0 = 0; k0 < Cout;) {
+    const int64_t kb = k0 + kBlock <= Cout ? kBlock : 1;
+    for (int64_t c = 0; c < Cin; ++c)
+      for (int t = 0; t < T; ++t)
+        for (int64_t j = 0; j < kb; ++j) packed[k0 * Cin * T + (c * T + t) * kb + j] = weight(k0 + j, c, t);
+    k0 += kb;
+  }
+  return packed;
+}
+
+// The phase planes of the input side (forward and weight gradient).
+struct Phases {
+  int64_t Hf, Wf, plane, L;  // plane = Hf * Wf; L = P * Wf flat output positions
+  int slots = 0;
+  std::array<int, 4> slot{-1, -1, -1, -1};  // phase a * 2 + b -> its plane group, or -1 (unread)
+  int T = 0;
+  std::array<int64_t, kMaxTaps> off{};  // tap r * S + s -> offset from c * plane
+
+  explicit Phases(const StridedConvShape& g) {
+    Hf = g.P + (g.R - 1) / 2, Wf = g.Q + (g.S - 1) / 2, plane = Hf * Wf, L = g.P * Wf;
+    T = int(g.R * g.S);
+    for (int64_t r = 0; r < g.R; ++r)
+      for (int64_t s = 0; s < g.S; ++s) {
+        const int ph = int((r % 2) * 2 + s % 2);
+        if (slot[ph] < 0) slot[ph] = slots++;
+      }
+    for (int64_t r = 0; r < g.R; ++r)
+      for (int64_t s = 0; s < g.S; ++s)
+        off[r * g.S + s] = slot[(r % 2) * 2 + s % 2] * g.C * plane + (r / 2) * Wf + s / 2;
+  }
+  int64_t image_floats(const StridedConvShape& g) const { return slots * g.C * plane; }
+
+  // Writes image xn's phases into xp (whose other positions are zero and stay so). Source row ih
+  // is padded row ih + pad_h: phase row a = its parity, row (ih + pad_h) / 2; its even columns go
+  // to phase column b = pad_w's parity, its odd ones to the other (padded column iw + pad_w).
+  void fill(const float* xn, const StridedConvShape& g, float* xp) const {
+    if (slots == 1) {
+      fill_one_phase(xn, g, xp);
+      return;
+    }
+    int64_t b_of[2], jo[2], n[2];  // per source column parity: phase column, first column, count
+    for (int64_t parity = 0; parity < 2; ++parity) {
+      b_of[parity] = (parity + g.pad_w) & 1;
+      jo[parity] = (parity + g.pad_w) / 2;
+      n[parity] = std::max<int64_t>(0, std::min((g.W - parity + 1) / 2, Wf - jo[parity]));
+    }
+    for (int64_t c = 0; c < g.C; ++c) {
+      for (int64_t ih = 0; ih < g.H; ++ih) {
+        const int64_t a = (ih + g.pad_h) & 1, i = (ih + g.pad_h) / 2;
+        if (i >= Hf) continue;
+        float* dst[2];
+        for (int64_t parity = 0; parity < 2; ++parity) {
+          const int sl = slot[a * 2 + b_of[parity]];
+          dst[parity] = sl < 0 ? nullptr : xp + (sl * g.C + c) * plane + i * Wf + jo[parity];
+        }
+        if (dst[0] || dst[1]) deinterleave(xn + (c * g.H + ih) * g.W, g.W, dst[0], n[0], dst[1], n[1]);
+      }
+    }
+  }
+  // The same for a kernel that reads one phase (1x1): its rows only, phase by phase (measured
+  // faster there than the row-by-row split above).
+  void fill_one_phase(const float* xn, const StridedConvShape& g, float* xp) const {
+    for (int ph = 0; ph < 4; ++ph) {
+      if (slot[ph] < 0) continue;
+      const int64_t a = ph / 2, b = ph % 2;
+      const int64_t parity = (b + g.pad_w) & 1;        // the source columns of this phase
+      const int64_t jo = (parity - b + g.pad_w) / 2;   // where the first lands
+      const int64_t n = std::min((g.W - parity + 1) / 2, Wf - jo);
+      if (n <= 0) continue;
+      for (int64_t c = 0; c < g.C; ++c) {
+        float* dst = xp + (slot[ph] * g.C + c) * plane + jo;
+        for (int64_t i = 0; i < Hf; ++i) {
+          const int64_t ih = 2 * i + a - g.pad_h;
+          if (ih < 0 || ih >= g.H) continue;
+          deinterleave(xn + (c * g.H + ih) * g.W + parity, g.W - parity, dst + i * Wf, n, nullptr, 0);
+        }
+      }
+    }
+  }
+};
+
+inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// rows x cols floats from src (row pitch src_pitch, default cols) to dst (pitch dst_pitch): one
+// copy when both pitches are cols (the 1x1 layers' maps).
+void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t dst_pitch, int64_t src_pitch = -1) {
+  if (src_pitch < 0) src_pitch = cols;
+  if (src_pitch == cols && dst_pitch == cols) {
+    std::memcpy(dst, src, rows * cols * sizeof(float));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_pitch, src + r * src_pitch, cols * sizeof(float));
+}
+
+// buf holding n zeros, its storage kept from call to call (each thread its own): a fresh buffer
+// of a few hundred KiB is a fresh mapping, whose page faults cost more than these layers'
+// arithmetic.
+float* zeroed(std::vector<float>& buf, int64_t n) {
+  buf.assign(static_cast<size_t>(n), 0.0f);
+  return buf.data();
+}
+inline int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
+
+}  // namespace
+
+void conv_strided_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
+                          const StridedConvShape& g) {
+  const Phases ph(g);
+  const int64_t Lr = round_up(ph.L, 32), PQ = g.P * g.Q;
+  const std::vector<float> packed =
+      pack_weights(g.C, g.K, ph.T, [&](int64_t k, int64_t c, int t) { return w[(k * g.C + c) * ph.T + t]; });
+  thread_local std::vector<float> xp_buf, out_buf;
+  float* xp = zeroed(xp_buf, ph.image_floats(g) + Lr + 64);  // borders stay 0
+  float* out = zeroed(out_buf, g.K * Lr);
+  for (int64_t n = n0; n < n1; ++n) {
+    ph.fill(x + n * g.C * g.H * g.W, g, xp);
+    float* yn = y + n * g.K * PQ;
+    if (ph.Wf == g.Q) {  // no columns between rows (1x1): straight into y
+      taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, yn, PQ, g.C, g.K, ph.plane, PQ);
+      continue;
+    }
+    taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, out, Lr, g.C, g.K, ph.plane, ph.L);
+    for (int64_t k = 0; k < g.K; ++k) copy_rows(out + k * Lr, g.P, g.Q, yn + k * PQ, g.Q, ph.Wf);
+  }
+}
+
+void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                             const StridedConvShape& g) {
+  // Phase (a, b) of the padded input: rows i with 2 i + a - pad_h in [0, H), from i0[a]; columns
+  // likewise from j0[b]. Its value at (i, j) sums tap (r, s) (r % 2 = a, s % 2 = b) times the
+  // output gradient at (i - r / 2, j - s / 2).
+  const int64_t tr = (g.R - 1) / 2, ts = (g.S - 1) / 2;
+  int64_t i0[2], rows[2], j0[2], cols[2];
+  for (int64_t a = 0; a < 2; ++a) {
+    i0[a] = std::max<int64_t>(0, -floor_div2(a - g.pad_h));
+    rows[a] = std::max<int64_t>(0, floor_div2(g.H - 1 + g.pad_h - a) - i0[a] + 1);
+    j0[a] = std::max<int64_t>(0, -floor_div2(a - g.pad_w));
+    cols[a] = std::max<int64_t>(0, floor_div2(g.W - 1 + g.pad_w - a) - j0[a] + 1);
+  }
+  const int64_t Wg = std::max({g.Q, j0[0] + cols[0], j0[1] + cols[1]}) + ts;
+  const int64_t Hg = std::max({g.P, i0[0] + rows[0], i0[1] + rows[1]}) + tr;
+  const int64_t plane = Hg * Wg, PQ = g.P * g.Q, HW = g.H * g.W;
+
+  struct Phase {
+    int T = 0;
+    std::array<int64_t, kMaxTaps> off{};
+    std::vector<float> packed;
+    int64_t L = 0, Lr = 0;
+    std::vector<float> out;  // [C][Lr] (+ slack): zeros when the phase has no taps
+  };
+  std::array<Phase, 4> phases;
+  for (int ph = 0; ph < 4; ++ph) {
+    const int64_t a = ph / 2, b = ph % 2;
+    Phase& f = phases[ph];
+    std::array<int64_t, kMaxTaps> tap{};
+    for (int64_t r = a; r < g.R; r += 2)
+      for (int64_t s = b; s < g.S; s += 2) {
+        tap[f.T] = r * g.S + s;
+        f.off[f.T++] = (i0[a] - r / 2 + tr) * Wg + (j0[b] - s / 2 + ts);
+      }
+    f.L = rows[a] * Wg, f.Lr = round_up(f.L, 32);
+    f.out.assign(static_cast<size_t>(g.C * f.Lr + 64), 0.0f);
+    if (f.T == 0 || f.L == 0) {
+      f.T = 0;
+      continue;
+    }
+    f.packed = pack_weights(g.K, g.C, f.T, [&](int64_t c, int64_t k, int t) {
+      return w[(k * g.C + c) * g.R * g.S + tap[t]];
+    });
+  }
+  int64_t Lr_max = 0;
+  for (const Phase& f : phases) Lr_max = std::max(Lr_max, f.Lr);
+  thread_local std::vector<float> gyb_buf;
+  float* gyb = zeroed(gyb_buf, g.K * plane + Lr_max + Wg + 64);  // borders stay 0
+
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* gyn = gy + n * g.K * PQ;
+    for (int64_t k = 0; k < g.K; ++k) copy_rows(gyn + k * PQ, g.P, g.Q, gyb + k * plane + tr * Wg + ts, Wg);
+    for (Phase& f : phases) {
+      if (f.T > 0) taps_conv(gyb, f.off.data(), f.T, f.packed.data(), nullptr, f.out.data(), f.Lr, g.K, g.C, plane,
+                             f.L);
+    }
+    // Pixel (ih, iw): padded (ih + pad_h, iw + pad_w) is phase a = its row's parity, row (ih +
+    // pad_h) / 2 - i0[a]; an even iw reads phase b = pad_w's parity, an odd one the other, both
+    // from column 0 of the phase's rows (iw = 2 m + parity reads column m).
+    const int64_t b_even = g.pad_w & 1, b_odd = 1 - b_even;
+    float* gxn = gx + n * g.C * HW;
+    for (int64_t c = 0; c < g.C; ++c) {
+      for (int64_t ih = 0; ih < g.H; ++ih) {
+        const int64_t a = (ih + g.pad_h) & 1, row = (ih + g.pad_h) / 2 - i0[a];
+        const Phase& E = phases[a * 2 + b_even];
+        const Phase& O = phases[a * 2 + b_odd];
+        interleave(E.out.data() + c * E.Lr + row * Wg, O.out.data() + c * O.Lr + row * Wg, g.W,
+                   gxn + c * HW + ih * g.W);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Weight gradient of output channels [k, k + KB) and input channels [c, c + CB), all T taps, over
+// a group of gn images: gyf [gn][K][Lw] (zeros at q >= Q and past P rows), xp [gn][image] phase
+// planes. part: [K][C][T][16] per lane partial sums, loaded and stored back.
+template <int KB, int CB, int T>
+void weight_grad_block(const float* gyf, const float* xp, const int64_t* off, float* part, int64_t gn, int64_t Lw,
+                       int64_t image, int64_t plane, int64_t C, int64_t K, int64_t k, int64_t c) {
+  __m512 acc[KB][CB * T];
+#pragma GCC unroll 4
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 9
+    for (int u = 0; u < CB * T; ++u) acc[j][u] = _mm512_loadu_ps(part + (((k + j) * C + c) * T + u) * 16);
+  }
+  for (int64_t i = 0; i < gn; ++i) {
+    const float* gi = gyf + (i * K + k) * Lw;
+    const float* xi = xp + i * image + c * plane;
+    for (int64_t j0 = 0; j0 < Lw; j0 += 16) {
+      __m512 gv[KB];
+#pragma GCC unroll 4
+      for (int j = 0; j < KB; ++j) gv[j] = _mm512_loadu_ps(gi + j * Lw + j0);
+#pragma GCC unroll 9
+      for (int u = 0; u < CB * T; ++u) {
+        const __m512 xv = _mm512_loadu_ps(xi + (u / T) * plane + off[u % T] + j0);
+#pragma GCC unroll 4
+        for (int j = 0; j < KB; ++j) acc[j][u] = _mm512_fmadd_ps(gv[j], xv, acc[j][u]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 9
+    for (int u = 0; u < CB * T; ++u) _mm512_storeu_ps(part + (((k + j) * C + c) * T + u) * 16, acc[j][u]);
+  }
+}
+
+// Every (k, c) pair of the group: blocks of KB x CB, then the remainders one at a time.
+template <int KB, int CB, int T>
+void weight_grad_group(const float* gyf, const float* xp, const int64_t* off, float* part, int64_t gn, int64_t Lw,
+                       int64_t image, int64_t plane, int64_t C, int64_t K) {
+  const int64_t kb_end = K / KB * KB, cb_end = C / CB * CB;
+  for (int64_t c = 0; c < C;) {
+    const bool c_block = c < cb_end;
+    for (int64_t k = 0; k < K;) {
+      const bool k_block = k < kb_end;
+      if (k_block && c_block) {
+        weight_grad_block<KB, CB, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+      } else if (k_block) {
+        weight_grad_block<KB, 1, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+      } else if (c_block) {
+        weight_grad_block<1, CB, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+      } else {
+        weight_grad_block<1, 1, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+      }
+      k += k_block ? KB : 1;
+    }
+    c += c_block ? CB : 1;
+  }
+}
+
+}  // namespace
+
+void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
+                              const StridedConvShape& g) {
+  const Phases ph(g);
+  const int64_t Lw = round_up(ph.L, 16), PQ = g.P * g.Q;
+  const int64_t image = ph.image_floats(g) + Lw + 64;  // reads past the planes stay in the image's slack
+  // Images a group: enough that the accumulators' load and store are amortised on small maps.
+  const int64_t G = std::clamp<int64_t>(512 / Lw, 1, std::max<int64_t>(1, n1 - n0));
+  thread_local std::vector<float> xp_buf, gyf_buf, part_buf;
+  float* xp = zeroed(xp_buf, G * image);          // borders and slack stay 0
+  float* gyf = zeroed(gyf_buf, G * g.K * Lw);     // columns q >= Q stay 0
+  float* part = zeroed(part_buf, g.K * g.C * ph.T * 16);
+  for (int64_t n = n0; n < n1; n += G) {
+    const int64_t gn = std::min(G, n1 - n);
+    for (int64_t i = 0; i < gn; ++i) {
+      ph.fill(x + (n + i) * g.C * g.H * g.W, g, xp + i * image);
+      for (int64_t k = 0; k < g.K; ++k)
+        copy_rows(gy + ((n + i) * g.K + k) * PQ, g.P, g.Q, gyf + (i * g.K + k) * Lw, ph.Wf);
+    }
+    if (ph.T == 9) {
+      weight_grad_group<2, 1, 9>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
+    } else {
+      weight_grad_group<4, 4, 1>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
+    }
+  }
+  for (int64_t i = 0; i < g.K * g.C * ph.T; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));
+}
+
+#else  // no AVX-512: the im2col + GEMM path is used instead
+
+bool conv_strided_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
+void conv_strided_forward(const float*, const float*, const float*, float*, int64_t, int64_t,
+                          const StridedConvShape&) {}
+void conv_strided_input_grad(const float*, const float*, float*, int64_t, int64_t, const StridedConvShape&) {}
+void conv_strided_weight_grad(const float*, const float*, float*, int64_t, int64_t, const StridedConvShape&) {}
+
+#endif
+
+}  // namespace tandem::kernels::cpu::detail

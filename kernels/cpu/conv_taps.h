@@ -1,0 +1,65 @@
+// Internal: the inner block of the direct float32 convolutions (kernels/cpu/conv3x3.cpp,
+// kernels/cpu/conv_strided.cpp). Both lay an image out flat, so that output position j reads tap t
+// of input channel c at in + c * plane + off[t] + j: KB output channels at 16 NV consecutive
+// positions are KB x NV vector accumulators, each tap of each input channel NV vector loads and KB
+// broadcast weights. AVX-512 only (the callers compile it only there).
+// Guarantees: an output is its bias (or 0) plus the products summed over input channels, then
+// taps, in increasing order; nothing is written at or past position L.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/simd.h"
+
+namespace tandem::kernels::cpu::detail {
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+
+inline __mmask16 first_lanes16(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// Output channels [k0, k0 + KB) at flat positions [j0, j0 + 16 NV) of out [KB][pitch] (b: their
+// biases, or null); wk: the block's packed weights [Cin][T][KB]; T taps at offsets off[0..T).
+template <int KB, int NV, int T>
+void taps_block(const float* in, const int64_t* off, const float* wk, const float* b, float* out, int64_t Cin,
+                int64_t plane, int64_t pitch, int64_t L, int64_t j0) {
+  __m512 acc[KB][NV];
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[j][v] = b ? _mm512_set1_ps(b[j]) : _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < Cin; ++c) {
+    const float* base = in + c * plane + j0;
+    const float* wc = wk + c * T * KB;
+#pragma GCC unroll 9
+    for (int t = 0; t < T; ++t) {
+      __m512 v_in[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) v_in[v] = _mm512_loadu_ps(base + off[t] + 16 * v);
+#pragma GCC unroll 8
+      for (int j = 0; j < KB; ++j) {
+        const __m512 wv = _mm512_set1_ps(wc[t * KB + j]);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(wv, v_in[v], acc[j][v]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) {
+      float* dst = out + j * pitch + j0 + 16 * v;
+      if (L - j0 - 16 * v >= 16) {
+        _mm512_storeu_ps(dst, acc[j][v]);
+      } else {
+        _mm512_mask_storeu_ps(dst, first_lanes16(L - j0 - 16 * v), acc[j][v]);
+      }
+    }
+  }
+}
+
+#endif
+
+}  // namespace tandem::kernels::cpu::detail

@@ -146,18 +146,20 @@ dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, DTyp
 }
 
 // The memory of layout `want` holding the user's data (layout `have` at p): the user's own memory
-// when they match, else a new buffer filled by a reorder (cast included).
-memory bring_in(const memory::desc& have, const void* p, const memory::desc& want, dnnl::stream& s) {
+// when they match, else a pooled buffer (held in keep) filled by a reorder (cast included).
+memory bring_in(const memory::desc& have, const void* p, const memory::desc& want, dnnl::stream& s,
+                std::vector<Tensor>& keep) {
   memory user(have, engine(), const_cast<void*>(p));
   if (have == want) return user;
-  memory m(want, engine());
+  memory m = pooled_memory(want, keep);
   dnnl::reorder(user, m).execute(s, user, m);
   return m;
 }
 
-// A buffer of layout `want` for a result the user receives in layout `have` at p.
-memory result_buffer(const memory::desc& have, void* p, const memory::desc& want) {
-  return have == want ? memory(have, engine(), p) : memory(want, engine());
+// A buffer of layout `want` for a result the user receives in layout `have` at p (pooled, held in
+// keep, when it is not the user's memory).
+memory result_buffer(const memory::desc& have, void* p, const memory::desc& want, std::vector<Tensor>& keep) {
+  return have == want ? memory(have, engine(), p) : pooled_memory(want, keep);
 }
 
 // Copies (reorders, casts) a result buffer to the user's memory when it is not that memory.
@@ -241,12 +243,13 @@ bool conv_forward_one(const Tensor& x, const Tensor& w, const Tensor& b, const C
   });
   if (!entry) return false;
   const memory::desc x_md = user_md(x, Tag::nchw), w_md = user_md(w, Tag::oihw), y_md = user_md(y, Tag::nchw);
-  memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s);
-  memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s);
-  memory Y = result_buffer(y_md, y.raw_data(), entry->pd.dst_desc());
+  std::vector<Tensor> keep;  // the pooled buffers, until the call ends
+  memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s, keep);
+  memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s, keep);
+  memory Y = result_buffer(y_md, y.raw_data(), entry->pd.dst_desc(), keep);
   std::unordered_map<int, memory> a{{DNNL_ARG_SRC, X}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DST, Y}};
   if (b.defined()) a.emplace(DNNL_ARG_BIAS, memory(bias_md, engine(), const_cast<void*>(b.raw_data())));
-  add_scratchpad(a, entry->pd.scratchpad_desc());
+  add_scratchpad(a, entry->pd.scratchpad_desc(), keep);
   entry->prim.execute(s, a);
   take_out(Y, y_md, y.raw_data(), s);
   s.wait();
@@ -269,11 +272,12 @@ bool conv_backward_data_one(const Tensor& gy, const Tensor& w, const Conv2dArgs&
   });
   if (!entry) return false;
   const memory::desc gy_md = user_md(gy, Tag::nchw), w_md = user_md(w, Tag::oihw), gx_md = user_md(gx, Tag::nchw);
-  memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s);
-  memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s);
-  memory GX = result_buffer(gx_md, gx.raw_data(), entry->pd.diff_src_desc());
+  std::vector<Tensor> keep;  // the pooled buffers, until the call ends
+  memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s, keep);
+  memory W = bring_in(w_md, w.raw_data(), entry->pd.weights_desc(), s, keep);
+  memory GX = result_buffer(gx_md, gx.raw_data(), entry->pd.diff_src_desc(), keep);
   std::unordered_map<int, memory> a{{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_WEIGHTS, W}, {DNNL_ARG_DIFF_SRC, GX}};
-  add_scratchpad(a, entry->pd.scratchpad_desc());
+  add_scratchpad(a, entry->pd.scratchpad_desc(), keep);
   entry->prim.execute(s, a);
   take_out(GX, gx_md, gx.raw_data(), s);
   s.wait();
@@ -303,12 +307,13 @@ bool conv_backward_weights_one(const Tensor& gy, const Tensor& x, const Conv2dAr
   });
   if (!entry) return false;
   const memory::desc gy_md = user_md(gy, Tag::nchw), x_md = user_md(x, Tag::nchw), gw_md = user_md(gw, Tag::oihw);
-  memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s);
-  memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s);
-  memory GW = result_buffer(gw_md, gw.raw_data(), entry->pd.diff_weights_desc());
+  std::vector<Tensor> keep;  // the pooled buffers, until the call ends
+  memory GY = bring_in(gy_md, gy.raw_data(), entry->pd.diff_dst_desc(), s, keep);
+  memory X = bring_in(x_md, x.raw_data(), entry->pd.src_desc(), s, keep);
+  memory GW = result_buffer(gw_md, gw.raw_data(), entry->pd.diff_weights_desc(), keep);
   std::unordered_map<int, memory> a{{DNNL_ARG_DIFF_DST, GY}, {DNNL_ARG_SRC, X}, {DNNL_ARG_DIFF_WEIGHTS, GW}};
   if (gb) a.emplace(DNNL_ARG_DIFF_BIAS, memory(gb_md, engine(), gb->raw_data()));
-  add_scratchpad(a, entry->pd.scratchpad_desc());
+  add_scratchpad(a, entry->pd.scratchpad_desc(), keep);
   entry->prim.execute(s, a);
   take_out(GW, gw_md, gw.raw_data(), s);
   s.wait();

@@ -148,10 +148,21 @@ bool over_slices(int64_t n, int64_t slices, Fn&& fn) {
   return ok.load();
 }
 
+// A oneDNN memory of layout md on a buffer from the engine's caching allocator (core/allocator.h),
+// held in `keep` until the caller's call ends. oneDNN's own buffers (memory(md, engine())) are fresh
+// mallocs per execution: blocked copies of a batch's activations run to MiBs, glibc maps and unmaps
+// them each time, and their page faults took 12-18% of the ResNet bf16 step (bench/PERF_NOTES.md
+// section 18); the allocator's blocks are reused from step to step. 64-byte aligned.
+inline memory pooled_memory(const memory::desc& md, std::vector<Tensor>& keep) {
+  const int64_t floats = static_cast<int64_t>((md.get_size() + sizeof(float) - 1) / sizeof(float));
+  keep.push_back(Tensor::empty({std::max<int64_t>(floats, 1)}, kFloat32));
+  return memory(md, engine(), keep.back().raw_data());
+}
+
 // The scratchpad a primitive asks for (user mode: one per execution, so concurrent executions of
-// one primitive on the pool's threads never share one).
-inline void add_scratchpad(std::unordered_map<int, memory>& args, const memory::desc& md) {
-  if (md.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, memory(md, engine()));
+// one primitive on the pool's threads never share one), on a pooled buffer.
+inline void add_scratchpad(std::unordered_map<int, memory>& args, const memory::desc& md, std::vector<Tensor>& keep) {
+  if (md.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, pooled_memory(md, keep));
 }
 
 inline dnnl::primitive_attr user_scratchpad() {

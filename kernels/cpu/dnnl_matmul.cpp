@@ -71,7 +71,8 @@ bool matmul_one(const detail::MatView& a, const detail::MatView& b, const void* 
                                        {DNNL_ARG_WEIGHTS, memory(entry->b, engine(), const_cast<void*>(b.data))},
                                        {DNNL_ARG_DST, memory(entry->c, engine(), c_data)}};
   if (bias) args.emplace(DNNL_ARG_BIAS, memory(entry->bias, engine(), const_cast<void*>(bias)));
-  add_scratchpad(args, entry->scratchpad);
+  std::vector<Tensor> keep;  // the pooled scratchpad, until the call ends
+  add_scratchpad(args, entry->scratchpad, keep);
   entry->prim.execute(s, args);
   s.wait();
   return true;

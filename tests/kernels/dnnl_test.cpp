@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/allocator.h"
 #include "kernel_test_util.h"
 #include "kernels/amp.h"
 #include "kernels/cpu/dnnl.h"
@@ -223,6 +224,27 @@ TEST(DnnlF32, ConvWithSixteenChannelsTakesOneDnnAndMatchesFloat64) {
       EXPECT_TRUE(all_close(g.bias, values(r.bias), tol_for(kFloat32)));
     }
   }
+}
+
+TEST(DnnlF32, ConvBuffersComeFromTheEnginesCachingAllocator) {
+  // oneDNN computes in its blocked layouts: the blocked copies of x and w and the blocked result are
+  // buffers of the engine's caching allocator (reused from call to call, no fresh mapping each time),
+  // and they go back to it when the call returns.
+  if (!kernels::cpu::onednn_built()) GTEST_SKIP() << "built without oneDNN: the conv runs the engine's kernels";
+  ThreadCountGuard guard(1);
+  Generator gen(12);
+  const Tensor x = random_tensor({4, 16, 12, 12}, kFloat32, gen), w = random_tensor({16, 16, 3, 3}, kFloat32, gen);
+  const kernels::Conv2dArgs same{1, 1, 1, 1};
+  CachingAllocator& a = host_allocator();
+  kernels::conv2d_forward(x, w, Tensor(), same);  // the primitive built
+  const size_t before = a.allocated_bytes();
+  a.reset_peak_allocated();
+  const Tensor y = kernels::conv2d_forward(x, w, Tensor(), same);
+  const size_t bytes = x.numel() * sizeof(float);  // y has x's size
+  EXPECT_GE(a.peak_allocated_bytes() - before, 3 * bytes) << "y, the blocked x and the blocked y";
+  // Only y is still held (in a cached block of its size class or up to twice it).
+  EXPECT_GE(a.allocated_bytes() - before, bytes);
+  EXPECT_LE(a.allocated_bytes() - before, 2 * bytes);
 }
 
 namespace {

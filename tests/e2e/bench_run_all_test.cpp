@@ -97,7 +97,7 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
                           "MNIST DDP, 2 ranks", "MLP DDP step, 2 ranks, bucket cap 25 MiB",
                           "MLP all-reduce of all gradients", "all-reduce 4 MiB", "GEMM peak 512^3, bf16, 2 threads",
                           "MNIST trainer, bf16 autocast, 2 threads, % of its GEMM-bound limit",
-                          "conv ResNet 8->16 1x1 stride 2, 28x28: backward bf16", "linear 64x1600x128"})
+                          "conv ResNet 8->16 3x3 stride 2, 28x28: backward bf16", "linear 64x1600x128"})
     EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;
   // Every row with a ratio: the ratio is Tandem / PyTorch as printed (to the printed precision).
   const std::regex line(R"(\| ([^|]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|)");

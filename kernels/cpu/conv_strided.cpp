@@ -50,12 +50,10 @@ void deinterleave(const float* src, int64_t w, float* even, int64_t n_even, floa
   if (!even) n_even = 0;
   if (!odd) n_odd = 0;
   for (int64_t m = 0; m < std::max(n_even, n_odd); m += 16) {
-    const __m512 lo = _mm512_maskz_loadu_ps(first_lanes16(w - 2 * m), src + 2 * m);
-    const __m512 hi = _mm512_maskz_loadu_ps(first_lanes16(w - 2 * m - 16), src + 2 * m + 16);
-    if (m < n_even) {
-      _mm512_mask_storeu_ps(even + m, first_lanes16(n_even - m), _mm512_permutex2var_ps(lo, even_idx, hi));
-    }
-    if (m < n_odd) _mm512_mask_storeu_ps(odd + m, first_lanes16(n_odd - m), _mm512_permutex2var_ps(lo, odd_idx, hi));
+    const __m512 lo = simd::load_first(src + 2 * m, w - 2 * m);
+    const __m512 hi = simd::load_first(src + 2 * m + 16, w - 2 * m - 16);
+    if (m < n_even) simd::store_first(even + m, _mm512_permutex2var_ps(lo, even_idx, hi), n_even - m);
+    if (m < n_odd) simd::store_first(odd + m, _mm512_permutex2var_ps(lo, odd_idx, hi), n_odd - m);
   }
 }
 
@@ -66,8 +64,8 @@ void interleave(const float* e, const float* o, int64_t n, float* dst) {
   const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
   for (int64_t m = 0; 2 * m < n; m += 16) {
     const __m512 ev = _mm512_loadu_ps(e + m), ov = _mm512_loadu_ps(o + m);
-    _mm512_mask_storeu_ps(dst + 2 * m, first_lanes16(n - 2 * m), _mm512_permutex2var_ps(ev, lo_idx, ov));
-    _mm512_mask_storeu_ps(dst + 2 * m + 16, first_lanes16(n - 2 * m - 16), _mm512_permutex2var_ps(ev, hi_idx, ov));
+    simd::store_first(dst + 2 * m, _mm512_permutex2var_ps(ev, lo_idx, ov), n - 2 * m);
+    simd::store_first(dst + 2 * m + 16, _mm512_permutex2var_ps(ev, hi_idx, ov), n - 2 * m - 16);
   }
 }
 

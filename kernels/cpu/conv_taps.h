@@ -15,10 +15,6 @@ namespace tandem::kernels::cpu::detail {
 
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
-inline __mmask16 first_lanes16(int64_t n) {
-  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-}
-
 // Output channels [k0, k0 + KB) at flat positions [j0, j0 + 16 NV) of out [KB][pitch] (b: their
 // biases, or null); wk: the block's packed weights [Cin][T][KB]; T taps at offsets off[0..T).
 template <int KB, int NV, int T>
@@ -49,14 +45,7 @@ void taps_block(const float* in, const int64_t* off, const float* wk, const floa
 #pragma GCC unroll 8
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 2
-    for (int v = 0; v < NV; ++v) {
-      float* dst = out + j * pitch + j0 + 16 * v;
-      if (L - j0 - 16 * v >= 16) {
-        _mm512_storeu_ps(dst, acc[j][v]);
-      } else {
-        _mm512_mask_storeu_ps(dst, first_lanes16(L - j0 - 16 * v), acc[j][v]);
-      }
-    }
+    for (int v = 0; v < NV; ++v) simd::store_first(out + j * pitch + j0 + 16 * v, acc[j][v], L - j0 - 16 * v);
   }
 }
 

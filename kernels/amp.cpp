@@ -152,12 +152,8 @@ bool autocast_conv2d_in_f32(const Tensor& x, const Tensor& weight, const Conv2dA
   const int64_t C = x.size(1), K = weight.size(0);
   if (C == 1) return true;
   const int64_t R = weight.size(2), S = weight.size(3);
-  if (R == 1 && S == 1 && cpu::detail::conv_strided_supported(C, K, R, S, a.stride_h, a.stride_w, a.pad_h, a.pad_w)) {
-    return true;  // a stride-2 1x1 projection: the direct f32 kernel moves half the bytes of oneDNN's reorders
-  }
-  return (C < 16 || K < 16) &&
-         cpu::detail::conv3x3_supported(C, K, weight.size(2), weight.size(3), a.stride_h, a.stride_w, a.pad_h,
-                                        a.pad_w);
+  if (cpu::detail::conv_strided_projection(C, K, R, S, a.stride_h, a.stride_w, a.pad_h, a.pad_w)) return true;
+  return (C < 16 || K < 16) && cpu::detail::conv3x3_supported(C, K, R, S, a.stride_h, a.stride_w, a.pad_h, a.pad_w);
 }
 
 Tensor lowp_linear_forward(const Tensor& x, const Tensor& weight, const Tensor& bias) {

@@ -31,6 +31,13 @@ struct StridedConvShape {
 bool conv_strided_supported(int64_t C, int64_t K, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w,
                             int64_t pad_h, int64_t pad_w);
 
+// A 1x1 stride-2 projection these kernels take: the one shape where they beat oneDNN at any width
+// (its f32 path and autocast's bf16 conv both leave it to them; bench/PERF_NOTES.md section 18).
+inline bool conv_strided_projection(int64_t C, int64_t K, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w,
+                                    int64_t pad_h, int64_t pad_w) {
+  return R == 1 && S == 1 && conv_strided_supported(C, K, R, S, stride_h, stride_w, pad_h, pad_w);
+}
+
 // y[n] = w * x[n] (+ b) for n in [n0, n1): x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q]; b may be null.
 void conv_strided_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
                           const StridedConvShape& g);

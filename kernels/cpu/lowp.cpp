@@ -158,9 +158,8 @@ bool f32_conv_pays(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
   if (!onednn_built() || x.dim() != 4 || w.dim() != 4 || x.dtype() != kFloat32 || x.size(1) < 16 || w.size(0) < 16) {
     return false;
   }
-  const int64_t R = w.size(2), S = w.size(3);
-  return !(R == 1 && S == 1 &&
-           detail::conv_strided_supported(x.size(1), w.size(0), R, S, a.stride_h, a.stride_w, a.pad_h, a.pad_w));
+  return !detail::conv_strided_projection(x.size(1), w.size(0), w.size(2), w.size(3), a.stride_h, a.stride_w,
+                                          a.pad_h, a.pad_w);
 }
 }  // namespace
 

@@ -6,25 +6,27 @@
 #      -Werror; the CUDA side's C++ files (core/cuda, kernels/cuda, dist/group/cuda) with -Werror too
 #      (scripts/ci/cuda_werror.cmake). Only those objects are built first, all of them even when one
 #      fails (ninja -k 0), so one run reports every file that does not compile.
-#   3. (below 2.) The GPU bundle, scripts/gpu/bundle.sh, built into gpu-bundle/ (own build dir build-bundle), and
-#      tests/gpu_bundle/bundle_test.py: its size, its libraries resolved with the system's other library folders
-#      hidden, a CPU training run from it and check.sh --bundle stopping at "no NVIDIA GPU visible" (needs root).
-#   2. The shared engine library (target tandem_shared, libtandem.so; linked with --no-undefined)
-#      built from the same objects, then scripts/ci/cuda_symbols.py: every CUDA runtime, cuDNN and
-#      NCCL symbol it imports is defined in the library it actually loads, and every cuBLAS entry point
-#      kernels/cuda/cublas_loader.cpp forwards (dlopen, not linked) is defined in the installed
-#      libcublas.so.<TANDEM_CUBLAS_SOVERSION>. Prints a table; fails naming each missing symbol.
-# Own build dir (build-cuda-check; reused), Release, no tests or benchmarks. Skipped (exit 0) only when
-# nvcc is not installed, and then a failure under CUDA_CHECK_REQUIRE_NVCC=1 (CI sets it); with nvcc
-# but without cuDNN, cuBLAS or NCCL the configure step fails (ON).
-# Budget: ~10 min on 2 cores from an empty build dir (measured: see docs/gpu.md).
-# Environment: JOBS (default nproc), CUDA_CHECK_BUILD_DIR (default <repo>/build-cuda-check),
+#   2. The shared engine library (libtandem.so, linked with --no-undefined) built from the same objects,
+#      then scripts/ci/cuda_symbols.py: every CUDA runtime, cuDNN and NCCL symbol it imports is defined in
+#      the library it actually loads, and every cuBLAS entry point kernels/cuda/cublas_loader.cpp forwards
+#      (dlopen, not linked) is defined in the installed libcublas.so.<TANDEM_CUBLAS_SOVERSION>. Prints a
+#      table; fails naming each missing symbol.
+#   3. The GPU bundle, scripts/gpu/bundle.sh, built into gpu-bundle/, and tests/gpu_bundle/bundle_test.py: its
+#      size, its libraries resolved with the system's other library folders hidden, a CPU training run from it
+#      and check.sh --bundle stopping at "no NVIDIA GPU visible" (needs root).
+# One build dir for all three, the bundle's (BUNDLE_BUILD_DIR, default build-bundle; reused), configured by
+# bundle.sh --configure-only: Release, sm_$CUDA_CHECK_ARCH, host code for x86-64-v3, shared libtandem, the
+# CUDA side's warnings as errors. Skipped (exit 0) only when nvcc is not installed, and then a failure under
+# CUDA_CHECK_REQUIRE_NVCC=1 (CI sets it); with nvcc but without cuDNN, cuBLAS or NCCL the configure step
+# fails (ON).
+# Budget: ~8 min on 2 cores from an empty build dir (measured: see docs/gpu.md).
+# Environment: JOBS (default nproc), BUNDLE_BUILD_DIR (default <repo>/build-bundle),
 #              CUDA_CHECK_ARCH (default 90), CUDA_HOME (default /usr/local/cuda).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 JOBS=${JOBS:-$(nproc)}
-BUILD=${CUDA_CHECK_BUILD_DIR:-$ROOT/build-cuda-check}
+BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-bundle}
 ARCH=${CUDA_CHECK_ARCH:-90}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 T0=$SECONDS
@@ -43,16 +45,9 @@ if [[ -z "$NVCC" ]]; then
 fi
 echo "cuda.sh: $("$NVCC" --version | grep -o 'release [0-9.]*, V[0-9.]*' || echo "$NVCC"), sm_$ARCH, $JOBS jobs"
 
-source "$ROOT/scripts/ci/ccache.sh"
-if [[ ${#launcher[@]} -gt 0 ]]; then launcher+=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache); fi
-
-phase "configure $BUILD"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_COMPILER="$NVCC" -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" \
-  -DTANDEM_BUILD_TESTS=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_SHARED=OFF -DTANDEM_INSTALL=ON \
-  -DCMAKE_CUDA_FLAGS="-Werror all-warnings -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter,-Werror" \
-  -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/ci/cuda_werror.cmake" \
-  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON "${launcher[@]}" >/dev/null || fail "configure (see above)"
+phase "configure $BUILD (scripts/gpu/bundle.sh --configure-only)"
+BUNDLE_BUILD_DIR=$BUILD BUNDLE_ARCH=$ARCH CUDA_HOME=$CUDA_HOME bash "$ROOT/scripts/gpu/bundle.sh" --configure-only ||
+  fail "configure (see above)"
 
 # The objects of the CUDA side, from ninja's own list; each source file must have one.
 mapfile -t objects < <(ninja -C "$BUILD" -t targets all |
@@ -78,17 +73,18 @@ if ! ninja -C "$BUILD" -j "$JOBS" -k 0 "${objects[@]}" 2>&1 | tee "$log"; then
 fi
 echo "cuda.sh: all ${#objects[@]} CUDA-side objects compiled without warnings"
 
-phase "link the shared engine library (tandem_shared)"
-ninja -C "$BUILD" -j "$JOBS" tandem_shared || fail "building tandem_shared"
-lib=$(find "$BUILD" -maxdepth 1 -name 'libtandem.so.*' -type f | sort | tail -1)
-[[ -n "$lib" ]] || fail "tandem_shared built no $BUILD/libtandem.so.*"
+phase "link the shared engine library (target tandem, shared in this build)"
+ninja -C "$BUILD" -j "$JOBS" tandem || fail "building the shared libtandem"
+lib=$(find "$BUILD/lib" -maxdepth 1 -name 'libtandem.so.*' -type f | sort | tail -1)
+[[ -n "$lib" ]] || fail "no $BUILD/lib/libtandem.so.* after building target tandem"
 
 phase "CUDA-library symbols of $(basename "$lib")"
 python3 "$ROOT/scripts/ci/cuda_symbols.py" --lib "$lib" --compile-commands "$BUILD/compile_commands.json" \
   --loader "$ROOT/kernels/cuda/cublas_loader.cpp" --cuda-root "$CUDA_HOME" || fail "symbol check (see above)"
 
 phase "the GPU bundle (scripts/gpu/bundle.sh) and its checks without a GPU (tests/gpu_bundle)"
-JOBS=$JOBS bash "$ROOT/scripts/gpu/bundle.sh" || fail "building the GPU bundle"
+BUNDLE_BUILD_DIR=$BUILD BUNDLE_ARCH=$ARCH CUDA_HOME=$CUDA_HOME JOBS=$JOBS bash "$ROOT/scripts/gpu/bundle.sh" ||
+  fail "building the GPU bundle"
 python3 "$ROOT/tests/gpu_bundle/bundle_test.py" --bundle "$ROOT/gpu-bundle" || fail "the bundle's checks (see above)"
 
 echo

@@ -8,7 +8,11 @@
 # every case of every op of kernels/ops.h in float32 against float64), so the op table's cases run
 # at this level too; the stage fails if they are missing. Own build dir (build-avx2), optimised as
 # the main build, CPU only, no benchmarks. Skipped on a CPU without AVX2 and FMA.
-# Environment: JOBS (default nproc).
+# ISA_BUILD_DIR names a build dir configured for x86-64-v3 elsewhere to build the tests in instead:
+# CI passes the GPU bundle's (scripts/gpu/bundle.sh: -march=x86-64-v3, TANDEM_NATIVE=OFF, tests on), so the
+# engine is compiled once for both; that build has the CUDA backend (its tests are not among these) and no
+# oneDNN (the engine's own GEMM and conv kernels run instead, at this level). Its cache is checked first.
+# Environment: JOBS (default nproc), ISA_BUILD_DIR (default: configure <repo>/build-avx2).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -17,14 +21,25 @@ if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
   echo "isa.sh: this CPU has no AVX2/FMA; the x86-64-v3 build cannot run here, skipped"
   exit 0
 fi
-source "$ROOT/scripts/ci/ccache.sh"
-cmake -S "$ROOT" -B "$ROOT/build-avx2" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_NATIVE=OFF \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "${launcher[@]}" >/dev/null
-targets=$(cmake --build build-avx2 --target help |
+if [[ -n "${ISA_BUILD_DIR:-}" ]]; then
+  BUILD=$ISA_BUILD_DIR
+  cache=$BUILD/CMakeCache.txt
+  [[ -f "$cache" ]] || { echo "isa.sh: ISA_BUILD_DIR=$BUILD is not a configured build dir (no CMakeCache.txt)" >&2; exit 1; }
+  for want in 'CMAKE_CXX_FLAGS:STRING=-march=x86-64-v3' 'TANDEM_NATIVE:BOOL=OFF' 'TANDEM_BUILD_TESTS:BOOL=ON'; do
+    grep -qxF "$want" "$cache" || { echo "isa.sh: $cache lacks $want (expected an x86-64-v3 build with tests)" >&2; exit 1; }
+  done
+  echo "isa.sh: building the unit tests in $BUILD (configured for x86-64-v3 elsewhere)"
+else
+  BUILD=$ROOT/build-avx2
+  source "$ROOT/scripts/ci/ccache.sh"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF -DTANDEM_NATIVE=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "${launcher[@]}" >/dev/null
+fi
+targets=$(cmake --build "$BUILD" --target help |
   grep -oE 'tandem_(core|kernels|nn|optim|data|train)_tests' | sort -u)
-cmake --build build-avx2 -j"$JOBS" --target $targets
-if ! ctest --test-dir build-avx2 -N -L unit -R '^EveryTableOp/BackendOps\.' | grep -q 'Total Tests: [1-9]'; then
-  echo "isa.sh: the backend_ops tests are not among the unit tests of build-avx2" >&2
+cmake --build "$BUILD" -j"$JOBS" --target $targets
+if ! ctest --test-dir "$BUILD" -N -L unit -R '^EveryTableOp/BackendOps\.' | grep -q 'Total Tests: [1-9]'; then
+  echo "isa.sh: the backend_ops tests are not among the unit tests of $BUILD" >&2
   exit 1
 fi
-TANDEM_EXPECT_SIMD=avx2 ctest --test-dir build-avx2 -L unit --output-on-failure -j"$JOBS"
+TANDEM_EXPECT_SIMD=avx2 ctest --test-dir "$BUILD" -L unit --output-on-failure -j"$JOBS"

@@ -26,10 +26,21 @@
 # Built without oneDNN (TANDEM_ONEDNN=OFF): its library alone (~40 MB) would not fit the limit, and the check
 # is about the CUDA backend; the bundle's CPU GEMMs and convolutions run on the engine's Eigen kernels, and
 # bf16 on the CPU takes the widening path there (it says so once).
+# The CUDA side compiles with warnings as errors (nvcc's -Werror all-warnings, the host compiler's -Werror on the
+# .cu files and on core/cuda, kernels/cuda, dist/group/cuda: scripts/ci/cuda_werror.cmake), and the build dir has
+# compile_commands.json: CI's cuda stage checks the CUDA side in this same build dir (scripts/ci/cuda.sh), and the
+# x86-64-v3 unit tests run from it too (scripts/ci/isa.sh), so that CI compiles the engine once for all three.
+# Usage: bundle.sh [--configure-only]   (--configure-only: configure the build dir, build and pack nothing)
 # Environment: BUNDLE_BUILD_DIR (build-bundle), BUNDLE_OUT (gpu-bundle), BUNDLE_ARCH (90), BUNDLE_MAX_MIB (56),
 #              JOBS (nproc), CUDA_HOME (/usr/local/cuda), BUNDLE_DATA_DIR (/usr/share/datasets/fashion-mnist).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+CONFIGURE_ONLY=0
+case "${1:-}" in
+  "") ;;
+  --configure-only) CONFIGURE_ONLY=1 ;;
+  *) echo "bundle.sh: unknown argument '$1' (expected nothing or --configure-only)" >&2; exit 2 ;;
+esac
 ROOT=$PWD
 BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-bundle}
 OUTDIR=${BUNDLE_OUT:-$ROOT/gpu-bundle}
@@ -70,7 +81,10 @@ cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_CO
   -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$BUILD/lib" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
   -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
+  -DCMAKE_CUDA_FLAGS="-Werror all-warnings -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter,-Werror" \
+  -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/ci/cuda_werror.cmake" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
   "${launcher[@]}" >/dev/null || fail "configure"
+if ((CONFIGURE_ONLY)); then say "configured (--configure-only)"; exit 0; fi
 PROGRAMS=(tandem_gpu_tests tandem-mnist tandem-run model_steps allreduce_bench)
 say "build ${PROGRAMS[*]} ($JOBS jobs)"
 cmake --build "$BUILD" -j "$JOBS" --target "${PROGRAMS[@]}" || fail "build"

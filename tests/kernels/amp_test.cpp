@@ -218,7 +218,9 @@ TEST(AmpLowp, F32RouteConvMatchesF32ConvAndCastsBitForBit) {
       EXPECT_EQ(values(g.weight), values(r.weight));
       EXPECT_EQ(values(g.bias), values(r.bias));
       EXPECT_EQ(g.input.defined(), need_input);
-      if (need_input) EXPECT_EQ(values(g.input), values(r.input));
+      if (need_input) {
+        EXPECT_EQ(values(g.input), values(r.input));
+      }
     }
   }
 }

@@ -24,9 +24,13 @@ fi
 if [[ -n "${ISA_BUILD_DIR:-}" ]]; then
   BUILD=$ISA_BUILD_DIR
   cache=$BUILD/CMakeCache.txt
-  [[ -f "$cache" ]] || { echo "isa.sh: ISA_BUILD_DIR=$BUILD is not a configured build dir (no CMakeCache.txt)" >&2; exit 1; }
+  if [[ ! -f "$cache" ]]; then
+    echo "isa.sh: ISA_BUILD_DIR=$BUILD is not a configured build dir (no CMakeCache.txt)" >&2; exit 1
+  fi
   for want in 'CMAKE_CXX_FLAGS:STRING=-march=x86-64-v3' 'TANDEM_NATIVE:BOOL=OFF' 'TANDEM_BUILD_TESTS:BOOL=ON'; do
-    grep -qxF "$want" "$cache" || { echo "isa.sh: $cache lacks $want (expected an x86-64-v3 build with tests)" >&2; exit 1; }
+    if ! grep -qxF "$want" "$cache"; then
+      echo "isa.sh: $cache lacks $want (expected an x86-64-v3 build with tests)" >&2; exit 1
+    fi
   done
   echo "isa.sh: building the unit tests in $BUILD (configured for x86-64-v3 elsewhere)"
 else

@@ -5,6 +5,9 @@
 # The ASan build is portable (TANDEM_NATIVE=OFF: x86-64 baseline, no AVX-512), so the kernels'
 # generic paths, which machines without AVX-512 run, are tested too; the main suite and TSan
 # test the build machine's native paths.
+# ASan+UBSan instrument the engine, the apps and the sanitizer runtime's interceptors, not the tests' own
+# sources (TANDEM_SANITIZE_TEST_CODE=OFF: their instrumented compile was half of the stage); TSan
+# instruments everything, since it must see the tests' synchronisation too.
 # Any sanitizer report fails the test that triggered it (-fno-sanitize-recover=all, and
 # halt_on_error below), which fails this script.
 # Budget: measured on the 2-core dev machine (see docs/reliability.md); keep it under
@@ -18,10 +21,10 @@ STAGES=${SAN_STAGES:-asan tsan}
 CTEST_TIMEOUT=${CTEST_TIMEOUT:-900}
 source "$ROOT/scripts/ci/ccache.sh"
 
-configure() {  # configure <dir> <sanitizers> <native: ON or OFF>
+configure() {  # configure <dir> <sanitizers> <native: ON or OFF> <instrument the tests' own code: ON or OFF>
   cmake -S "$ROOT" -B "$ROOT/$1" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF \
-    -DTANDEM_SANITIZE="$2" -DTANDEM_NATIVE="$3" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" \
-    "${launcher[@]}" >/dev/null
+    -DTANDEM_SANITIZE="$2" -DTANDEM_NATIVE="$3" -DTANDEM_SANITIZE_TEST_CODE="$4" \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" "${launcher[@]}" >/dev/null
 }
 
 # The tests ThreadSanitizer runs: everything with threads of ours in it.
@@ -31,7 +34,7 @@ for stage in $STAGES; do
   t0=$SECONDS
   case $stage in
     asan)
-      configure build-asan address,undefined OFF
+      configure build-asan address,undefined OFF OFF
       # The executables behind the unit and dist labels (only the folders that have tests).
       targets=$(cmake --build build-asan --target help | grep -oE 'tandem_(core|kernels|nn|optim|data|train|dist)_tests' | sort -u)
       cmake --build build-asan -j"$JOBS" --target $targets tandem-run tandem-mnist
@@ -41,7 +44,7 @@ for stage in $STAGES; do
         ctest --test-dir build-asan -L 'unit|dist' --output-on-failure -j"$JOBS" --timeout "$CTEST_TIMEOUT"
       ;;
     tsan)
-      configure build-tsan thread ON
+      configure build-tsan thread ON ON
       cmake --build build-tsan -j"$JOBS" --target tandem_core_tests tandem_data_tests tandem_dist_tests tandem-run
       # Gloo comes from Debian without TSan instrumentation: see scripts/ci/tsan.supp.
       TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/ci/tsan.supp" \

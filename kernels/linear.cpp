@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "core/profiler.h"
+#include "kernels/cpu/dnnl.h"
 #include "core/thread_pool.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
@@ -64,19 +65,23 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return TANDEM_KERNEL(device, matmul)(a, b);
 }
 
-double measure_gemm_peak_gflops(int threads) {
-  TANDEM_CHECK(threads >= 1, "measure_gemm_peak_gflops: threads must be >= 1, got ", threads);
-  constexpr int64_t n = 512;
+namespace {
+
+constexpr int64_t kPeakN = 512;
+
+// Best of five runs of gemm() after one warm-up (page in buffers, spin up the pool) on `threads`
+// threads, as GFLOP/s of a kPeakN^3 GEMM. Not recorded: the kernels are called below the dispatcher.
+template <typename Gemm>
+double best_gemm_gflops(const char* what, int threads, Gemm gemm) {
+  TANDEM_CHECK(threads >= 1, what, ": threads must be >= 1, got ", threads);
   const int before = num_threads();
   set_num_threads(threads);
-  // Not recorded: the kernel is called below the instrumented dispatcher.
-  Tensor a = Tensor::full({n, n}, 0.5), b = Tensor::full({n, n}, 0.25);
   double best = 1e30;
   try {
-    cpu::matmul(a, b);  // warm-up: page in buffers, spin up the pool
+    gemm();
     for (int rep = 0; rep < 5; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
-      Tensor c = cpu::matmul(a, b);
+      gemm();
       best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     }
   } catch (...) {
@@ -84,7 +89,26 @@ double measure_gemm_peak_gflops(int threads) {
     throw;
   }
   set_num_threads(before);
-  return 2.0 * n * n * n / best / 1e9;
+  return 2.0 * kPeakN * kPeakN * kPeakN / best / 1e9;
+}
+
+}  // namespace
+
+double measure_gemm_peak_gflops(int threads) {
+  const Tensor a = Tensor::full({kPeakN, kPeakN}, 0.5), b = Tensor::full({kPeakN, kPeakN}, 0.25);
+  return best_gemm_gflops("measure_gemm_peak_gflops", threads, [&] { cpu::matmul(a, b); });
+}
+
+double measure_lowp_gemm_peak_gflops(int threads) {
+  const Tensor a = Tensor::full({kPeakN, kPeakN}, 0.5).to(kBFloat16);
+  const Tensor b = Tensor::full({kPeakN, kPeakN}, 0.25).to(kBFloat16);
+  if (!cpu::lowp_linear_native(a)) return 0.0;
+  bool native = true;
+  const double g = best_gemm_gflops("measure_lowp_gemm_peak_gflops", threads, [&] {
+    Tensor y;
+    native = cpu::lowp_linear_forward(a, b, Tensor(), y) && native;
+  });
+  return native ? g : 0.0;
 }
 
 }  // namespace tandem::kernels

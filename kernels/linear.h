@@ -19,5 +19,9 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 // pool (restoring its size after) and returns GFLOP/s: the peak the profiler's report compares
 // each op with. Not recorded by the profiler (it calls the CPU kernel below the dispatcher).
 double measure_gemm_peak_gflops(int threads);
+// The same 512^3 GEMM on bf16 operands through the CPU's native low-precision path (oneDNN: AMX or
+// AVX512_BF16), the peak the report compares the lowp_* ops with; 0 where this CPU has no such path (its
+// low-precision ops widen to the f32 kernels).
+double measure_lowp_gemm_peak_gflops(int threads);
 
 }  // namespace tandem::kernels

@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "kernels/conv.h"
 #include "kernels/pointwise.h"
+#include "kernels/cpu/dnnl.h"
 #include "kernels/linear.h"
 #include "nn/functional.h"
 
@@ -171,7 +172,35 @@ TEST_F(ProfilerTest, GemmPeakIsPositiveAndRestoresThreads) {
   const double peak = kernels::measure_gemm_peak_gflops(1);
   EXPECT_GT(peak, 0.1);
   EXPECT_EQ(num_threads(), before);
-  EXPECT_TRUE(profiler::snapshot().empty());  // the measurement is not recorded
+  // bf16: a peak where this CPU has a native low-precision GEMM, else 0 (its lowp ops widen to f32).
+  const double lowp = kernels::measure_lowp_gemm_peak_gflops(2);
+  if (kernels::cpu::lowp_linear_native(Tensor::full({4, 4}, 1.0).to(kBFloat16))) {
+    EXPECT_GT(lowp, 0.1);
+  } else {
+    EXPECT_EQ(lowp, 0.0);
+  }
+  EXPECT_EQ(num_threads(), before);
+  EXPECT_TRUE(profiler::snapshot().empty());  // neither measurement is recorded
+}
+
+// The % of peak column: an f32 op against the f32 GEMM peak, a lowp_* op against the bf16 one, and no %
+// for a lowp_* op when no bf16 peak is given (it is not an f32 GEMM's share).
+TEST_F(ProfilerTest, LowPrecisionOpsAreShownAgainstTheLowPrecisionPeak) {
+  profiler::detail::record("linear_forward", 1e-3, 1e8);       // 100 GFLOP/s
+  profiler::detail::record("lowp_linear_forward", 1e-3, 2e8);  // 200 GFLOP/s
+  auto row = [](const std::string& table, const std::string& op) {
+    const size_t at = table.find("\n" + op + " ");  // a row starts with its op's name
+    return at == std::string::npos ? std::string() : table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+  };
+  const std::string both = profiler::report(100.0, 400.0);
+  EXPECT_NE(row(both, "linear_forward").find(" 100.0"), std::string::npos) << both;
+  EXPECT_NE(row(both, "lowp_linear_forward").find("200.0    50.0"), std::string::npos) << both;
+  EXPECT_NE(both.find("bf16 GEMM peak 400.0"), std::string::npos) << both;
+  const std::string f32 = profiler::report(100.0);
+  const std::string lowp_row = row(f32, "lowp_linear_forward");
+  ASSERT_FALSE(lowp_row.empty()) << f32;
+  EXPECT_EQ(lowp_row.back(), '-') << f32;
+  EXPECT_EQ(f32.find("bf16 GEMM peak"), std::string::npos) << f32;
 }
 
 }  // namespace

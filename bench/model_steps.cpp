@@ -185,12 +185,8 @@ int run(const Options& o) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.profile) {
     profiler::set_enabled(false);
-    // %peak is of the CPU's GEMMs (f32, and bf16 for the lowp_* ops): no column for a GPU's ops.
-    const bool cpu = device.is_cpu();
-    const double peak = cpu ? kernels::measure_gemm_peak_gflops(o.threads) : 0.0;
-    const double lowp_peak = cpu && o.amp != "off" ? kernels::measure_lowp_gemm_peak_gflops(o.threads) : 0.0;
     std::printf("profile (wall time per op over %lld timed steps):\n%s\n", static_cast<long long>(o.iters),
-                profiler::report(peak, lowp_peak).c_str());
+                kernels::profile_report(device, o.threads).c_str());
   }
   const double samples = static_cast<double>(o.batch * o.iters);
   nlohmann::json j = {{"type", "bench"},        {"model", o.model},        {"threads", o.threads},

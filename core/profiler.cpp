@@ -117,7 +117,7 @@ std::string section_table(const std::vector<OpStat>& stats, double peak_gflops, 
     if (s.flops > 0 && s.seconds > 0) {
       const double g = s.flops / s.seconds / 1e9;
       std::snprintf(gf, sizeof gf, "%.1f", g);
-      const double peak = s.op.rfind("lowp_", 0) == 0 ? lowp_peak_gflops : peak_gflops;
+      const double peak = is_lowp_op(s.op) ? lowp_peak_gflops : peak_gflops;
       if (peak > 0) std::snprintf(pk, sizeof pk, "%.1f", 100.0 * g / peak);
     }
     std::snprintf(line, sizeof line, "%-*s %-4s %9lld %11.2f %6.1f%% %9s %7s\n", width, s.op.c_str(),
@@ -140,6 +140,8 @@ std::string section_table(const std::vector<OpStat>& stats, double peak_gflops, 
 }
 
 }  // namespace
+
+bool is_lowp_op(const std::string& op) { return op.rfind("lowp_", 0) == 0; }
 
 std::string report(double peak_gflops, double lowp_peak_gflops) {
   const std::vector<OpStat> stats = snapshot();

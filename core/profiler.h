@@ -56,8 +56,10 @@ class Section {
 // (the last two only for ops with FLOPs, and % only when peak_gflops > 0).
 // One table per section, in the order the sections were first recorded, each headed by its
 // name and with its own total and shares (a run's evaluation never counts as training).
-// Ops named lowp_* (bf16/f16 kernels) are compared with lowp_peak_gflops instead (no % where it is 0).
+// Ops named lowp_* (bf16/f16 kernels: is_lowp_op) are compared with lowp_peak_gflops instead (no % where
+// it is 0).
 std::string report(double peak_gflops, double lowp_peak_gflops = 0.0);
+bool is_lowp_op(const std::string& op);
 
 // Marks the calling thread as running a backward (core/autograd.cpp sets it);
 // ops recorded on it count as backward. Restores the previous value on exit.

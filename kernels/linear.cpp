@@ -7,8 +7,8 @@
 #include <chrono>
 
 #include "core/profiler.h"
-#include "kernels/cpu/dnnl.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/dnnl.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 
@@ -109,6 +109,13 @@ double measure_lowp_gemm_peak_gflops(int threads) {
     native = cpu::lowp_linear_forward(a, b, Tensor(), y) && native;
   });
   return native ? g : 0.0;
+}
+
+std::string profile_report(Device device, int threads) {
+  if (!device.is_cpu()) return profiler::report(0.0);
+  bool lowp = false;
+  for (const profiler::OpStat& s : profiler::snapshot()) lowp = lowp || profiler::is_lowp_op(s.op);
+  return profiler::report(measure_gemm_peak_gflops(threads), lowp ? measure_lowp_gemm_peak_gflops(threads) : 0.0);
 }
 
 }  // namespace tandem::kernels

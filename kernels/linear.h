@@ -2,6 +2,8 @@
 // undefined. matmul: plain 2-D product a [M, K] * b [K, N].
 #pragma once
 
+#include <string>
+
 #include "core/tensor.h"
 
 namespace tandem::kernels {
@@ -23,5 +25,8 @@ double measure_gemm_peak_gflops(int threads);
 // AVX512_BF16), the peak the report compares the lowp_* ops with; 0 where this CPU has no such path (its
 // low-precision ops widen to the f32 kernels).
 double measure_lowp_gemm_peak_gflops(int threads);
+// profiler::report against this machine's peaks on `threads` threads: the f32 GEMM's, and the bf16 one's
+// when low-precision ops were recorded; no % of peak for a GPU's ops.
+std::string profile_report(Device device, int threads);
 
 }  // namespace tandem::kernels

@@ -114,13 +114,8 @@ int run_training(const AppOptions& o, const ResolvedConfig& config) {
   }
   if (o.profile && runner.rank() == 0) {
     profiler::set_enabled(false);
-    // %peak is of the CPU's GEMMs (f32, and bf16 for the lowp_* ops): no column for a GPU's ops.
-    const bool cpu = runner.device().is_cpu();
-    const double peak = cpu ? kernels::measure_gemm_peak_gflops(num_threads()) : 0.0;
-    bool lowp = false;  // autocast ran low-precision kernels
-    for (const profiler::OpStat& s : profiler::snapshot()) lowp = lowp || s.op.rfind("lowp_", 0) == 0;
-    const double lowp_peak = cpu && lowp ? kernels::measure_lowp_gemm_peak_gflops(num_threads()) : 0.0;
-    spdlog::info("profile (wall time per op, this rank):\n{}", profiler::report(peak, lowp_peak));
+    spdlog::info("profile (wall time per op, this rank):\n{}",
+                 kernels::profile_report(runner.device(), num_threads()));
   }
   return 0;
 }

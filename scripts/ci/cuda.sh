@@ -45,9 +45,9 @@ if [[ -z "$NVCC" ]]; then
 fi
 echo "cuda.sh: $("$NVCC" --version | grep -o 'release [0-9.]*, V[0-9.]*' || echo "$NVCC"), sm_$ARCH, $JOBS jobs"
 
+export BUNDLE_BUILD_DIR=$BUILD BUNDLE_ARCH=$ARCH CUDA_HOME JOBS  # for both calls of bundle.sh below
 phase "configure $BUILD (scripts/gpu/bundle.sh --configure-only)"
-BUNDLE_BUILD_DIR=$BUILD BUNDLE_ARCH=$ARCH CUDA_HOME=$CUDA_HOME bash "$ROOT/scripts/gpu/bundle.sh" --configure-only ||
-  fail "configure (see above)"
+bash "$ROOT/scripts/gpu/bundle.sh" --configure-only || fail "configure (see above)"
 
 # The objects of the CUDA side, from ninja's own list; each source file must have one.
 mapfile -t objects < <(ninja -C "$BUILD" -t targets all |
@@ -83,8 +83,7 @@ python3 "$ROOT/scripts/ci/cuda_symbols.py" --lib "$lib" --compile-commands "$BUI
   --loader "$ROOT/kernels/cuda/cublas_loader.cpp" --cuda-root "$CUDA_HOME" || fail "symbol check (see above)"
 
 phase "the GPU bundle (scripts/gpu/bundle.sh) and its checks without a GPU (tests/gpu_bundle)"
-BUNDLE_BUILD_DIR=$BUILD BUNDLE_ARCH=$ARCH CUDA_HOME=$CUDA_HOME JOBS=$JOBS bash "$ROOT/scripts/gpu/bundle.sh" ||
-  fail "building the GPU bundle"
+bash "$ROOT/scripts/gpu/bundle.sh" || fail "building the GPU bundle"
 python3 "$ROOT/tests/gpu_bundle/bundle_test.py" --bundle "$ROOT/gpu-bundle" || fail "the bundle's checks (see above)"
 
 echo

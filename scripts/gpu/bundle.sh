@@ -50,8 +50,9 @@ case "${1:-}" in
   *) echo "bundle.sh: unknown argument '$1' (expected nothing, --configure-only or --cpu)" >&2; exit 2 ;;
 esac
 ROOT=$PWD
-BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-$KIND-bundle}
-[[ $KIND == gpu ]] && BUILD=${BUNDLE_BUILD_DIR:-$ROOT/build-bundle}
+default_build=build-bundle
+[[ $KIND == gpu ]] || default_build=build-cpu-bundle
+BUILD=${BUNDLE_BUILD_DIR:-$ROOT/$default_build}
 OUTDIR=${BUNDLE_OUT:-$ROOT/$KIND-bundle}
 MARCH=${BUNDLE_MARCH:-x86-64-v3}
 ARCH=${BUNDLE_ARCH:-90}

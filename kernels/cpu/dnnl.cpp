@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu/block_layout.h"
 #include "kernels/cpu/dnnl_internal.h"
 
 namespace tandem::kernels::cpu {
@@ -145,6 +146,23 @@ dnnl::convolution_forward::primitive_desc forward_pd(const ConvGeometry& g, DTyp
   return dnnl::convolution_forward::primitive_desc(d, attr, engine());
 }
 
+DType of_dnnl(DnnlType t) { return t == DnnlType::bf16 ? kBFloat16 : t == DnnlType::f32 ? kFloat32 : kInt64; }
+
+// Copies a plain NCHW buffer to a channel-blocked one or back (plain_to_blocked) with the engine's
+// own transposes (kernels/cpu/block_layout.h), where the pair of layouts is NCHW and nChw16c; false
+// (nothing done) otherwise.
+bool engine_reorder(const memory::desc& plain, void* plain_data, const memory::desc& blocked, void* blocked_data,
+                    bool plain_to_blocked) {
+  const memory::dims d = plain.dims();
+  if (d.size() != 4 || plain != memory::desc(d, plain.data_type(), Tag::nchw) ||
+      blocked != memory::desc(d, blocked.data_type(), Tag::nChw16c)) {
+    return false;
+  }
+  const DType pt = of_dnnl(plain.data_type()), bt = of_dnnl(blocked.data_type());
+  return plain_to_blocked ? detail::to_channel_blocked16(plain_data, pt, blocked_data, bt, d[0], d[1], d[2] * d[3])
+                          : detail::from_channel_blocked16(blocked_data, bt, plain_data, pt, d[0], d[1], d[2] * d[3]);
+}
+
 // The memory of layout `want` holding the user's data (layout `have` at p): the user's own memory
 // when they match, else a pooled buffer (held in keep) filled by a reorder (cast included).
 memory bring_in(const memory::desc& have, const void* p, const memory::desc& want, dnnl::stream& s,
@@ -152,7 +170,9 @@ memory bring_in(const memory::desc& have, const void* p, const memory::desc& wan
   memory user(have, engine(), const_cast<void*>(p));
   if (have == want) return user;
   memory m = pooled_memory(want, keep);
-  dnnl::reorder(user, m).execute(s, user, m);
+  if (!engine_reorder(have, const_cast<void*>(p), want, m.get_data_handle(), true)) {
+    dnnl::reorder(user, m).execute(s, user, m);
+  }
   return m;
 }
 
@@ -165,6 +185,8 @@ memory result_buffer(const memory::desc& have, void* p, const memory::desc& want
 // Copies (reorders, casts) a result buffer to the user's memory when it is not that memory.
 void take_out(memory& buf, const memory::desc& have, void* p, dnnl::stream& s) {
   if (buf.get_data_handle() == p) return;
+  s.wait();  // the engine's copy reads buf itself
+  if (engine_reorder(have, p, buf.get_desc(), buf.get_data_handle(), false)) return;
   memory user(have, engine(), p);
   dnnl::reorder(buf, user).execute(s, buf, user);
 }

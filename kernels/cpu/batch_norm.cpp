@@ -21,11 +21,11 @@
 // the fused batch_norm+relu+max_pool kernels (kernels/cpu/batch_norm_pool.cpp).
 // x may be bfloat16 (weight, bias, running and saved statistics float32), computed in float32: the
 // relu vector rows widen it on load and round the input gradient to bfloat16 on store
-// (simd::load_first / store_first); the statistics, the plain batch_norm's (Eigen) rows and the
-// portable rows widen each row into a per-thread scratch first and round the gradient from one
-// (kernels/cpu/batch_norm_stats.h). The output is float32. The same instructions in the same order as
-// on float32 rows: the same bits as casting x up, the float32 kernel and casting the input gradient
-// down.
+// (simd::load_first / store_first), as do the AVX-512 statistics; the AVX2/portable statistics, the
+// plain batch_norm's (Eigen) rows and the portable rows widen each row into a per-thread scratch
+// first and round the gradient from one (kernels/cpu/batch_norm_stats.h). The output is float32.
+// The same instructions in the same order as on float32 rows: the same bits as casting x up, the
+// float32 kernel and casting the input gradient down.
 #include "kernels/ops.h"
 
 #include <algorithm>

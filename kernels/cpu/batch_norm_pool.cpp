@@ -25,8 +25,9 @@
 // - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
 //   thread count.
 // - x may be bfloat16 (weight, bias, running and saved statistics float32): the vector rows widen it
-//   on load and round the input gradient to bfloat16 on store (simd::load_first / store_first); the statistics, and the portable rows, widen each row into a
-//   per-thread scratch first (kernels/cpu/batch_norm_stats.h). Computed in float32 with the float
+//   on load and round the input gradient to bfloat16 on store (simd::load_first / store_first), as
+//   do the AVX-512 statistics; the others, and the portable rows, widen each row into a per-thread
+//   scratch first (kernels/cpu/batch_norm_stats.h). Computed in float32 with the float
 //   rows' instructions and order; the output and winner are float32: the same bits as casting x up,
 //   the float32 kernels and casting the input gradient down.
 #include "kernels/ops.h"

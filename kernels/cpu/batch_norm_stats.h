@@ -6,8 +6,9 @@
 // y = fma(x, alpha, beta) with its relu, written once so that every fused kernel produces the
 // same bits as batch_norm_relu_forward; the software prefetch of a channel's next plane; the
 // forwards' common set-up (BnForwardArgs).
-// x may be stored in bfloat16 (X = uint16_t, its bits) and computed in float (T): its rows are widened
-// into a row scratch (BnRowScratch) and the input gradient's rows computed there and rounded on
+// x may be stored in bfloat16 (X = uint16_t, its bits) and computed in float (T): the AVX-512
+// statistics widen it in the lanes (row_moments, the same function for float rows); elsewhere its rows
+// are widened into a row scratch (BnRowScratch) and the input gradient's rows computed there and rounded on
 // store, so that every row function runs on float rows exactly as on a float32 tensor: the same bits
 // as casting x up, running the float kernel and casting the input gradient down.
 // Assumes: x contiguous; running_mean/running_var contiguous [C] of the compute type T when given.
@@ -182,6 +183,33 @@ void bn_store_row(const T* row, G* y, int64_t off, int64_t n) {
   }
 }
 
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+// The sums of (x - shift) and (x - shift)^2 over one row of n values of X (float, or bf16 widened in
+// the lanes) in two pairs of 16 float lanes, reduced once into s1 and s2: one read of the row, and
+// the same bits for a bf16 row as for the float32 row it widens to.
+template <typename X>
+inline void row_moments(const X* r, int64_t n, float shift, double& s1, double& s2) {
+  const __m512 vs = _mm512_set1_ps(shift);
+  __m512 a1 = _mm512_setzero_ps(), a2 = a1, b1 = a1, b2 = a1;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 u = _mm512_sub_ps(simd::load_first(r + i, 16), vs);
+    const __m512 v = _mm512_sub_ps(simd::load_first(r + i + 16, 16), vs);
+    a1 = _mm512_add_ps(a1, u);
+    a2 = _mm512_fmadd_ps(u, u, a2);
+    b1 = _mm512_add_ps(b1, v);
+    b2 = _mm512_fmadd_ps(v, v, b2);
+  }
+  for (; i < n; i += 16) {  // the lanes past the row add 0
+    const __m512 u = _mm512_maskz_sub_ps(simd::lane_mask(n - i), simd::load_first(r + i, n - i), vs);
+    a1 = _mm512_add_ps(a1, u);
+    a2 = _mm512_fmadd_ps(u, u, a2);
+  }
+  s1 += double(simd::hsum(_mm512_add_ps(a1, b1)));
+  s2 += double(simd::hsum(_mm512_add_ps(a2, b2)));
+}
+#endif
+
 template <typename T>
 struct BnChannelStats {
   T mean, invstd;
@@ -201,6 +229,12 @@ BnChannelStats<T> channel_statistics(const X* xp, const BnLayout& l, int64_t c, 
   double s1 = 0, s2 = 0;
   for (int64_t n = 0; n < l.N; ++n) {
     prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+    if constexpr (std::is_same_v<T, float>) {
+      row_moments(xp + (n * l.C + c) * l.HW, l.HW, shift, s1, s2);
+      continue;
+    }
+#endif
     const CArrMap<T> row(bn_row<T>(xp, (n * l.C + c) * l.HW, l.HW, xs), l.HW);  // L1-resident: read twice
     s1 += (row - shift).sum();
     s2 += (row - shift).square().sum();

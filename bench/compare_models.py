@@ -11,7 +11,8 @@ as JSON (--json-out).
 Assumes: Linux; Debian's /usr/bin/python3 with PyTorch 1.13 for the reference. Only the
 standard library is used here (and compare_pytorch.py's process helpers).
 Guarantees: one child at a time; each repeat runs Tandem then PyTorch (then --baseline-bin, another
-model_steps build, when given) back to back, so a change of load hits every side alike; samples/s is the median over --repeats, peak RSS the max; the
+model_steps build, when given, then with --own-fp32 both again without autocast) back to back, so a
+change of load hits every side alike; samples/s is the median over --repeats, peak RSS the max; the
 children get OMP_NUM_THREADS / MKL_NUM_THREADS and --threads N; a child that fails or times out
 stops the script with its exit status and the tail of its output.
 
@@ -67,8 +68,13 @@ def parse_args(argv=None):
     p.add_argument("--amp", default="off", choices=["off", "bf16", "fp16"],
                    help="both sides run the forward under autocast in that dtype (fp16: CUDA only on "
                         "PyTorch's side)")
+    p.add_argument("--own-fp32", action="store_true",
+                   help="with --amp: also run both sides without autocast in the same rounds, for the amp / own "
+                        "fp32 ratios")
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
     args = p.parse_args(argv)
+    if args.own_fp32 and args.amp == "off":
+        p.error("--own-fp32 needs --amp (it adds the fp32 runs an amp run is divided by)")
     args.model_list = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in args.model_list if m not in MODELS]
     if bad or not args.model_list:
@@ -88,10 +94,13 @@ def parse_args(argv=None):
     return args
 
 
+# A side named *_fp32 (--own-fp32) is the side before the underscore without autocast.
 def command(args, side, model, threads, metrics):
+    amp = "off" if side.endswith("_fp32") else args.amp
+    side = side.removesuffix("_fp32")
     flags = ["--model", model, "--iters", str(args.iters), "--warmup", str(args.warmup),
              "--threads", str(threads), "--metrics-out", metrics, "--device", args.device,
-             "--amp", args.amp]
+             "--amp", amp]
     if side == "pytorch" or args.pytorch_both:
         return [args.python, args.pytorch_script] + flags
     return [args.baseline_bin if side == "baseline" else args.tandem_bin] + flags
@@ -126,7 +135,8 @@ def summary(runs, argv):
 
 
 def measure(args, model, threads, workdir):
-    sides = ("tandem", "pytorch") + (("baseline",) if args.baseline_bin else ())
+    sides = ("tandem", "pytorch") + (("baseline",) if args.baseline_bin else ()) + \
+        (("tandem_fp32", "pytorch_fp32") if args.own_fp32 else ())
     runs = {side: [] for side in sides}
     for rep in range(args.repeats):
         for side in sides:
@@ -136,6 +146,9 @@ def measure(args, model, threads, workdir):
     out = {"model": model, "threads": threads, "tandem": t, "pytorch": p,
            "ratio_samples_per_s": t["samples_per_s"] / p["samples_per_s"],
            "ratio_peak_rss": t["peak_rss_bytes"] / p["peak_rss_bytes"]}
+    if args.own_fp32:
+        out.update(tandem_fp32=s["tandem_fp32"], pytorch_fp32=s["pytorch_fp32"], amp_over_own_fp32={
+            side: s[side]["samples_per_s"] / s[side + "_fp32"]["samples_per_s"] for side in ("tandem", "pytorch")})
     if args.baseline_bin:
         b = s["baseline"]
         out.update(baseline=b, baseline_ratio_samples_per_s=b["samples_per_s"] / p["samples_per_s"],
@@ -161,6 +174,12 @@ def print_table(args, results):
         print(f"| {r['model']} | {r['threads']} | {t['samples_per_s']:.1f} | {p['samples_per_s']:.1f} | "
               f"{r['ratio_samples_per_s']:.2f} | {fmt_mib(t['peak_rss_bytes'])} | "
               f"{fmt_mib(p['peak_rss_bytes'])} | {r['ratio_peak_rss']:.2f} |")
+    if args.own_fp32:
+        print(f"\n| model | threads | {name} {args.amp} / own fp32 | PyTorch {args.amp} / own fp32 |\n"
+              "|---|---:|---:|---:|")
+        for r in results:
+            o = r["amp_over_own_fp32"]
+            print(f"| {r['model']} | {r['threads']} | {o['tandem']:.2f} | {o['pytorch']:.2f} |")
     if args.baseline_bin:
         print(f"\nbaseline: {args.baseline_bin}\n")
         print(f"| model | threads | baseline samples/s | baseline / PyTorch | {name} / PyTorch | "

@@ -8,8 +8,10 @@ tandem / pytorch, as a markdown table on stdout and as JSON (--json-out).
 Assumes: Linux; Debian's /usr/bin/python3 with PyTorch 1.13 for the reference; both programs take
 the flags below and write JSON lines to --metrics-out. Only the standard library is used here.
 Guarantees: each child runs alone (sequentially), with OMP_NUM_THREADS / MKL_NUM_THREADS set to the
-thread count and --threads N passed; a child that fails or times out stops the script with its
-exit status and the tail of its output.
+thread count and --threads N passed; the repeats run in rounds, each round running every side once
+(Tandem, PyTorch, and with --own-fp32 both again without autocast), so that a change of the machine's
+speed during the run hits every side alike and the ratios compare runs minutes apart at most; a
+child that fails or times out stops the script with its exit status and the tail of its output.
 
 Example:
   /usr/bin/python3 bench/compare_pytorch.py --tandem-bin build/apps/tandem-mnist \\
@@ -59,9 +61,15 @@ def parse_args(argv=None):
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--amp", default="off", choices=["off", "bf16"],
                    help="bf16: tandem-mnist --amp bf16 against PyTorch's bf16 autocast (torch.autocast('cpu'))")
+    p.add_argument("--own-fp32", action="store_true",
+                   help="with --amp bf16: also run both trainers without autocast in the same rounds, for the "
+                        "bf16 / own fp32 ratios")
     add_output_args(p, "compare_pytorch.json")
     p.add_argument("--keep-logs", default=None, help="directory to keep each run's output in")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.own_fp32 and args.amp == "off":
+        p.error("--own-fp32 needs --amp bf16 (it adds the fp32 runs a bf16 run is divided by)")
+    return args
 
 
 def common_flags(args, threads, metrics):
@@ -156,17 +164,34 @@ def run_measured(tag, argv, threads, workdir, timeout):
     }
 
 
-def measure(args, side, threads, workdir):
-    runs = [run_measured(f"{side}_t{threads}_r{rep}", command(args, side, threads, "METRICS"), threads,
-                         workdir, args.timeout)
-            for rep in range(args.repeats)]
+# The sides of a round: (name, trainer, arguments); the *_fp32 ones run without autocast.
+def sides_of(args):
+    fp32 = argparse.Namespace(**dict(vars(args), amp="off"))
+    sides = [("tandem", "tandem", args), ("pytorch", "pytorch", args)]
+    if args.own_fp32:
+        sides += [("tandem_fp32", "tandem", fp32), ("pytorch_fp32", "pytorch", fp32)]
+    return sides
+
+
+def measure_rounds(args, threads, workdir):
+    """Runs --repeats rounds of every side; returns {side name: summary}."""
+    runs = {name: [] for name, _, _ in sides_of(args)}
+    for rep in range(args.repeats):
+        for name, trainer, side_args in sides_of(args):
+            runs[name].append(run_measured(f"{name}_t{threads}_r{rep}", command(side_args, trainer, threads, "METRICS"),
+                                           threads, workdir, args.timeout))
+    return {name: summarize(runs[name], command(side_args, trainer, threads, "METRICS"))
+            for name, trainer, side_args in sides_of(args)}
+
+
+def summarize(runs, argv):
     return {
         "samples_per_s": statistics.median(r["samples_per_s"] for r in runs),
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in runs),
         "last_train_loss": runs[-1]["last_train_loss"],
         "test_accuracy": runs[-1]["test_accuracy"],
         "test_loss": runs[-1]["test_loss"],
-        "command": command(args, side, threads, "METRICS"),
+        "command": argv,
         "runs": runs,
     }
 
@@ -199,13 +224,17 @@ def main(argv=None):
         workdir = args.keep_logs or tmp
         os.makedirs(workdir, exist_ok=True)
         for threads in thread_counts:
-            t = measure(args, "tandem", threads, workdir)
-            p = measure(args, "pytorch", threads, workdir)
-            results.append({
-                "threads": threads, "tandem": t, "pytorch": p,
+            m = measure_rounds(args, threads, workdir)
+            t, p = m["tandem"], m["pytorch"]
+            results.append(dict(m, **{
+                "threads": threads,
                 "ratio_samples_per_s": t["samples_per_s"] / p["samples_per_s"],
                 "ratio_peak_rss": t["peak_rss_bytes"] / p["peak_rss_bytes"],
-            })
+            }))
+            if args.own_fp32:
+                results[-1]["amp_over_own_fp32"] = {
+                    side: m[side]["samples_per_s"] / m[side + "_fp32"]["samples_per_s"]
+                    for side in ("tandem", "pytorch")}
 
     recipe = (f"{args.optimizer} lr {args.lr}, batch {args.batch_size}, "
               f"{args.epochs} epoch(s) of {args.limit} samples"
@@ -222,6 +251,11 @@ def main(argv=None):
               f"{r['ratio_samples_per_s']:.2f} | {fmt_mib(t['peak_rss_bytes'])} | "
               f"{fmt_mib(p['peak_rss_bytes'])} | {r['ratio_peak_rss']:.2f} | "
               f"{t['last_train_loss']:.3f} / {p['last_train_loss']:.3f} |")
+    if args.own_fp32:
+        print(f"\n| threads | {tandem_name} {args.amp} / own fp32 | PyTorch {args.amp} / own fp32 |\n|---:|---:|---:|")
+        for r in results:
+            o = r["amp_over_own_fp32"]
+            print(f"| {r['threads']} | {o['tandem']:.2f} | {o['pytorch']:.2f} |")
 
     out = {
         "what": "tandem-mnist vs PyTorch (bench/pytorch_mnist.py), CPU",

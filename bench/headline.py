@@ -41,6 +41,19 @@ def per_threads(results, key="threads"):
     return {r[key]: r for r in results}
 
 
+# A bf16 result's (Tandem, PyTorch) bf16 / own fp32 and a label note: from the fp32 runs of the same
+# rounds (--own-fp32) when it has them, else divided by the separate fp32 step's result (or None).
+def own_fp32_ratio(bf16_result, fp32_result):
+    if "amp_over_own_fp32" in bf16_result:
+        o = bf16_result["amp_over_own_fp32"]
+        return o["tandem"], o["pytorch"], " (fp32 runs in the same rounds)"
+    if fp32_result is None:
+        return None
+    return (bf16_result["tandem"]["samples_per_s"] / fp32_result["tandem"]["samples_per_s"],
+            bf16_result["pytorch"]["samples_per_s"] / fp32_result["pytorch"]["samples_per_s"],
+            " (fp32 from the fp32 step)")
+
+
 def mnist_rows(fp32, bf16):
     rows = []
     if fp32:
@@ -55,9 +68,9 @@ def mnist_rows(fp32, bf16):
         for t, r in sorted(per_threads(bf16["results"]).items()):
             rows.append((f"MNIST trainer, bf16 autocast, {count(t, 'thread')}, samples/s", r["tandem"]["samples_per_s"],
                          r["pytorch"]["samples_per_s"], r["ratio_samples_per_s"]))
-            if t in own:
-                rows.append((f"  bf16 / own fp32, {count(t, 'thread')}", r["tandem"]["samples_per_s"] / own[t]["tandem"]["samples_per_s"],
-                             r["pytorch"]["samples_per_s"] / own[t]["pytorch"]["samples_per_s"], None))
+            ratio = own_fp32_ratio(r, own.get(t))
+            if ratio:
+                rows.append((f"  bf16 / own fp32, {count(t, 'thread')}{ratio[2]}", ratio[0], ratio[1], None))
     return rows
 
 
@@ -71,10 +84,10 @@ def model_rows(models, bf16):
         key, label = (r["model"], r["threads"]), f"{r['model']} training step, bf16 autocast, {count(r['threads'], 'thread')}"
         rows.append((f"{label}, samples/s", r["tandem"]["samples_per_s"], r["pytorch"]["samples_per_s"],
                      r["ratio_samples_per_s"]))
-        if key in own:
-            rows.append((f"  bf16 / own fp32, {r['model']}, {count(r['threads'], 'thread')}",
-                         r["tandem"]["samples_per_s"] / own[key]["tandem"]["samples_per_s"],
-                         r["pytorch"]["samples_per_s"] / own[key]["pytorch"]["samples_per_s"], None))
+        ratio = own_fp32_ratio(r, own.get(key))
+        if ratio:
+            rows.append((f"  bf16 / own fp32, {r['model']}, {count(r['threads'], 'thread')}{ratio[2]}", ratio[0],
+                         ratio[1], None))
     return rows
 
 

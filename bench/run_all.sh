@@ -64,12 +64,12 @@ step kernels "$BUILD/bench/kernels_bench" '--benchmark_filter=^BM_(FmaPeak|GemmP
   --benchmark_out="$OUT/kernels.json" --benchmark_out_format=json
 step mnist $PY bench/compare_pytorch.py --tandem-bin "$TM" --threads 1,2 --repeats $REPEATS "${MNIST[@]}" \
   --json-out "$OUT/compare_pytorch.json"
-step mnist_bf16 $PY bench/compare_pytorch.py --tandem-bin "$TM" --threads 1,2 --repeats $REPEATS --amp bf16 \
+step mnist_bf16 $PY bench/compare_pytorch.py --tandem-bin "$TM" --threads 1,2 --repeats $REPEATS --amp bf16 --own-fp32 \
   "${MNIST[@]}" --json-out "$OUT/compare_pytorch_bf16.json"
 step models $PY bench/compare_models.py --tandem-bin "$BUILD/bench/model_steps" --threads 1,2 --repeats $REPEATS \
   "${MODELS[@]}" --json-out "$OUT/compare_models.json"
 step models_bf16 $PY bench/compare_models.py --tandem-bin "$BUILD/bench/model_steps" --threads 1,2 --repeats $REPEATS \
-  --amp bf16 "${MODELS[@]}" --json-out "$OUT/compare_models_bf16.json"
+  --amp bf16 --own-fp32 "${MODELS[@]}" --json-out "$OUT/compare_models_bf16.json"
 step ddp $PY bench/compare_ddp.py --tandem-bin "$TM" --tandem-run "$TR" --repeats $REPEATS \
   --only tandem1,tandem2,pytorch1,pytorch2 "${DDP[@]}" --json-out "$OUT/compare_ddp.json"
 step ddp_buckets $PY bench/ddp_buckets.py --build "$BUILD" --models mlp --caps 25 "${BUCKETS[@]}" \

@@ -54,7 +54,7 @@ void rows_to_block(const S* src, int64_t HW, D* dst) {
   for (int64_t s0 = 0; s0 < HW; s0 += 16) {
     const int64_t m = std::min<int64_t>(16, HW - s0);
     __m512 r[16];
-    for (int64_t j = 0; j < 16; ++j) r[j] = simd::load_first(src + (s0 + j) * 16, j < m ? 16 : 0);
+    for (int64_t j = 0; j < 16; ++j) r[j] = j < m ? simd::load_first(src + (s0 + j) * 16, 16) : _mm512_setzero_ps();
     transpose16(r);
     for (int c = 0; c < 16; ++c) simd::store_first(dst + c * HW + s0, r[c], m);
   }

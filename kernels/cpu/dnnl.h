@@ -106,7 +106,8 @@ bool run_pair(const std::function<bool()>& first, const std::function<bool()>& s
 
 // Convolutions on NCHW tensors in and out (any of f32/bf16 each, contiguous), computed in
 // `compute` (f32 or bf16) with f32 accumulation, in oneDNN's own blocked layouts (the tensors are
-// reordered, and cast, into them and out as part of the call). Return false, touching nothing,
+// copied, and cast, into them and out as part of the call: kernels/cpu/block_layout.h's transposes
+// for NCHW <-> nChw16c, oneDNN's reorders otherwise). Return false, touching nothing,
 // when oneDNN cannot run the case.
 bool onednn_conv_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, DType compute,
                          Tensor& y);
@@ -139,8 +140,8 @@ namespace tandem::kernels::cpu {
 // Whether the low-precision linear of input x / conv2d computing in d runs natively:
 // lowp_gemm_path(dtype) is not fallback, and for conv2d the input has more than one channel (one
 // channel: the f32 one-channel kernel, kernels/cpu/conv_c1.h, on widened operands is faster than
-// oneDNN's bf16). A conv's x may be float32 (rounded to d in oneDNN's input reorder; its gradient
-// computed in d and widened in the output reorder).
+// oneDNN's bf16). A conv's x may be float32 (rounded to d while copied into oneDNN's layout; its
+// gradient computed in d and widened while copied out).
 bool lowp_linear_native(const Tensor& x);
 bool lowp_conv2d_native(const Tensor& x, DType d);
 bool lowp_linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);

@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 
-from compare_pytorch import fmt_mib, run_child, tail
+from compare_pytorch import amp_over_own_fp32, fmt_mib, run_child, tail
 from machine import add_output_args, cpu_label, describe, output_path, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -147,8 +147,7 @@ def measure(args, model, threads, workdir):
            "ratio_samples_per_s": t["samples_per_s"] / p["samples_per_s"],
            "ratio_peak_rss": t["peak_rss_bytes"] / p["peak_rss_bytes"]}
     if args.own_fp32:
-        out.update(tandem_fp32=s["tandem_fp32"], pytorch_fp32=s["pytorch_fp32"], amp_over_own_fp32={
-            side: s[side]["samples_per_s"] / s[side + "_fp32"]["samples_per_s"] for side in ("tandem", "pytorch")})
+        out.update(tandem_fp32=s["tandem_fp32"], pytorch_fp32=s["pytorch_fp32"], amp_over_own_fp32=amp_over_own_fp32(s))
     if args.baseline_bin:
         b = s["baseline"]
         out.update(baseline=b, baseline_ratio_samples_per_s=b["samples_per_s"] / p["samples_per_s"],

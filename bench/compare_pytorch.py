@@ -175,13 +175,19 @@ def sides_of(args):
 
 def measure_rounds(args, threads, workdir):
     """Runs --repeats rounds of every side; returns {side name: summary}."""
-    runs = {name: [] for name, _, _ in sides_of(args)}
+    sides = [(name, command(side_args, trainer, threads, "METRICS")) for name, trainer, side_args in sides_of(args)]
+    runs = {name: [] for name, _ in sides}
     for rep in range(args.repeats):
-        for name, trainer, side_args in sides_of(args):
-            runs[name].append(run_measured(f"{name}_t{threads}_r{rep}", command(side_args, trainer, threads, "METRICS"),
-                                           threads, workdir, args.timeout))
-    return {name: summarize(runs[name], command(side_args, trainer, threads, "METRICS"))
-            for name, trainer, side_args in sides_of(args)}
+        for name, argv in sides:
+            runs[name].append(run_measured(f"{name}_t{threads}_r{rep}", argv, threads, workdir, args.timeout))
+    return {name: summarize(runs[name], argv) for name, argv in sides}
+
+
+def amp_over_own_fp32(summaries):
+    """{side: amp samples/s / the same side's fp32 samples/s} for Tandem and PyTorch, from the summaries
+    of one set of rounds keyed by side name (the fp32 ones named <side>_fp32)."""
+    return {side: summaries[side]["samples_per_s"] / summaries[side + "_fp32"]["samples_per_s"]
+            for side in ("tandem", "pytorch")}
 
 
 def summarize(runs, argv):
@@ -232,9 +238,7 @@ def main(argv=None):
                 "ratio_peak_rss": t["peak_rss_bytes"] / p["peak_rss_bytes"],
             }))
             if args.own_fp32:
-                results[-1]["amp_over_own_fp32"] = {
-                    side: m[side]["samples_per_s"] / m[side + "_fp32"]["samples_per_s"]
-                    for side in ("tandem", "pytorch")}
+                results[-1]["amp_over_own_fp32"] = amp_over_own_fp32(m)
 
     recipe = (f"{args.optimizer} lr {args.lr}, batch {args.batch_size}, "
               f"{args.epochs} epoch(s) of {args.limit} samples"

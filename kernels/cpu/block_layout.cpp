@@ -37,7 +37,7 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
-// One block of 16 channels: planes (16 rows of HW, hw_stride apart) <-> blocked rows (HW rows of 16).
+// One block of 16 channels: 16 planes of HW values <-> HW blocked rows of 16 values.
 template <typename S, typename D>
 void block_to_rows(const S* src, int64_t HW, D* dst) {
   for (int64_t s0 = 0; s0 < HW; s0 += 16) {

@@ -5,8 +5,10 @@
 // 16 lanes, not 7); the two positions between rows are computed and dropped. Forward: per block
 // of 8 output channels and 32 positions, 16 accumulators take, for every input channel and tap,
 // 2 input vectors and 8 broadcast weights (packed [block][C][9][8] first). Weight gradient: per
-// input channel and pair of output channels, 2 x 9 accumulators over gy laid out the same way
-// with zeros between rows. AVX-512 only; other levels have stubs.
+// input channel and three output channels (then a pair, a single), 3 x 9 accumulators over gy laid
+// out the same way with zeros between rows; each of the 9 input vectors is loaded once per step and
+// held in a register for the three (simd::in_register: folded into each multiply-add as a memory
+// operand, the unaligned loads had bound the loop). AVX-512 only; other levels have stubs.
 #include "kernels/cpu/conv3x3.h"
 
 #include <algorithm>
@@ -99,7 +101,7 @@ template <int KB>
 void weight_grad_block(const float* gyp, const float* xp, float* part, int64_t gn, int64_t L, int64_t Wp,
                        int64_t plane, int64_t C, int64_t K, int64_t k, int64_t c) {
   __m512 acc[KB][9];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 9
     for (int t = 0; t < 9; ++t) acc[j][t] = _mm512_loadu_ps(part + (((k + j) * C + c) * 9 + t) * 16);
@@ -109,17 +111,17 @@ void weight_grad_block(const float* gyp, const float* xp, float* part, int64_t g
     const float* xc = xp + (i * C + c) * plane;
     for (int64_t j0 = 0; j0 < L; j0 += 16) {
       __m512 gv[KB];
-#pragma GCC unroll 2
+#pragma GCC unroll 3
       for (int j = 0; j < KB; ++j) gv[j] = _mm512_loadu_ps(g + j * L + j0);
 #pragma GCC unroll 9
       for (int t = 0; t < 9; ++t) {
-        const __m512 xv = _mm512_loadu_ps(xc + j0 + (t / 3) * Wp + t % 3);
-#pragma GCC unroll 2
+        const __m512 xv = simd::in_register(_mm512_loadu_ps(xc + j0 + (t / 3) * Wp + t % 3));
+#pragma GCC unroll 3
         for (int j = 0; j < KB; ++j) acc[j][t] = _mm512_fmadd_ps(gv[j], xv, acc[j][t]);
       }
     }
   }
-#pragma GCC unroll 2
+#pragma GCC unroll 3
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 9
     for (int t = 0; t < 9; ++t) _mm512_storeu_ps(part + (((k + j) * C + c) * 9 + t) * 16, acc[j][t]);
@@ -150,6 +152,7 @@ void conv3x3_weight_grad(const float* gy, const float* x, float* dw, int64_t n0,
     }
     for (int64_t c = 0; c < C; ++c) {
       int64_t k = 0;
+      for (; k + 3 <= K; k += 3) weight_grad_block<3>(gyp.data(), xp.data(), part.data(), gn, L, Wp, plane, C, K, k, c);
       for (; k + 2 <= K; k += 2) weight_grad_block<2>(gyp.data(), xp.data(), part.data(), gn, L, Wp, plane, C, K, k, c);
       for (; k < K; ++k) weight_grad_block<1>(gyp.data(), xp.data(), part.data(), gn, L, Wp, plane, C, K, k, c);
     }

@@ -6,8 +6,9 @@
 // one permute of two loads (deinterleave). Forward: per block of 8 output channels and 32
 // positions, 16 accumulators take, for every input channel and tap, 2 input vectors and 8
 // broadcast weights (the stride-1 kernel's inner loop, kernels/cpu/conv3x3.cpp, with a table of
-// tap offsets). Weight gradient: per block of output and input channels, per lane accumulators
-// over the output gradient laid out the same way with zeros between rows. Input gradient: per
+// tap offsets). Weight gradient: per block of output and input channels (3 x 1 for 3x3, 4 x 4 for 1x1),
+// per lane accumulators over the output gradient laid out the same way with zeros between rows,
+// each input vector held in a register for the block's output channels (simd::in_register). Input gradient: per
 // phase (a, b) of the padded input, the taps of that phase read the output gradient, copied into
 // a zero border of (R - 1) / 2 rows and (S - 1) / 2 columns, at fixed offsets (the same forward
 // kernel with the output and input channels swapped); the phases' rows are then interleaved into
@@ -327,7 +328,7 @@ void weight_grad_block(const float* gyf, const float* xp, const int64_t* off, fl
       for (int j = 0; j < KB; ++j) gv[j] = _mm512_loadu_ps(gi + j * Lw + j0);
 #pragma GCC unroll 9
       for (int u = 0; u < CB * T; ++u) {
-        const __m512 xv = _mm512_loadu_ps(xi + (u / T) * plane + off[u % T] + j0);
+        const __m512 xv = simd::in_register(_mm512_loadu_ps(xi + (u / T) * plane + off[u % T] + j0));
 #pragma GCC unroll 4
         for (int j = 0; j < KB; ++j) acc[j][u] = _mm512_fmadd_ps(gv[j], xv, acc[j][u]);
       }
@@ -385,7 +386,7 @@ void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_
         copy_rows(gy + ((n + i) * g.K + k) * PQ, g.P, g.Q, gyf + (i * g.K + k) * Lw, ph.Wf);
     }
     if (ph.T == 9) {
-      weight_grad_group<2, 1, 9>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
+      weight_grad_group<3, 1, 9>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
     } else {
       weight_grad_group<4, 4, 1>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
     }

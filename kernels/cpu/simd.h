@@ -116,6 +116,12 @@ inline void store_first(float* p, __m512 v, int64_t n) {
 
 inline float hsum(__m512 v) { return _mm512_reduce_add_ps(v); }
 inline double hsum(__m512d v) { return _mm512_reduce_add_pd(v); }
+// v, held in a register: GCC otherwise folds a load used by several multiply-adds into each of them
+// as a memory operand, and a row of unaligned loads read KB times is bound by the load ports.
+inline __m512 in_register(__m512 v) {
+  asm("" : "+v"(v));
+  return v;
+}
 
 // bfloat16 lanes (the upper 16 bits of a float32; uint16_t storage). Widening is exact; narrowing
 // rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/bf16.h's scalar

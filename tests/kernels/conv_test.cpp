@@ -261,8 +261,9 @@ TEST(Conv2d, StrideOnePaddedIm2colThroughABorderedCopy) {
 TEST(Conv2d, ThreeByThreePaddingOneDirectKernels) {
   // 3x3, stride 1, padding 1, float32: the forward, the input gradient and the weight gradient
   // take the direct kernels of kernels/cpu/conv3x3.cpp. Rows of 37 columns (two vectors, then a 5-column tail), exactly 16
-  // and 17, 1 and 7; output channels in blocks of 8 and singles (11 = 8 + 3, 3, 1); one input
-  // channel; non-square images; with and without bias; strided inputs; over several threads.
+  // and 17, 1 and 7; output channels in blocks of 8 and singles (11 = 8 + 3, 3, 1), and in the weight
+  // gradient's blocks of 3, 2 and 1 (11 = 3 + 3 + 3 + 2, 7 = 3 + 3 + 1); one input channel;
+  // non-square images; with and without bias; strided inputs; over several threads.
   // The ResNet's own shapes last.
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
@@ -272,6 +273,7 @@ TEST(Conv2d, ThreeByThreePaddingOneDirectKernels) {
     check_case({2, 4, 5, 17, 3, 3, 3, {1, 1, 1, 1}, true}, kFloat32, true, 72);
     check_case({3, 1, 9, 1, 1, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 73);
     check_case({2, 2, 1, 7, 9, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 74);
+    check_case({2, 5, 6, 9, 7, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 78);
   }
   check_case({2, 8, 28, 28, 8, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 75);
   check_case({2, 16, 14, 14, 16, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 76);
@@ -283,7 +285,7 @@ TEST(Conv2d, StrideTwoDirectKernels) {
   // gradient take the direct kernels of kernels/cpu/conv_strided.cpp. Even and odd image sides
   // (the last padded row read or not), padding 0, 1 and 2 (every phase's first column and row
   // shifted), rows of 35 outputs (two vectors, then a tail) and of 1; channels in the forward's
-  // blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and 2 x 1 blocks and their
+  // blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and 3 x 1 blocks and their
   // remainders (5, 7); 1x1 images; strided inputs; over several threads. More than 64 channels
   // take im2col. The ResNet's own shapes last.
   for (int threads : {1, 2, 3}) {

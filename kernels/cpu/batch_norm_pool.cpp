@@ -16,14 +16,15 @@
 //   gx = (d_here - grad_mean - (x - mean) * k) * scale, d_here being d at the winning position (the
 //   code) and 0 elsewhere (also on the last row/column an odd H/W leaves out of pooling). Same
 //   per-element formula as batch_norm_relu_backward; only the sums' order differs.
-// - the planes of a channel lie a channel stride apart: each pass prefetches the next plane.
 // - float rows use AVX-512 where compiled in, else AVX2+FMA where compiled in, one block each, on
 //   kernels/cpu/simd.h's lane masks (masked loads and stores: nothing outside a row is read or
 //   written); double and other builds use scalar rows with the same rules. The AVX2 relu is the
 //   scalar one (x > 0 or NaN keeps x, else +0), so the AVX2 build's pooled output is bitwise its
 //   unfused ops'. Each call is counted in simd_path_count with the level of the rows it ran.
-// - threads split channels (each channel one thread's, in fixed order): bits do not depend on the
-//   thread count.
+// - threads split images, in every pass (the image-split convolutions before and after wrote and
+//   will read those images on the same threads: at 2 threads, reading planes another core last wrote
+//   had doubled the passes' time); the statistics and the backward sums are kept per (image,
+//   channel) and added per channel in image order: bits do not depend on the thread count.
 // - x may be bfloat16 (weight, bias, running and saved statistics float32): the vector rows widen it
 //   on load and round the input gradient to bfloat16 on store (simd::load_first / store_first), as
 //   do the AVX-512 statistics; the others, and the portable rows, widen each row into a per-thread
@@ -36,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/batch_norm_stats.h"
 #include "kernels/cpu/common.h"
@@ -56,7 +58,6 @@ struct Geom {
   int64_t H, W, P, Q;
 };
 
-using detail::prefetch_next_plane;
 
 // Scalar window rule of max_pool2d: v replaces best when greater or NaN.
 template <typename T>
@@ -70,15 +71,40 @@ inline void take_max(T v, uint8_t k, T& best, uint8_t& bk) {
 // The vector rows (float): AVX-512 and AVX2, one block each below; other levels run the scalar rows.
 constexpr bool kVectorRows = kSimdLevel != SimdLevel::portable;
 
-// A channel's backward sums, sum d and sum d * (x_win - mean), in double: scalar rows add one
-// partial sum per plane; the float vector rows add each plane's per-lane float sums into per-lane
-// doubles (simd::WideSum), reduced once per channel.
+// Float lanes of the vector rows (1 where there are none).
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+constexpr int64_t kLanes = simd::kFloatLanes;
+#else
+constexpr int64_t kLanes = 1;
+#endif
+
+// A plane's share of its channel's backward sums, as masked_grad_plane writes it: the float vector
+// rows' per-lane sums of d, then of d * (x_win - mean) (kLanes each); the scalar rows' two sums. Kept
+// per (image, channel), so that images run on any thread and a channel still adds its planes in image
+// order.
+template <typename T>
+constexpr int64_t kPlaneSums = std::is_same_v<T, float> && kVectorRows ? 2 * kLanes : 2;
+
+// A channel's backward sums, sum d and sum d * (x_win - mean), in double: the scalar rows' planes add
+// their partial sums, the float vector rows' planes their per-lane float sums into per-lane doubles
+// (simd::WideSum), reduced once per channel.
 template <typename T>
 struct GradSums {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
   simd::WideSum dy_lanes, xmu_lanes;
 #endif
   double dy = 0, xmu = 0;
+  void add_plane(const T* p) {
+#if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
+    if constexpr (std::is_same_v<T, float>) {
+      dy_lanes.add(simd::load_first(p, kLanes));
+      xmu_lanes.add(simd::load_first(p + kLanes, kLanes));
+      return;
+    }
+#endif
+    dy += p[0];
+    xmu += p[1];
+  }
   double sum_dy() const {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
     if constexpr (std::is_same_v<T, float>) return dy_lanes.total();
@@ -135,7 +161,7 @@ void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, ui
 
 // masked_grad_plane's float rows.
 void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean, float* d,
-                           GradSums<float>& s) {
+                           float* sums) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
   const __m512 z = _mm512_setzero_ps();
   __m512 s1 = z, s2 = z;
@@ -149,8 +175,8 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
     s1 = _mm512_add_ps(s1, dv);
     s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
   }
-  s.dy_lanes.add(s1);
-  s.xmu_lanes.add(s2);
+  _mm512_storeu_ps(sums, s1);
+  _mm512_storeu_ps(sums + kFloatLanes, s2);
 }
 
 // input_grad_plane's float rows, 16 columns (8 pooled elements) per step; x and gx float or bfloat16 (X).
@@ -256,7 +282,7 @@ void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, ui
 
 // masked_grad_plane's float rows.
 void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean, float* d,
-                           GradSums<float>& s) {
+                           float* sums) {
   const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vm = _mm256_set1_ps(mean);
   const __m256 z = _mm256_setzero_ps();
   __m256 s1 = z, s2 = z;
@@ -269,8 +295,8 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
     s1 = _mm256_add_ps(s1, dv);
     s2 = _mm256_fmadd_ps(dv, _mm256_sub_ps(xv, vm), s2);
   }
-  s.dy_lanes.add(s1);
-  s.xmu_lanes.add(s2);
+  _mm256_storeu_ps(sums, s1);
+  _mm256_storeu_ps(sums + kFloatLanes, s2);
 }
 
 // input_grad_plane's float rows, 8 columns (4 pooled elements) per step; x and gx float or bfloat16 (X).
@@ -334,11 +360,11 @@ void forward_plane(const X* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* 
 }
 
 // ---- backward pass 1: one pooled plane of n values. d = dy where !(fma(xw, a, b) <= 0) (xw: x at the
-// winning position), else 0, into d; adds the plane's sums into s. ----
+// winning position), else 0, into d; the plane's sums into sums (kPlaneSums<T> values). ----
 template <typename T>
-void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* d, GradSums<T>& s) {
+void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* d, T* sums) {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
-  if constexpr (std::is_same_v<T, float>) return masked_grad_plane_vec(xw, dy, n, a, b, mean, d, s);
+  if constexpr (std::is_same_v<T, float>) return masked_grad_plane_vec(xw, dy, n, a, b, mean, d, sums);
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -347,8 +373,8 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
     t1 += dv;
     t2 += dv * (xw[i] - mean);
   }
-  s.dy += t1;
-  s.xmu += t2;
+  sums[0] = t1;
+  sums[1] = t2;
 }
 
 // ---- backward pass 2: one plane. gx[h, w] = (d_here - grad_mean - (x - mean) * k) * scale with
@@ -405,14 +431,14 @@ BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_i
   const int64_t PQ = g.P * g.Q;
   detail::count_simd_path(SimdKernel::bn_relu_pool_forward, detail::simd_path<T>(kVectorRows));
 
-  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+  std::vector<detail::BnAffine<T>> affine(static_cast<size_t>(l.C));
+  a.all_channels(training, momentum, eps, affine.data());
+  detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
     auto xs = BnRowScratch<T>::template of<X>(l.HW);
-    for (int64_t c = c0; c < c1; ++c) {
-      const auto [alpha, beta] = a.channel(c, training, momentum, eps, xs);
-      for (int64_t n = 0; n < l.N; ++n) {
-        const int64_t o = (n * l.C + c) * PQ;
-        prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
-        const int64_t off = (n * l.C + c) * l.HW;
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < l.C; ++c) {
+        const auto [alpha, beta] = affine[c];
+        const int64_t o = (n * l.C + c) * PQ, off = (n * l.C + c) * l.HW;
         if constexpr (kDirectRows<T, X>) {
           forward_plane<T>(xp + off, g, alpha, beta, yp + o, kp + o, xwp + o);
         } else {
@@ -443,8 +469,9 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   if (need_input) r.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) r.weight = Tensor::empty({l.C}, dtype_of<T>);
   if (need_bias) r.bias = Tensor::empty({l.C}, dtype_of<T>);
-  // The masked pooled gradient of pass 1, read back by pass 2 (L2-resident per channel).
+  // The masked pooled gradient of pass 1, read back by pass 2, and each plane's sums.
   Tensor scratch = Tensor::empty(gy.shape(), dtype_of<T>);
+  Tensor plane_sums = Tensor::empty({l.N * l.C * kPlaneSums<T>}, dtype_of<T>);
 
   const T* gyp = gy.data<T>();
   const X* xp = detail::bn_data<X>(x);
@@ -455,45 +482,57 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
   T* dp = scratch.data<T>();
+  T* sp = plane_sums.data<T>();
   X* gxp = need_input ? detail::bn_data<X>(r.input) : nullptr;
   T* gwp = need_weight ? r.weight.data<T>() : nullptr;
   T* gbp = need_bias ? r.bias.data<T>() : nullptr;
-  const int64_t M = l.N * l.HW, PQ = g.P * g.Q;
-
-  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+  const int64_t M = l.N * l.HW, PQ = g.P * g.Q, C = l.C;
+  // Both passes run image by image (as the image-split convolutions around them read and write), each
+  // plane a fixed function of its channel's values: the bits do not depend on the thread count.
+  // The forward's affine maps (the relu mask), recomputed exactly as the forward did.
+  std::vector<detail::BnAffine<T>> affine(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) affine[c] = bn_affine_of<T>(ip[c], wp, bp, c, mp[c]);
+  detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t o = (n * C + c) * PQ;
+        masked_grad_plane<T>(xwp + o, gyp + o, PQ, affine[c].alpha, affine[c].beta, mp[c], dp + o,
+                             sp + (n * C + c) * kPlaneSums<T>);
+      }
+    }
+  });
+  // Per channel, its planes' sums in image order; then pass 2's coefficients.
+  struct Coef {
+    T grad_mean, k, scale;
+  };
+  std::vector<Coef> coef(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    GradSums<T> sums;
+    for (int64_t n = 0; n < l.N; ++n) sums.add_plane(sp + (n * C + c) * kPlaneSums<T>);
+    const double sum_dy = sums.sum_dy(), sum_dy_xmu = sums.sum_dy_xmu();
+    const T invstd = ip[c];
+    if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
+    if (gbp) gbp[c] = T(sum_dy);
+    // Eval: grad_mean = k = 0 gives gx = d * scale, as batch_norm_relu_backward.
+    coef[c].grad_mean = training && M > 0 ? T(sum_dy / double(M)) : T(0);
+    coef[c].k = training && M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
+    coef[c].scale = invstd * (wp ? wp[c] : T(1));
+  }
+  if (!gxp) return r;
+  detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
     // The portable rows' widened planes of a bfloat16 x and its gradient.
     auto xs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
     auto gs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
-    for (int64_t c = c0; c < c1; ++c) {
-      const T mean = mp[c], invstd = ip[c];
-      const T w = wp ? wp[c] : T(1);
-      // The forward's affine map, recomputed exactly as the forward did (relu mask).
-      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
-      GradSums<T> sums;
-      for (int64_t n = 0; n < l.N; ++n) {
-        const int64_t o = (n * l.C + c) * PQ;
-        prefetch_next_plane(xwp + c * PQ, n, l.N, l.C * PQ, PQ);
-        prefetch_next_plane(gyp + c * PQ, n, l.N, l.C * PQ, PQ);
-        masked_grad_plane<T>(xwp + o, gyp + o, PQ, alpha, beta, mean, dp + o, sums);
-      }
-      const double sum_dy = sums.sum_dy(), sum_dy_xmu = sums.sum_dy_xmu();
-      if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
-      if (gbp) gbp[c] = T(sum_dy);
-      if (!gxp) continue;
-      // Eval: grad_mean = k = 0 gives gx = d * scale, as batch_norm_relu_backward.
-      const T grad_mean = training && M > 0 ? T(sum_dy / double(M)) : T(0);
-      const T k = training && M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
-      const T scale = invstd * w;
-      for (int64_t n = 0; n < l.N; ++n) {
-        const int64_t off = (n * l.C + c) * l.HW, o = (n * l.C + c) * PQ;
-        prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
-        prefetch_next_plane(kp + c * PQ, n, l.N, l.C * PQ, PQ);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t off = (n * C + c) * l.HW, o = (n * C + c) * PQ;
+        const Coef& f = coef[c];
         if constexpr (kDirectRows<T, X>) {
-          input_grad_plane<T>(xp + off, dp + o, kp + o, g, mean, grad_mean, k, scale, gxp + off, !training);
+          input_grad_plane<T>(xp + off, dp + o, kp + o, g, mp[c], f.grad_mean, f.k, f.scale, gxp + off, !training);
         } else {
           T* gr = detail::bn_out_row<T>(gxp, off, gs);
-          input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), dp + o, kp + o, g, mean, grad_mean, k, scale, gr,
-                              !training);
+          input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), dp + o, kp + o, g, mp[c], f.grad_mean, f.k,
+                              f.scale, gr, !training);
           detail::bn_store_row<T>(gr, gxp, off, l.HW);
         }
       }

@@ -215,30 +215,35 @@ struct BnChannelStats {
   T mean, invstd;
 };
 
-// Statistics of channel c of x [N, C, HW] (xp). Training: batch mean and 1/sqrt(biased var + eps);
-// when rm and rv are both non-null, rm[c]/rv[c] are updated with momentum (unbiased variance).
-// Eval: rm[c]/rv[c] (both required). xs: the row scratch of a bf16 x.
+// Row n of channel c of x [N, C, HW] (xp): its sums of (x - shift) and (x - shift)^2 added into s1, s2
+// (one read at AVX-512, row_moments; Eigen's two sums of the widened row elsewhere).
 template <typename T, typename X>
-BnChannelStats<T> channel_statistics(const X* xp, const BnLayout& l, int64_t c, bool training,
-                                     double momentum, double eps, T* rm, T* rv, BnRowScratch<T>& xs) {
-  const int64_t M = l.N * l.HW;
-  if (!training) return {rm[c], T(1.0 / std::sqrt(double(rv[c]) + eps))};
-  // One pass for both moments, shifted by the channel's first value so that the sum of squares
-  // does not cancel catastrophically.
-  const T shift = M > 0 ? bn_load<T>(xp[c * l.HW]) : T(0);
-  double s1 = 0, s2 = 0;
-  for (int64_t n = 0; n < l.N; ++n) {
-    prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
+void add_row_moments(const X* xp, const BnLayout& l, int64_t n, int64_t c, T shift, BnRowScratch<T>& xs,
+                     double& s1, double& s2) {
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
-    if constexpr (std::is_same_v<T, float>) {
-      row_moments(xp + (n * l.C + c) * l.HW, l.HW, shift, s1, s2);
-      continue;
-    }
-#endif
-    const CArrMap<T> row(bn_row<T>(xp, (n * l.C + c) * l.HW, l.HW, xs), l.HW);  // L1-resident: read twice
-    s1 += (row - shift).sum();
-    s2 += (row - shift).square().sum();
+  if constexpr (std::is_same_v<T, float>) {
+    row_moments(xp + (n * l.C + c) * l.HW, l.HW, shift, s1, s2);
+    return;
   }
+#endif
+  const CArrMap<T> row(bn_row<T>(xp, (n * l.C + c) * l.HW, l.HW, xs), l.HW);  // L1-resident: read twice
+  s1 += (row - shift).sum();
+  s2 += (row - shift).square().sum();
+}
+
+// The shift of channel c's moments: its first value, so that the sum of squares does not cancel
+// catastrophically.
+template <typename T, typename X>
+T channel_shift(const X* xp, const BnLayout& l, int64_t c) {
+  return l.N * l.HW > 0 ? bn_load<T>(xp[c * l.HW]) : T(0);
+}
+
+// Training statistics of channel c from its shifted sums s1, s2 over M values: batch mean and
+// 1/sqrt(biased var + eps); when rm and rv are both non-null, rm[c]/rv[c] are updated with momentum
+// (unbiased variance).
+template <typename T>
+BnChannelStats<T> finish_statistics(double s1, double s2, T shift, int64_t M, int64_t c, double momentum,
+                                    double eps, T* rm, T* rv) {
   const double m = M > 0 ? s1 / double(M) : 0.0;
   const double var_sum = std::max(0.0, s2 - s1 * m);  // sum of (x - mean)^2
   const double mean_d = double(shift) + m;
@@ -249,6 +254,32 @@ BnChannelStats<T> channel_statistics(const X* xp, const BnLayout& l, int64_t c, 
     rv[c] = T(momentum * unbiased + (1.0 - momentum) * double(rv[c]));
   }
   return {T(mean_d), T(1.0 / std::sqrt(var + eps))};
+}
+
+// Eval statistics of channel c: the running mean and 1/sqrt(running var + eps).
+template <typename T>
+BnChannelStats<T> eval_statistics(const T* rm, const T* rv, int64_t c, double eps) {
+  return {rm[c], T(1.0 / std::sqrt(double(rv[c]) + eps))};
+}
+
+// Statistics of channel c of x [N, C, HW] (xp). Training: finish_statistics of one pass over its rows
+// in image order. Eval: rm[c]/rv[c] (both required). xs: the row scratch of a bf16 x.
+template <typename T, typename X>
+BnChannelStats<T> channel_statistics(const X* xp, const BnLayout& l, int64_t c, bool training,
+                                     double momentum, double eps, T* rm, T* rv, BnRowScratch<T>& xs) {
+  if (!training) return eval_statistics<T>(rm, rv, c, eps);
+  const T shift = channel_shift<T>(xp, l, c);
+  double s1 = 0, s2 = 0;
+  for (int64_t n = 0; n < l.N; ++n) {
+    prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
+    add_row_moments<T>(xp, l, n, c, shift, xs, s1, s2);
+  }
+  return finish_statistics<T>(s1, s2, shift, l.N * l.HW, c, momentum, eps, rm, rv);
+}
+
+// Images per parallel chunk: aim for >= 32K elements of work per chunk.
+inline int64_t bn_image_grain(const BnLayout& l) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.C * l.HW));
 }
 
 // An optional input (weight, bias): contiguous when given, else undefined; its elements, or nullptr.
@@ -296,6 +327,45 @@ struct BnForwardArgs {
     mp[c] = mean;
     ip[c] = invstd;
     return bn_affine_of<T>(invstd, wp, bp, c, mean);
+  }
+
+  // channel(c) for every channel into out [C], the rows read image by image over the pool (a thread
+  // reads the images it is given, as an image-split convolution before it wrote them) with their sums
+  // kept per (image, channel), then added per channel in image order: the same bits as channel(c).
+  void all_channels(bool training, double momentum, double eps, BnAffine<T>* out) const {
+    Tensor rows = Tensor::empty({training ? 2 * l.N * l.C : 0}, kFloat64);
+    double* rp = rows.data<double>();
+    std::vector<T> shift(static_cast<size_t>(l.C));
+    if (training) {
+      for (int64_t c = 0; c < l.C; ++c) shift[c] = channel_shift<T>(xp, l, c);
+      parallel_range(l.N, bn_image_grain(l), [&](int64_t n0, int64_t n1) {
+        auto xs = BnRowScratch<T>::template of<X>(l.HW);
+        for (int64_t n = n0; n < n1; ++n) {
+          for (int64_t c = 0; c < l.C; ++c) {
+            double s1 = 0, s2 = 0;
+            add_row_moments<T>(xp, l, n, c, shift[c], xs, s1, s2);
+            rp[2 * (n * l.C + c)] = s1;
+            rp[2 * (n * l.C + c) + 1] = s2;
+          }
+        }
+      });
+    }
+    for (int64_t c = 0; c < l.C; ++c) {
+      BnChannelStats<T> st{};
+      if (!training) {
+        st = eval_statistics<T>(rmp, rvp, c, eps);
+      } else {
+        double s1 = 0, s2 = 0;
+        for (int64_t n = 0; n < l.N; ++n) {
+          s1 += rp[2 * (n * l.C + c)];
+          s2 += rp[2 * (n * l.C + c) + 1];
+        }
+        st = finish_statistics<T>(s1, s2, shift[c], l.N * l.HW, c, momentum, eps, rmp, rvp);
+      }
+      mp[c] = st.mean;
+      ip[c] = st.invstd;
+      out[c] = bn_affine_of<T>(st.invstd, wp, bp, c, st.mean);
+    }
   }
 };
 

@@ -5,11 +5,14 @@
 // when defined, are contiguous [C] tensors of x's dtype (updated in place).
 // Guarantees: PyTorch's semantics: biased batch variance to normalise,
 // running_var updated with the unbiased one (n/(n-1)); save_mean/save_invstd
-// are the statistics used (batch in training, running in eval). Each channel
-// is handled by one thread in tight vectorised passes over its N rows of
-// H*W values (forward: one pass for the shifted first and second moments,
-// one to write; backward: one for the two sums, one to write); sums of rows
-// accumulate in double.
+// are the statistics used (batch in training, running in eval). Tight
+// vectorised passes over rows of H*W values (forward: one pass for the shifted
+// first and second moments, one to write; backward: one for the two sums, one
+// to write), every pass split by images across threads (as the image-split
+// convolutions around a batch norm write and read its tensors: at 2 threads,
+// reading rows another core last wrote had doubled a pass's time); each row's
+// sums are kept per (image, channel) and added per channel in image order, in
+// double: the bits do not depend on the thread count.
 // The fused batch_norm+relu entry points (batch_norm_relu_*) share these
 // passes; their output is max(0, fma(x, a, b)) with a = invstd * weight and
 // b = bias - mean * a per channel, and their backward recomputes that value
@@ -31,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/batch_norm_stats.h"
 #include "kernels/cpu/common.h"
@@ -221,11 +225,13 @@ BatchNormForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const
   T* yp = r.output.data<T>();
   if (relu) detail::count_simd_path(SimdKernel::bn_relu_forward, detail::simd_path<T>(kVectorRows));
 
-  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
+  std::vector<detail::BnAffine<T>> affine(static_cast<size_t>(l.C));
+  a.all_channels(training, momentum, eps, affine.data());
+  detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
     auto xs = BnRowScratch<T>::template of<X>(l.HW);
-    for (int64_t c = c0; c < c1; ++c) {
-      const auto [alpha, beta] = a.channel(c, training, momentum, eps, xs);
-      for (int64_t n = 0; n < l.N; ++n) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < l.C; ++c) {
+        const auto [alpha, beta] = affine[c];
         const int64_t off = (n * l.C + c) * l.HW;
         if (relu) {
           bn_relu_row<T>(relu_row_x<T>(xp, off, l.HW, xs), yp + off, l.HW, alpha, beta);
@@ -271,64 +277,76 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   // the weight and bias gradients.
   const bool need_sums = need_weight || need_bias || (need_input && training);
 
-  detail::parallel_range(l.C, detail::bn_channel_grain(l), [&](int64_t c0, int64_t c1) {
-    auto xs = BnRowScratch<T>::template of<X>(l.HW), gs = BnRowScratch<T>::template of<X>(l.HW);
-    for (int64_t c = c0; c < c1; ++c) {
-      const T mean = mp[c], invstd = ip[c];
-      const T w = wp ? wp[c] : T(1);
-      double sum_dy = 0, sum_dy_xmu = 0;
-      // The forward's affine map, recomputed exactly as forward_impl did (relu mask).
-      const auto [alpha, beta] = bn_affine_of<T>(invstd, wp, bp, c, mean);
-      if (need_sums && relu) {
-        for (int64_t n = 0; n < l.N; ++n) {
-          const int64_t off = (n * l.C + c) * l.HW;
-          bn_relu_sums_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), l.HW, alpha, beta, mean, sum_dy,
-                              sum_dy_xmu);
-        }
-      } else if (need_sums) {
-        for (int64_t n = 0; n < l.N; ++n) {
-          const int64_t off = (n * l.C + c) * l.HW;
-          const CArrMap<T> dy(gyp + off, l.HW), xv(bn_row<T>(xp, off, l.HW, xs), l.HW);
-          sum_dy += dy.sum();
-          sum_dy_xmu += (dy * (xv - mean)).sum();
+  const int64_t C = l.C, grain = detail::bn_image_grain(l);
+  // The forward's affine maps, recomputed exactly as forward_impl did (relu mask).
+  std::vector<detail::BnAffine<T>> affine(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) affine[c] = bn_affine_of<T>(ip[c], wp, bp, c, mp[c]);
+  // Pass 1, image by image: each row's sum dy and sum dy * (x - mean), kept per (image, channel).
+  Tensor rows = Tensor::empty({need_sums ? 2 * l.N * C : 0}, kFloat64);
+  double* rp = rows.data<double>();
+  if (need_sums) {
+    detail::parallel_range(l.N, grain, [&](int64_t n0, int64_t n1) {
+      auto xs = BnRowScratch<T>::template of<X>(l.HW);
+      for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t c = 0; c < C; ++c) {
+          const int64_t off = (n * C + c) * l.HW;
+          double s1 = 0, s2 = 0;
+          if (relu) {
+            bn_relu_sums_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), l.HW, affine[c].alpha, affine[c].beta,
+                                mp[c], s1, s2);
+          } else {
+            const CArrMap<T> dy(gyp + off, l.HW), xv(bn_row<T>(xp, off, l.HW, xs), l.HW);
+            s1 += dy.sum();
+            s2 += (dy * (xv - mp[c])).sum();
+          }
+          rp[2 * (n * C + c)] = s1;
+          rp[2 * (n * C + c) + 1] = s2;
         }
       }
-      if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
-      if (gbp) gbp[c] = T(sum_dy);
-      if (!gxp) continue;
-      if (training) {
-        const T grad_mean = M > 0 ? T(sum_dy / double(M)) : T(0);
-        const T k = M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
-        const T scale = invstd * w;
-        for (int64_t n = 0; n < l.N; ++n) {
-          const int64_t off = (n * l.C + c) * l.HW;
-          if (relu) {
-            const auto gr = relu_row_gx<T>(gxp, off, gs);
-            bn_relu_grad_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), gr, l.HW, alpha, beta, mean, grad_mean,
-                                k, scale);
-            if constexpr (!kDirectRows<T, X>) bn_store_row<T>(gr, gxp, off, l.HW);
-            continue;
-          }
-          T* gr = bn_out_row<T>(gxp, off, gs);
+    });
+  }
+  // Per channel, its rows' sums in image order (the bits do not depend on the thread count); then the
+  // coefficients of gx = (d - grad_mean - (x - mean) * k) * scale (eval: grad_mean = k = 0).
+  struct Coef {
+    T grad_mean, k, scale;
+  };
+  std::vector<Coef> coef(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    double sum_dy = 0, sum_dy_xmu = 0;
+    for (int64_t n = 0; need_sums && n < l.N; ++n) {
+      sum_dy += rp[2 * (n * C + c)];
+      sum_dy_xmu += rp[2 * (n * C + c) + 1];
+    }
+    const T invstd = ip[c];
+    if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
+    if (gbp) gbp[c] = T(sum_dy);
+    coef[c].grad_mean = training && M > 0 ? T(sum_dy / double(M)) : T(0);
+    coef[c].k = training && M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
+    coef[c].scale = invstd * (wp ? wp[c] : T(1));
+  }
+  if (!gxp) return g;
+  // Pass 2, image by image: the input gradient's rows.
+  detail::parallel_range(l.N, grain, [&](int64_t n0, int64_t n1) {
+    auto xs = BnRowScratch<T>::template of<X>(l.HW), gs = BnRowScratch<T>::template of<X>(l.HW);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t off = (n * C + c) * l.HW;
+        const T mean = mp[c], grad_mean = coef[c].grad_mean, k = coef[c].k, scale = coef[c].scale;
+        if (relu) {
+          const auto gr = relu_row_gx<T>(gxp, off, gs);
+          bn_relu_grad_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), gr, l.HW, affine[c].alpha, affine[c].beta,
+                              mean, grad_mean, k, scale, /*eval=*/!training);
+          if constexpr (!kDirectRows<T, X>) bn_store_row<T>(gr, gxp, off, l.HW);
+          continue;
+        }
+        T* gr = bn_out_row<T>(gxp, off, gs);
+        if (training) {
           const CArrMap<T> dy(gyp + off, l.HW), xv(bn_row<T>(xp, off, l.HW, xs), l.HW);
           ArrMap<T>(gr, l.HW) = (dy - grad_mean - (xv - mean) * k) * scale;
-          bn_store_row<T>(gr, gxp, off, l.HW);
-        }
-      } else {
-        const T scale = invstd * w;
-        for (int64_t n = 0; n < l.N; ++n) {
-          const int64_t off = (n * l.C + c) * l.HW;
-          if (relu) {
-            const auto gr = relu_row_gx<T>(gxp, off, gs);
-            bn_relu_grad_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), gr, l.HW, alpha, beta, mean, T(0),
-                                T(0), scale, /*eval=*/true);
-            if constexpr (!kDirectRows<T, X>) bn_store_row<T>(gr, gxp, off, l.HW);
-            continue;
-          }
-          T* gr = bn_out_row<T>(gxp, off, gs);
+        } else {
           ArrMap<T>(gr, l.HW) = CArrMap<T>(gyp + off, l.HW) * scale;
-          bn_store_row<T>(gr, gxp, off, l.HW);
         }
+        bn_store_row<T>(gr, gxp, off, l.HW);
       }
     }
   });

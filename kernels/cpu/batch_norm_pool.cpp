@@ -160,7 +160,7 @@ void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, ui
 }
 
 // masked_grad_plane's float rows.
-void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean, float* d,
+void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean,
                            float* sums) {
   const __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vm = _mm512_set1_ps(mean);
   const __m512 z = _mm512_setzero_ps();
@@ -171,7 +171,6 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
     // The relu mask as batch_norm_relu_backward computes it at that position.
     const __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_fmadd_ps(xv, va, vb), z, _CMP_NLE_UQ);
     const __m512 dv = _mm512_maskz_loadu_ps(pos, dy + i);
-    _mm512_mask_storeu_ps(d + i, m, dv);
     s1 = _mm512_add_ps(s1, dv);
     s2 = _mm512_fmadd_ps(dv, _mm512_sub_ps(xv, vm), s2);
   }
@@ -181,11 +180,12 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
 
 // input_grad_plane's float rows, 16 columns (8 pooled elements) per step; x and gx float or bfloat16 (X).
 template <typename X>
-void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const Geom& g, float mean,
-                          float grad_mean, float k, float scale, X* gx) {
+void input_grad_plane_vec(const X* x, const float* xw, const float* dy, const uint8_t* code, const Geom& g, float a,
+                          float b, float mean, float grad_mean, float k, float scale, X* gx) {
   const int64_t W = g.W, Q = g.Q;
   const __m512 vm = _mm512_set1_ps(mean), vg = _mm512_set1_ps(grad_mean), vk = _mm512_set1_ps(k);
   const __m512 vs = _mm512_set1_ps(scale), z = _mm512_setzero_ps();
+  const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
   const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
   // The window position of each lane in an even and an odd row: (h & 1, lane & 1).
   const __m512i here_even = _mm512_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1);
@@ -195,15 +195,17 @@ void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const
     const __m512 t = _mm512_sub_ps(_mm512_sub_ps(dv, vg), _mm512_mul_ps(_mm512_sub_ps(xv, vm), vk));
     simd::store_first(gr + j0, _mm512_mul_ps(t, vs), W - j0);
   };
-  for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
+  for (int64_t p = 0; p < g.P; ++p, xw += Q, dy += Q, code += Q) {
     const X* x0 = x + 2 * p * W;
     X* g0 = gx + 2 * p * W;
     for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
       // Pooled elements under these lanes: columns j0 .. min(j0 + 16, 2Q) - 1 (j0 is even); lanes
-      // past them read d = 0 (masked load), so their code does not matter.
+      // past them get d = 0 (masked loads), so their code does not matter. d as pass 1 computed it.
       const int64_t np = std::min<int64_t>(8, std::max<int64_t>(0, Q - j0 / 2));
       const __mmask8 mp = __mmask8((1u << np) - 1);
-      const __m512 dp = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(mp, d + j0 / 2)));
+      const __m256 xv = _mm256_maskz_loadu_ps(mp, xw + j0 / 2);
+      const __mmask8 pos = _mm256_mask_cmp_ps_mask(mp, _mm256_fmadd_ps(xv, va, vb), _mm256_setzero_ps(), _CMP_NLE_UQ);
+      const __m512 dp = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_maskz_loadu_ps(pos, dy + j0 / 2)));
       const __m512i kp =
           _mm512_permutexvar_epi32(dup, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mp, code + j0 / 2)));
       row(x0, g0, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(kp, here_even), dp), j0);
@@ -281,7 +283,7 @@ void forward_plane_vec(const X* x, const Geom& g, float a, float b, float* y, ui
 }
 
 // masked_grad_plane's float rows.
-void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean, float* d,
+void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a, float b, float mean,
                            float* sums) {
   const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b), vm = _mm256_set1_ps(mean);
   const __m256 z = _mm256_setzero_ps();
@@ -291,7 +293,6 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
     // The relu mask as the scalar rows compute it: !(fma(x, a, b) <= 0); dy is 0 past the end.
     const __m256 pos = _mm256_cmp_ps(_mm256_fmadd_ps(xv, va, vb), z, _CMP_NLE_UQ);
     const __m256 dv = _mm256_and_ps(load_first(dy + i, n - i), pos);
-    store_first(d + i, dv, n - i);
     s1 = _mm256_add_ps(s1, dv);
     s2 = _mm256_fmadd_ps(dv, _mm256_sub_ps(xv, vm), s2);
   }
@@ -301,11 +302,12 @@ void masked_grad_plane_vec(const float* xw, const float* dy, int64_t n, float a,
 
 // input_grad_plane's float rows, 8 columns (4 pooled elements) per step; x and gx float or bfloat16 (X).
 template <typename X>
-void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const Geom& g, float mean,
-                          float grad_mean, float k, float scale, X* gx) {
+void input_grad_plane_vec(const X* x, const float* xw, const float* dy, const uint8_t* code, const Geom& g, float a,
+                          float b, float mean, float grad_mean, float k, float scale, X* gx) {
   const int64_t W = g.W, Q = g.Q;
   const __m256 vm = _mm256_set1_ps(mean), vg = _mm256_set1_ps(grad_mean), vk = _mm256_set1_ps(k);
   const __m256 vs = _mm256_set1_ps(scale);
+  const __m128 va = _mm_set1_ps(a), vb = _mm_set1_ps(b);
   const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
   // The window position of each lane in an even and an odd row: 2 * (h & 1) + (lane & 1).
   const __m256i here_even = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);
@@ -315,15 +317,18 @@ void input_grad_plane_vec(const X* x, const float* d, const uint8_t* code, const
     const __m256 t = _mm256_sub_ps(_mm256_sub_ps(dv, vg), _mm256_mul_ps(_mm256_sub_ps(xv, vm), vk));
     store_first(gr + j0, _mm256_mul_ps(t, vs), W - j0);
   };
-  for (int64_t p = 0; p < g.P; ++p, d += Q, code += Q) {
+  for (int64_t p = 0; p < g.P; ++p, xw += Q, dy += Q, code += Q) {
     const X* x0 = x + 2 * p * W;
     X* g0 = gx + 2 * p * W;
     for (int64_t j0 = 0; j0 < W; j0 += kFloatLanes) {
       // Pooled elements under these lanes: columns j0 .. min(j0 + 8, 2Q) - 1 (j0 is even); lanes
-      // past them get d = 0 (masked load) and code 0, which never matters with d = 0.
+      // past them get d = 0 (masked loads) and code 0, which never matters with d = 0. d as pass 1
+      // computed it.
       const int64_t np = std::clamp<int64_t>(Q - j0 / 2, 0, 4);
-      const __m128 d4 = np == 4 ? _mm_loadu_ps(d + j0 / 2)
-                                : _mm_maskload_ps(d + j0 / 2, _mm256_castsi256_si128(simd::lane_mask(np)));
+      const __m128i m4 = _mm256_castsi256_si128(simd::lane_mask(np));
+      const __m128 xw4 = np == 4 ? _mm_loadu_ps(xw + j0 / 2) : _mm_maskload_ps(xw + j0 / 2, m4);
+      const __m128 dy4 = np == 4 ? _mm_loadu_ps(dy + j0 / 2) : _mm_maskload_ps(dy + j0 / 2, m4);
+      const __m128 d4 = _mm_and_ps(dy4, _mm_cmp_ps(_mm_fmadd_ps(xw4, va, vb), _mm_setzero_ps(), _CMP_NLE_UQ));
       const __m256 dp = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(d4), dup);
       const __m256i kp = load_codes_dup(code + j0 / 2, np);
       row(x0, g0, _mm256_and_ps(dp, _mm256_castsi256_ps(_mm256_cmpeq_epi32(kp, here_even))), j0);
@@ -360,16 +365,15 @@ void forward_plane(const X* x, const Geom& g, T a, T b, T* y, uint8_t* code, T* 
 }
 
 // ---- backward pass 1: one pooled plane of n values. d = dy where !(fma(xw, a, b) <= 0) (xw: x at the
-// winning position), else 0, into d; the plane's sums into sums (kPlaneSums<T> values). ----
+// winning position), else 0; the plane's sums of d and d * (xw - mean) into sums (kPlaneSums<T> values). ----
 template <typename T>
-void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* d, T* sums) {
+void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T* sums) {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
-  if constexpr (std::is_same_v<T, float>) return masked_grad_plane_vec(xw, dy, n, a, b, mean, d, sums);
+  if constexpr (std::is_same_v<T, float>) return masked_grad_plane_vec(xw, dy, n, a, b, mean, sums);
 #endif
   T t1 = 0, t2 = 0;
   for (int64_t i = 0; i < n; ++i) {
     const T dv = bn_affine_value(xw[i], a, b) <= T(0) ? T(0) : dy[i];
-    d[i] = dv;
     t1 += dv;
     t2 += dv * (xw[i] - mean);
   }
@@ -378,15 +382,16 @@ void masked_grad_plane(const T* xw, const T* dy, int64_t n, T a, T b, T mean, T*
 }
 
 // ---- backward pass 2: one plane. gx[h, w] = (d_here - grad_mean - (x - mean) * k) * scale with
-// d_here = d[h / 2, w / 2] where code[h / 2, w / 2] == 2 * (h & 1) + (w & 1), h < 2P and w < 2Q; else 0. ----
+// d_here = d[h / 2, w / 2] (pass 1's d, recomputed from xw and dy) where code[h / 2, w / 2] ==
+// 2 * (h & 1) + (w & 1), h < 2P and w < 2Q; else 0. ----
 // Eval (grad_mean = k = 0): gx = d_here * scale, x taking no part (a NaN x whose window it won gets
 // dy * scale, as PyTorch's eval backward; finite x give the same bits either way).
 template <typename T, typename X>
-void input_grad_plane(const X* x, const T* d, const uint8_t* code, const Geom& g, T mean, T grad_mean, T k,
-                      T scale, X* gx, bool eval) {
+void input_grad_plane(const X* x, const T* xw, const T* dy, const uint8_t* code, const Geom& g, T a, T b, T mean,
+                      T grad_mean, T k, T scale, X* gx, bool eval) {
 #if TANDEM_SIMD != TANDEM_SIMD_PORTABLE
   if constexpr (std::is_same_v<T, float>) {
-    if (!eval) return input_grad_plane_vec(x, d, code, g, mean, grad_mean, k, scale, gx);
+    if (!eval) return input_grad_plane_vec(x, xw, dy, code, g, a, b, mean, grad_mean, k, scale, gx);
   }
 #endif
   const int64_t W = g.W, Q = g.Q;
@@ -395,7 +400,9 @@ void input_grad_plane(const X* x, const T* d, const uint8_t* code, const Geom& g
     for (int64_t w = 0; w < W; ++w) {
       const int64_t i = (h / 2) * Q + w / 2;
       T dv = T(0);
-      if (pooled && w < 2 * Q && code[i] == 2 * (h & 1) + (w & 1)) dv = d[i];
+      if (pooled && w < 2 * Q && code[i] == 2 * (h & 1) + (w & 1)) {
+        dv = bn_affine_value(xw[i], a, b) <= T(0) ? T(0) : dy[i];
+      }
       gx[h * W + w] =
           bn_narrow<X>(eval ? dv * scale : (dv - grad_mean - (bn_load<T>(x[h * W + w]) - mean) * k) * scale);
     }
@@ -469,8 +476,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   if (need_input) r.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) r.weight = Tensor::empty({l.C}, dtype_of<T>);
   if (need_bias) r.bias = Tensor::empty({l.C}, dtype_of<T>);
-  // The masked pooled gradient of pass 1, read back by pass 2, and each plane's sums.
-  Tensor scratch = Tensor::empty(gy.shape(), dtype_of<T>);
+  // Each plane's sums (pass 2 recomputes pass 1's masked gradient d from the winners and gy).
   Tensor plane_sums = Tensor::empty({l.N * l.C * kPlaneSums<T>}, dtype_of<T>);
 
   const T* gyp = gy.data<T>();
@@ -481,7 +487,6 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* bp = detail::data_or_null<T>(bias);
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
-  T* dp = scratch.data<T>();
   T* sp = plane_sums.data<T>();
   X* gxp = need_input ? detail::bn_data<X>(r.input) : nullptr;
   T* gwp = need_weight ? r.weight.data<T>() : nullptr;
@@ -496,7 +501,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t c = 0; c < C; ++c) {
         const int64_t o = (n * C + c) * PQ;
-        masked_grad_plane<T>(xwp + o, gyp + o, PQ, affine[c].alpha, affine[c].beta, mp[c], dp + o,
+        masked_grad_plane<T>(xwp + o, gyp + o, PQ, affine[c].alpha, affine[c].beta, mp[c],
                              sp + (n * C + c) * kPlaneSums<T>);
       }
     }
@@ -527,12 +532,14 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
       for (int64_t c = 0; c < C; ++c) {
         const int64_t off = (n * C + c) * l.HW, o = (n * C + c) * PQ;
         const Coef& f = coef[c];
+        const auto [alpha, beta] = affine[c];
         if constexpr (kDirectRows<T, X>) {
-          input_grad_plane<T>(xp + off, dp + o, kp + o, g, mp[c], f.grad_mean, f.k, f.scale, gxp + off, !training);
+          input_grad_plane<T>(xp + off, xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c], f.grad_mean, f.k, f.scale,
+                              gxp + off, !training);
         } else {
           T* gr = detail::bn_out_row<T>(gxp, off, gs);
-          input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), dp + o, kp + o, g, mp[c], f.grad_mean, f.k,
-                              f.scale, gr, !training);
+          input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c],
+                              f.grad_mean, f.k, f.scale, gr, !training);
           detail::bn_store_row<T>(gr, gxp, off, l.HW);
         }
       }

@@ -1,19 +1,18 @@
 // Internal to the CPU batch_norm kernels (kernels/cpu/batch_norm.cpp and the fused
 // batch_norm+relu+max_pool of kernels/cpu/batch_norm_pool.cpp); not part of the public API.
-// Owns: the [N, C, HW] view of an input, the per-channel chunking, the per-channel statistics
+// Owns: the [N, C, HW] view of an input, the chunking by images, the per-channel statistics
 // (training: batch mean and biased-variance invstd, running stats updated with momentum and the
 // unbiased variance, as PyTorch; eval: the running ones) and the per-channel affine map
 // y = fma(x, alpha, beta) with its relu, written once so that every fused kernel produces the
-// same bits as batch_norm_relu_forward; the software prefetch of a channel's next plane; the
-// forwards' common set-up (BnForwardArgs).
+// same bits as batch_norm_relu_forward; the forwards' common set-up (BnForwardArgs).
 // x may be stored in bfloat16 (X = uint16_t, its bits) and computed in float (T): the AVX-512
 // statistics widen it in the lanes (row_moments, the same function for float rows); elsewhere its rows
 // are widened into a row scratch (BnRowScratch) and the input gradient's rows computed there and rounded on
 // store, so that every row function runs on float rows exactly as on a float32 tensor: the same bits
 // as casting x up, running the float kernel and casting the input gradient down.
 // Assumes: x contiguous; running_mean/running_var contiguous [C] of the compute type T when given.
-// Guarantees: channel_statistics reads only channel c and writes only rm[c], rv[c], so channels
-// may run on different threads; its result does not depend on the thread count.
+// Guarantees: BnForwardArgs::all_channels takes each row's moments on whichever thread has its
+// image and adds them per channel in image order: its results do not depend on the thread count.
 #pragma once
 
 #include <algorithm>
@@ -36,11 +35,6 @@ inline BnLayout bn_layout_of(const Tensor& x) {
   const int64_t N = x.size(0), C = x.size(1);
   const int64_t HW = N * C == 0 ? 0 : x.numel() / (N * C);
   return {N, C, HW};
-}
-
-// Channels per parallel chunk: aim for >= 32K elements of work per chunk.
-inline int64_t bn_channel_grain(const BnLayout& l) {
-  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.N * l.HW));
 }
 
 // The per-channel affine map y = x * alpha + beta of the forward; explicit fma so that forward and
@@ -70,24 +64,6 @@ inline T bn_affine_value(T x, T a, T b) {
 template <typename T>
 inline T bn_relu_value(T v) {
   return v > T(0) || v != v ? v : T(0);
-}
-
-// Software prefetch for the per-channel passes. The planes of one channel lie a channel stride
-// apart, each too short a run for the hardware prefetchers, and MnistNet's activations come from
-// DRAM in a training step: while working on plane n, a pass asks for plane n + 1. (Measured on
-// the [64, 32, 26, 26] activations: the fused batch_norm+relu+max_pool backward ~3x faster with
-// it, L3-warm; asking for more planes ahead, ~8 KB in flight, made the [64, 64, 11, 11] one slower
-// with cold caches.)
-inline void prefetch_bytes(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i);
-}
-
-// N planes of `count` elements of T, `stride` elements apart from `base`: called for plane n, asks
-// for plane n + 1.
-template <typename T>
-inline void prefetch_next_plane(const T* base, int64_t n, int64_t N, int64_t stride, int64_t count) {
-  if (n + 1 < N) prefetch_bytes(base + (n + 1) * stride, count * int64_t(sizeof(T)));
 }
 
 // ---- x stored in another type (X) than the one computed in (T): bf16 bits (uint16_t) read as float ----
@@ -262,21 +238,6 @@ BnChannelStats<T> eval_statistics(const T* rm, const T* rv, int64_t c, double ep
   return {rm[c], T(1.0 / std::sqrt(double(rv[c]) + eps))};
 }
 
-// Statistics of channel c of x [N, C, HW] (xp). Training: finish_statistics of one pass over its rows
-// in image order. Eval: rm[c]/rv[c] (both required). xs: the row scratch of a bf16 x.
-template <typename T, typename X>
-BnChannelStats<T> channel_statistics(const X* xp, const BnLayout& l, int64_t c, bool training,
-                                     double momentum, double eps, T* rm, T* rv, BnRowScratch<T>& xs) {
-  if (!training) return eval_statistics<T>(rm, rv, c, eps);
-  const T shift = channel_shift<T>(xp, l, c);
-  double s1 = 0, s2 = 0;
-  for (int64_t n = 0; n < l.N; ++n) {
-    prefetch_next_plane(xp + c * l.HW, n, l.N, l.C * l.HW, l.HW);
-    add_row_moments<T>(xp, l, n, c, shift, xs, s1, s2);
-  }
-  return finish_statistics<T>(s1, s2, shift, l.N * l.HW, c, momentum, eps, rm, rv);
-}
-
 // Images per parallel chunk: aim for >= 32K elements of work per chunk.
 inline int64_t bn_image_grain(const BnLayout& l) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.C * l.HW));
@@ -319,19 +280,10 @@ struct BnForwardArgs {
     rvp = running_var.defined() ? running_var.data<T>() : nullptr;
   }
 
-  // Channel c: its statistics (saved; the running ones updated in training, read in eval) and the
-  // affine map the output applies. Touches only channel c, so channels may run on any thread (each
-  // with its own row scratch xs).
-  BnAffine<T> channel(int64_t c, bool training, double momentum, double eps, BnRowScratch<T>& xs) const {
-    const auto [mean, invstd] = channel_statistics<T>(xp, l, c, training, momentum, eps, rmp, rvp, xs);
-    mp[c] = mean;
-    ip[c] = invstd;
-    return bn_affine_of<T>(invstd, wp, bp, c, mean);
-  }
-
-  // channel(c) for every channel into out [C], the rows read image by image over the pool (a thread
-  // reads the images it is given, as an image-split convolution before it wrote them) with their sums
-  // kept per (image, channel), then added per channel in image order: the same bits as channel(c).
+  // Every channel's statistics (saved; the running ones updated in training, read in eval) and the
+  // affine map its output applies, into out [C]. Training: the rows' moments taken image by image over
+  // the pool (a thread reads the images it is given, as an image-split convolution before it wrote
+  // them), kept per (image, channel), then added per channel in image order.
   void all_channels(bool training, double momentum, double eps, BnAffine<T>* out) const {
     Tensor rows = Tensor::empty({training ? 2 * l.N * l.C : 0}, kFloat64);
     double* rp = rows.data<double>();

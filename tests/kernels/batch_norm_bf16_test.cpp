@@ -30,7 +30,7 @@ bool is_nan_bits(const Tensor& t, int64_t i) {
 // Bitwise equal, except that a NaN matches any NaN: which NaN (sign, payload) an instruction returns
 // when several operands are NaN depends on the operand order the compiler chose (x86 returns the
 // first), so the float32 kernels do not fix it either.
-::testing::AssertionResult same_bits(const Tensor& got, const Tensor& ref) {
+::testing::AssertionResult same_bits_or_nan(const Tensor& got, const Tensor& ref) {
   if (got.defined() != ref.defined()) return ::testing::AssertionFailure() << "defined differs";
   if (!got.defined()) return ::testing::AssertionSuccess();
   if (got.shape() != ref.shape() || got.dtype() != ref.dtype()) {
@@ -96,11 +96,11 @@ void check(Op op, const Shape& shape, bool training, bool affine, bool nan, uint
     if (op == Op::pool) {
       const auto ref = kernels::batch_norm_relu_max_pool2d_forward(xf, k.w, k.b, rm_a, rv_a, training, 0.1, 1e-5);
       const auto got = kernels::batch_norm_relu_max_pool2d_forward(k.x, k.w, k.b, rm_b, rv_b, training, 0.1, 1e-5);
-      EXPECT_TRUE(same_bits(got.output, ref.output)) << "output";
-      EXPECT_TRUE(same_bits(got.code, ref.code)) << "code";
-      EXPECT_TRUE(same_bits(got.winner, ref.winner)) << "winner";
-      EXPECT_TRUE(same_bits(got.save_mean, ref.save_mean) && same_bits(got.save_invstd, ref.save_invstd));
-      EXPECT_TRUE(same_bits(rm_b, rm_a) && same_bits(rv_b, rv_a)) << "running statistics";
+      EXPECT_TRUE(same_bits_or_nan(got.output, ref.output)) << "output";
+      EXPECT_TRUE(same_bits_or_nan(got.code, ref.code)) << "code";
+      EXPECT_TRUE(same_bits_or_nan(got.winner, ref.winner)) << "winner";
+      EXPECT_TRUE(same_bits_or_nan(got.save_mean, ref.save_mean) && same_bits_or_nan(got.save_invstd, ref.save_invstd));
+      EXPECT_TRUE(same_bits_or_nan(rm_b, rm_a) && same_bits_or_nan(rv_b, rv_a)) << "running statistics";
       Generator gen(seed + 1000);
       const Tensor gy = random_tensor(ref.output.shape(), kFloat32, gen);
       const auto rg = kernels::batch_norm_relu_max_pool2d_backward(gy, xf, ref.code, ref.winner, k.w, k.b, ref.save_mean,
@@ -109,23 +109,23 @@ void check(Op op, const Shape& shape, bool training, bool affine, bool nan, uint
                                                                    got.save_mean, got.save_invstd, training, true,
                                                                    affine, affine);
       EXPECT_EQ(gg.input.dtype(), kBFloat16);
-      EXPECT_TRUE(same_bits(gg.input, down(rg.input))) << "input grad";
-      EXPECT_TRUE(same_bits(gg.weight, rg.weight) && same_bits(gg.bias, rg.bias)) << "weight/bias grads";
+      EXPECT_TRUE(same_bits_or_nan(gg.input, down(rg.input))) << "input grad";
+      EXPECT_TRUE(same_bits_or_nan(gg.weight, rg.weight) && same_bits_or_nan(gg.bias, rg.bias)) << "weight/bias grads";
       continue;
     }
     const auto ref = forward(op, xf, k, rm_a, rv_a, training);
     const auto got = forward(op, k.x, k, rm_b, rv_b, training);
     EXPECT_EQ(got.output.dtype(), kFloat32);
-    EXPECT_TRUE(same_bits(got.output, ref.output)) << "output";
-    EXPECT_TRUE(same_bits(got.save_mean, ref.save_mean) && same_bits(got.save_invstd, ref.save_invstd));
-    EXPECT_TRUE(same_bits(rm_b, rm_a) && same_bits(rv_b, rv_a)) << "running statistics";
+    EXPECT_TRUE(same_bits_or_nan(got.output, ref.output)) << "output";
+    EXPECT_TRUE(same_bits_or_nan(got.save_mean, ref.save_mean) && same_bits_or_nan(got.save_invstd, ref.save_invstd));
+    EXPECT_TRUE(same_bits_or_nan(rm_b, rm_a) && same_bits_or_nan(rv_b, rv_a)) << "running statistics";
     Generator gen(seed + 1000);
     const Tensor gy = random_tensor(shape, kFloat32, gen);
     const auto rg = backward(op, gy, xf, k, ref.save_mean, ref.save_invstd, training);
     const auto gg = backward(op, gy, k.x, k, got.save_mean, got.save_invstd, training);
     EXPECT_EQ(gg.input.dtype(), kBFloat16);
-    EXPECT_TRUE(same_bits(gg.input, down(rg.input))) << "input grad";
-    EXPECT_TRUE(same_bits(gg.weight, rg.weight) && same_bits(gg.bias, rg.bias)) << "weight/bias grads";
+    EXPECT_TRUE(same_bits_or_nan(gg.input, down(rg.input))) << "input grad";
+    EXPECT_TRUE(same_bits_or_nan(gg.weight, rg.weight) && same_bits_or_nan(gg.bias, rg.bias)) << "weight/bias grads";
   }
 }
 
@@ -159,11 +159,11 @@ TEST(BatchNormBf16, PoolEntryPointTakesTheFusedKernel) {
   EXPECT_TRUE(f.code.defined() && !f.indices.defined());
   Tensor rm2 = k.rm.clone(), rv2 = k.rv.clone();
   const auto ref = kernels::batch_norm_relu_pool2d(up(k.x), k.w, k.b, rm2, rv2, true, 0.1, 1e-5);
-  EXPECT_TRUE(same_bits(f.output, ref.output));
+  EXPECT_TRUE(same_bits_or_nan(f.output, ref.output));
   const Tensor gy = Tensor::ones(f.output.shape());
   const auto g = kernels::batch_norm_relu_pool2d_backward(gy, k.x, f, k.w, k.b, true, true, true, true);
   const auto rg = kernels::batch_norm_relu_pool2d_backward(gy, up(k.x), ref, k.w, k.b, true, true, true, true);
-  EXPECT_TRUE(same_bits(g.input, down(rg.input)));
+  EXPECT_TRUE(same_bits_or_nan(g.input, down(rg.input)));
 }
 
 TEST(BatchNormBf16, RejectsOtherOperandsNotFloat32) {

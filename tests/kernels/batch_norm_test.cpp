@@ -2,7 +2,7 @@
 // training (batch statistics, biased variance to normalise, running stats
 // updated with momentum and the unbiased variance), eval (running stats),
 // 2-D and 4-D inputs, affine or not, without running stats, non-contiguous
-// input, several threads, and argument errors.
+// input, several threads (bitwise the same on 1, 2 and 3), and argument errors.
 #include "kernels/batch_norm.h"
 
 #include <gtest/gtest.h>
@@ -169,12 +169,36 @@ TEST(BatchNorm, TrainingWithoutAffineOrRunningStats) {
 
 TEST(BatchNorm, NonContiguousInput) { check_training({3, 2, 4, 5}, kFloat64, true, true, true, 8); }
 
-TEST(BatchNorm, SeveralThreadsSplitChannels) {
+TEST(BatchNorm, SeveralThreadsSplitImages) {
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     ThreadCountGuard guard(threads);
     check_training({8, 6, 30, 30}, kFloat32, true, true, false, 9);
     check_training({8, 6, 30, 30}, kFloat64, true, true, false, 10);
+  }
+}
+
+TEST(BatchNorm, BitwiseTheSameOnOneTwoOrThreeThreads) {
+  // [64, 8, 14, 14]: the images are split (>= 32K elements a share); 3 threads: uneven shares. The
+  // statistics and the gradients' sums are added per channel in image order whatever the split.
+  for (DType dtype : {kFloat32, kFloat64}) {
+    SCOPED_TRACE(dtype == kFloat32 ? "f32" : "f64");
+    Generator gen(12);
+    const Shape shape{64, 8, 14, 14};
+    const Tensor x = random_tensor(shape, dtype, gen, -2.0, 3.0), gy = random_tensor(shape, dtype, gen);
+    const Tensor w = random_tensor({8}, dtype, gen, 0.5, 1.5), b = random_tensor({8}, dtype, gen);
+    auto run = [&](int threads) {
+      ThreadCountGuard guard(threads);
+      Tensor rm = Tensor::zeros({8}, dtype), rv = Tensor::ones({8}, dtype);
+      const auto f = kernels::batch_norm_forward(x, w, b, rm, rv, true, 0.1, 1e-5);
+      const auto g = kernels::batch_norm_backward(gy, x, w, f.save_mean, f.save_invstd, true, true, true, true);
+      return std::vector<Tensor>{f.output, f.save_mean, f.save_invstd, rm, rv, g.input, g.weight, g.bias};
+    };
+    const std::vector<Tensor> one = run(1);
+    for (int threads : {2, 3}) {
+      const std::vector<Tensor> got = run(threads);
+      for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(same_bits(got[i], one[i])) << threads << " threads, " << i;
+    }
   }
 }
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ inline ::testing::AssertionResult all_close(const Tensor& got, const std::vector
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// Whether a and b are both defined and hold the same shape, dtype and bytes.
+inline bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.defined() && b.defined() && a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
 }
 
 // A non-contiguous tensor with the values of t: t is stored transposed in

@@ -37,10 +37,6 @@ Ref reference(const std::vector<double>& x, const std::vector<double>& w, const 
   return r;
 }
 
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.data<float>(), b.data<float>(), sizeof(float) * a.numel()) == 0;
-}
-
 void check(int64_t N, int64_t I, int64_t O, uint64_t seed) {
   SCOPED_TRACE("N " + std::to_string(N) + " I " + std::to_string(I) + " O " + std::to_string(O));
   Generator gen(seed);

@@ -307,22 +307,14 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   }
   // Per channel, its rows' sums in image order (the bits do not depend on the thread count); then the
   // coefficients of gx = (d - grad_mean - (x - mean) * k) * scale (eval: grad_mean = k = 0).
-  struct Coef {
-    T grad_mean, k, scale;
-  };
-  std::vector<Coef> coef(static_cast<size_t>(C));
+  std::vector<detail::BnGradCoef<T>> coef(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
     double sum_dy = 0, sum_dy_xmu = 0;
     for (int64_t n = 0; need_sums && n < l.N; ++n) {
       sum_dy += rp[2 * (n * C + c)];
       sum_dy_xmu += rp[2 * (n * C + c) + 1];
     }
-    const T invstd = ip[c];
-    if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
-    if (gbp) gbp[c] = T(sum_dy);
-    coef[c].grad_mean = training && M > 0 ? T(sum_dy / double(M)) : T(0);
-    coef[c].k = training && M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
-    coef[c].scale = invstd * (wp ? wp[c] : T(1));
+    coef[c] = detail::bn_grad_coefficients<T>(sum_dy, sum_dy_xmu, c, ip[c], wp, M, training, gwp, gbp);
   }
   if (!gxp) return g;
   // Pass 2, image by image: the input gradient's rows.

@@ -507,21 +507,11 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
     }
   });
   // Per channel, its planes' sums in image order; then pass 2's coefficients.
-  struct Coef {
-    T grad_mean, k, scale;
-  };
-  std::vector<Coef> coef(static_cast<size_t>(C));
+  std::vector<detail::BnGradCoef<T>> coef(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
     GradSums<T> sums;
     for (int64_t n = 0; n < l.N; ++n) sums.add_plane(sp + (n * C + c) * kPlaneSums<T>);
-    const double sum_dy = sums.sum_dy(), sum_dy_xmu = sums.sum_dy_xmu();
-    const T invstd = ip[c];
-    if (gwp) gwp[c] = T(sum_dy_xmu * double(invstd));
-    if (gbp) gbp[c] = T(sum_dy);
-    // Eval: grad_mean = k = 0 gives gx = d * scale, as batch_norm_relu_backward.
-    coef[c].grad_mean = training && M > 0 ? T(sum_dy / double(M)) : T(0);
-    coef[c].k = training && M > 0 ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0);
-    coef[c].scale = invstd * (wp ? wp[c] : T(1));
+    coef[c] = detail::bn_grad_coefficients<T>(sums.sum_dy(), sums.sum_dy_xmu(), c, ip[c], wp, M, training, gwp, gbp);
   }
   if (!gxp) return r;
   detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
@@ -531,7 +521,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t c = 0; c < C; ++c) {
         const int64_t off = (n * C + c) * l.HW, o = (n * C + c) * PQ;
-        const Coef& f = coef[c];
+        const detail::BnGradCoef<T>& f = coef[c];
         const auto [alpha, beta] = affine[c];
         if constexpr (kDirectRows<T, X>) {
           input_grad_plane<T>(xp + off, xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c], f.grad_mean, f.k, f.scale,

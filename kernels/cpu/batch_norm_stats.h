@@ -238,6 +238,25 @@ BnChannelStats<T> eval_statistics(const T* rm, const T* rv, int64_t c, double ep
   return {rm[c], T(1.0 / std::sqrt(double(rv[c]) + eps))};
 }
 
+// The input gradient's coefficients of one channel, gx = (d - grad_mean - (x - mean) * k) * scale.
+template <typename T>
+struct BnGradCoef {
+  T grad_mean, k, scale;
+};
+
+// From channel c's sums of d and d * (x - mean) over its M values: the weight and bias gradients
+// (into gw[c] / gb[c] where non-null) and the input gradient's coefficients (eval: grad_mean = k = 0,
+// gx = d * scale).
+template <typename T>
+BnGradCoef<T> bn_grad_coefficients(double sum_dy, double sum_dy_xmu, int64_t c, T invstd, const T* wp, int64_t M,
+                                   bool training, T* gw, T* gb) {
+  if (gw) gw[c] = T(sum_dy_xmu * double(invstd));
+  if (gb) gb[c] = T(sum_dy);
+  const bool batch = training && M > 0;
+  return {batch ? T(sum_dy / double(M)) : T(0), batch ? T(sum_dy_xmu / double(M)) * invstd * invstd : T(0),
+          invstd * (wp ? wp[c] : T(1))};
+}
+
 // Images per parallel chunk: aim for >= 32K elements of work per chunk.
 inline int64_t bn_image_grain(const BnLayout& l) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.C * l.HW));

@@ -10,6 +10,7 @@
 
 #include "core/autograd.h"
 #include "core/cuda/memory.h"
+#include "core/thread_pool.h"
 
 namespace tandem {
 
@@ -390,12 +391,23 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   TANDEM_CHECK(is_contiguous(), "add_: destination must be contiguous, got ", str());
   Tensor src = other.contiguous();
   const int64_t n = numel();
+  // Float tensors of 2^16 elements or more in contiguous slices over the kernel pool, as the elementwise
+  // kernels split them (autograd accumulates gradients here: at 2 threads, a tensor one core wrote whole
+  // was read at half speed by the next op's other thread); elementwise, so the bits do not depend on it.
+  constexpr int64_t kGrain = int64_t{1} << 16;
   if (dtype() == kFloat32) {
-    Eigen::Map<Eigen::ArrayXf> d(data<float>(), n);
-    d += static_cast<float>(alpha) * Eigen::Map<const Eigen::ArrayXf>(src.data<float>(), n);
+    float* d = data<float>();
+    const float* o = src.data<float>();
+    const float a = static_cast<float>(alpha);
+    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+      Eigen::Map<Eigen::ArrayXf>(d + b, e - b) += a * Eigen::Map<const Eigen::ArrayXf>(o + b, e - b);
+    });
   } else if (dtype() == kFloat64) {
-    Eigen::Map<Eigen::ArrayXd> d(data<double>(), n);
-    d += alpha * Eigen::Map<const Eigen::ArrayXd>(src.data<double>(), n);
+    double* d = data<double>();
+    const double* o = src.data<double>();
+    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+      Eigen::Map<Eigen::ArrayXd>(d + b, e - b) += alpha * Eigen::Map<const Eigen::ArrayXd>(o + b, e - b);
+    });
   } else if (dtype() == kBFloat16 || dtype() == kFloat16) {
     // Half gradients accumulating (FSDP's mixed precision): float math, one rounding, as PyTorch's CPU add.
     auto half_add = [&](auto* d, const auto* s) {

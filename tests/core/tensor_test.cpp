@@ -4,6 +4,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "core/thread_pool.h"
 
 using namespace tandem;
 
@@ -32,6 +33,35 @@ TEST(Tensor, AddInPlaceOnInt64) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("alpha must be a whole number for int64 tensors, got 0.5"), std::string::npos)
         << e.what();
+  }
+}
+
+// A float add_ of 2^16 elements or more is cut into slices over the kernel pool: every element is
+// d + alpha * o, whatever the thread count (an odd length: the slices are uneven).
+TEST(Tensor, AddInPlaceOverThreadsIsElementwise) {
+  const int64_t n = (int64_t{1} << 17) + 3;
+  for (DType dtype : {kFloat32, kFloat64}) {
+    std::vector<double> a(n), b(n);
+    for (int64_t i = 0; i < n; ++i) {
+      a[i] = 0.001 * double(i % 977) - 0.3;
+      b[i] = 1.0 / double(1 + i % 13);
+    }
+    const Tensor src = Tensor::from_vector<double>(b, {n}).to(dtype);
+    const int before = num_threads();
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      Tensor t = Tensor::from_vector<double>(a, {n}).to(dtype);
+      t.add_(src, 0.5);
+      if (dtype == kFloat32) {
+        const std::vector<float> got = t.to_vector<float>(), y = src.to_vector<float>();
+        const std::vector<float> x = Tensor::from_vector<double>(a, {n}).to(dtype).to_vector<float>();
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], x[i] + 0.5f * y[i]) << threads << " threads, element " << i;
+      } else {
+        const std::vector<double> got = t.to_vector<double>();
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i], a[i] + 0.5 * b[i]) << threads << " threads, element " << i;
+      }
+    }
+    set_num_threads(before);
   }
 }
 

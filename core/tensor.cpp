@@ -395,19 +395,18 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   // kernels split them (autograd accumulates gradients here: at 2 threads, a tensor one core wrote whole
   // was read at half speed by the next op's other thread); elementwise, so the bits do not depend on it.
   constexpr int64_t kGrain = int64_t{1} << 16;
+  auto float_add = [&](auto* d, const auto* o) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(o)>>;
+    using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+    const T a = static_cast<T>(alpha);
+    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+      Eigen::Map<Arr>(d + b, e - b) += a * Eigen::Map<const Arr>(o + b, e - b);
+    });
+  };
   if (dtype() == kFloat32) {
-    float* d = data<float>();
-    const float* o = src.data<float>();
-    const float a = static_cast<float>(alpha);
-    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-      Eigen::Map<Eigen::ArrayXf>(d + b, e - b) += a * Eigen::Map<const Eigen::ArrayXf>(o + b, e - b);
-    });
+    float_add(data<float>(), src.data<float>());
   } else if (dtype() == kFloat64) {
-    double* d = data<double>();
-    const double* o = src.data<double>();
-    parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-      Eigen::Map<Eigen::ArrayXd>(d + b, e - b) += alpha * Eigen::Map<const Eigen::ArrayXd>(o + b, e - b);
-    });
+    float_add(data<double>(), src.data<double>());
   } else if (dtype() == kBFloat16 || dtype() == kFloat16) {
     // Half gradients accumulating (FSDP's mixed precision): float math, one rounding, as PyTorch's CPU add.
     auto half_add = [&](auto* d, const auto* s) {

@@ -279,18 +279,13 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
 
   const int64_t C = l.C, grain = detail::bn_image_grain(l);
   // The forward's affine maps, recomputed exactly as forward_impl did (relu mask).
-  std::vector<detail::BnAffine<T>> affine(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) affine[c] = bn_affine_of<T>(ip[c], wp, bp, c, mp[c]);
-  // Pass 1, image by image: each row's sum dy and sum dy * (x - mean), kept per (image, channel).
-  Tensor rows = Tensor::empty({need_sums ? 2 * l.N * C : 0}, kFloat64);
-  double* rp = rows.data<double>();
+  const std::vector<detail::BnAffine<T>> affine = detail::saved_affine_maps<T>(mp, ip, wp, bp, C);
+  // Pass 1, image by image: each channel's sum dy and sum dy * (x - mean).
+  std::vector<double> sums(static_cast<size_t>(2 * C), 0.0);
   if (need_sums) {
-    detail::parallel_range(l.N, grain, [&](int64_t n0, int64_t n1) {
-      auto xs = BnRowScratch<T>::template of<X>(l.HW);
-      for (int64_t n = n0; n < n1; ++n) {
-        for (int64_t c = 0; c < C; ++c) {
+    sums = detail::channel_sums_by_images<T, X>(
+        l, [&](int64_t n, int64_t c, BnRowScratch<T>& xs, double& s1, double& s2) {
           const int64_t off = (n * C + c) * l.HW;
-          double s1 = 0, s2 = 0;
           if (relu) {
             bn_relu_sums_row<T>(gyp + off, relu_row_x<T>(xp, off, l.HW, xs), l.HW, affine[c].alpha, affine[c].beta,
                                 mp[c], s1, s2);
@@ -299,22 +294,12 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
             s1 += dy.sum();
             s2 += (dy * (xv - mp[c])).sum();
           }
-          rp[2 * (n * C + c)] = s1;
-          rp[2 * (n * C + c) + 1] = s2;
-        }
-      }
-    });
+        });
   }
-  // Per channel, its rows' sums in image order (the bits do not depend on the thread count); then the
-  // coefficients of gx = (d - grad_mean - (x - mean) * k) * scale (eval: grad_mean = k = 0).
+  // The coefficients of gx = (d - grad_mean - (x - mean) * k) * scale (eval: grad_mean = k = 0).
   std::vector<detail::BnGradCoef<T>> coef(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
-    double sum_dy = 0, sum_dy_xmu = 0;
-    for (int64_t n = 0; need_sums && n < l.N; ++n) {
-      sum_dy += rp[2 * (n * C + c)];
-      sum_dy_xmu += rp[2 * (n * C + c) + 1];
-    }
-    coef[c] = detail::bn_grad_coefficients<T>(sum_dy, sum_dy_xmu, c, ip[c], wp, M, training, gwp, gbp);
+    coef[c] = detail::bn_grad_coefficients<T>(sums[2 * c], sums[2 * c + 1], c, ip[c], wp, M, training, gwp, gbp);
   }
   if (!gxp) return g;
   // Pass 2, image by image: the input gradient's rows.

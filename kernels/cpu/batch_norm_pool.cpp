@@ -58,7 +58,6 @@ struct Geom {
   int64_t H, W, P, Q;
 };
 
-
 // Scalar window rule of max_pool2d: v replaces best when greater or NaN.
 template <typename T>
 inline void take_max(T v, uint8_t k, T& best, uint8_t& bk) {
@@ -495,8 +494,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   // Both passes run image by image (as the image-split convolutions around them read and write), each
   // plane a fixed function of its channel's values: the bits do not depend on the thread count.
   // The forward's affine maps (the relu mask), recomputed exactly as the forward did.
-  std::vector<detail::BnAffine<T>> affine(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) affine[c] = bn_affine_of<T>(ip[c], wp, bp, c, mp[c]);
+  const std::vector<detail::BnAffine<T>> affine = detail::saved_affine_maps<T>(mp, ip, wp, bp, C);
   detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t c = 0; c < C; ++c) {

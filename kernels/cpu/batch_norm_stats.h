@@ -262,6 +262,43 @@ inline int64_t bn_image_grain(const BnLayout& l) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, l.C * l.HW));
 }
 
+// Two sums per channel, taken row by row: row(n, c, xs, s1, s2) adds row (n, c)'s two sums into s1, s2
+// (which start at 0), the images split over the pool (xs: the thread's row scratch of a bf16 x); the rows'
+// sums are kept per (image, channel) and added per channel in image order, so the result does not depend
+// on the thread count. Returns [C][2] in double.
+template <typename T, typename X, typename Row>
+std::vector<double> channel_sums_by_images(const BnLayout& l, Row&& row) {
+  Tensor rows = Tensor::empty({2 * l.N * l.C}, kFloat64);
+  double* rp = rows.data<double>();
+  parallel_range(l.N, bn_image_grain(l), [&](int64_t n0, int64_t n1) {
+    auto xs = BnRowScratch<T>::template of<X>(l.HW);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < l.C; ++c) {
+        double s1 = 0, s2 = 0;
+        row(n, c, xs, s1, s2);
+        rp[2 * (n * l.C + c)] = s1;
+        rp[2 * (n * l.C + c) + 1] = s2;
+      }
+    }
+  });
+  std::vector<double> sums(static_cast<size_t>(2 * l.C), 0.0);
+  for (int64_t c = 0; c < l.C; ++c) {
+    for (int64_t n = 0; n < l.N; ++n) {
+      sums[2 * c] += rp[2 * (n * l.C + c)];
+      sums[2 * c + 1] += rp[2 * (n * l.C + c) + 1];
+    }
+  }
+  return sums;
+}
+
+// The forward's affine maps of all C channels from its saved statistics (mp, ip), exactly as it applied them.
+template <typename T>
+std::vector<BnAffine<T>> saved_affine_maps(const T* mp, const T* ip, const T* wp, const T* bp, int64_t C) {
+  std::vector<BnAffine<T>> affine(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) affine[c] = bn_affine_of<T>(ip[c], wp, bp, c, mp[c]);
+  return affine;
+}
+
 // An optional input (weight, bias): contiguous when given, else undefined; its elements, or nullptr.
 inline Tensor contiguous_if_defined(const Tensor& t) { return t.defined() ? t.contiguous() : Tensor(); }
 template <typename T>
@@ -304,35 +341,20 @@ struct BnForwardArgs {
   // the pool (a thread reads the images it is given, as an image-split convolution before it wrote
   // them), kept per (image, channel), then added per channel in image order.
   void all_channels(bool training, double momentum, double eps, BnAffine<T>* out) const {
-    Tensor rows = Tensor::empty({training ? 2 * l.N * l.C : 0}, kFloat64);
-    double* rp = rows.data<double>();
     std::vector<T> shift(static_cast<size_t>(l.C));
+    std::vector<double> sums;
     if (training) {
       for (int64_t c = 0; c < l.C; ++c) shift[c] = channel_shift<T>(xp, l, c);
-      parallel_range(l.N, bn_image_grain(l), [&](int64_t n0, int64_t n1) {
-        auto xs = BnRowScratch<T>::template of<X>(l.HW);
-        for (int64_t n = n0; n < n1; ++n) {
-          for (int64_t c = 0; c < l.C; ++c) {
-            double s1 = 0, s2 = 0;
-            add_row_moments<T>(xp, l, n, c, shift[c], xs, s1, s2);
-            rp[2 * (n * l.C + c)] = s1;
-            rp[2 * (n * l.C + c) + 1] = s2;
-          }
-        }
+      sums = channel_sums_by_images<T, X>(l, [&](int64_t n, int64_t c, BnRowScratch<T>& xs, double& s1, double& s2) {
+        add_row_moments<T>(xp, l, n, c, shift[c], xs, s1, s2);
       });
     }
     for (int64_t c = 0; c < l.C; ++c) {
-      BnChannelStats<T> st{};
-      if (!training) {
-        st = eval_statistics<T>(rmp, rvp, c, eps);
-      } else {
-        double s1 = 0, s2 = 0;
-        for (int64_t n = 0; n < l.N; ++n) {
-          s1 += rp[2 * (n * l.C + c)];
-          s2 += rp[2 * (n * l.C + c) + 1];
-        }
-        st = finish_statistics<T>(s1, s2, shift[c], l.N * l.HW, c, momentum, eps, rmp, rvp);
-      }
+      const int64_t M = l.N * l.HW;
+      const BnChannelStats<T> st = training
+                                       ? finish_statistics<T>(sums[2 * c], sums[2 * c + 1], shift[c], M, c, momentum,
+                                                              eps, rmp, rvp)
+                                       : eval_statistics<T>(rmp, rvp, c, eps);
       mp[c] = st.mean;
       ip[c] = st.invstd;
       out[c] = bn_affine_of<T>(st.invstd, wp, bp, c, st.mean);

@@ -13,30 +13,6 @@ namespace tandem::kernels::cpu::detail {
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
 namespace {
 
-// r[i] holds row i of a 16x16 tile; on return r[j] holds column j.
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // per 128-bit lane: a0 b0 a1 b1
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3
-  }
-  for (int i = 0; i < 4; ++i) {  // u[4i + k], lane L: rows 4i..4i+3 at column 4L + k
-    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int k = 0; k < 4; ++k) {  // gather lane L of u[k], u[4 + k], u[8 + k], u[12 + k] into r[4L + k]
-    const __m512 v = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), w = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
-    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
-    const __m512 w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
-    r[k] = _mm512_shuffle_f32x4(v, v2, 0x88);
-    r[4 + k] = _mm512_shuffle_f32x4(w, w2, 0x88);
-    r[8 + k] = _mm512_shuffle_f32x4(v, v2, 0xDD);
-    r[12 + k] = _mm512_shuffle_f32x4(w, w2, 0xDD);
-  }
-}
-
 // One block of 16 channels: 16 planes of HW values <-> HW blocked rows of 16 values.
 template <typename S, typename D>
 void block_to_rows(const S* src, int64_t HW, D* dst) {
@@ -44,7 +20,7 @@ void block_to_rows(const S* src, int64_t HW, D* dst) {
     const int64_t m = std::min<int64_t>(16, HW - s0);
     __m512 r[16];
     for (int c = 0; c < 16; ++c) r[c] = simd::load_first(src + c * HW + s0, m);
-    transpose16(r);
+    simd::transpose16(r);
     for (int64_t j = 0; j < m; ++j) simd::store_first(dst + (s0 + j) * 16, r[j], 16);
   }
 }
@@ -55,7 +31,7 @@ void rows_to_block(const S* src, int64_t HW, D* dst) {
     const int64_t m = std::min<int64_t>(16, HW - s0);
     __m512 r[16];
     for (int64_t j = 0; j < 16; ++j) r[j] = j < m ? simd::load_first(src + (s0 + j) * 16, 16) : _mm512_setzero_ps();
-    transpose16(r);
+    simd::transpose16(r);
     for (int c = 0; c < 16; ++c) simd::store_first(dst + c * HW + s0, r[c], m);
   }
 }

@@ -6,8 +6,11 @@
 // Guarantees: fresh contiguous outputs; each output element is computed by
 // exactly one thread in an order fixed by the shapes and the thread count.
 // Linear in float32 with a narrow batch (<= 256) on an AVX-512 build runs on
-// kernels/cpu/small_gemm (weight read in place, never packed; its bits do not
-// depend on the thread count either); each linear_forward/backward call is
+// kernels/cpu/small_gemm (weight read in place, never packed; the batch side packed
+// only where it must be transposed, by 16 x 16 register transposes over the pool;
+// the products without a transpose split over input features, each thread reading
+// only its columns; bits that do not depend on the thread count either, bench/PERF_NOTES.md
+// section 25); each linear_forward/backward call is
 // counted in simd_path_count (kernels/cpu/simd.h): avx512 when it used it, and in gemm_path_count
 // (kernels/cpu/dnnl.h): small_gemm or eigen. Float32 stays off oneDNN: measured at 1 thread on Zen 4
 // its f32 matmul gained 0-25% over these paths on MnistNet's shapes, with bits that change with
@@ -76,12 +79,35 @@ bool use_small(int64_t N, int64_t other1, int64_t other2) {
 
 // Runs small_gemm over rows [0, M) of C, split across threads on multiples of the 6-row tile.
 void small_gemm_parallel(int64_t M, int64_t J, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
-                         const float* bp, float* c, int64_t ldc) {
+                         const detail::BOperand& b, float* c, int64_t ldc) {
   const int64_t tiles = (M + 5) / 6;
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (6 * J * K + 1));  // tiles per chunk
   detail::for_each_chunk(tiles, detail::num_chunks(tiles, grain), [&](int64_t, int64_t t0, int64_t t1) {
-    detail::small_gemm(t0 * 6, std::min(M, t1 * 6), J, K, a, a_rs, a_ks, bp, c, ldc);
+    detail::small_gemm(t0 * 6, std::min(M, t1 * 6), J, K, a, a_rs, a_ks, b, c, ldc);
   });
+}
+
+// Runs small_gemm over columns [0, J) of C, split across threads on whole panels: each thread reads
+// only its columns of B (read in place) and writes only its columns of C.
+void small_gemm_columns(int64_t M, int64_t J, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
+                        const detail::BOperand& b, float* c, int64_t ldc) {
+  const int64_t panels = (J + detail::kPanel - 1) / detail::kPanel;
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / (M * K * detail::kPanel + 1));  // panels
+  detail::for_each_chunk(panels, detail::num_chunks(panels, grain), [&](int64_t, int64_t p0, int64_t p1) {
+    const int64_t j0 = p0 * detail::kPanel, j1 = std::min(J, p1 * detail::kPanel);
+    detail::small_gemm(0, M, j1 - j0, K, a, a_rs, a_ks, b.from_column(j0), c + j0, ldc);
+  });
+}
+
+// Packs B = src^T (src row-major [J, K]) for small_gemm, rows of B in slices of 16 over the pool.
+Tensor packed_transpose(const float* src, int64_t J, int64_t K) {
+  Tensor packed = Tensor::empty({detail::packed_b_size(K, J)}, kFloat32);
+  float* dst = packed.data<float>();
+  const int64_t tiles = (K + 15) / 16, per_tile = 16 * ((J + detail::kPanel - 1) / detail::kPanel * detail::kPanel);
+  detail::parallel_range(tiles, std::max<int64_t>(1, (int64_t{1} << 15) / per_tile), [&](int64_t t0, int64_t t1) {
+    detail::pack_b_transposed(src, K, K, J, dst, t0 * 16, std::min(K, t1 * 16));
+  });
+  return packed;
 }
 
 // dst[n, m] = src[m, n] (+ bias[m]) for src [M, N] row-major, dst [N, M] row-major.
@@ -98,34 +124,40 @@ void transpose_into(const float* src, int64_t M, int64_t N, const float* bias, f
 // y [N, O] = x [N, I] * w [O, I]^T + b: y^T = w * x^T, x^T packed, w read in place.
 Tensor small_forward(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
-  Tensor packed = Tensor::empty({detail::packed_b_size(I, N)}, kFloat32);
+  const Tensor packed = packed_transpose(x.data<float>(), N, I);
   Tensor yt = Tensor::empty({O, N}, kFloat32);
   Tensor y = Tensor::empty({N, O}, kFloat32);
-  detail::pack_b_transposed(x.data<float>(), I, I, N, packed.data<float>());
-  small_gemm_parallel(O, N, I, w.data<float>(), I, 1, packed.data<float>(), yt.data<float>(), N);
+  small_gemm_parallel(O, N, I, w.data<float>(), I, 1, detail::BOperand::packed(packed.data<float>(), I),
+                      yt.data<float>(), N);
   transpose_into(yt.data<float>(), O, N, b.defined() ? b.data<float>() : nullptr, y.data<float>());
   return y;
 }
 
-// gx [N, I] = gy [N, O] * w [O, I]: gx^T = w^T * gy^T, gy^T packed, w read in place (transposed).
+// gx [N, I] = gy [N, O] * w [O, I]. A long reduction (O >= 256): gx^T = w^T * gy^T, gy^T packed, w read
+// in place (transposed). A short one: gy read in place as A and w as B, split over the input features.
 Tensor small_input_grad(const Tensor& gy, const Tensor& w) {
   const int64_t N = gy.size(0), O = gy.size(1), I = w.size(1);
-  Tensor packed = Tensor::empty({detail::packed_b_size(O, N)}, kFloat32);
-  Tensor gxt = Tensor::empty({I, N}, kFloat32);
   Tensor gx = Tensor::empty({N, I}, kFloat32);
-  detail::pack_b_transposed(gy.data<float>(), O, O, N, packed.data<float>());
-  small_gemm_parallel(I, N, O, w.data<float>(), 1, I, packed.data<float>(), gxt.data<float>(), N);
+  if (O < 256) {
+    small_gemm_columns(N, I, O, gy.data<float>(), O, 1, detail::BOperand::rows(w.data<float>(), I),
+                       gx.data<float>(), I);
+    return gx;
+  }
+  const Tensor packed = packed_transpose(gy.data<float>(), N, O);
+  Tensor gxt = Tensor::empty({I, N}, kFloat32);
+  small_gemm_parallel(I, N, O, w.data<float>(), 1, I, detail::BOperand::packed(packed.data<float>(), O),
+                      gxt.data<float>(), N);
   transpose_into(gxt.data<float>(), I, N, nullptr, gx.data<float>());
   return gx;
 }
 
-// gw [O, I] = gy [N, O]^T * x [N, I]: x packed, gy read in place (transposed).
+// gw [O, I] = gy [N, O]^T * x [N, I]: gy read in place (transposed) as A, x in place as B, split over
+// the input features.
 Tensor small_weight_grad(const Tensor& gy, const Tensor& x) {
   const int64_t N = gy.size(0), O = gy.size(1), I = x.size(1);
-  Tensor packed = Tensor::empty({detail::packed_b_size(N, I)}, kFloat32);
   Tensor gw = Tensor::empty({O, I}, kFloat32);
-  detail::pack_b_rows(x.data<float>(), I, N, I, packed.data<float>());
-  small_gemm_parallel(O, I, N, gy.data<float>(), 1, O, packed.data<float>(), gw.data<float>(), I);
+  small_gemm_columns(O, I, N, gy.data<float>(), 1, O, detail::BOperand::rows(x.data<float>(), I),
+                     gw.data<float>(), I);
   return gw;
 }
 
@@ -176,8 +208,7 @@ LinearGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   const Tensor gy = gy_in.contiguous(), x = x_in.contiguous(), w = w_in.contiguous();
   const int64_t N = x.size(0), I = x.size(1), O = w.size(0);
   const CMatMap<T> GY(gy.data<T>(), N, O), X(x.data<T>(), N, I), Wm(w.data<T>(), O, I);
-  // A short reduction (O < 256) keeps Eigen ahead for the input gradient (MNIST fc1: O = 128).
-  const bool small_input = std::is_same_v<T, float> && need_input && O >= 256 && use_small(N, I, O);
+  const bool small_input = std::is_same_v<T, float> && need_input && use_small(N, I, O);
   const bool small_weight = std::is_same_v<T, float> && need_weight && N > 0 && use_small(N, I, O);
   detail::count_simd_path(SimdKernel::linear_backward, detail::simd_path<T>(small_input || small_weight));
   detail::count_gemm_path(GemmKernel::linear_backward,

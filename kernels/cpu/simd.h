@@ -123,6 +123,30 @@ inline __m512 in_register(__m512 v) {
   return v;
 }
 
+// r[i] holds row i of a 16x16 tile; on return r[j] holds column j.
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // per 128-bit lane: a0 b0 a1 b1
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + k], lane L: rows 4i..4i+3 at column 4L + k
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {  // gather lane L of u[k], u[4 + k], u[8 + k], u[12 + k] into r[4L + k]
+    const __m512 v = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x88), w = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xDD);
+    const __m512 v2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x88);
+    const __m512 w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xDD);
+    r[k] = _mm512_shuffle_f32x4(v, v2, 0x88);
+    r[4 + k] = _mm512_shuffle_f32x4(w, w2, 0x88);
+    r[8 + k] = _mm512_shuffle_f32x4(v, v2, 0xDD);
+    r[12 + k] = _mm512_shuffle_f32x4(w, w2, 0xDD);
+  }
+}
+
 // bfloat16 lanes (the upper 16 bits of a float32; uint16_t storage). Widening is exact; narrowing
 // rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/bf16.h's scalar
 // conversion (integer arithmetic, not vcvtneps2bf16, so that every CPU gives the same bits). The

@@ -1,6 +1,7 @@
 // AVX-512 single-precision GEMM for narrow Linear products (kernels/cpu/small_gemm.h); other
 // levels (kernels/cpu/simd.h) have a stub that small_gemm_available() keeps unused.
-// Assumes: the caller checked small_gemm_available(); B was packed by pack_b_*.
+// Assumes: the caller checked small_gemm_available(); B was packed by pack_b_transposed or is a row-major matrix
+// read in place (BOperand); its last vector of a panel is a masked load, so nothing past column J is read.
 // Guarantees: each C element is one FMA chain over k = 0..K-1 in order (K is cut into blocks of
 // kKc, carried through C between blocks, which does not change the chain), so results are the
 // same for every thread count and every split of [m0, m1). Register tile: 6 rows x 64 columns
@@ -15,32 +16,40 @@
 
 namespace tandem::kernels::cpu::detail {
 
-void pack_b_rows(const float* src, int64_t ld, int64_t K, int64_t J, float* dst) {
-  for (int64_t j0 = 0; j0 < J; j0 += kPanel) {
-    const int64_t jw = std::min(kPanel, J - j0);
-    float* panel = dst + j0 * K;
-    for (int64_t k = 0; k < K; ++k) {
-      std::memcpy(panel + k * kPanel, src + k * ld + j0, sizeof(float) * jw);
-      if (jw < kPanel) std::memset(panel + k * kPanel + jw, 0, sizeof(float) * (kPanel - jw));
-    }
-  }
-}
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
-void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float* dst) {
+// Per panel, groups of 16 columns (16 source rows) x 16 k: a 16 x 16 tile transposed in registers; the
+// columns past J of the last panel are loaded as zero rows (its padding), a short k tile by masked loads.
+void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float* dst, int64_t k0, int64_t k1) {
   for (int64_t j0 = 0; j0 < J; j0 += kPanel) {
-    const int64_t jw = std::min(kPanel, J - j0);
     float* panel = dst + j0 * K;
-    if (jw < kPanel) std::memset(panel, 0, sizeof(float) * kPanel * K);
-    // Blocks of 16 source rows x 64 k: reads stay in a few cache lines per row.
-    for (int64_t k0 = 0; k0 < K; k0 += 64) {
-      const int64_t k1 = std::min(K, k0 + 64);
-      for (int64_t jj = 0; jj < jw; ++jj) {
-        const float* s = src + (j0 + jj) * ld;
-        for (int64_t k = k0; k < k1; ++k) panel[k * kPanel + jj] = s[k];
+    for (int64_t g = 0; g < kPanel; g += 16) {
+      const int64_t rows = std::clamp<int64_t>(J - j0 - g, 0, 16);
+      const float* s = src + (j0 + g) * ld;
+      for (int64_t k = k0; k < k1; k += 16) {
+        const int64_t m = std::min<int64_t>(16, k1 - k);
+        __m512 r[16];
+        for (int64_t i = 0; i < 16; ++i) r[i] = i < rows ? simd::load_first(s + i * ld + k, m) : _mm512_setzero_ps();
+        simd::transpose16(r);
+        for (int64_t t = 0; t < m; ++t) _mm512_storeu_ps(panel + (k + t) * kPanel + g, r[t]);
       }
     }
   }
 }
+
+#else
+
+void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float* dst, int64_t k0, int64_t k1) {
+  for (int64_t j0 = 0; j0 < J; j0 += kPanel) {
+    const int64_t jw = std::min(kPanel, J - j0);
+    float* panel = dst + j0 * K;
+    for (int64_t k = k0; k < k1; ++k) {
+      for (int64_t jj = 0; jj < kPanel; ++jj) panel[k * kPanel + jj] = jj < jw ? src[(j0 + jj) * ld + k] : 0.0f;
+    }
+  }
+}
+
+#endif
 
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
@@ -51,12 +60,12 @@ namespace {
 constexpr int kRows = 6;
 constexpr int64_t kKc = 512;  // k block: a 512 x 64 B panel is 128 KiB (L2)
 
-using Micro = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, float* c,
-                       int64_t ldc, __mmask16 tail, bool load_c);
+using Micro = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
+                       float* c, int64_t ldc, __mmask16 tail, bool load_c);
 
 template <int R, int NV>
-void micro(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, float* c, int64_t ldc,
-           __mmask16 tail, bool load_c) {
+void micro(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb, float* c,
+           int64_t ldc, __mmask16 tail, bool load_c) {
   __m512 acc[R][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -72,7 +81,9 @@ void micro(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* 
   for (int64_t k = 0; k < kc; ++k) {
     __m512 bv[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_ps(b + k * kPanel + v * 16);
+    for (int v = 0; v < NV; ++v) {
+      bv[v] = v == NV - 1 ? _mm512_maskz_loadu_ps(tail, b + k * ldb + v * 16) : _mm512_loadu_ps(b + k * ldb + v * 16);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 ar = _mm512_set1_ps(ap[r][k * a_ks]);
@@ -109,7 +120,7 @@ Micro micro_for(int rows, int nv) {
 }  // namespace
 
 void small_gemm(int64_t m0, int64_t m1, int64_t J, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
-                const float* b_packed, float* c, int64_t ldc) {
+                const BOperand& b, float* c, int64_t ldc) {
   if (m1 <= m0 || J <= 0) return;
   if (K == 0) {
     for (int64_t m = m0; m < m1; ++m) std::memset(c + m * ldc, 0, sizeof(float) * J);
@@ -122,12 +133,12 @@ void small_gemm(int64_t m0, int64_t m1, int64_t J, int64_t K, const float* a, in
       const int nv = static_cast<int>((jw + 15) / 16);
       const int64_t last = jw - (nv - 1) * 16;
       const __mmask16 tail = simd::lane_mask(last);
-      const float* panel = b_packed + j0 * K + k0 * kPanel;
+      const float* panel = b.from_column(j0).p + k0 * b.ld;
       const Micro full = micro_for(kRows, nv);
       for (int64_t m = m0; m < m1; m += kRows) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, m1 - m));
         const Micro fn = rows == kRows ? full : micro_for(rows, nv);
-        fn(kc, a + m * a_rs + k0 * a_ks, a_rs, a_ks, panel, c + m * ldc + j0, ldc, tail, k0 > 0);
+        fn(kc, a + m * a_rs + k0 * a_ks, a_rs, a_ks, panel, b.ld, c + m * ldc + j0, ldc, tail, k0 > 0);
       }
     }
   }
@@ -137,7 +148,7 @@ void small_gemm(int64_t m0, int64_t m1, int64_t J, int64_t K, const float* a, in
 
 bool small_gemm_available() { return false; }
 
-void small_gemm(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*,
+void small_gemm(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const BOperand&, float*,
                 int64_t) {
   TANDEM_FAIL("small_gemm: this build has no AVX-512 (check small_gemm_available() first)");
 }

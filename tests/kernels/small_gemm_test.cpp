@@ -1,7 +1,8 @@
 // Linear on the AVX-512 small-GEMM path (kernels/cpu/small_gemm.*: float32, batch <= 256, big
 // enough products): forward, input and weight gradients against double references on shapes that
 // hit every tail (batch not a multiple of 16 or 64, rows not a multiple of the 6-row tile, a
-// reduction longer than the 512-deep k block), and results bitwise equal for 1, 2 and 3 threads.
+// reduction longer than the 512-deep k block, a short one whose weight is read in place), and results
+// bitwise equal for 1, 2 and 3 threads.
 // On a build without AVX-512 the same calls take the Eigen path and the value checks still apply.
 #include <gtest/gtest.h>
 
@@ -72,3 +73,7 @@ TEST(SmallGemm, ReductionLongerThanOneKBlock) { check(64, 1030, 260, 22); }
 TEST(SmallGemm, WideBatch) { check(130, 520, 257, 23); }
 
 TEST(SmallGemm, ExactTiles) { check(64, 512, 384, 24); }
+
+// A short reduction (O < 256): the input gradient reads the weight in place as B, split over input
+// features whose count is not a multiple of the 64-column panel (the last panel's masked loads).
+TEST(SmallGemm, ShortReductionReadsTheWeightInPlace) { check(45, 1000, 130, 25); }

@@ -12,7 +12,6 @@
 #include "kernels/cpu/conv3x3.h"
 
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "kernels/cpu/conv_taps.h"
@@ -46,8 +45,7 @@ void block(const float* xp, const float* wk, const float* b, float* out, float* 
       taps_block<KB, 1, 9>(xp, off, wk, b, out, C, plane, Lr, Lr, j0);
     }
   }
-  for (int j = 0; j < KB; ++j)
-    for (int64_t h = 0; h < H; ++h) std::memcpy(y + (j * H + h) * W, out + j * Lr + h * Wp, W * sizeof(float));
+  for (int j = 0; j < KB; ++j) copy_rows(out + j * Lr, H, W, y + j * H * W, W, Wp);
 }
 
 }  // namespace
@@ -68,9 +66,7 @@ void conv3x3_forward(const float* x, const float* w, const float* b, float* y, i
   std::vector<float> xp(static_cast<size_t>(C * plane + 64), 0.0f);  // borders stay 0
   std::vector<float> out(static_cast<size_t>(kBlock * ((H * Wp + 31) / 32 * 32)));
   for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t h = 0; h < H; ++h)
-        std::memcpy(xp.data() + c * plane + (h + 1) * Wp + 1, x + ((n * C + c) * H + h) * W, W * sizeof(float));
+    for (int64_t c = 0; c < C; ++c) copy_rows(x + (n * C + c) * H * W, H, W, xp.data() + c * plane + Wp + 1, Wp);
     float* yn = y + n * K * HW;
     int64_t k0 = 0;
     for (; k0 + kBlock <= K; k0 += kBlock)
@@ -142,13 +138,10 @@ void conv3x3_weight_grad(const float* gy, const float* x, float* dw, int64_t n0,
   for (int64_t n = n0; n < n1; n += G) {
     const int64_t gn = std::min(G, n1 - n);
     for (int64_t i = 0; i < gn; ++i) {
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t h = 0; h < H; ++h)
-          std::memcpy(xp.data() + (i * C + c) * plane + (h + 1) * Wp + 1, x + (((n + i) * C + c) * H + h) * W,
-                      W * sizeof(float));
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t h = 0; h < H; ++h)
-          std::memcpy(gyp.data() + (i * K + k) * L + h * Wp, gy + ((n + i) * K + k) * HW + h * W, W * sizeof(float));
+      for (int64_t c = 0; c < C; ++c) {
+        copy_rows(x + ((n + i) * C + c) * HW, H, W, xp.data() + (i * C + c) * plane + Wp + 1, Wp);
+      }
+      for (int64_t k = 0; k < K; ++k) copy_rows(gy + ((n + i) * K + k) * HW, H, W, gyp.data() + (i * K + k) * L, Wp);
     }
     for (int64_t c = 0; c < C; ++c) {
       int64_t k = 0;

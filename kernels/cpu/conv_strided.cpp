@@ -17,7 +17,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -188,17 +187,6 @@ struct Phases {
 };
 
 inline int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
-// rows x cols floats from src (row pitch src_pitch, default cols) to dst (pitch dst_pitch): one
-// copy when both pitches are cols (the 1x1 layers' maps).
-void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t dst_pitch, int64_t src_pitch = -1) {
-  if (src_pitch < 0) src_pitch = cols;
-  if (src_pitch == cols && dst_pitch == cols) {
-    std::memcpy(dst, src, rows * cols * sizeof(float));
-    return;
-  }
-  for (int64_t r = 0; r < rows; ++r) std::memcpy(dst + r * dst_pitch, src + r * src_pitch, cols * sizeof(float));
-}
 
 // buf holding n zeros, its storage kept from call to call (each thread its own): a fresh buffer
 // of a few hundred KiB is a fresh mapping, whose page faults cost more than these layers'

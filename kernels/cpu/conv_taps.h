@@ -3,11 +3,13 @@
 // of input channel c at in + c * plane + off[t] + j: KB output channels at 16 NV consecutive
 // positions are KB x NV vector accumulators, each tap of each input channel NV vector loads and KB
 // broadcast weights. AVX-512 only (the callers compile it only there).
+// Also the row copies both use around it (copy_rows).
 // Guarantees: an output is its bias (or 0) plus the products summed over input channels, then
 // taps, in increasing order; nothing is written at or past position L.
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/simd.h"
 
@@ -46,6 +48,23 @@ void taps_block(const float* in, const int64_t* off, const float* wk, const floa
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) simd::store_first(out + j * pitch + j0 + 16 * v, acc[j][v], L - j0 - 16 * v);
+  }
+}
+
+// rows x cols floats from src (row pitch src_pitch, default cols) to dst (pitch dst_pitch): one
+// copy when both pitches are cols (the 1x1 layers' maps), else each row by vectors, its last one
+// masked (rows of 7-28 floats, where a library call per row cost more than the copy).
+inline void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, int64_t dst_pitch,
+                      int64_t src_pitch = -1) {
+  if (src_pitch < 0) src_pitch = cols;
+  if (src_pitch == cols && dst_pitch == cols) {
+    std::memcpy(dst, src, rows * cols * sizeof(float));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * src_pitch;
+    float* d = dst + r * dst_pitch;
+    for (int64_t c = 0; c < cols; c += 16) simd::store_first(d + c, simd::load_first(s + c, cols - c), cols - c);
   }
 }
 

@@ -1,5 +1,5 @@
 // AVX-512 single-precision GEMM for narrow Linear products (kernels/cpu/small_gemm.h); other
-// levels (kernels/cpu/simd.h) have a stub that small_gemm_available() keeps unused.
+// levels (kernels/cpu/simd.h) have stubs (the pack's too) that small_gemm_available() keeps unused.
 // Assumes: the caller checked small_gemm_available(); B was packed by pack_b_transposed or is a row-major matrix
 // read in place (BOperand); its last vector of a panel is a masked load, so nothing past column J is read.
 // Guarantees: each C element is one FMA chain over k = 0..K-1 in order (K is cut into blocks of
@@ -36,22 +36,6 @@ void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float
     }
   }
 }
-
-#else
-
-void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float* dst, int64_t k0, int64_t k1) {
-  for (int64_t j0 = 0; j0 < J; j0 += kPanel) {
-    const int64_t jw = std::min(kPanel, J - j0);
-    float* panel = dst + j0 * K;
-    for (int64_t k = k0; k < k1; ++k) {
-      for (int64_t jj = 0; jj < kPanel; ++jj) panel[k * kPanel + jj] = jj < jw ? src[(j0 + jj) * ld + k] : 0.0f;
-    }
-  }
-}
-
-#endif
-
-#if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
 bool small_gemm_available() { return true; }
 
@@ -147,6 +131,10 @@ void small_gemm(int64_t m0, int64_t m1, int64_t J, int64_t K, const float* a, in
 #else
 
 bool small_gemm_available() { return false; }
+
+void pack_b_transposed(const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t) {
+  TANDEM_FAIL("pack_b_transposed: this build has no AVX-512 (check small_gemm_available() first)");
+}
 
 void small_gemm(int64_t, int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const BOperand&, float*,
                 int64_t) {

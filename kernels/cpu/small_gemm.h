@@ -28,8 +28,8 @@ bool small_gemm_available();
 // Floats needed for the packed form of a [K, J] matrix.
 inline int64_t packed_b_size(int64_t K, int64_t J) { return (J + kPanel - 1) / kPanel * kPanel * K; }
 
-// Packs rows [k0, k1) of B[k, j] = src[j * ld + k] (B is the transpose of a row-major [J, K]): on
-// AVX-512, 16 x 16 tiles transposed in registers. Disjoint row ranges may be packed in parallel.
+// Packs rows [k0, k1) of B[k, j] = src[j * ld + k] (B is the transpose of a row-major [J, K]) by
+// 16 x 16 tiles transposed in registers. Disjoint row ranges may be packed in parallel.
 void pack_b_transposed(const float* src, int64_t ld, int64_t K, int64_t J, float* dst, int64_t k0, int64_t k1);
 
 // B as the micro-kernel reads it: B[k, j] = p[(j / kPanel) * panel + k * ld + j % kPanel].

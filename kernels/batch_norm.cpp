@@ -12,6 +12,7 @@
 
 #include "core/profiler.h"
 #include "kernels/batch_norm_pool.h"
+#include "kernels/conv_bn_pool.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/pointwise.h"
@@ -80,11 +81,14 @@ void check_cpu_only(const char* op, const Device& device) {
                ": CPU only; on CUDA use batch_norm_forward, relu_forward and max_pool2d_forward");
 }
 
-// Checks the forward's arguments; returns the device to run on.
+// Checks the forward's arguments; returns the device to run on. bn_input: the shape the batch norm
+// normalises when it is not x's (the fused conv's output).
 Device check_forward(const char* op, const Tensor& x, const Tensor& weight, const Tensor& bias,
-                     const Tensor& running_mean, const Tensor& running_var, bool training, double eps) {
+                     const Tensor& running_mean, const Tensor& running_var, bool training, double eps,
+                     const Shape* bn_input = nullptr) {
   check_input(op, x);
-  const int64_t C = x.size(1);
+  const Shape shape = bn_input ? *bn_input : x.shape();
+  const int64_t C = shape[1], numel = shape_numel(shape);
   check_channel_vector(op, "weight", weight, C);
   check_channel_vector(op, "bias", bias, C);
   check_channel_vector(op, "running_mean", running_mean, C);
@@ -97,8 +101,8 @@ Device check_forward(const char* op, const Tensor& x, const Tensor& weight, cons
                  ": running_mean and running_var must be contiguous (they are updated in place)");
   }
   if (training) {
-    TANDEM_CHECK(C == 0 || x.numel() / C > 1, op,
-                 ": expected more than 1 value per channel when training, got input ", shape_str(x.shape()));
+    TANDEM_CHECK(C == 0 || numel / C > 1, op,
+                 ": expected more than 1 value per channel when training, got input ", shape_str(shape));
   } else {
     TANDEM_CHECK(running_mean.defined(), op,
                  ": eval mode (training=false) needs running_mean and running_var; got undefined ones");
@@ -256,6 +260,84 @@ BatchNormGrads batch_norm_relu_pool2d_backward(const Tensor& grad_out, const Ten
   const Tensor grad = max_pool2d_backward(grad_out, f.indices, x.shape());
   return batch_norm_relu_backward(grad, x, weight, bias, f.save_mean, f.save_invstd, training, need_input, need_weight,
                                   need_bias);
+}
+
+namespace {
+
+// The fused conv's own operands: x [N, 1, H, W] (H, W >= 4), conv_weight [K, 1, 3, 3], conv_bias [K];
+// returns the conv output's shape.
+Shape check_conv_operands(const char* op, const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias) {
+  TANDEM_CHECK(x.defined() && x.dim() == 4 && x.size(1) == 1 && x.size(2) >= 4 && x.size(3) >= 4, op,
+               ": expected input [N, 1, H, W] with H, W >= 4 (one channel; a 2x2-poolable 3x3 conv output), got ",
+               x.defined() ? x.str() : "undefined tensor");
+  TANDEM_CHECK(conv_weight.defined() && conv_weight.dim() == 4 && conv_weight.size(1) == 1 &&
+                   conv_weight.size(2) == 3 && conv_weight.size(3) == 3,
+               op, ": expected conv_weight [K, 1, 3, 3], got ",
+               conv_weight.defined() ? conv_weight.str() : "undefined tensor");
+  const int64_t K = conv_weight.size(0);
+  check_channel_vector(op, "conv_bias", conv_bias, K);
+  return {x.size(0), K, x.size(2) - 2, x.size(3) - 2};
+}
+
+}  // namespace
+
+ConvBatchNormReluPoolForward conv_batch_norm_relu_max_pool2d_forward(
+    const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias, const Tensor& weight, const Tensor& bias,
+    const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps) {
+  constexpr const char* op = "conv_batch_norm_relu_max_pool2d_forward";
+  const Shape y = check_conv_operands(op, x, conv_weight, conv_bias);
+  profiler::Scope prof_scope(op, conv_gemm_flops(y, conv_weight, 1));
+  const Device device = check_forward(op, x, weight, bias, running_mean, running_var, training, eps, &y);
+  common_device(op, {x, conv_weight, conv_bias, weight, bias, running_mean, running_var});
+  common_float_dtype(op, {x, conv_weight, conv_bias, weight, bias, running_mean, running_var});
+  TANDEM_CHECK(device.is_cpu(), op, ": CPU only; elsewhere use conv2d_forward and batch_norm_relu_pool2d");
+  return TANDEM_KERNEL(device, conv_batch_norm_relu_max_pool2d_forward)(x, conv_weight, conv_bias, weight, bias,
+                                                                       running_mean, running_var, training, momentum,
+                                                                       eps);
+}
+
+ConvBatchNormReluPoolGrads conv_batch_norm_relu_max_pool2d_backward(
+    const Tensor& grad_out, const Tensor& x, const Tensor& conv_weight, const ConvBatchNormReluPoolForward& forward,
+    const Tensor& weight, const Tensor& bias, bool training, bool need_conv_weight, bool need_conv_bias,
+    bool need_weight, bool need_bias) {
+  constexpr const char* op = "conv_batch_norm_relu_max_pool2d_backward";
+  const Shape y = check_conv_operands(op, x, conv_weight, Tensor());
+  profiler::Scope prof_scope(op, conv_gemm_flops(y, conv_weight, int(need_conv_weight)));
+  const BatchNormReluPoolForward& p = forward.pool;
+  TANDEM_CHECK(forward.conv_output.defined() && forward.conv_output.shape() == y, op, ": expected the forward's ",
+               "conv_output ", shape_str(y), ", got ",
+               forward.conv_output.defined() ? forward.conv_output.str() : "undefined tensor");
+  const Shape pooled = pooled_shape(forward.conv_output);
+  TANDEM_CHECK(grad_out.defined() && grad_out.shape() == pooled, op, ": expected grad_out ", shape_str(pooled),
+               ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
+  TANDEM_CHECK(p.code.defined() && p.code.shape() == pooled && p.code.dtype() == kUInt8 && p.winner.defined() &&
+                   p.winner.shape() == pooled && p.save_mean.defined() && p.save_invstd.defined(),
+               op, ": expected the forward's code (uint8), winner ", shape_str(pooled),
+               " and saved statistics; got code ", p.code.defined() ? p.code.str() : "undefined");
+  for (const auto& [what, t] : {std::pair{"weight", weight}, {"bias", bias}, {"save_mean", p.save_mean},
+                                {"save_invstd", p.save_invstd}}) {
+    check_channel_vector(op, what, t, y[1]);
+  }
+  const Device device =
+      common_device(op, {grad_out, x, conv_weight, forward.conv_output, p.winner, weight, bias, p.save_mean});
+  common_float_dtype(op, {grad_out, x, conv_weight, forward.conv_output, p.winner, weight, bias, p.save_mean,
+                          p.save_invstd});
+  TANDEM_CHECK(device.is_cpu(), op, ": CPU only; elsewhere use the backwards of conv2d and batch_norm_relu_pool2d");
+  return TANDEM_KERNEL(device, conv_batch_norm_relu_max_pool2d_backward)(
+      grad_out, x, conv_weight, forward, weight, bias, training, need_conv_weight, need_conv_bias, need_weight,
+      need_bias);
+}
+
+bool conv_batch_norm_relu_pool2d_applies(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,
+                                         const Conv2dArgs& args) {
+  const bool plain = args.stride_h == 1 && args.stride_w == 1 && args.pad_h == 0 && args.pad_w == 0 &&
+                     args.dilation_h == 1 && args.dilation_w == 1 && args.groups == 1;
+  return plain && x.defined() && x.device().is_cpu() && x.dim() == 4 && x.size(1) == 1 && x.size(2) >= 4 &&
+         x.size(3) >= 4 && conv_weight.defined() && conv_weight.dim() == 4 && conv_weight.size(1) == 1 &&
+         conv_weight.size(2) == 3 && conv_weight.size(3) == 3 &&
+         (x.dtype() == kFloat32 || x.dtype() == kFloat64) && conv_weight.dtype() == x.dtype() &&
+         (!conv_bias.defined() || conv_bias.dtype() == x.dtype()) &&
+         backend_for(x.device(), "conv_batch_norm_relu_pool2d").conv_batch_norm_relu_max_pool2d_forward != nullptr;
 }
 
 }  // namespace tandem::kernels

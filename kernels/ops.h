@@ -24,6 +24,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
+#include "kernels/conv_bn_pool.h"
 #include "kernels/index.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
@@ -162,6 +163,16 @@
                    const Tensor& weight, const Tensor& bias, const Tensor& save_mean,                      \
                    const Tensor& save_invstd, bool training, bool need_input, bool need_weight,            \
                    bool need_bias))                                                                        \
+  /* kernels/conv_bn_pool.h: a one-channel 3x3 conv and the fused batch norm + relu + max-pool after it */ \
+  X(conv_batch_norm_relu_max_pool2d_forward,                                                               \
+    ConvBatchNormReluPoolForward(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,      \
+                                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean,     \
+                                 const Tensor& running_var, bool training, double momentum, double eps))   \
+  X(conv_batch_norm_relu_max_pool2d_backward,                                                              \
+    ConvBatchNormReluPoolGrads(const Tensor& grad_out, const Tensor& x, const Tensor& conv_weight,         \
+                               const ConvBatchNormReluPoolForward& forward, const Tensor& weight,          \
+                               const Tensor& bias, bool training, bool need_conv_weight,                   \
+                               bool need_conv_bias, bool need_weight, bool need_bias))                     \
   /* kernels/attention.h: fused scaled dot-product attention (CUDA composes it in nn/attention.cpp) */    \
   X(attention_forward,                                                                                     \
     AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool is_causal))     \

@@ -9,6 +9,7 @@
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
+#include "kernels/conv_bn_pool.h"
 #include "kernels/linear.h"
 #include "kernels/loss.h"
 #include "kernels/pointwise.h"
@@ -75,6 +76,20 @@ struct BatchNormReluMaxPool2dBackward final : Node, BatchNormSaved {
     auto r = kernels::batch_norm_relu_pool2d_backward(g[0], x, forward, w, b, training, needs_input_grad(0),
                                                       needs_input_grad(1), needs_input_grad(2));
     return {r.input, r.weight, r.bias};
+  }
+};
+
+// The fused conv + batch norm + relu + max-pool (kernels/conv_bn_pool.h); x gets no gradient.
+struct ConvBatchNormReluMaxPool2dBackward final : Node {
+  Tensor x, conv_weight, w, b;
+  kernels::ConvBatchNormReluPoolForward forward;
+  bool training = false;
+  std::string name() const override { return "ConvBatchNormReluMaxPool2dBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::conv_batch_norm_relu_max_pool2d_backward(g[0], x, conv_weight, forward, w, b, training,
+                                                               needs_input_grad(0), needs_input_grad(1),
+                                                               needs_input_grad(2), needs_input_grad(3));
+    return {r.conv_weight, r.conv_bias, r.weight, r.bias};
   }
 };
 
@@ -269,6 +284,37 @@ Tensor batch_norm_relu_max_pool2d(const Tensor& x_in, const Tensor& running_mean
     autograd::record(n, {x, weight, bias}, {&r.output});
   }
   return r.output;
+}
+
+Tensor conv2d_batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,
+                                         int64_t stride, int64_t padding, const Tensor& running_mean,
+                                         const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                                         bool training, double momentum, double eps) {
+  const kernels::Conv2dArgs args{stride, stride, padding, padding};
+  bool fused = !autograd::any_requires_grad({x}) && lowp_dtype_for(x, conv_weight) == kFloat32 &&
+               kernels::conv_batch_norm_relu_pool2d_applies(x, conv_weight, conv_bias, args);
+  for (const Tensor& t : {running_mean, running_var, weight, bias}) {
+    fused = fused && (!t.defined() || t.dtype() == x.dtype());
+  }
+  if (!fused) {
+    const Tensor h = conv2d(x, conv_weight, conv_bias, stride, padding);
+    return batch_norm_relu_max_pool2d(h, running_mean, running_var, weight, bias, training, momentum, eps);
+  }
+  auto r = kernels::conv_batch_norm_relu_max_pool2d_forward(x, conv_weight, conv_bias, weight, bias, running_mean,
+                                                            running_var, training, momentum, eps);
+  Tensor y = r.pool.output;
+  if (autograd::any_requires_grad({conv_weight, conv_bias, weight, bias})) {
+    auto n = make_node<ConvBatchNormReluMaxPool2dBackward>();
+    n->x = x.detach();
+    n->conv_weight = conv_weight.detach();
+    n->w = weight.defined() ? weight.detach() : Tensor();
+    n->b = bias.defined() ? bias.detach() : Tensor();
+    n->training = training;
+    n->forward = r;
+    n->forward.pool.output = Tensor();  // not needed by the backward
+    autograd::record(n, {conv_weight, conv_bias, weight, bias}, {&y});
+  }
+  return y;
 }
 
 Tensor relu(const Tensor& x_in) {

@@ -50,6 +50,13 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
 Tensor batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                                   double eps = 1e-5);
+// batch_norm_relu_max_pool2d(conv2d(x, conv_weight, conv_bias, stride, padding), ...): one fused op
+// (kernels/conv_bn_pool.h) where it applies (CPU, float32 or float64, a one-channel 3x3 conv with stride 1
+// and no padding, x needing no gradient, no autocast), the same values as the two calls; else those calls.
+Tensor conv2d_batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,
+                                         int64_t stride, int64_t padding, const Tensor& running_mean,
+                                         const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                                         bool training, double momentum = 0.1, double eps = 1e-5);
 Tensor relu(const Tensor& x);
 // Square kernel, stride (default: the kernel), padding (at most half the kernel), dilation and
 // ceil_mode as PyTorch's; [N, C, H, W] or unbatched [C, H, W]. With indices: nn/conv_pool.h.

@@ -62,6 +62,16 @@ Tensor BatchNorm2d::forward_relu_pool2(const Tensor& x) {
   return F::batch_norm_relu_max_pool2d(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
 }
 
+Tensor BatchNorm2d::forward_conv_relu_pool2(const Conv2d& conv, const Tensor& x) {
+  if (is_training() && stats_sync_) return forward_relu_pool2(F::conv2d(x, conv.weight, conv.bias, conv.options.stride,
+                                                                        conv.options.padding));
+  TANDEM_CHECK(conv.options.out_channels == num_features, "BatchNorm2d(", num_features, "): expected a conv with ",
+               num_features, " output channels, got ", conv.options.out_channels);
+  if (is_training()) num_batches_tracked.add_(Tensor::ones({}, kInt64, num_batches_tracked.device()));
+  return F::conv2d_batch_norm_relu_max_pool2d(x, conv.weight, conv.bias, conv.options.stride, conv.options.padding,
+                                              running_mean, running_var, weight, bias, is_training(), momentum, eps);
+}
+
 Linear::Linear(int64_t in, int64_t out, bool with_bias) {
   TANDEM_CHECK(in > 0 && out > 0, "Linear: sizes must be positive, got in=", in, " out=", out);
   weight = Tensor::empty({out, in});

@@ -53,6 +53,8 @@ class BatchNorm2d : public Module {
   // max_pool2d(forward_relu(x), 2) (kernel 2, stride 2), fused into one kernel
   // (F::batch_norm_relu_max_pool2d) under the same condition as forward_relu.
   Tensor forward_relu_pool2(const Tensor& x);
+  // forward_relu_pool2(conv(x)), as one fused op where F::conv2d_batch_norm_relu_max_pool2d has one.
+  Tensor forward_conv_relu_pool2(const Conv2d& conv, const Tensor& x);
   // Installs (or, with nullptr, removes) the strategy for synced statistics.
   void set_stats_sync(std::shared_ptr<BatchNormStatsSync> sync) { stats_sync_ = std::move(sync); }
   const std::shared_ptr<BatchNormStatsSync>& stats_sync() const { return stats_sync_; }

@@ -1,6 +1,6 @@
 // CPU kernels of the fused max_pool2d(relu(batch_norm(x)), 2) (kernels/batch_norm_pool.h) under
 // tandem::kernels::cpu.
-// Assumes: arguments validated by kernels/batch_norm_pool.cpp (x 4-D with H, W >= 2; code and
+// Assumes: arguments validated by kernels/batch_norm.cpp (x 4-D with H, W >= 2; code and
 // winner of the pooled shape, written by the forward); inputs may be non-contiguous (copied once).
 // Guarantees:
 // - forward, per channel: the statistics are kernels/cpu/batch_norm_stats.h's (as
@@ -24,7 +24,8 @@
 // - threads split images, in every pass (the image-split convolutions before and after wrote and
 //   will read those images on the same threads: at 2 threads, reading planes another core last wrote
 //   had doubled the passes' time); the statistics and the backward sums are kept per (image,
-//   channel) and added per channel in image order: bits do not depend on the thread count.
+//   channel) and added per channel in image order: bits do not depend on the thread count. Two hooks
+//   (kernels/cpu/conv_bn_pool.h) let the fused conv fill x, and take the input gradient, image by image.
 // - x may be bfloat16 (weight, bias, running and saved statistics float32): the vector rows widen it
 //   on load and round the input gradient to bfloat16 on store (simd::load_first / store_first), as
 //   do the AVX-512 statistics; the others, and the portable rows, widen each row into a per-thread
@@ -36,10 +37,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/batch_norm_stats.h"
+#include "kernels/cpu/conv_bn_pool.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/simd.h"
 
@@ -416,11 +419,14 @@ using detail::BnRowScratch;
 template <typename T, typename X>
 constexpr bool kDirectRows = std::is_same_v<X, T> || (std::is_same_v<T, float> && kVectorRows);
 
+// before_image: BnForwardArgs::before_image (a producer of x, image by image), or empty.
 template <typename T, typename X>
 BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                                       const Tensor& running_mean, const Tensor& running_var, bool training,
-                                      double momentum, double eps) {
-  const detail::BnForwardArgs<T, X> a(x_in, weight_in, bias_in, running_mean, running_var);
+                                      double momentum, double eps,
+                                      const std::function<void(int64_t)>& before_image = {}) {
+  detail::BnForwardArgs<T, X> a(x_in, weight_in, bias_in, running_mean, running_var);
+  a.before_image = before_image;
   const BnLayout& l = a.l;
   const X* xp = a.xp;
   const Tensor& x = a.x;
@@ -456,12 +462,14 @@ BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_i
   return r;
 }
 
-// x and the input gradient are stored as X.
+// x and the input gradient are stored as X. With a sink (float x only), pass 2 hands the input gradient
+// image by image to sink(chunk, n, gx [C, H, W]) over for_each_chunk(N, chunks) instead of storing it.
 template <typename T, typename X>
 BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor& code_in,
                              const Tensor& winner_in, const Tensor& weight_in, const Tensor& bias_in,
                              const Tensor& save_mean_in, const Tensor& save_invstd_in, bool training,
-                             bool need_input, bool need_weight, bool need_bias) {
+                             bool need_input, bool need_weight, bool need_bias, int64_t chunks = 1,
+                             const detail::ImageGradSink* sink = nullptr) {
   BatchNormGrads r;
   detail::count_simd_path(SimdKernel::bn_relu_pool_backward, detail::simd_path<T>(kVectorRows));
   if (!need_input && !need_weight && !need_bias) return r;
@@ -472,7 +480,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const Tensor save_mean = save_mean_in.contiguous(), save_invstd = save_invstd_in.contiguous();
   const BnLayout l = detail::bn_layout_of(x);
   const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
-  if (need_input) r.input = Tensor::empty(x.shape(), x.dtype());
+  if (need_input && !sink) r.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) r.weight = Tensor::empty({l.C}, dtype_of<T>);
   if (need_bias) r.bias = Tensor::empty({l.C}, dtype_of<T>);
   // Each plane's sums (pass 2 recomputes pass 1's masked gradient d from the winners and gy).
@@ -487,7 +495,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
   T* sp = plane_sums.data<T>();
-  X* gxp = need_input ? detail::bn_data<X>(r.input) : nullptr;
+  X* gxp = need_input && !sink ? detail::bn_data<X>(r.input) : nullptr;
   T* gwp = need_weight ? r.weight.data<T>() : nullptr;
   T* gbp = need_bias ? r.bias.data<T>() : nullptr;
   const int64_t M = l.N * l.HW, PQ = g.P * g.Q, C = l.C;
@@ -511,11 +519,13 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
     for (int64_t n = 0; n < l.N; ++n) sums.add_plane(sp + (n * C + c) * kPlaneSums<T>);
     coef[c] = detail::bn_grad_coefficients<T>(sums.sum_dy(), sums.sum_dy_xmu(), c, ip[c], wp, M, training, gwp, gbp);
   }
-  if (!gxp) return r;
-  detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
+  if (!gxp && !sink) return r;
+  // Image n's planes; with a sink (float x: direct rows) into a per-thread image handed to it.
+  auto pass2 = [&](int64_t chunk, int64_t n0, int64_t n1) {
     // The portable rows' widened planes of a bfloat16 x and its gradient.
     auto xs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
     auto gs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
+    std::vector<X> image(sink ? static_cast<size_t>(C * l.HW) : 0);
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t c = 0; c < C; ++c) {
         const int64_t off = (n * C + c) * l.HW, o = (n * C + c) * PQ;
@@ -523,7 +533,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const auto [alpha, beta] = affine[c];
         if constexpr (kDirectRows<T, X>) {
           input_grad_plane<T>(xp + off, xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c], f.grad_mean, f.k, f.scale,
-                              gxp + off, !training);
+                              sink ? image.data() + c * l.HW : gxp + off, !training);
         } else {
           T* gr = detail::bn_out_row<T>(gxp, off, gs);
           input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c],
@@ -531,12 +541,38 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
           detail::bn_store_row<T>(gr, gxp, off, l.HW);
         }
       }
+      if constexpr (std::is_same_v<X, float>) {
+        if (sink) (*sink)(chunk, n, image.data());
+      }
     }
-  });
+  };
+  if (sink) {
+    detail::for_each_chunk(l.N, chunks, pass2);
+  } else {
+    detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) { pass2(0, n0, n1); });
+  }
   return r;
 }
 
 }  // namespace
+
+namespace detail {
+BatchNormReluPoolForward bn_relu_pool_forward_producing(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                                       const Tensor& running_mean, const Tensor& running_var,
+                                                       bool training, double momentum, double eps,
+                                                       const std::function<void(int64_t)>& before_image) {
+  return forward_impl<float, float>(x, weight, bias, running_mean, running_var, training, momentum, eps, before_image);
+}
+BatchNormGrads bn_relu_pool_backward_to_sink(const Tensor& grad_out, const Tensor& x, const Tensor& code,
+                                             const Tensor& winner, const Tensor& weight, const Tensor& bias,
+                                             const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                                             bool need_weight, bool need_bias, int64_t chunks,
+                                             const ImageGradSink& sink) {
+  return backward_impl<float, float>(grad_out, x, code, winner, weight, bias, save_mean, save_invstd, training, true,
+                                     need_weight, need_bias, chunks, &sink);
+}
+
+}  // namespace detail
 
 BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,
                                                             const Tensor& bias, const Tensor& running_mean,

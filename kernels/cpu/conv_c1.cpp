@@ -106,24 +106,34 @@ void weight_grad_channels(const G* gy, const float* xi, float* part, int64_t n, 
   }
 }
 
+int64_t conv_c1_part_size(int64_t K) { return K * 10 * 16; }
+
 template <typename G>
-void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1, int64_t H,
-                         int64_t W, int64_t K) {
-  // Images outer, so gy and x are read once, in address order.
-  std::vector<float> part(static_cast<size_t>(K) * 10 * 16, 0.0f);
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* xi = x + n * H * W;
-    int64_t k = 0;
-    for (; k + 2 <= K; k += 2) weight_grad_channels<2, G>(gy, xi, part.data(), n, H, W, K, k);
-    for (; k < K; ++k) weight_grad_channels<1, G>(gy, xi, part.data(), n, H, W, K, k);
-  }
+void conv_c1_weight_grad_image(const G* gy, const float* xi, float* part, int64_t H, int64_t W, int64_t K) {
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2) weight_grad_channels<2, G>(gy, xi, part, 0, H, W, K, k);
+  for (; k < K; ++k) weight_grad_channels<1, G>(gy, xi, part, 0, H, W, K, k);
+}
+template void conv_c1_weight_grad_image<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
+
+void conv_c1_weight_grad_finish(const float* part, float* dw, float* db, int64_t K) {
   for (int64_t k = 0; k < K; ++k) {
-    const float* a = part.data() + k * 10 * 16;
+    const float* a = part + k * 10 * 16;
     if (dw) {
       for (int i = 0; i < 9; ++i) dw[k * 9 + i] += simd::hsum(_mm512_loadu_ps(a + i * 16));
     }
     if (db) db[k] += simd::hsum(_mm512_loadu_ps(a + 9 * 16));
   }
+}
+
+template <typename G>
+void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1, int64_t H,
+                         int64_t W, int64_t K) {
+  // Images outer, so gy and x are read once, in address order.
+  std::vector<float> part(static_cast<size_t>(conv_c1_part_size(K)), 0.0f);
+  const int64_t image = K * (H - 2) * (W - 2);
+  for (int64_t n = n0; n < n1; ++n) conv_c1_weight_grad_image(gy + n * image, x + n * H * W, part.data(), H, W, K);
+  conv_c1_weight_grad_finish(part.data(), dw, db, K);
 }
 template void conv_c1_weight_grad<float>(const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
                                          int64_t, int64_t);
@@ -133,6 +143,11 @@ template void conv_c1_weight_grad<uint16_t>(const uint16_t*, const float*, float
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
 bool conv_c1_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
+int64_t conv_c1_part_size(int64_t) { return 0; }
+template <typename G>
+void conv_c1_weight_grad_image(const G*, const float*, float*, int64_t, int64_t, int64_t) {}
+template void conv_c1_weight_grad_image<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
+void conv_c1_weight_grad_finish(const float*, float*, float*, int64_t) {}
 template <typename Out>
 void conv_c1_forward(const float*, const float*, const float*, Out*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
 template <typename G>

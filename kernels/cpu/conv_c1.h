@@ -32,6 +32,15 @@ template <typename G>
 void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1, int64_t H,
                          int64_t W, int64_t K);
 
+// conv_c1_weight_grad in steps, for a gradient produced image by image (kernels/cpu/conv_bn_pool.cpp):
+// conv_c1_weight_grad_image adds image gy [K, H-2, W-2] of x [H, W] into part (conv_c1_part_size(K)
+// floats, zeroed before the first image), conv_c1_weight_grad_finish adds part's sums into dw, db
+// (either may be null). conv_c1_weight_grad over [n0, n1) is exactly these steps, image by image.
+int64_t conv_c1_part_size(int64_t K);
+template <typename G>
+void conv_c1_weight_grad_image(const G* gy, const float* x, float* part, int64_t H, int64_t W, int64_t K);
+void conv_c1_weight_grad_finish(const float* part, float* dw, float* db, int64_t K);
+
 }  // namespace tandem::kernels::cpu::detail
 
 namespace tandem::kernels::cpu {

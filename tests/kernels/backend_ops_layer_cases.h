@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend_ops_nn_cases.h"  // defined_grads
@@ -157,6 +158,57 @@ inline void add_batch_norm_pool_cases(CaseTable& t) {
   }
 }
 
+// The one-channel 3x3 conv with the fused batch norm + relu + max-pool after it (kernels/conv_bn_pool.h):
+// operands x, conv weight, conv bias, weight, bias, running mean, running var.
+inline void add_conv_batch_norm_pool_cases(CaseTable& t) {
+  namespace K = kernels;
+  struct Geometry {
+    std::string name;
+    Shape x;
+    int64_t K;
+    bool training, conv_bias;
+  };
+  for (const Geometry& c :
+       {Geometry{"train", {3, 1, 9, 8}, 5, true, true}, Geometry{"eval", {2, 1, 7, 6}, 3, false, true},
+        Geometry{"train_no_conv_bias", {2, 1, 20, 21}, 17, true, false}}) {
+    const int64_t Kc = c.K;
+    const Inputs in = {uniform(c.x, 371),          uniform({Kc, 1, 3, 3}, 372), uniform({Kc}, 373), uniform({Kc}, 374),
+                       uniform({Kc}, 375),         uniform({Kc}, 376),          uniform({Kc}, 377, 0.5, 2.0)};
+    const double mag = double(c.x[0] * (c.x[2] - 2) * (c.x[3] - 2));
+    auto forward = [c](const Inputs& v) {
+      const Tensor rm = v[5].clone(), rv = v[6].clone();
+      auto f = K::conv_batch_norm_relu_max_pool2d_forward(v[0], v[1], c.conv_bias ? v[2] : Tensor(), v[3], v[4], rm, rv,
+                                                          c.training, 0.1, 1e-5);
+      return std::tuple{f, rm, rv};
+    };
+    t["conv_batch_norm_relu_max_pool2d_forward"].push_back({c.name, in,
+                                                            [forward](const Inputs& v) {
+                                                              auto [f, rm, rv] = forward(v);
+                                                              return Inputs{f.conv_output, f.pool.output, f.pool.code,
+                                                                            f.pool.winner, f.pool.save_mean,
+                                                                            f.pool.save_invstd, rm, rv};
+                                                            },
+                                                            16, mag});
+    for (int mask = 1; mask < 16; ++mask) {
+      const bool ncw = mask & 1, ncb = c.conv_bias && (mask & 2), nw = mask & 4, nb = mask & 8;
+      if (!ncw && !ncb && !nw && !nb) continue;
+      t["conv_batch_norm_relu_max_pool2d_backward"].push_back(
+          {c.name + "/need_" + std::to_string(mask), in,
+           [forward, c, ncw, ncb, nw, nb](const Inputs& v) {
+             auto [f, rm, rv] = forward(v);
+             const Tensor g = Tensor::full(f.pool.output.shape(), 0.75, v[0].dtype(), v[0].device());
+             auto r = K::conv_batch_norm_relu_max_pool2d_backward(g, v[0], v[1], f, v[3], v[4], c.training, ncw, ncb,
+                                                                  nw, nb);
+             Inputs out;
+             for (const Tensor* x : {&r.conv_weight, &r.conv_bias, &r.weight, &r.bias})
+               if (x->defined()) out.push_back(*x);
+             return out;
+           },
+           64, mag * 9});
+    }
+  }
+}
+
 // One conv2d geometry: input [N, C, H, W], weight [K, C, R, S], arguments, bias or not.
 struct ConvInput {
   std::string name;
@@ -248,6 +300,7 @@ inline void add_layer_cases(CaseTable& t) {
   add_activation_cases(t);
   add_batch_norm_cases(t);
   add_batch_norm_pool_cases(t);
+  add_conv_batch_norm_pool_cases(t);
   add_conv_cases(t);
   add_attention_cases(t);
 }

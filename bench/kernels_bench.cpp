@@ -1,7 +1,8 @@
 // The CPU kernels of MnistNet's step on its own shapes (batch 64), one thread: the conv layers of
 // MnistNet and the example ResNet forward and backward (f32 and bf16), linear forward and backward,
 // and the fused batch_norm+relu+max_pool beside the unfused composition it replaces (batch_norm_relu
-// then max_pool2d), so that the fusion's gain shows as a ratio of the same run; likewise the batch
+// then max_pool2d), so that the fusion's gain shows as a ratio of the same run (and the first layer's conv
+// fused with it beside the ops one by one, BM_FirstLayer); likewise the batch
 // norms on a bf16 input beside the cast-up composition they replace. BM_GemmPeak times a
 // 512^3 product through the engine's linear entry points at 1 and 2 threads, f32 and bf16: the peak
 // that bench/headline.py divides each kernel's FLOP/s by. Build it for another instruction set to
@@ -20,6 +21,7 @@
 #include "kernels/batch_norm_pool.h"
 #include "kernels/amp.h"
 #include "kernels/conv.h"
+#include "kernels/conv_bn_pool.h"
 #include "kernels/linear.h"
 #include "kernels/pool.h"
 
@@ -90,6 +92,31 @@ void BM_BnReluPoolUnfusedBackward(benchmark::State& state) {
                                                true, true);
     benchmark::DoNotOptimize(g.input.raw_data());
   }
+}
+
+// MnistNet's first layer, forward and backward (conv1 [1 -> 32, 28x28] then batch norm + relu + 2x2
+// max-pool): Arg(0) 1 as the one fused op (kernels/conv_bn_pool.h), 0 as the ops one by one; Arg(1)
+// threads (the step's data is hot in cache here, as it is not in the trainer).
+void BM_FirstLayer(benchmark::State& state) {
+  set_num_threads(static_cast<int>(state.range(1)));
+  BnCase c(bn_shape(0));
+  const Tensor x = uniform({64, 1, 28, 28}, 6, 0, 1), cw = uniform({32, 1, 3, 3}, 7, -0.3, 0.3);
+  const Tensor cb = uniform({32}, 8, -0.1, 0.1);
+  for (auto _ : state) {
+    if (state.range(0)) {
+      auto f = kernels::conv_batch_norm_relu_max_pool2d_forward(x, cw, cb, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+      auto g = kernels::conv_batch_norm_relu_max_pool2d_backward(c.gy, x, cw, f, c.w, c.b, true, true, true, true, true);
+      benchmark::DoNotOptimize(g.conv_weight.raw_data());
+    } else {
+      const Tensor y = kernels::conv2d_forward(x, cw, cb, {});
+      auto f = kernels::batch_norm_relu_max_pool2d_forward(y, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
+      auto g = kernels::batch_norm_relu_max_pool2d_backward(c.gy, y, f.code, f.winner, c.w, c.b, f.save_mean,
+                                                            f.save_invstd, true, true, true, true);
+      auto d = kernels::conv2d_backward(g.input, x, cw, {}, false, true, true);
+      benchmark::DoNotOptimize(d.weight.raw_data());
+    }
+  }
+  set_num_threads(1);
 }
 
 // A bf16 activation (autocast's conv output) into batch_norm_relu (kPool false) or the fused
@@ -358,6 +385,7 @@ BENCHMARK(BM_BnReluPoolFusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicroseco
 BENCHMARK(BM_BnReluPoolUnfusedForward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolFusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluPoolUnfusedBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FirstLayer)->ArgsProduct({{0, 1}, {1, 2}})->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluBf16Forward<false>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluBf16Backward<false>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_BnReluBf16Forward<true>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);

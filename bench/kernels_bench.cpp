@@ -105,7 +105,8 @@ void BM_FirstLayer(benchmark::State& state) {
   for (auto _ : state) {
     if (state.range(0)) {
       auto f = kernels::conv_batch_norm_relu_max_pool2d_forward(x, cw, cb, c.w, c.b, c.rm, c.rv, true, 0.1, 1e-5);
-      auto g = kernels::conv_batch_norm_relu_max_pool2d_backward(c.gy, x, cw, f, c.w, c.b, true, true, true, true, true);
+      auto g =
+          kernels::conv_batch_norm_relu_max_pool2d_backward(c.gy, x, cw, cb, f, c.w, c.b, true, true, true, true, true);
       benchmark::DoNotOptimize(g.conv_weight.raw_data());
     } else {
       const Tensor y = kernels::conv2d_forward(x, cw, cb, {});

@@ -13,6 +13,7 @@
 #include "core/profiler.h"
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv_bn_pool.h"
+#include "kernels/cpu/conv_c1.h"
 #include "kernels/dispatch.h"
 #include "kernels/ops.h"
 #include "kernels/pointwise.h"
@@ -281,9 +282,11 @@ Shape check_conv_operands(const char* op, const Tensor& x, const Tensor& conv_we
 
 }  // namespace
 
-ConvBatchNormReluPoolForward conv_batch_norm_relu_max_pool2d_forward(
-    const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias, const Tensor& weight, const Tensor& bias,
-    const Tensor& running_mean, const Tensor& running_var, bool training, double momentum, double eps) {
+BatchNormReluPoolForward conv_batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& conv_weight,
+                                                                 const Tensor& conv_bias, const Tensor& weight,
+                                                                 const Tensor& bias, const Tensor& running_mean,
+                                                                 const Tensor& running_var, bool training,
+                                                                 double momentum, double eps) {
   constexpr const char* op = "conv_batch_norm_relu_max_pool2d_forward";
   const Shape y = check_conv_operands(op, x, conv_weight, conv_bias);
   profiler::Scope prof_scope(op, conv_gemm_flops(y, conv_weight, 1));
@@ -297,35 +300,32 @@ ConvBatchNormReluPoolForward conv_batch_norm_relu_max_pool2d_forward(
 }
 
 ConvBatchNormReluPoolGrads conv_batch_norm_relu_max_pool2d_backward(
-    const Tensor& grad_out, const Tensor& x, const Tensor& conv_weight, const ConvBatchNormReluPoolForward& forward,
-    const Tensor& weight, const Tensor& bias, bool training, bool need_conv_weight, bool need_conv_bias,
-    bool need_weight, bool need_bias) {
+    const Tensor& grad_out, const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,
+    const BatchNormReluPoolForward& forward, const Tensor& weight, const Tensor& bias, bool training,
+    bool need_conv_weight, bool need_conv_bias, bool need_weight, bool need_bias) {
   constexpr const char* op = "conv_batch_norm_relu_max_pool2d_backward";
-  const Shape y = check_conv_operands(op, x, conv_weight, Tensor());
-  profiler::Scope prof_scope(op, conv_gemm_flops(y, conv_weight, int(need_conv_weight)));
-  const BatchNormReluPoolForward& p = forward.pool;
-  TANDEM_CHECK(forward.conv_output.defined() && forward.conv_output.shape() == y, op, ": expected the forward's ",
-               "conv_output ", shape_str(y), ", got ",
-               forward.conv_output.defined() ? forward.conv_output.str() : "undefined tensor");
-  const Shape pooled = pooled_shape(forward.conv_output);
+  const Shape y = check_conv_operands(op, x, conv_weight, conv_bias);
+  // The conv runs again in the backward: counted with the weight gradient.
+  profiler::Scope prof_scope(op, conv_gemm_flops(y, conv_weight, 1 + int(need_conv_weight)));
+  const BatchNormReluPoolForward& p = forward;
+  const Shape pooled{y[0], y[1], y[2] / 2, y[3] / 2};
   TANDEM_CHECK(grad_out.defined() && grad_out.shape() == pooled, op, ": expected grad_out ", shape_str(pooled),
                ", got ", grad_out.defined() ? grad_out.str() : "undefined tensor");
   TANDEM_CHECK(p.code.defined() && p.code.shape() == pooled && p.code.dtype() == kUInt8 && p.winner.defined() &&
                    p.winner.shape() == pooled && p.save_mean.defined() && p.save_invstd.defined(),
-               op, ": expected the forward's code (uint8), winner ", shape_str(pooled),
-               " and saved statistics; got code ", p.code.defined() ? p.code.str() : "undefined");
+               op, ": expected the forward's code (uint8) and winner ", shape_str(pooled),
+               " and its saved statistics; got code ", p.code.defined() ? p.code.str() : "undefined",
+               ", winner ", p.winner.defined() ? p.winner.str() : "undefined");
   for (const auto& [what, t] : {std::pair{"weight", weight}, {"bias", bias}, {"save_mean", p.save_mean},
                                 {"save_invstd", p.save_invstd}}) {
     check_channel_vector(op, what, t, y[1]);
   }
-  const Device device =
-      common_device(op, {grad_out, x, conv_weight, forward.conv_output, p.winner, weight, bias, p.save_mean});
-  common_float_dtype(op, {grad_out, x, conv_weight, forward.conv_output, p.winner, weight, bias, p.save_mean,
-                          p.save_invstd});
+  const Device device = common_device(op, {grad_out, x, conv_weight, conv_bias, p.winner, weight, bias, p.save_mean});
+  common_float_dtype(op, {grad_out, x, conv_weight, conv_bias, p.winner, weight, bias, p.save_mean, p.save_invstd});
   TANDEM_CHECK(device.is_cpu(), op, ": CPU only; elsewhere use the backwards of conv2d and batch_norm_relu_pool2d");
-  return TANDEM_KERNEL(device, conv_batch_norm_relu_max_pool2d_backward)(
-      grad_out, x, conv_weight, forward, weight, bias, training, need_conv_weight, need_conv_bias, need_weight,
-      need_bias);
+  return TANDEM_KERNEL(device, conv_batch_norm_relu_max_pool2d_backward)(grad_out, x, conv_weight, conv_bias, forward,
+                                                                        weight, bias, training, need_conv_weight,
+                                                                        need_conv_bias, need_weight, need_bias);
 }
 
 bool conv_batch_norm_relu_pool2d_applies(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,
@@ -334,9 +334,9 @@ bool conv_batch_norm_relu_pool2d_applies(const Tensor& x, const Tensor& conv_wei
                      args.dilation_h == 1 && args.dilation_w == 1 && args.groups == 1;
   return plain && x.defined() && x.device().is_cpu() && x.dim() == 4 && x.size(1) == 1 && x.size(2) >= 4 &&
          x.size(3) >= 4 && conv_weight.defined() && conv_weight.dim() == 4 && conv_weight.size(1) == 1 &&
-         conv_weight.size(2) == 3 && conv_weight.size(3) == 3 &&
-         (x.dtype() == kFloat32 || x.dtype() == kFloat64) && conv_weight.dtype() == x.dtype() &&
-         (!conv_bias.defined() || conv_bias.dtype() == x.dtype()) &&
+         conv_weight.size(2) == 3 && conv_weight.size(3) == 3 && x.dtype() == kFloat32 &&
+         conv_weight.dtype() == kFloat32 && (!conv_bias.defined() || conv_bias.dtype() == kFloat32) &&
+         cpu::detail::conv_c1_supported(1, 3, 3, 1, 1, 0, 0) &&
          backend_for(x.device(), "conv_batch_norm_relu_pool2d").conv_batch_norm_relu_max_pool2d_forward != nullptr;
 }
 

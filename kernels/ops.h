@@ -165,14 +165,15 @@
                    bool need_bias))                                                                        \
   /* kernels/conv_bn_pool.h: a one-channel 3x3 conv and the fused batch norm + relu + max-pool after it */ \
   X(conv_batch_norm_relu_max_pool2d_forward,                                                               \
-    ConvBatchNormReluPoolForward(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,      \
-                                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean,     \
-                                 const Tensor& running_var, bool training, double momentum, double eps))   \
+    BatchNormReluPoolForward(const Tensor& x, const Tensor& conv_weight, const Tensor& conv_bias,          \
+                             const Tensor& weight, const Tensor& bias, const Tensor& running_mean,         \
+                             const Tensor& running_var, bool training, double momentum, double eps))       \
   X(conv_batch_norm_relu_max_pool2d_backward,                                                              \
     ConvBatchNormReluPoolGrads(const Tensor& grad_out, const Tensor& x, const Tensor& conv_weight,         \
-                               const ConvBatchNormReluPoolForward& forward, const Tensor& weight,          \
-                               const Tensor& bias, bool training, bool need_conv_weight,                   \
-                               bool need_conv_bias, bool need_weight, bool need_bias))                     \
+                               const Tensor& conv_bias, const BatchNormReluPoolForward& forward,           \
+                               const Tensor& weight, const Tensor& bias, bool training,                    \
+                               bool need_conv_weight, bool need_conv_bias, bool need_weight,               \
+                               bool need_bias))                                                            \
   /* kernels/attention.h: fused scaled dot-product attention (CUDA composes it in nn/attention.cpp) */    \
   X(attention_forward,                                                                                     \
     AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool is_causal))     \

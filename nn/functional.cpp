@@ -79,15 +79,16 @@ struct BatchNormReluMaxPool2dBackward final : Node, BatchNormSaved {
   }
 };
 
-// The fused conv + batch norm + relu + max-pool (kernels/conv_bn_pool.h); x gets no gradient.
+// The fused conv + batch norm + relu + max-pool (kernels/conv_bn_pool.h); x gets no gradient. Keeps x
+// (the conv output is computed again in the backward, never kept).
 struct ConvBatchNormReluMaxPool2dBackward final : Node {
-  Tensor x, conv_weight, w, b;
-  kernels::ConvBatchNormReluPoolForward forward;
+  Tensor x, conv_weight, conv_bias, w, b;
+  kernels::BatchNormReluPoolForward forward;
   bool training = false;
   std::string name() const override { return "ConvBatchNormReluMaxPool2dBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
-    auto r = kernels::conv_batch_norm_relu_max_pool2d_backward(g[0], x, conv_weight, forward, w, b, training,
-                                                               needs_input_grad(0), needs_input_grad(1),
+    auto r = kernels::conv_batch_norm_relu_max_pool2d_backward(g[0], x, conv_weight, conv_bias, forward, w, b,
+                                                               training, needs_input_grad(0), needs_input_grad(1),
                                                                needs_input_grad(2), needs_input_grad(3));
     return {r.conv_weight, r.conv_bias, r.weight, r.bias};
   }
@@ -302,16 +303,17 @@ Tensor conv2d_batch_norm_relu_max_pool2d(const Tensor& x, const Tensor& conv_wei
   }
   auto r = kernels::conv_batch_norm_relu_max_pool2d_forward(x, conv_weight, conv_bias, weight, bias, running_mean,
                                                             running_var, training, momentum, eps);
-  Tensor y = r.pool.output;
+  Tensor y = r.output;
   if (autograd::any_requires_grad({conv_weight, conv_bias, weight, bias})) {
     auto n = make_node<ConvBatchNormReluMaxPool2dBackward>();
     n->x = x.detach();
     n->conv_weight = conv_weight.detach();
+    n->conv_bias = conv_bias.defined() ? conv_bias.detach() : Tensor();
     n->w = weight.defined() ? weight.detach() : Tensor();
     n->b = bias.defined() ? bias.detach() : Tensor();
     n->training = training;
     n->forward = r;
-    n->forward.pool.output = Tensor();  // not needed by the backward
+    n->forward.output = Tensor();  // not needed by the backward
     autograd::record(n, {conv_weight, conv_bias, weight, bias}, {&y});
   }
   return y;

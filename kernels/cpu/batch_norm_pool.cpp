@@ -24,8 +24,8 @@
 // - threads split images, in every pass (the image-split convolutions before and after wrote and
 //   will read those images on the same threads: at 2 threads, reading planes another core last wrote
 //   had doubled the passes' time); the statistics and the backward sums are kept per (image,
-//   channel) and added per channel in image order: bits do not depend on the thread count. Two hooks
-//   (kernels/cpu/conv_bn_pool.h) let the fused conv fill x, and take the input gradient, image by image.
+//   channel) and added per channel in image order: bits do not depend on the thread count. The fused
+//   conv before it (kernels/cpu/conv_bn_pool.h) runs these planes on conv images it computes itself.
 // - x may be bfloat16 (weight, bias, running and saved statistics float32): the vector rows widen it
 //   on load and round the input gradient to bfloat16 on store (simd::load_first / store_first), as
 //   do the AVX-512 statistics; the others, and the portable rows, widen each row into a per-thread
@@ -37,7 +37,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -419,14 +418,11 @@ using detail::BnRowScratch;
 template <typename T, typename X>
 constexpr bool kDirectRows = std::is_same_v<X, T> || (std::is_same_v<T, float> && kVectorRows);
 
-// before_image: BnForwardArgs::before_image (a producer of x, image by image), or empty.
 template <typename T, typename X>
 BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in,
                                       const Tensor& running_mean, const Tensor& running_var, bool training,
-                                      double momentum, double eps,
-                                      const std::function<void(int64_t)>& before_image = {}) {
-  detail::BnForwardArgs<T, X> a(x_in, weight_in, bias_in, running_mean, running_var);
-  a.before_image = before_image;
+                                      double momentum, double eps) {
+  const detail::BnForwardArgs<T, X> a(x_in, weight_in, bias_in, running_mean, running_var);
   const BnLayout& l = a.l;
   const X* xp = a.xp;
   const Tensor& x = a.x;
@@ -462,14 +458,42 @@ BatchNormReluPoolForward forward_impl(const Tensor& x_in, const Tensor& weight_i
   return r;
 }
 
-// x and the input gradient are stored as X. With a sink (float x only), pass 2 hands the input gradient
-// image by image to sink(chunk, n, gx [C, H, W]) over for_each_chunk(N, chunks) instead of storing it.
+// Backward pass 1 over the pooled planes of l.N images (pooled plane size PQ): each plane's sums of d
+// and d * (x_win - mean), added per channel in image order; the weight and bias gradients (into gw / gb
+// where non-null) and each channel's coefficients of pass 2.
+template <typename T>
+std::vector<detail::BnGradCoef<T>> pooled_grad_coefficients(const T* gyp, const T* xwp, const BnLayout& l, int64_t PQ,
+                                                            const std::vector<detail::BnAffine<T>>& affine,
+                                                            const T* mp, const T* ip, const T* wp, bool training,
+                                                            T* gwp, T* gbp) {
+  const int64_t C = l.C;
+  Tensor plane_sums = Tensor::empty({l.N * C * kPlaneSums<T>}, dtype_of<T>);
+  T* sp = plane_sums.data<T>();
+  detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t o = (n * C + c) * PQ;
+        masked_grad_plane<T>(xwp + o, gyp + o, PQ, affine[c].alpha, affine[c].beta, mp[c],
+                             sp + (n * C + c) * kPlaneSums<T>);
+      }
+    }
+  });
+  std::vector<detail::BnGradCoef<T>> coef(static_cast<size_t>(C));
+  for (int64_t c = 0; c < C; ++c) {
+    GradSums<T> sums;
+    for (int64_t n = 0; n < l.N; ++n) sums.add_plane(sp + (n * C + c) * kPlaneSums<T>);
+    coef[c] = detail::bn_grad_coefficients<T>(sums.sum_dy(), sums.sum_dy_xmu(), c, ip[c], wp, l.N * l.HW, training,
+                                              gwp, gbp);
+  }
+  return coef;
+}
+
+// x and the input gradient are stored as X.
 template <typename T, typename X>
 BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor& code_in,
                              const Tensor& winner_in, const Tensor& weight_in, const Tensor& bias_in,
                              const Tensor& save_mean_in, const Tensor& save_invstd_in, bool training,
-                             bool need_input, bool need_weight, bool need_bias, int64_t chunks = 1,
-                             const detail::ImageGradSink* sink = nullptr) {
+                             bool need_input, bool need_weight, bool need_bias) {
   BatchNormGrads r;
   detail::count_simd_path(SimdKernel::bn_relu_pool_backward, detail::simd_path<T>(kVectorRows));
   if (!need_input && !need_weight && !need_bias) return r;
@@ -480,12 +504,9 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const Tensor save_mean = save_mean_in.contiguous(), save_invstd = save_invstd_in.contiguous();
   const BnLayout l = detail::bn_layout_of(x);
   const Geom g{x.size(2), x.size(3), x.size(2) / 2, x.size(3) / 2};
-  if (need_input && !sink) r.input = Tensor::empty(x.shape(), x.dtype());
+  if (need_input) r.input = Tensor::empty(x.shape(), x.dtype());
   if (need_weight) r.weight = Tensor::empty({l.C}, dtype_of<T>);
   if (need_bias) r.bias = Tensor::empty({l.C}, dtype_of<T>);
-  // Each plane's sums (pass 2 recomputes pass 1's masked gradient d from the winners and gy).
-  Tensor plane_sums = Tensor::empty({l.N * l.C * kPlaneSums<T>}, dtype_of<T>);
-
   const T* gyp = gy.data<T>();
   const X* xp = detail::bn_data<X>(x);
   const uint8_t* kp = code.data<uint8_t>();
@@ -494,38 +515,21 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
   const T* bp = detail::data_or_null<T>(bias);
   const T* mp = save_mean.data<T>();
   const T* ip = save_invstd.data<T>();
-  T* sp = plane_sums.data<T>();
-  X* gxp = need_input && !sink ? detail::bn_data<X>(r.input) : nullptr;
+  X* gxp = need_input ? detail::bn_data<X>(r.input) : nullptr;
   T* gwp = need_weight ? r.weight.data<T>() : nullptr;
   T* gbp = need_bias ? r.bias.data<T>() : nullptr;
-  const int64_t M = l.N * l.HW, PQ = g.P * g.Q, C = l.C;
+  const int64_t PQ = g.P * g.Q, C = l.C;
   // Both passes run image by image (as the image-split convolutions around them read and write), each
   // plane a fixed function of its channel's values: the bits do not depend on the thread count.
   // The forward's affine maps (the relu mask), recomputed exactly as the forward did.
   const std::vector<detail::BnAffine<T>> affine = detail::saved_affine_maps<T>(mp, ip, wp, bp, C);
+  const std::vector<detail::BnGradCoef<T>> coef =
+      pooled_grad_coefficients<T>(gyp, xwp, l, PQ, affine, mp, ip, wp, training, gwp, gbp);
+  if (!gxp) return r;
   detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      for (int64_t c = 0; c < C; ++c) {
-        const int64_t o = (n * C + c) * PQ;
-        masked_grad_plane<T>(xwp + o, gyp + o, PQ, affine[c].alpha, affine[c].beta, mp[c],
-                             sp + (n * C + c) * kPlaneSums<T>);
-      }
-    }
-  });
-  // Per channel, its planes' sums in image order; then pass 2's coefficients.
-  std::vector<detail::BnGradCoef<T>> coef(static_cast<size_t>(C));
-  for (int64_t c = 0; c < C; ++c) {
-    GradSums<T> sums;
-    for (int64_t n = 0; n < l.N; ++n) sums.add_plane(sp + (n * C + c) * kPlaneSums<T>);
-    coef[c] = detail::bn_grad_coefficients<T>(sums.sum_dy(), sums.sum_dy_xmu(), c, ip[c], wp, M, training, gwp, gbp);
-  }
-  if (!gxp && !sink) return r;
-  // Image n's planes; with a sink (float x: direct rows) into a per-thread image handed to it.
-  auto pass2 = [&](int64_t chunk, int64_t n0, int64_t n1) {
     // The portable rows' widened planes of a bfloat16 x and its gradient.
     auto xs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
     auto gs = BnRowScratch<T>::template of<X>(kDirectRows<T, X> ? 0 : l.HW);
-    std::vector<X> image(sink ? static_cast<size_t>(C * l.HW) : 0);
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t c = 0; c < C; ++c) {
         const int64_t off = (n * C + c) * l.HW, o = (n * C + c) * PQ;
@@ -533,7 +537,7 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
         const auto [alpha, beta] = affine[c];
         if constexpr (kDirectRows<T, X>) {
           input_grad_plane<T>(xp + off, xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c], f.grad_mean, f.k, f.scale,
-                              sink ? image.data() + c * l.HW : gxp + off, !training);
+                              gxp + off, !training);
         } else {
           T* gr = detail::bn_out_row<T>(gxp, off, gs);
           input_grad_plane<T>(detail::bn_row<T>(xp, off, l.HW, xs), xwp + o, gyp + o, kp + o, g, alpha, beta, mp[c],
@@ -541,37 +545,30 @@ BatchNormGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tens
           detail::bn_store_row<T>(gr, gxp, off, l.HW);
         }
       }
-      if constexpr (std::is_same_v<X, float>) {
-        if (sink) (*sink)(chunk, n, image.data());
-      }
     }
-  };
-  if (sink) {
-    detail::for_each_chunk(l.N, chunks, pass2);
-  } else {
-    detail::parallel_range(l.N, detail::bn_image_grain(l), [&](int64_t n0, int64_t n1) { pass2(0, n0, n1); });
-  }
+  });
   return r;
 }
 
 }  // namespace
 
 namespace detail {
-BatchNormReluPoolForward bn_relu_pool_forward_producing(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                                       const Tensor& running_mean, const Tensor& running_var,
-                                                       bool training, double momentum, double eps,
-                                                       const std::function<void(int64_t)>& before_image) {
-  return forward_impl<float, float>(x, weight, bias, running_mean, running_var, training, momentum, eps, before_image);
+void bn_pool_forward_plane(const float* x, int64_t H, int64_t W, float a, float b, float* y, uint8_t* code,
+                           float* xw) {
+  forward_plane<float>(x, Geom{H, W, H / 2, W / 2}, a, b, y, code, xw);
 }
-BatchNormGrads bn_relu_pool_backward_to_sink(const Tensor& grad_out, const Tensor& x, const Tensor& code,
-                                             const Tensor& winner, const Tensor& weight, const Tensor& bias,
-                                             const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                             bool need_weight, bool need_bias, int64_t chunks,
-                                             const ImageGradSink& sink) {
-  return backward_impl<float, float>(grad_out, x, code, winner, weight, bias, save_mean, save_invstd, training, true,
-                                     need_weight, need_bias, chunks, &sink);
+std::vector<BnGradCoef<float>> bn_pool_grad_coefficients(const float* gy, const float* winner, const BnLayout& l,
+                                                         int64_t PQ, const std::vector<BnAffine<float>>& affine,
+                                                         const float* mean, const float* invstd, const float* w,
+                                                         bool training, float* gw, float* gb) {
+  return pooled_grad_coefficients<float>(gy, winner, l, PQ, affine, mean, invstd, w, training, gw, gb);
 }
-
+void bn_pool_input_grad_plane(const float* x, const float* xw, const float* dy, const uint8_t* code, int64_t H,
+                              int64_t W, const BnAffine<float>& affine, float mean, const BnGradCoef<float>& f,
+                              float* gx, bool eval) {
+  input_grad_plane<float>(x, xw, dy, code, Geom{H, W, H / 2, W / 2}, affine.alpha, affine.beta, mean, f.grad_mean,
+                          f.k, f.scale, gx, eval);
+}
 }  // namespace detail
 
 BatchNormReluPoolForward batch_norm_relu_max_pool2d_forward(const Tensor& x, const Tensor& weight,

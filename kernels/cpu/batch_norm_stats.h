@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -317,9 +316,6 @@ struct BnForwardArgs {
   const X* xp;
   const T *wp, *bp;
   T *mp, *ip, *rmp, *rvp;
-  // Training: called with n before the statistics read image n (n >= 1; image 0 gives the shifts and
-  // must be in x before all_channels): a producer filling x image by image (kernels/cpu/conv_bn_pool.cpp).
-  std::function<void(int64_t)> before_image;
 
   BnForwardArgs(const Tensor& x_in, const Tensor& weight_in, const Tensor& bias_in, const Tensor& rm,
                 const Tensor& rv)
@@ -350,7 +346,6 @@ struct BnForwardArgs {
     if (training) {
       for (int64_t c = 0; c < l.C; ++c) shift[c] = channel_shift<T>(xp, l, c);
       sums = channel_sums_by_images<T, X>(l, [&](int64_t n, int64_t c, BnRowScratch<T>& xs, double& s1, double& s2) {
-        if (c == 0 && n > 0 && before_image) before_image(n);
         add_row_moments<T>(xp, l, n, c, shift[c], xs, s1, s2);
       });
     }

@@ -1,30 +1,31 @@
-// Internal: the two hooks of the CPU's fused batch norm + relu + 2x2 max-pool (kernels/cpu/batch_norm_pool.cpp)
-// that the fused conv + batch norm (kernels/cpu/conv_bn_pool.cpp) runs it with; float32 x only.
+// Internal: the float32 planes of the CPU's fused batch norm + relu + 2x2 max-pool
+// (kernels/cpu/batch_norm_pool.cpp) that the fused conv + batch norm (kernels/cpu/conv_bn_pool.cpp) runs on
+// conv images it computes itself. Each is the function the fused batch norm runs on a plane of its
+// input (same instructions, same bits).
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <vector>
 
-#include "kernels/batch_norm_pool.h"
+#include "kernels/cpu/batch_norm_stats.h"
 
 namespace tandem::kernels::cpu::detail {
 
-// Takes the input gradient of image n, [C, H, W], computed on chunk `chunk` of for_each_chunk.
-using ImageGradSink = std::function<void(int64_t chunk, int64_t n, const float* gx)>;
+// The forward's pooling of one plane x [H, W] with its affine map (a, b): y, code and xw [H/2, W/2].
+void bn_pool_forward_plane(const float* x, int64_t H, int64_t W, float a, float b, float* y, uint8_t* code,
+                           float* xw);
 
-// batch_norm_relu_max_pool2d_forward with BnForwardArgs::before_image: in training, before_image(n) is
-// called before the statistics read image n of x (n >= 1; image 0 must be in x before the call).
-BatchNormReluPoolForward bn_relu_pool_forward_producing(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                                                        const Tensor& running_mean, const Tensor& running_var,
-                                                        bool training, double momentum, double eps,
-                                                        const std::function<void(int64_t)>& before_image);
+// The backward's first pass over the pooled planes of l.N images (pooled plane size PQ; gy and winner
+// [N, C, PQ]): the weight and bias gradients (into gw / gb where non-null) and each channel's
+// coefficients of the input gradient.
+std::vector<BnGradCoef<float>> bn_pool_grad_coefficients(const float* gy, const float* winner, const BnLayout& l,
+                                                         int64_t PQ, const std::vector<BnAffine<float>>& affine,
+                                                         const float* mean, const float* invstd, const float* w,
+                                                         bool training, float* gw, float* gb);
 
-// batch_norm_relu_max_pool2d_backward whose input gradient goes image by image to sink over
-// for_each_chunk(N, chunks) instead of into a tensor (the result's input stays undefined).
-BatchNormGrads bn_relu_pool_backward_to_sink(const Tensor& grad_out, const Tensor& x, const Tensor& code,
-                                             const Tensor& winner, const Tensor& weight, const Tensor& bias,
-                                             const Tensor& save_mean, const Tensor& save_invstd, bool training,
-                                             bool need_weight, bool need_bias, int64_t chunks,
-                                             const ImageGradSink& sink);
+// The input gradient of one plane x [H, W] (its pooled winner, gradient and code [H/2, W/2]) into gx [H, W].
+void bn_pool_input_grad_plane(const float* x, const float* xw, const float* dy, const uint8_t* code, int64_t H,
+                              int64_t W, const BnAffine<float>& affine, float mean, const BnGradCoef<float>& f,
+                              float* gx, bool eval);
 
 }  // namespace tandem::kernels::cpu::detail

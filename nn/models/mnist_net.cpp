@@ -21,8 +21,8 @@ Tensor MnistNet::forward(const Tensor& x) {
   // expression), which bounds the activations held at once without a graph.
   // BatchNorm, relu and the 2x2 max-pool run as one fused op (BatchNorm2d::forward_relu_pool2;
   // max_pool2d(relu(n(h)), 2) when SyncBatchNorm statistics are installed); the first layer's conv joins
-  // them (BatchNorm2d::forward_conv_relu_pool2: its output is read while still in cache, and its input
-  // gradient never stored).
+  // them (BatchNorm2d::forward_conv_relu_pool2: the conv output is computed where it is read, never
+  // stored).
   Tensor h = n1->forward_conv_relu_pool2(*conv1, x);
   h = (*conv2)(h);
   h = n2->forward_relu_pool2(h);

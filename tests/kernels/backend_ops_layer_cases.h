@@ -184,9 +184,8 @@ inline void add_conv_batch_norm_pool_cases(CaseTable& t) {
     t["conv_batch_norm_relu_max_pool2d_forward"].push_back({c.name, in,
                                                             [forward](const Inputs& v) {
                                                               auto [f, rm, rv] = forward(v);
-                                                              return Inputs{f.conv_output, f.pool.output, f.pool.code,
-                                                                            f.pool.winner, f.pool.save_mean,
-                                                                            f.pool.save_invstd, rm, rv};
+                                                              return Inputs{f.output, f.code, f.winner, f.save_mean,
+                                                                            f.save_invstd, rm, rv};
                                                             },
                                                             16, mag});
     for (int mask = 1; mask < 16; ++mask) {
@@ -196,9 +195,9 @@ inline void add_conv_batch_norm_pool_cases(CaseTable& t) {
           {c.name + "/need_" + std::to_string(mask), in,
            [forward, c, ncw, ncb, nw, nb](const Inputs& v) {
              auto [f, rm, rv] = forward(v);
-             const Tensor g = Tensor::full(f.pool.output.shape(), 0.75, v[0].dtype(), v[0].device());
-             auto r = K::conv_batch_norm_relu_max_pool2d_backward(g, v[0], v[1], f, v[3], v[4], c.training, ncw, ncb,
-                                                                  nw, nb);
+             const Tensor g = Tensor::full(f.output.shape(), 0.75, v[0].dtype(), v[0].device());
+             auto r = K::conv_batch_norm_relu_max_pool2d_backward(g, v[0], v[1], c.conv_bias ? v[2] : Tensor(), f,
+                                                                  v[3], v[4], c.training, ncw, ncb, nw, nb);
              Inputs out;
              for (const Tensor* x : {&r.conv_weight, &r.conv_bias, &r.weight, &r.bias})
                if (x->defined()) out.push_back(*x);

@@ -43,10 +43,9 @@ struct Result {
 Result fused(const Operands& o, bool training) {
   Result r{.rm = o.rm.clone(), .rv = o.rv.clone()};
   auto f = kernels::conv_batch_norm_relu_max_pool2d_forward(o.x, o.cw, o.cb, o.w, o.b, r.rm, r.rv, training, 0.1, 1e-5);
-  auto g = kernels::conv_batch_norm_relu_max_pool2d_backward(o.gy, o.x, o.cw, f, o.w, o.b, training, true,
+  auto g = kernels::conv_batch_norm_relu_max_pool2d_backward(o.gy, o.x, o.cw, o.cb, f, o.w, o.b, training, true,
                                                              o.cb.defined(), true, true);
-  r.y = f.pool.output, r.code = f.pool.code, r.winner = f.pool.winner;
-  r.mean = f.pool.save_mean, r.invstd = f.pool.save_invstd;
+  r.y = f.output, r.code = f.code, r.winner = f.winner, r.mean = f.save_mean, r.invstd = f.save_invstd;
   r.dcw = g.conv_weight, r.dcb = g.conv_bias, r.dw = g.weight, r.db = g.bias;
   return r;
 }
@@ -131,8 +130,8 @@ TEST(ConvBatchNormReluPool, BadArgumentsAreNamed) {
   EXPECT_NE(message([&] { forward(o.x, o.cw, Tensor::ones({5})); }).find("weight of shape [4]"), std::string::npos);
   auto f = forward(o.x, o.cw, o.w);
   const std::string bad_grad = message([&] {
-    kernels::conv_batch_norm_relu_max_pool2d_backward(Tensor::zeros({2, 4, 2, 2}), o.x, o.cw, f, o.w, o.b, true, true,
-                                                      true, true, true);
+    kernels::conv_batch_norm_relu_max_pool2d_backward(Tensor::zeros({2, 4, 2, 2}), o.x, o.cw, o.cb, f, o.w, o.b, true,
+                                                      true, true, true, true);
   });
   EXPECT_NE(bad_grad.find("expected grad_out [2, 4, 3, 3]"), std::string::npos) << bad_grad;
 }

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/error.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/conv_c1.h"
 #include "kernels/cpu/dnnl.h"
@@ -101,8 +102,10 @@ void statistics(const Conv& cv, double momentum, double eps, float* mp, float* i
     ip[c] = st.invstd;
   }
 }
-#else
-void statistics(const Conv&, double, double, float*, float*, float*, float*) {}
+#else  // fused_here() is false without AVX-512: never reached
+void statistics(const Conv&, double, double, float*, float*, float*, float*) {
+  TANDEM_FAIL("conv_batch_norm_relu_max_pool2d: the fused statistics need an AVX-512 build");
+}
 #endif
 
 BatchNormReluPoolForward fused_forward(const Conv& cv, const Tensor& weight, const Tensor& bias,

@@ -239,7 +239,8 @@ def main():
                 failures.append(f"{layer} may include {header} but it does not compile there:\n{said[:2000]}")
             elif not allowed and r.returncode == 0:
                 failures.append(f"{layer} must not include {header}, yet it compiles with tandem_{layer}'s flags")
-            elif not allowed and f"{header}: No such file or directory" not in said:
+            elif not allowed and not any(m in said for m in (f"{header}: No such file or directory",  # gcc
+                                                             f"'{header}' file not found")):  # clang
                 failures.append(f"{layer} including {header} fails, but not by not finding it:\n{said[:2000]}")
     for f in os.listdir(tmp):
         os.remove(os.path.join(tmp, f))

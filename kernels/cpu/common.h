@@ -77,6 +77,23 @@ void for_each_chunk(int64_t n, int64_t chunks, Fn&& fn) {
   }
 }
 
+// How many of for_each_chunk(n, chunks, ...)'s slices are non-empty: the first ones.
+inline int64_t used_chunks(int64_t n, int64_t chunks) {
+  if (n <= 0) return 0;
+  const int64_t step = (n + chunks - 1) / chunks;
+  return (n + step - 1) / step;
+}
+
+// Adds the per-chunk partial sums of chunks 1..used-1 to out (which holds chunk 0's) in chunk order, so
+// that the result depends on the thread count only: chunk c's `count` values start at first + c * stride.
+template <typename T>
+void add_chunk_partials(T* out, const T* first, int64_t stride, int64_t count, int64_t used) {
+  for (int64_t c = 1; c < used; ++c) {
+    const T* part = first + c * stride;
+    for (int64_t i = 0; i < count; ++i) out[i] += part[i];
+  }
+}
+
 // parallel_for over [0, n) with a grain, skipping the pool when one chunk suffices.
 template <typename Fn>
 void parallel_range(int64_t n, int64_t grain, Fn&& fn) {

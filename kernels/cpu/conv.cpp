@@ -416,16 +416,9 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   });
 
   // Reduce the partial weight/bias gradients in chunk order.
-  const int64_t step = (g.N + chunks - 1) / chunks, used = (g.N + step - 1) / step;
-  for (int64_t c = 1; c < used; ++c) {
-    const T* base = ws + c * per_chunk + partial_off;
-    if (need_weight) {
-      for (int64_t i = 0; i < g.K * CRS; ++i) gwp[i] += base[i];
-    }
-    if (need_bias) {
-      for (int64_t k = 0; k < g.K; ++k) gbp[k] += base[dw_sz + k];
-    }
-  }
+  const int64_t used = detail::used_chunks(g.N, chunks);
+  if (need_weight) detail::add_chunk_partials(gwp, ws + partial_off, per_chunk, g.K * CRS, used);
+  if (need_bias) detail::add_chunk_partials(gbp, ws + partial_off + dw_sz, per_chunk, g.K, used);
   return out;
 }
 

@@ -227,18 +227,17 @@ ConvBatchNormReluPoolGrads conv_batch_norm_relu_max_pool2d_backward(
   if (need_conv_bias) r.conv_bias = Tensor::zeros({K}, kFloat32);
   float* dw = need_conv_weight ? r.conv_weight.data<float>() : nullptr;
   float* db = need_conv_bias ? r.conv_bias.data<float>() : nullptr;
-  // Chunk 0 into the result, the others from zero and then added in chunk order, as conv2d_backward.
-  const int64_t step = (cv.N + chunks - 1) / chunks, used = cv.N > 0 ? (cv.N + step - 1) / step : 0;
+  // Chunk 0 into the result, the others into scratch and then added in chunk order, as conv2d_backward.
+  const int64_t used = detail::used_chunks(cv.N, chunks);
   if (used > 0) detail::conv_c1_weight_grad_finish(parts.data(), dw, db, K);
-  std::vector<float> dw_c(static_cast<size_t>(K * 9)), db_c(static_cast<size_t>(K));
+  const int64_t stride = K * 9 + K;
+  std::vector<float> finished(static_cast<size_t>(used * stride));
   for (int64_t c = 1; c < used; ++c) {
-    std::fill(dw_c.begin(), dw_c.end(), 0.0f);
-    std::fill(db_c.begin(), db_c.end(), 0.0f);
-    detail::conv_c1_weight_grad_finish(parts.data() + c * part, dw ? dw_c.data() : nullptr, db ? db_c.data() : nullptr,
-                                       K);
-    for (int64_t i = 0; dw && i < K * 9; ++i) dw[i] += dw_c[i];
-    for (int64_t k = 0; db && k < K; ++k) db[k] += db_c[k];
+    float* f = finished.data() + c * stride;
+    detail::conv_c1_weight_grad_finish(parts.data() + c * part, dw ? f : nullptr, db ? f + K * 9 : nullptr, K);
   }
+  if (dw) detail::add_chunk_partials(dw, finished.data(), stride, K * 9, used);
+  if (db) detail::add_chunk_partials(db, finished.data() + K * 9, stride, K, used);
   return r;
 }
 

@@ -3,21 +3,35 @@
 # instrumented for coverage), each starting from its committed seed corpus fuzz/corpus/<target>
 # copied to a scratch directory (new inputs are not committed automatically). A crash, a
 # sanitizer report, a leak, an input slower than 10 s or a run above 2 GiB RSS fails the stage;
-# the reproducer is left under build-fuzz/artifacts/ (add it to the corpus and to a regression
+# the reproducer is left under <build dir>/artifacts/ (add it to the corpus and to a regression
 # test once fixed). Prints executions per target.
 # Environment: FUZZ_TIME (seconds per target, default 60), JOBS (build, default nproc),
-# FUZZ_TARGETS (default: every fuzz_* target that was built). Built at -O1 -g1 (as the sanitizer stage);
-# the targets run JOBS at a time, each on one core.
+# FUZZ_TARGETS (default: every fuzz_* target that was built), FUZZ_BUILD_DIR (a build dir configured
+# elsewhere with TANDEM_FUZZ=ON and fuzzer-no-link among its sanitizers: the sanitizer stage's build-asan,
+# which .ci/run passes; without it, build-fuzz is configured here). Built at -O1 -g1 (as the sanitizer
+# stage); the targets run JOBS at a time, each on one core.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 FUZZ_TIME=${FUZZ_TIME:-60}
 JOBS=${JOBS:-$(nproc)}
-BUILD=$ROOT/build-fuzz
-source "$ROOT/scripts/ci/ccache.sh"
-cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF \
-  -DTANDEM_BUILD_BENCH=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_SANITIZE=address,undefined,fuzzer-no-link \
-  -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" "${launcher[@]}" >/dev/null
+if [[ -n "${FUZZ_BUILD_DIR:-}" ]]; then
+  BUILD=$(cd "$FUZZ_BUILD_DIR" && pwd)
+  cache=$BUILD/CMakeCache.txt
+  for want in 'TANDEM_FUZZ:BOOL=ON' 'TANDEM_SANITIZE:STRING=address,undefined,fuzzer-no-link'; do
+    if ! grep -qxF "$want" "$cache" 2>/dev/null; then
+      echo "fuzz.sh: FUZZ_BUILD_DIR=$FUZZ_BUILD_DIR: $cache lacks $want (expected a clang build for fuzzing)" >&2
+      exit 1
+    fi
+  done
+  echo "fuzz.sh: the fuzz targets of $BUILD (configured for fuzzing elsewhere)"
+else
+  BUILD=$ROOT/build-fuzz
+  source "$ROOT/scripts/ci/ccache.sh"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DTANDEM_FUZZ=ON -DTANDEM_CUDA=OFF \
+    -DTANDEM_BUILD_BENCH=OFF -DTANDEM_BUILD_TESTS=OFF -DTANDEM_SANITIZE=address,undefined,fuzzer-no-link \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" "${launcher[@]}" >/dev/null
+fi
 targets=${FUZZ_TARGETS:-$(cmake --build "$BUILD" --target help | grep -oE '^fuzz_[a-z_]+' | sort -u)}
 cmake --build "$BUILD" -j"$JOBS" --target $targets
 

@@ -5,6 +5,9 @@
 # The ASan build is portable (TANDEM_NATIVE=OFF: x86-64 baseline, no AVX-512), so the kernels'
 # generic paths, which machines without AVX-512 run, are tested too; the main suite and TSan
 # test the build machine's native paths.
+# The ASan build is clang's and is also the fuzzing build: the engine is instrumented for libFuzzer's
+# coverage as well (fuzzer-no-link) and the fuzz/ targets are built there, so that scripts/ci/fuzz.sh
+# (FUZZ_BUILD_DIR=build-asan, set by .ci/run) runs them without compiling the engine once more.
 # ASan+UBSan instrument the engine, the apps and the sanitizer runtime's interceptors, not the tests' own
 # sources (TANDEM_SANITIZE_TEST_CODE=OFF: their instrumented compile was half of the stage); TSan
 # instruments everything, since it must see the tests' synchronisation too.
@@ -21,9 +24,9 @@ STAGES=${SAN_STAGES:-asan tsan}
 CTEST_TIMEOUT=${CTEST_TIMEOUT:-900}
 source "$ROOT/scripts/ci/ccache.sh"
 
-configure() {  # configure <dir> <sanitizers> <native: ON or OFF> <instrument the tests' own code: ON or OFF>
+configure() {  # configure <dir> <sanitizers> <native: ON/OFF> <instrument the tests' own code: ON/OFF> [cmake args]
   cmake -S "$ROOT" -B "$ROOT/$1" -G Ninja -DTANDEM_CUDA=OFF -DTANDEM_BUILD_BENCH=OFF \
-    -DTANDEM_SANITIZE="$2" -DTANDEM_NATIVE="$3" -DTANDEM_SANITIZE_TEST_CODE="$4" \
+    -DTANDEM_SANITIZE="$2" -DTANDEM_NATIVE="$3" -DTANDEM_SANITIZE_TEST_CODE="$4" "${@:5}" \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" "${launcher[@]}" >/dev/null
 }
 
@@ -34,9 +37,10 @@ for stage in $STAGES; do
   t0=$SECONDS
   case $stage in
     asan)
-      configure build-asan address,undefined OFF OFF
-      # The executables behind the unit and dist labels (only the folders that have tests).
-      targets=$(cmake --build build-asan --target help | grep -oE 'tandem_(core|kernels|nn|optim|data|train|dist)_tests' | sort -u)
+      configure build-asan address,undefined,fuzzer-no-link OFF OFF -DCMAKE_CXX_COMPILER=clang++ -DTANDEM_FUZZ=ON
+      # The executables behind the unit and dist labels (only the folders that have tests), and the fuzz targets.
+      targets=$(cmake --build build-asan --target help |
+        grep -oE 'tandem_(core|kernels|nn|optim|data|train|dist)_tests|^fuzz_[a-z_]+' | sort -u)
       cmake --build build-asan -j"$JOBS" --target $targets tandem-run tandem-mnist
       # Leak checking on; the child processes of the dist tests inherit these.
       ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1" \

@@ -243,7 +243,9 @@ TEST(FsdpMixedPrecision, BatchNormKeepsFullPrecisionInAUnitOfItsOwn) {
     }
     EXPECT_LT(last, first) << "five steps on one batch lower its loss";
     for (auto& [n, t] : fsdp.full_state_dict())
-      if (is_floating(t.dtype())) EXPECT_EQ(t.dtype(), kFloat32) << n;
+      if (is_floating(t.dtype())) {
+        EXPECT_EQ(t.dtype(), kFloat32) << n;
+      }
     return;
   }
   test::run_ranks(2);

@@ -41,7 +41,8 @@ struct Result {
 };
 
 Result fused(const Operands& o, bool training) {
-  Result r{.rm = o.rm.clone(), .rv = o.rv.clone()};
+  Result r;
+  r.rm = o.rm.clone(), r.rv = o.rv.clone();
   auto f = kernels::conv_batch_norm_relu_max_pool2d_forward(o.x, o.cw, o.cb, o.w, o.b, r.rm, r.rv, training, 0.1, 1e-5);
   auto g = kernels::conv_batch_norm_relu_max_pool2d_backward(o.gy, o.x, o.cw, o.cb, f, o.w, o.b, training, true,
                                                              o.cb.defined(), true, true);
@@ -51,7 +52,8 @@ Result fused(const Operands& o, bool training) {
 }
 
 Result one_by_one(const Operands& o, bool training) {
-  Result r{.rm = o.rm.clone(), .rv = o.rv.clone()};
+  Result r;
+  r.rm = o.rm.clone(), r.rv = o.rv.clone();
   const Tensor h = kernels::conv2d_forward(o.x, o.cw, o.cb, {});
   auto f = kernels::batch_norm_relu_max_pool2d_forward(h, o.w, o.b, r.rm, r.rv, training, 0.1, 1e-5);
   auto g = kernels::batch_norm_relu_max_pool2d_backward(o.gy, h, f.code, f.winner, o.w, o.b, f.save_mean, f.save_invstd,
@@ -75,7 +77,9 @@ void expect_same(const Result& a, const Result& b, const std::string& where) {
                                                                       {"bias grad", {a.db, b.db}}};
   for (const auto& [name, t] : fields) EXPECT_TRUE(same_bits(t.first, t.second)) << where << ": " << name;
   EXPECT_EQ(a.dcb.defined(), b.dcb.defined()) << where;
-  if (a.dcb.defined()) EXPECT_TRUE(same_bits(a.dcb, b.dcb)) << where << ": conv bias grad";
+  if (a.dcb.defined()) {
+    EXPECT_TRUE(same_bits(a.dcb, b.dcb)) << where << ": conv bias grad";
+  }
 }
 
 TEST(ConvBatchNormReluPool, BitwiseTheOpsOneByOne) {

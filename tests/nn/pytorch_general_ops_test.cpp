@@ -85,7 +85,7 @@ TEST(PytorchGeneralOps, Unary) {
       {"gelu", [](const Tensor& x) { return Fn::gelu(x); }},
       {"gelu_tanh", [](const Tensor& x) { return Fn::gelu(x, "tanh"); }},
       {"silu", [](const Tensor& x) { return Fn::silu(x); }}};
-  for (const auto& [name, fn] : ops) check_case(name, {"x"}, {}, [&](In& in) { return fn(in["x"]); });
+  for (const auto& op : ops) check_case(op.first, {"x"}, {}, [&](In& in) { return op.second(in["x"]); });
 }
 
 TEST(PytorchGeneralOps, ComparisonsReturnUint8MasksEqualToTorchBool) {

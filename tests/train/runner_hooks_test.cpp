@@ -216,14 +216,14 @@ TEST(EarlyStopping, StopsAfterPatienceValidationsWithoutImprovement) {
   const std::vector<double> losses = {1.0, 0.85, 0.8, 0.78, 0.76};
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_FALSE(r.training_stopped()) << i;
-    hook->after_val_epoch(r, ValMetrics{losses[i], 0.5, 6, 12});
+    hook->after_val_epoch(r, ValMetrics{losses[i], 0.5, 6, 12, {}});
   }
   EXPECT_TRUE(r.training_stopped());
   Runner g(tiny_options(tmp.file("g")));  // accuracy: greater, inferred; an improvement resets the count
   auto acc = early({{"monitor", "\"accuracy\""}, {"patience", "2"}, {"min_delta", "0.01"}});
-  for (double a : {0.5, 0.505, 0.6, 0.6}) acc->after_val_epoch(g, ValMetrics{1.0, a, 0, 12});
+  for (double a : {0.5, 0.505, 0.6, 0.6}) acc->after_val_epoch(g, ValMetrics{1.0, a, 0, 12, {}});
   EXPECT_FALSE(g.training_stopped());
-  acc->after_val_epoch(g, ValMetrics{1.0, 0.605, 0, 12});
+  acc->after_val_epoch(g, ValMetrics{1.0, 0.605, 0, 12, {}});
   EXPECT_TRUE(g.training_stopped());
   EXPECT_HAS(error_of([] { early({{"monitor", "\"f1\""}}); }), "cannot infer the rule for monitor 'f1'");
   auto strict = early({{"monitor", "\"f1\""}, {"rule", "\"greater\""}, {"strict", "true"}});

@@ -7,7 +7,8 @@
 #   and linear case at 1 thread).
 # Everything goes to a fresh folder bench/runs/<date-time>/ (or --out DIR, which must not exist yet):
 # each script's JSON, each child's log, and table.md (bench/headline.py), which names the CPU model and
-# flags and the PyTorch version. About 12 minutes on 2 cores; --quick checks the pipeline in about 3.
+# flags and the PyTorch version. 6-16 minutes on 2 cores (as fast as the machine runs); --quick checks the
+# pipeline in about 3.
 # Run it on a quiet machine: each script warns when the load average says something else is running.
 # Usage: bash bench/run_all.sh [--build DIR] [--out DIR] [--quick] [--no-build]
 set -euo pipefail

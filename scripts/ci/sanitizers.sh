@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI stage: the unit and dist suites under AddressSanitizer + UndefinedBehaviorSanitizer,
 # then the threaded parts (store server, process group, reducer/DDP, data loader) under
-# ThreadSanitizer. Own build dirs (build-asan, build-tsan), CPU only, no benchmarks, -O1.
+# ThreadSanitizer. Own build dirs (build-asan, build-tsan), clang (it compiles these builds faster than
+# gcc: docs/reliability.md), CPU only, no benchmarks, -O1.
 # The ASan build is portable (TANDEM_NATIVE=OFF: x86-64 baseline, no AVX-512), so the kernels'
 # generic paths, which machines without AVX-512 run, are tested too; the main suite and TSan
 # test the build machine's native paths.
@@ -48,7 +49,7 @@ for stage in $STAGES; do
         ctest --test-dir build-asan -L 'unit|dist' --output-on-failure -j"$JOBS" --timeout "$CTEST_TIMEOUT"
       ;;
     tsan)
-      configure build-tsan thread ON ON
+      configure build-tsan thread ON ON -DCMAKE_CXX_COMPILER=clang++
       cmake --build build-tsan -j"$JOBS" --target tandem_core_tests tandem_data_tests tandem_dist_tests tandem-run
       # Gloo comes from Debian without TSan instrumentation: see scripts/ci/tsan.supp.
       TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/scripts/ci/tsan.supp" \

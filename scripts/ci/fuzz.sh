@@ -16,18 +16,9 @@ ROOT=$PWD
 FUZZ_TIME=${FUZZ_TIME:-60}
 JOBS=${JOBS:-$(nproc)}
 if [[ -n "${FUZZ_BUILD_DIR:-}" ]]; then
-  if [[ ! -d "$FUZZ_BUILD_DIR" ]]; then
-    echo "fuzz.sh: FUZZ_BUILD_DIR=$FUZZ_BUILD_DIR is not a directory (expected a clang build for fuzzing)" >&2
-    exit 1
-  fi
-  BUILD=$(cd "$FUZZ_BUILD_DIR" && pwd)
-  cache=$BUILD/CMakeCache.txt
-  for want in 'TANDEM_FUZZ:BOOL=ON' 'TANDEM_SANITIZE:STRING=address,undefined,fuzzer-no-link'; do
-    if ! grep -qxF "$want" "$cache" 2>/dev/null; then
-      echo "fuzz.sh: FUZZ_BUILD_DIR=$FUZZ_BUILD_DIR: $cache lacks $want (expected a clang build for fuzzing)" >&2
-      exit 1
-    fi
-  done
+  source "$ROOT/scripts/ci/reuse_build.sh"
+  BUILD=$(reuse_build fuzz.sh FUZZ_BUILD_DIR "$FUZZ_BUILD_DIR" 'TANDEM_FUZZ:BOOL=ON' \
+    'TANDEM_SANITIZE:STRING=address,undefined,fuzzer-no-link')
   echo "fuzz.sh: the fuzz targets of $BUILD (configured for fuzzing elsewhere)"
 else
   BUILD=$ROOT/build-fuzz

@@ -22,16 +22,9 @@ if ! grep -qw avx2 /proc/cpuinfo || ! grep -qw fma /proc/cpuinfo; then
   exit 0
 fi
 if [[ -n "${ISA_BUILD_DIR:-}" ]]; then
-  BUILD=$ISA_BUILD_DIR
-  cache=$BUILD/CMakeCache.txt
-  if [[ ! -f "$cache" ]]; then
-    echo "isa.sh: ISA_BUILD_DIR=$BUILD is not a configured build dir (no CMakeCache.txt)" >&2; exit 1
-  fi
-  for want in 'CMAKE_CXX_FLAGS:STRING=-march=x86-64-v3' 'TANDEM_NATIVE:BOOL=OFF' 'TANDEM_BUILD_TESTS:BOOL=ON'; do
-    if ! grep -qxF "$want" "$cache"; then
-      echo "isa.sh: $cache lacks $want (expected an x86-64-v3 build with tests)" >&2; exit 1
-    fi
-  done
+  source "$ROOT/scripts/ci/reuse_build.sh"
+  BUILD=$(reuse_build isa.sh ISA_BUILD_DIR "$ISA_BUILD_DIR" 'CMAKE_CXX_FLAGS:STRING=-march=x86-64-v3' \
+    'TANDEM_NATIVE:BOOL=OFF' 'TANDEM_BUILD_TESTS:BOOL=ON')
   echo "isa.sh: building the unit tests in $BUILD (configured for x86-64-v3 elsewhere)"
 else
   BUILD=$ROOT/build-avx2

@@ -6,14 +6,19 @@
 // the diagonal and cuts each row of the diagonal block at its own position.
 // Backward, per key block and then per query block that sees it: P recomputed from q, k and lse,
 // dV += P^T dO, dS = P * (dO V^T - D) * scale, dQ += dS K, dK += dS^T Q; D = rowsum(dO * O) first.
+// float32 in a library compiled for AVX-512 runs the same recurrence as vector rows
+// (kernels/cpu/attention_rows.h); float64, and float32 at the other levels, the portable rows here
+// (simd_path_count's attention_forward / attention_backward record which).
 // Assumes L, S >= 1 (kernels/attention.cpp checks). Guarantees: one thread computes a batch entry,
 // blocks in a fixed order, so the bits do not depend on the thread count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/ops.h"
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/common.h"
 
 namespace tandem::kernels::cpu {
@@ -23,19 +28,9 @@ using detail::CMatMap;
 using detail::MatMap;
 using detail::RowMat;
 
-constexpr int64_t kRows = 64;  // query rows per block
-constexpr int64_t kCols = 64;  // key columns per block
-
-struct Dims {
-  int64_t L, S, E, Ev;
-  bool causal;
-  // Columns of key block [j0, j0 + cols) that query row i attends to (a prefix of the block).
-  int64_t visible(int64_t i, int64_t j0, int64_t cols) const {
-    return causal ? std::clamp<int64_t>(i - j0 + 1, 0, cols) : cols;
-  }
-  // One past the last key column any of the query rows [i0, i0 + rows) attends to.
-  int64_t key_end(int64_t i0, int64_t rows) const { return causal ? std::min(S, i0 + rows) : S; }
-};
+using attention::Dims;
+using attention::kCols;
+using attention::kRows;
 
 // Forward of one batch entry.
 template <typename T>
@@ -112,6 +107,20 @@ void backward_entry(const Dims& d, T scale, const T* q, const T* k, const T* v, 
   }
 }
 
+// Whether float32 calls run the vector rows of kernels/cpu/attention_rows.h (any shape does).
+constexpr bool kVectorRows = kSimdLevel == SimdLevel::avx512;
+
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+// fn(b, scratch) for the B batch entries over the pool, one vector-row scratch per chunk of entries.
+template <typename Fn>
+void for_entries(int64_t B, const Dims& d, Fn&& fn) {
+  detail::parallel_range(B, 1, [&](int64_t b0, int64_t b1) {
+    attention::RowScratch w(d);
+    for (int64_t b = b0; b < b1; ++b) fn(b, w);
+  });
+}
+#endif
+
 Dims dims_of(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal) {
   return Dims{q.size(1), k.size(1), q.size(2), v.size(2), is_causal};
 }
@@ -126,6 +135,17 @@ AttentionForward attention_forward(const Tensor& q_in, const Tensor& k_in, const
   AttentionForward r{Tensor::empty({B, d.L, d.Ev}, q.dtype()), Tensor::empty({B, d.L}, q.dtype())};
   detail::dispatch_float(q.dtype(), "fused attention", [&](auto tag) {
     using T = decltype(tag);
+    detail::count_simd_path(SimdKernel::attention_forward, detail::simd_path<T>(kVectorRows));
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+    if constexpr (std::is_same_v<T, float>) {
+      for_entries(B, d, [&](int64_t b, attention::RowScratch& w) {
+        attention::forward_rows(d, float(scale), q.data<float>() + b * d.L * d.E, k.data<float>() + b * d.S * d.E,
+                                v.data<float>() + b * d.S * d.Ev, r.output.data<float>() + b * d.L * d.Ev,
+                                r.lse.data<float>() + b * d.L, w);
+      });
+      return;
+    }
+#endif
     detail::parallel_range(B, 1, [&](int64_t b0, int64_t b1) {
       RowMat<T> s(kRows, kCols), acc(kRows, d.Ev);
       std::vector<T> m(kRows), l(kRows);
@@ -149,6 +169,19 @@ AttentionGrads attention_backward(const Tensor& grad_out, const Tensor& q_in, co
                    Tensor::zeros(v.shape(), q.dtype())};
   detail::dispatch_float(q.dtype(), "fused attention backward", [&](auto tag) {
     using T = decltype(tag);
+    detail::count_simd_path(SimdKernel::attention_backward, detail::simd_path<T>(kVectorRows));
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+    if constexpr (std::is_same_v<T, float>) {
+      for_entries(B, d, [&](int64_t b, attention::RowScratch& w) {
+        attention::backward_rows(d, float(scale), q.data<float>() + b * d.L * d.E, k.data<float>() + b * d.S * d.E,
+                                 v.data<float>() + b * d.S * d.Ev, o.data<float>() + b * d.L * d.Ev,
+                                 g.data<float>() + b * d.L * d.Ev, lse.data<float>() + b * d.L,
+                                 r.q.data<float>() + b * d.L * d.E, r.k.data<float>() + b * d.S * d.E,
+                                 r.v.data<float>() + b * d.S * d.Ev, w);
+      });
+      return;
+    }
+#endif
     detail::parallel_range(B, 1, [&](int64_t b0, int64_t b1) {
       RowMat<T> p(kRows, kCols), dp(kRows, kCols);
       std::vector<T> delta(d.L);

@@ -8,7 +8,8 @@
 // Guarantees: PyTorch's semantics (max-shifted log-sum-exp, NaN rows for +-inf maxima; loss = -mean of
 // the picked log-probabilities of the kept rows, a 0-D tensor of the input's dtype; NaN with a zero
 // gradient when no row is kept). Rows are
-// split across the pool only when there are many of them.
+// split across the pool only when there are many of them; a row's exp, sums and maximum are Eigen's
+// vectorised ones.
 #include "kernels/ops.h"
 
 #include <cmath>
@@ -17,6 +18,10 @@
 
 namespace tandem::kernels::cpu {
 namespace {
+
+// One row of a [N, C] matrix as an Eigen array (vectorised exp, sums and maxima).
+template <typename T>
+using Row = Eigen::Array<T, 1, Eigen::Dynamic>;
 
 int64_t row_grain(int64_t C) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, C)); }
 
@@ -30,14 +35,12 @@ Tensor log_softmax_impl(const Tensor& x_in) {
   if (C == 0) return y;
   detail::parallel_range(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* xr = xp + r * C;
-      T* yr = yp + r * C;
-      T m = xr[0];
-      for (int64_t c = 1; c < C; ++c) m = xr[c] > m ? xr[c] : m;
-      T s = 0;
-      for (int64_t c = 0; c < C; ++c) s += std::exp(xr[c] - m);
-      const T ls = std::log(s);
-      for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) - ls;  // (x - max) first, as PyTorch
+      const Eigen::Map<const Row<T>> xr(xp + r * C, C);
+      // A NaN anywhere makes exp's sum NaN, and a +-inf maximum makes x - m NaN: NaN rows either way,
+      // whichever element maxCoeff picks.
+      const T m = xr.maxCoeff();
+      const T ls = std::log((xr - m).exp().sum());
+      Eigen::Map<Row<T>>(yp + r * C, C) = (xr - m) - ls;  // (x - max) first, as PyTorch
     }
   });
   return y;
@@ -53,11 +56,9 @@ Tensor log_softmax_backward_impl(const Tensor& gy_in, const Tensor& y_in) {
   T* op = gx.data<T>();
   detail::parallel_range(N, row_grain(C), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const T* g = gp + r * C;
-      const T* yr = yp + r * C;
-      T s = 0;
-      for (int64_t c = 0; c < C; ++c) s += g[c];
-      for (int64_t c = 0; c < C; ++c) op[r * C + c] = g[c] - std::exp(yr[c]) * s;
+      const Eigen::Map<const Row<T>> g(gp + r * C, C), yr(yp + r * C, C);
+      const T s = g.sum();
+      Eigen::Map<Row<T>>(op + r * C, C) = g - yr.exp() * s;
     }
   });
   return gx;

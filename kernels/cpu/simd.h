@@ -68,8 +68,10 @@ enum class SimdKernel : int {
   max_pool2d_forward,    // max_pool2d_forward, 2x2 windows of stride 2 (AVX-512 rows)
   linear_forward,        // linear_forward on the small GEMM (AVX-512)
   linear_backward,       // linear_backward on the small GEMM (AVX-512)
+  attention_forward,     // attention_forward (kernels/attention.h), any shape (AVX-512 rows)
+  attention_backward,    // attention_backward, any shape (AVX-512 rows)
 };
-inline constexpr int kSimdKernels = 9;
+inline constexpr int kSimdKernels = 11;
 
 // How many calls of `kernel` took the path of `level` in this process so far.
 uint64_t simd_path_count(SimdKernel kernel, SimdLevel level);

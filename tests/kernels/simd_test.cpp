@@ -17,6 +17,7 @@
 
 #include "kernels/ops.h"
 #include "kernel_test_util.h"
+#include "kernels/attention.h"
 #include "kernels/batch_norm.h"
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
@@ -232,6 +233,24 @@ TEST(Simd, LinearCountsItsPath) {
   Generator gen(13);
   const Tensor x = random_tensor({2, 3}, kFloat32, gen), w = random_tensor({4, 3}, kFloat32, gen);
   expect_path(SimdKernel::linear_forward, SimdLevel::portable, [&] { kernels::linear_forward(x, w, Tensor()); });
+}
+
+TEST(Simd, AttentionCountsItsPath) {
+  // A causal entry of 70 query rows (two blocks) and a value width past one vector.
+  auto tensors = [](DType dtype) {
+    Generator gen(14);
+    return std::vector<Tensor>{random_tensor({2, 70, 12}, dtype, gen), random_tensor({2, 70, 12}, dtype, gen),
+                               random_tensor({2, 70, 20}, dtype, gen), random_tensor({2, 70, 20}, dtype, gen)};
+  };
+  expect_paths(SimdKernel::attention_forward, Rows::avx512, [&](DType dtype) {
+    const auto t = tensors(dtype);
+    kernels::attention_forward(t[0], t[1], t[2], 0.3, true);
+  });
+  expect_paths(SimdKernel::attention_backward, Rows::avx512, [&](DType dtype) {
+    const auto t = tensors(dtype);
+    const kernels::AttentionForward f = kernels::attention_forward(t[0], t[1], t[2], 0.3, true);
+    kernels::attention_backward(t[3], t[0], t[1], t[2], f.output, f.lse, 0.3, true);
+  });
 }
 
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512

@@ -122,27 +122,34 @@ void for_each_offset(const Tensor& t, Fn&& fn) {
 // innermost dimension is a tight loop, the outer index advances both offsets incrementally.
 template <typename U>
 void strided_copy(Tensor& dst, const Tensor& src) {
+  constexpr int64_t kInlineRow = 256 / sizeof(U);
   const int64_t nd = dst.dim(), inner = dst.shape()[nd - 1];
   const int64_t ds = dst.strides()[nd - 1], ss = src.strides()[nd - 1];
   U* d = static_cast<U*>(dst.storage()->data()) + dst.offset();
   const U* s = static_cast<const U*>(src.storage()->data()) + src.offset();
   const int64_t rows = dst.numel() / inner;
+  // Local copies of the outer sizes and strides: the odometer below reads them once a row.
+  const std::vector<int64_t> shape(dst.shape().begin(), dst.shape().end());
+  const std::vector<int64_t> dstr(dst.strides().begin(), dst.strides().end());
+  const std::vector<int64_t> sstr(src.strides().begin(), src.strides().end());
   std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
   int64_t doff = 0, soff = 0;
   for (int64_t r = 0; r < rows; ++r) {
     U* dp = d + doff;
     const U* sp = s + soff;
-    if (ds == 1 && ss == 1) {
+    if (ds == 1 && ss == 1 && inner <= kInlineRow) {  // short rows (a head's 16-64 values): no call per row
+      for (int64_t i = 0; i < inner; ++i) dp[i] = sp[i];
+    } else if (ds == 1 && ss == 1) {
       std::memcpy(dp, sp, static_cast<size_t>(inner) * sizeof(U));
     } else {
       for (int64_t i = 0; i < inner; ++i) dp[i * ds] = sp[i * ss];
     }
     for (int64_t k = nd - 2; k >= 0; --k) {
-      if (++idx[k] < dst.shape()[k]) {
-        doff += dst.strides()[k], soff += src.strides()[k];
+      if (++idx[k] < shape[k]) {
+        doff += dstr[k], soff += sstr[k];
         break;
       }
-      doff -= dst.strides()[k] * (dst.shape()[k] - 1), soff -= src.strides()[k] * (src.shape()[k] - 1);
+      doff -= dstr[k] * (shape[k] - 1), soff -= sstr[k] * (shape[k] - 1);
       idx[k] = 0;
     }
   }

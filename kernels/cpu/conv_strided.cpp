@@ -12,7 +12,9 @@
 // phase (a, b) of the padded input, the taps of that phase read the output gradient, copied into
 // a zero border of (R - 1) / 2 rows and (S - 1) / 2 columns, at fixed offsets (the same forward
 // kernel with the output and input channels swapped); the phases' rows are then interleaved into
-// the image's rows (one permute per 16 pixel pairs).
+// the image's rows (one permute per 16 pixel pairs). The 1x1 projections without padding skip the
+// phases: the forward and the weight gradient gather the even pixels of the even rows (one permute a
+// row), and the input gradient is W^T gy scattered to those pixels, gy read in place.
 #include "kernels/cpu/conv_strided.h"
 
 #include <algorithm>
@@ -197,6 +199,139 @@ float* zeroed(std::vector<float>& buf, int64_t n) {
 }
 inline int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
 
+// ---- 1x1 stride-2 projections without padding: the backward read straight from gy ----
+// Output (p, q) reads input pixel (2 p, 2 q) alone, so the input gradient is the product
+// W^T gy [C][P Q] scattered to the even pixels of the even rows (everything else 0), and the
+// weight gradient the products of gy with those pixels. Neither needs the phase planes, gy's
+// bordered copies or the three empty phases of the general path.
+
+bool plain_projection(const StridedConvShape& g) { return g.R == 1 && g.S == 1 && g.pad_h == 0 && g.pad_w == 0; }
+
+// xs[c * ld + p * Q + q] = xn[c][2 p][2 q]: the pixels a projection reads, channel by channel. Rows of
+// at most 32 pixels (the ResNet's) take one permute each, with masks computed once.
+void gather_even_pixels(const float* xn, const StridedConvShape& g, float* xs, int64_t ld) {
+  const __mmask16 lo_mask = simd::lane_mask(g.W), hi_mask = simd::lane_mask(g.W - 16), q_mask = simd::lane_mask(g.Q);
+  const __m512i even = simd::even_lanes();
+  for (int64_t c = 0; c < g.C; ++c) {
+    for (int64_t p = 0; p < g.P; ++p) {
+      const float* src = xn + (c * g.H + 2 * p) * g.W;
+      float* dst = xs + c * ld + p * g.Q;
+      if (g.W > 32) {
+        deinterleave(src, g.W, dst, g.Q, nullptr, 0);
+        continue;
+      }
+      const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, src), hi = _mm512_maskz_loadu_ps(hi_mask, src + 16);
+      _mm512_mask_storeu_ps(dst, q_mask, _mm512_permutex2var_ps(lo, even, hi));
+    }
+  }
+}
+
+// out[(c0 + j) * ld + pos] = sum_k w[k * C + c0 + j] * gy[k * L + pos], j < CB, pos < L (vectors past L
+// written up to ld, which is L rounded up to 32; gy read only below L).
+template <int CB>
+void projection_transposed(const float* gy, int64_t L, const float* w, int64_t C, int64_t K, int64_t c0, float* out,
+                           int64_t ld) {
+  for (int64_t pos = 0; pos < L; pos += 32) {
+    const __mmask16 m0 = simd::lane_mask(L - pos), m1 = simd::lane_mask(L - pos - 16);
+    __m512 acc[CB][2];
+#pragma GCC unroll 8
+    for (auto& a : acc) a[0] = a[1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+      const __m512 g0 = _mm512_maskz_loadu_ps(m0, gy + k * L + pos);
+      const __m512 g1 = _mm512_maskz_loadu_ps(m1, gy + k * L + pos + 16);
+#pragma GCC unroll 8
+      for (int j = 0; j < CB; ++j) {
+        const __m512 wv = _mm512_set1_ps(w[k * C + c0 + j]);
+        acc[j][0] = _mm512_fmadd_ps(wv, g0, acc[j][0]);
+        acc[j][1] = _mm512_fmadd_ps(wv, g1, acc[j][1]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < CB; ++j) {
+      _mm512_storeu_ps(out + (c0 + j) * ld + pos, acc[j][0]);
+      _mm512_storeu_ps(out + (c0 + j) * ld + pos + 16, acc[j][1]);
+    }
+  }
+}
+
+void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                           const StridedConvShape& g) {
+  const int64_t L = g.P * g.Q, ld = round_up(L, 32) + 16, HW = g.H * g.W;
+  thread_local std::vector<float> prod_buf, zero_buf;
+  float* prod = zeroed(prod_buf, g.C * ld);                 // [C][ld]: slack read by interleave
+  const float* zeros = zeroed(zero_buf, g.W / 2 + 32);  // the odd columns
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* gyn = gy + n * g.K * L;
+    int64_t c = 0;
+    for (; c + kBlock <= g.C; c += kBlock) projection_transposed<kBlock>(gyn, L, w, g.C, g.K, c, prod, ld);
+    for (; c < g.C; ++c) projection_transposed<1>(gyn, L, w, g.C, g.K, c, prod, ld);
+    float* gxn = gx + n * g.C * HW;
+    for (int64_t ci = 0; ci < g.C; ++ci) {
+      for (int64_t ih = 0; ih < g.H; ++ih) {
+        float* row = gxn + ci * HW + ih * g.W;
+        if (ih % 2) {
+          std::fill(row, row + g.W, 0.0f);
+        } else {
+          interleave(prod + ci * ld + (ih / 2) * g.Q, zeros, g.W, row);
+        }
+      }
+    }
+  }
+}
+
+// part[((k0 + i) * C + c0 + j) * 16 + lane] += sum over the image's positions of gy[k0 + i] * xs[c0 + j],
+// per lane; gy read below L only (xs is 0 from L to ld).
+template <int KB, int CB>
+void projection_weight_block(const float* gy, const float* xs, int64_t L, int64_t ld, int64_t C, int64_t k0,
+                             int64_t c0, float* part) {
+  __m512 acc[KB][CB];
+#pragma GCC unroll 4
+  for (int i = 0; i < KB; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_loadu_ps(part + ((k0 + i) * C + c0 + j) * 16);
+  for (int64_t pos = 0; pos < L; pos += 16) {
+    const __mmask16 m = simd::lane_mask(L - pos);
+    __m512 gv[KB];
+#pragma GCC unroll 4
+    for (int i = 0; i < KB; ++i) gv[i] = _mm512_maskz_loadu_ps(m, gy + (k0 + i) * L + pos);
+#pragma GCC unroll 4
+    for (int j = 0; j < CB; ++j) {
+      const __m512 xv = simd::in_register(_mm512_loadu_ps(xs + (c0 + j) * ld + pos));
+#pragma GCC unroll 4
+      for (int i = 0; i < KB; ++i) acc[i][j] = _mm512_fmadd_ps(gv[i], xv, acc[i][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < KB; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < CB; ++j) _mm512_storeu_ps(part + ((k0 + i) * C + c0 + j) * 16, acc[i][j]);
+}
+
+void projection_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
+                            const StridedConvShape& g) {
+  const int64_t L = g.P * g.Q, ld = round_up(L, 16);
+  thread_local std::vector<float> xs_buf, part_buf;
+  float* xs = zeroed(xs_buf, g.C * ld);  // [C][ld], 0 from L to ld
+  float* part = zeroed(part_buf, g.K * g.C * 16);
+  for (int64_t n = n0; n < n1; ++n) {
+    gather_even_pixels(x + n * g.C * g.H * g.W, g, xs, ld);
+    const float* gyn = gy + n * g.K * L;
+    for (int64_t k = 0; k < g.K; k += 4) {
+      for (int64_t c = 0; c < g.C; c += 4) {
+        if (k + 4 <= g.K && c + 4 <= g.C) {
+          projection_weight_block<4, 4>(gyn, xs, L, ld, g.C, k, c, part);
+        } else {
+          for (int64_t i = k; i < std::min(k + 4, g.K); ++i)
+            for (int64_t j = c; j < std::min(c + 4, g.C); ++j) {
+              projection_weight_block<1, 1>(gyn, xs, L, ld, g.C, i, j, part);
+            }
+        }
+      }
+    }
+  }
+  for (int64_t i = 0; i < g.K * g.C; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));
+}
+
 }  // namespace
 
 void conv_strided_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
@@ -209,7 +344,11 @@ void conv_strided_forward(const float* x, const float* w, const float* b, float*
   float* xp = zeroed(xp_buf, ph.image_floats(g) + Lr + 64);  // borders stay 0
   float* out = zeroed(out_buf, g.K * Lr);
   for (int64_t n = n0; n < n1; ++n) {
-    ph.fill(x + n * g.C * g.H * g.W, g, xp);
+    if (plain_projection(g)) {  // its one phase, plane P x Q
+      gather_even_pixels(x + n * g.C * g.H * g.W, g, xp, ph.plane);
+    } else {
+      ph.fill(x + n * g.C * g.H * g.W, g, xp);
+    }
     float* yn = y + n * g.K * PQ;
     if (ph.Wf == g.Q) {  // no columns between rows (1x1): straight into y
       taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, yn, PQ, g.C, g.K, ph.plane, PQ);
@@ -222,6 +361,7 @@ void conv_strided_forward(const float* x, const float* w, const float* b, float*
 
 void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
                              const StridedConvShape& g) {
+  if (plain_projection(g)) return projection_input_grad(gy, w, gx, n0, n1, g);
   // Phase (a, b) of the padded input: rows i with 2 i + a - pad_h in [0, H), from i0[a]; columns
   // likewise from j0[b]. Its value at (i, j) sums tap (r, s) (r % 2 = a, s % 2 = b) times the
   // output gradient at (i - r / 2, j - s / 2).
@@ -357,6 +497,7 @@ void weight_grad_group(const float* gyf, const float* xp, const int64_t* off, fl
 
 void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
                               const StridedConvShape& g) {
+  if (plain_projection(g)) return projection_weight_grad(gy, x, dw, n0, n1, g);
   const Phases ph(g);
   const int64_t Lw = round_up(ph.L, 16), PQ = g.P * g.Q;
   const int64_t image = ph.image_floats(g) + Lw + 64;  // reads past the planes stay in the image's slack

@@ -61,10 +61,13 @@ inline void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, 
     std::memcpy(dst, src, rows * cols * sizeof(float));
     return;
   }
+  const int64_t full = cols / 16 * 16;
+  const __mmask16 tail = simd::lane_mask(cols - full);  // computed once: rows are often a single short vector
   for (int64_t r = 0; r < rows; ++r) {
     const float* s = src + r * src_pitch;
     float* d = dst + r * dst_pitch;
-    for (int64_t c = 0; c < cols; c += 16) simd::store_first(d + c, simd::load_first(s + c, cols - c), cols - c);
+    for (int64_t c = 0; c < full; c += 16) _mm512_storeu_ps(d + c, _mm512_loadu_ps(s + c));
+    if (tail) _mm512_mask_storeu_ps(d + full, tail, _mm512_maskz_loadu_ps(tail, s + full));
   }
 }
 

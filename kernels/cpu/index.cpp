@@ -23,7 +23,10 @@ Tensor index_select(const Tensor& x_in, int64_t dim, const Tensor& index) {
     const T* p = x.data<T>();
     const int64_t* ix = index.data<int64_t>();
     T* o = out.data<T>();
-    detail::parallel_range(outer * k, 16, [&](int64_t r0, int64_t r1) {
+    // Chunks of at least 2^16 elements: a copy below that finishes before a second thread wakes up
+    // (an embedding lookup of [1024, 64] took 28 us cut in two against 6 us on one thread).
+    const int64_t grain = std::max<int64_t>(16, (int64_t{1} << 16) / std::max<int64_t>(inner, 1));
+    detail::parallel_range(outer * k, grain, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t a = r / k, i = r % k;
         std::copy_n(p + (a * n + ix[i]) * inner, inner, o + r * inner);

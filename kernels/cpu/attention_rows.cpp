@@ -206,8 +206,9 @@ void online_softmax_rows(float* s, int64_t r0, int64_t nr, const Visible& vis, f
   __m512 part[16];
   for (int64_t i = 0; i < 16; ++i) {
     part[i] = _mm512_set1_ps(ninf);
+    if (i >= nr) continue;
     float* row = s + (r0 + i) * kLd;
-    const int64_t n = i < nr ? vis(r0 + i) : 0;
+    const int64_t n = vis(r0 + i);
     for (int64_t c = 0; c < n; c += 16) {  // the scaled scores, kept in place
       const __mmask16 k = lane_mask(n - c);
       const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, row + c), vscale);
@@ -223,8 +224,9 @@ void online_softmax_rows(float* s, int64_t r0, int64_t nr, const Visible& vis, f
   _mm512_store_ps(mn, m_new);
   for (int64_t i = 0; i < 16; ++i) {
     part[i] = _mm512_setzero_ps();
+    if (i >= nr) continue;
     float* row = s + (r0 + i) * kLd;
-    const int64_t n = i < nr ? vis(r0 + i) : 0;
+    const int64_t n = vis(r0 + i);
     const __m512 vm = _mm512_set1_ps(mn[i]);
     for (int64_t c = 0; c < n; c += 16) {
       const __mmask16 k = lane_mask(n - c);
@@ -232,7 +234,7 @@ void online_softmax_rows(float* s, int64_t r0, int64_t nr, const Visible& vis, f
       part[i] = _mm512_add_ps(part[i], e);
       _mm512_storeu_ps(row + c, e);
     }
-    if (i < nr) std::fill(row + 16 * vecs(n), row + 16 * vecs(vis.cols), 0.0f);
+    std::fill(row + 16 * vecs(n), row + 16 * vecs(vis.cols), 0.0f);
   }
   const __m512 l_new = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(live, l), a, row_sums(part));
   _mm512_mask_storeu_ps(l, live, l_new);

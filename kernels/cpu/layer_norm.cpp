@@ -83,20 +83,12 @@ void row_grad_sums(const T* g, const T* x, const T* w, int64_t n, double mean, d
 
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
 // The same sums over float rows in AVX-512 lanes: 16 floats widened (exactly) to two vectors of doubles.
-void widen(__m512 v, __m512d& lo, __m512d& hi) {
-  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-  hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
+using simd::widen;
 
 double row_sum(const float* x, int64_t n) {
-  __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-  for (int64_t j = 0; j < n; j += 16) {
-    __m512d lo, hi;
-    widen(simd::load_first(x + j, n - j), lo, hi);
-    s0 = _mm512_add_pd(s0, lo);
-    s1 = _mm512_add_pd(s1, hi);
-  }
-  return _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  simd::WideSum s;
+  for (int64_t j = 0; j < n; j += 16) s.add(simd::load_first(x + j, n - j));
+  return s.total();
 }
 
 double row_square_deviation(const float* x, int64_t n, double mu) {
@@ -139,10 +131,13 @@ void row_grad_sums(const float* g, const float* x, const float* w, int64_t n, do
 }
 #endif
 
-// dx = rstd * (dxhat - ma - xhat * mb) over a row.
+// One row's input gradient: the row sums, then dx = rstd * (dxhat - ma - xhat * mb), ma and mb their means.
 template <bool kHasWeight, typename T>
 void row_input_grad(const T* __restrict g, const T* __restrict x, const T* __restrict w, int64_t n, T mean, T rstd,
-                    T ma, T mb, T* __restrict dx) {
+                    T* __restrict dx) {
+  double a = 0, b = 0;  // sums of dxhat and dxhat * xhat
+  row_grad_sums<kHasWeight>(g, x, w, n, static_cast<double>(mean), static_cast<double>(rstd), a, b);
+  const T ma = T(a / static_cast<double>(n)), mb = T(b / static_cast<double>(n));
   for (int64_t j = 0; j < n; ++j) {
     T dxhat = g[j];
     if constexpr (kHasWeight) dxhat *= w[j];
@@ -210,18 +205,10 @@ LayerNormGrads layer_norm_backward(const Tensor& g_in, const Tensor& x_in, const
         for (int64_t i = r0; i < r1; ++i) {
           const T* gr = gp + i * n;
           const T* xr = xp + i * n;
-          double a = 0, b = 0;  // sums of dxhat and dxhat * xhat
-          const double mean_i = static_cast<double>(mp[i]), rstd_i = static_cast<double>(sp[i]);
           if (wp) {
-            row_grad_sums<true>(gr, xr, wp, n, mean_i, rstd_i, a, b);
+            row_input_grad<true>(gr, xr, wp, n, mp[i], sp[i], dx + i * n);
           } else {
-            row_grad_sums<false>(gr, xr, wp, n, mean_i, rstd_i, a, b);
-          }
-          const T ma = T(a / static_cast<double>(n)), mb = T(b / static_cast<double>(n));
-          if (wp) {
-            row_input_grad<true>(gr, xr, wp, n, mp[i], sp[i], ma, mb, dx + i * n);
-          } else {
-            row_input_grad<false>(gr, xr, wp, n, mp[i], sp[i], ma, mb, dx + i * n);
+            row_input_grad<false>(gr, xr, wp, n, mp[i], sp[i], dx + i * n);
           }
         }
       });

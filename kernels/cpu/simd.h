@@ -180,12 +180,20 @@ inline void store_first(uint16_t* p, __m512 v, int64_t n) {
   _mm512_mask_cvtepi32_storeu_epi16(p, lane_mask(n), bits);
 }
 
+// Lanes 0-7 and 8-15 of v widened (exactly) to doubles.
+inline void widen(__m512 v, __m512d& lo, __m512d& hi) {
+  lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
 // Float lanes summed into per-lane doubles (lanes 0-7 and 8-15), reduced once at the end.
 struct WideSum {
   __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
   void add(__m512 v) {
-    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+    __m512d l, h;
+    widen(v, l, h);
+    lo = _mm512_add_pd(lo, l);
+    hi = _mm512_add_pd(hi, h);
   }
   double total() const { return hsum(_mm512_add_pd(lo, hi)); }
 };

@@ -1,9 +1,10 @@
 // CPU conv2d (NCHW), as im2col + Eigen GEMM. Owns the forward and backward
 // kernels declared in kernels/conv.h under tandem::kernels::cpu. Float32
-// fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs use the
-// direct kernels of conv_c1.h, 3x3 convs with stride 1 and padding 1 those of
-// conv3x3.h (forward, input and weight gradients), 1x1 and 3x3 convs with stride 2 those of
-// conv_strided.h (the same three); stride-1 geometries build the column matrix
+// fast paths (AVX-512, kernels/cpu/simd.h): one-channel 3x3 convs with stride 1
+// and padding 0 or 1 use the direct kernels of conv_c1.h (the forward, and the
+// weight and bias gradients when no input gradient is asked for), other 3x3 convs
+// with stride 1 and padding 1 those of conv3x3.h (forward, input and weight
+// gradients), 1x1 and 3x3 convs with stride 2 those of conv_strided.h (the same three); stride-1 geometries build the column matrix
 // with permutes (Im2colPermute; with padding, from a zero-bordered copy of
 // the image) and scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
@@ -230,9 +231,9 @@ Tensor forward_impl(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, 
       detail::for_each_chunk(g.N, chunks, [&](int64_t, int64_t n0, int64_t n1) {
         if (out_dtype == kBFloat16) {
           detail::conv_c1_forward(x.data<float>(), w.data<float>(), bp, static_cast<uint16_t*>(y.raw_data()), n0, n1,
-                                  g.H, g.W, g.K);
+                                  g.H, g.W, g.K, g.ph);
         } else {
-          detail::conv_c1_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.H, g.W, g.K);
+          detail::conv_c1_forward(x.data<float>(), w.data<float>(), bp, y.data<float>(), n0, n1, g.H, g.W, g.K, g.ph);
         }
       });
       return y;
@@ -371,9 +372,9 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
         float* dbp = need_bias ? db : nullptr;
         if (gy_bf16) {
           detail::conv_c1_weight_grad(static_cast<const uint16_t*>(gy.raw_data()), xp, dwp, dbp, n0, n1, g.H, g.W,
-                                      g.K);
+                                      g.K, g.ph);
         } else {
-          detail::conv_c1_weight_grad(gyp, xp, dwp, dbp, n0, n1, g.H, g.W, g.K);
+          detail::conv_c1_weight_grad(gyp, xp, dwp, dbp, n0, n1, g.H, g.W, g.K, g.ph);
         }
         return;
       }
@@ -433,13 +434,14 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 bool conv2d_c1_bf16_applies(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& a) {
   const auto f32_cpu = [](const Tensor& t) { return t.defined() && t.device().is_cpu() && t.dtype() == kFloat32; };
   return f32_cpu(x) && f32_cpu(w) && (!b.defined() || (f32_cpu(b) && b.dim() == 1 && b.size(0) == w.size(0))) &&
-         x.dim() == 4 && w.dim() == 4 && x.size(1) == 1 && w.size(1) == 1 && x.size(2) >= 3 && x.size(3) >= 3 &&
+         x.dim() == 4 && w.dim() == 4 && x.size(1) == 1 && w.size(1) == 1 && x.size(2) + 2 * a.pad_h >= 3 &&
+         x.size(3) + 2 * a.pad_w >= 3 &&
          detail::conv_c1_supported(1, w.size(2), w.size(3), a.stride_h, a.stride_w, a.pad_h, a.pad_w);
 }
 
 bool conv2d_c1_bf16_backward_applies(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
   return gy.defined() && gy.device().is_cpu() && gy.dtype() == kBFloat16 && conv2d_c1_bf16_applies(x, w, Tensor(), a) &&
-         gy.shape() == Shape{x.size(0), w.size(0), x.size(2) - 2, x.size(3) - 2};
+         gy.shape() == Shape{x.size(0), w.size(0), x.size(2) + 2 * a.pad_h - 2, x.size(3) + 2 * a.pad_w - 2};
 }
 
 Tensor conv2d_c1_forward_bf16(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args) {

@@ -62,7 +62,7 @@ struct Conv {
   Tensor scratch() const { return Tensor::empty({K * P * Q}, kFloat32); }
   const float* image(int64_t n, Tensor& buf) const {
     detail::conv_c1_forward(x.data<float>() + n * H * W, w.data<float>(), b.defined() ? b.data<float>() : nullptr,
-                            buf.data<float>(), 0, 1, H, W, K);
+                            buf.data<float>(), 0, 1, H, W, K, 0);
     return buf.data<float>();
   }
   detail::BnLayout layout() const { return {N, K, P * Q}; }

@@ -1,15 +1,22 @@
 // Direct 3x3 convolution of a single-channel image (kernels/cpu/conv_c1.h).
-// Forward: per output row and block of 16 output columns, the 9 shifted input
-// vectors are loaded once and reused by every output channel, 8 channels at a
-// time (8 independent FMA chains hide the FMA latency). Weight gradient: per
-// output channel, 9 + 1 vector accumulators run over all images and rows of
-// the range, then are reduced once. Row tails use masked loads and stores
-// (kernels/cpu/simd.h), so nothing outside the given images is read or written. The output may be
+// Forward: per block of 16 output positions, the 9 shifted input vectors are
+// loaded once and reused by every output channel, 8 channels at a time (8
+// independent FMA chains hide the FMA latency). Weight gradient: per pair of
+// output channels, 9 + 1 vector accumulators each run over all images and
+// positions of the range, then are reduced once. Without padding the blocks are
+// 16 columns of one output row (row tails masked); with padding 1 the output has
+// the image's size and the blocks are 16 consecutive positions of the flat image,
+// spanning row ends: each tap's lanes that would read the border (row -1 or H,
+// column -1 or W) are masked off and read as 0, so nothing is copied into a
+// bordered buffer and every lane is stored straight into y. Masked loads and
+// stores (kernels/cpu/simd.h) touch nothing outside the given images. The output may be
 // stored in bf16 and the output gradient read from bf16 (autocast's f32 route, kernels/amp.h).
 // AVX-512 only; other levels have stubs (conv_c1_supported() is false).
 #include "kernels/cpu/conv_c1.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kernels/cpu/simd.h"
@@ -20,15 +27,98 @@ namespace tandem::kernels::cpu::detail {
 
 bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_t stride_w, int64_t pad_h,
                        int64_t pad_w) {
-  return C == 1 && R == 3 && S == 3 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
+  return C == 1 && R == 3 && S == 3 && stride_h == 1 && stride_w == 1 && pad_h == pad_w && (pad_h == 0 || pad_h == 1);
 }
 
 using simd::lane_mask;
 
+namespace {
+
+// Padding 1, the flat layout: output j = p * W + q reads tap t = (r, s) at input j + off[t], off[t] =
+// (r - 1) * W + s - 1, in lanes where row p + r - 1 and column q + s - 1 lie in the image.
+// mask(v)[t]: those lanes of vector v (positions 16 v .. 16 v + 15, none at or past H * W).
+class SameTaps {
+ public:
+  SameTaps(int64_t H, int64_t W) : HW_(H * W), nvec_((H * W + 15) / 16), masks_(static_cast<size_t>(nvec_ * 9), 0) {
+    for (int t = 0; t < 9; ++t) off_[t] = (t / 3 - 1) * W + t % 3 - 1;
+    for (int64_t j = 0; j < HW_; ++j) {
+      const int64_t p = j / W, q = j % W;
+      for (int t = 0; t < 9; ++t) {
+        const int64_t r = p + t / 3 - 1, c = q + t % 3 - 1;
+        if (r >= 0 && r < H && c >= 0 && c < W) masks_[(j / 16) * 9 + t] |= __mmask16(1u << (j % 16));
+      }
+    }
+  }
+  int64_t vectors() const { return nvec_; }
+  int64_t lanes(int64_t v) const { return std::min<int64_t>(16, HW_ - 16 * v); }
+  // The 9 tap vectors of vector v of image xi: 0 where a tap reads the border. The address of a
+  // masked-off lane may lie outside the image (before its first row, past its last): it is formed
+  // in integers and never read.
+  void load(const float* xi, int64_t v, __m512 (&t)[9]) const {
+    const __mmask16* m = masks_.data() + v * 9;
+    const auto base = reinterpret_cast<uintptr_t>(xi);
+#pragma GCC unroll 9
+    for (int i = 0; i < 9; ++i) {
+      const auto at = base + static_cast<uintptr_t>((16 * v + off_[i]) * int64_t(sizeof(float)));
+      t[i] = _mm512_maskz_loadu_ps(m[i], reinterpret_cast<const float*>(at));
+    }
+  }
+
+ private:
+  int64_t HW_, nvec_;
+  int64_t off_[9];
+  std::vector<__mmask16> masks_;
+};
+
+// The 9 tap vectors t (shared by every channel) times w's channels [k, k + KB), plus b, to out
+// (channel stride `plane`): KB independent multiply-add chains.
+template <int KB, typename Out>
+inline void forward_channels(const __m512 (&t)[9], const float* w, const float* b, Out* out, int64_t plane,
+                             int64_t lanes, int64_t k) {
+  __m512 acc[KB];
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) acc[j] = b ? _mm512_set1_ps(b[k + j]) : _mm512_setzero_ps();
+#pragma GCC unroll 9
+  for (int i = 0; i < 9; ++i) {
+#pragma GCC unroll 8
+    for (int j = 0; j < KB; ++j) acc[j] = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[(k + j) * 9 + i]), acc[j]);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) simd::store_first(out + (k + j) * plane, acc[j], lanes);
+}
+
+template <typename Out>
+inline void forward_all_channels(const __m512 (&t)[9], const float* w, const float* b, Out* out, int64_t plane,
+                                 int64_t lanes, int64_t K) {
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) forward_channels<8>(t, w, b, out, plane, lanes, k);
+  for (; k < K; ++k) forward_channels<1>(t, w, b, out, plane, lanes, k);
+}
+
+template <typename Out>
+void same_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
+                  int64_t W, int64_t K) {
+  const int64_t HW = H * W;
+  const SameTaps taps(H, W);
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t v = 0; v < taps.vectors(); ++v) {
+      __m512 t[9];
+      taps.load(x + n * HW, v, t);
+      forward_all_channels(t, w, b, y + n * K * HW + 16 * v, HW, taps.lanes(v), K);
+    }
+  }
+}
+
+}  // namespace
+
 
 template <typename Out>
 void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
-                     int64_t W, int64_t K) {
+                     int64_t W, int64_t K, int64_t pad) {
+  if (pad == 1) {
+    same_forward(x, w, b, y, n0, n1, H, W, K);
+    return;
+  }
   const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
   for (int64_t n = n0; n < n1; ++n) {
     const float* xi = x + n * H * W;
@@ -39,63 +129,56 @@ void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int
         __m512 t[9];
 #pragma GCC unroll 9
         for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
-        Out* out = yo + p * Q + q0;
-        int64_t k = 0;
-        for (; k + 8 <= K; k += 8) {
-          __m512 acc[8];
-#pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) acc[j] = b ? _mm512_set1_ps(b[k + j]) : _mm512_setzero_ps();
-#pragma GCC unroll 9
-          for (int i = 0; i < 9; ++i) {
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; ++j) acc[j] = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[(k + j) * 9 + i]), acc[j]);
-          }
-#pragma GCC unroll 8
-          for (int j = 0; j < 8; ++j) simd::store_first(out + (k + j) * PQ, acc[j], Q - q0);
-        }
-        for (; k < K; ++k) {
-          __m512 acc = b ? _mm512_set1_ps(b[k]) : _mm512_setzero_ps();
-#pragma GCC unroll 9
-          for (int i = 0; i < 9; ++i) acc = _mm512_fmadd_ps(t[i], _mm512_set1_ps(w[k * 9 + i]), acc);
-          simd::store_first(out + k * PQ, acc, Q - q0);
-        }
+        forward_all_channels(t, w, b, yo + p * Q + q0, PQ, Q - q0, K);
       }
     }
   }
 }
 template void conv_c1_forward<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
-                                     int64_t, int64_t);
+                                     int64_t, int64_t, int64_t);
 template void conv_c1_forward<uint16_t>(const float*, const float*, const float*, uint16_t*, int64_t, int64_t,
-                                        int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t);
 
-// Adds image n's contribution for channels k .. k+KB-1 to their 10 vector
-// accumulators each (9 taps + bias) kept in `part` ([K][10][16] floats).
-// KB = 2: 2 x 10 accumulators and 9 shared input vectors fill the 32 vector
-// registers. Loops are fully unrolled (constant indices) so the accumulators
-// stay in registers.
+// Adds one image's contribution for channels k .. k+KB-1 to their 10 vector
+// accumulators each (9 taps + bias) kept in `part` ([K][10][16] floats); g is
+// the image's gradient of channel k (channel stride PQ), `same` the padding-1
+// layout or null for none. KB = 2: 2 x 10 accumulators and 9 shared input
+// vectors fill the 32 vector registers. Loops are fully unrolled (constant
+// indices) so the accumulators stay in registers.
 template <int KB, typename G>
-void weight_grad_channels(const G* gy, const float* xi, float* part, int64_t n, int64_t H, int64_t W,
-                          int64_t K, int64_t k) {
-  const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
+void weight_grad_channels(const G* g, const float* xi, float* part, int64_t H, int64_t W, int64_t k,
+                          const SameTaps* same) {
+  const int64_t P = same ? H : H - 2, Q = same ? W : W - 2, PQ = P * Q;
   __m512 acc[KB][10];
 #pragma GCC unroll 2
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 10
     for (int i = 0; i < 10; ++i) acc[j][i] = _mm512_loadu_ps(part + ((k + j) * 10 + i) * 16);
   }
-  const G* g = gy + (n * K + k) * PQ;
-  for (int64_t p = 0; p < P; ++p) {
-    for (int64_t q0 = 0; q0 < Q; q0 += 16) {
-      const __mmask16 m = lane_mask(Q - q0);
-      __m512 t[9];
-#pragma GCC unroll 9
-      for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
+  // The taps t times gy's `lanes` positions at offset o of each channel.
+  const auto add = [&](const __m512(&t)[9], int64_t o, int64_t lanes) __attribute__((always_inline)) {
 #pragma GCC unroll 2
-      for (int j = 0; j < KB; ++j) {
-        const __m512 gv = simd::load_first(g + j * PQ + p * Q + q0, Q - q0);  // float or bf16 lanes
-        acc[j][9] = _mm512_add_ps(acc[j][9], gv);
+    for (int j = 0; j < KB; ++j) {
+      const __m512 gv = simd::load_first(g + j * PQ + o, lanes);  // float or bf16 lanes
+      acc[j][9] = _mm512_add_ps(acc[j][9], gv);
 #pragma GCC unroll 9
-        for (int i = 0; i < 9; ++i) acc[j][i] = _mm512_fmadd_ps(gv, t[i], acc[j][i]);
+      for (int i = 0; i < 9; ++i) acc[j][i] = _mm512_fmadd_ps(gv, t[i], acc[j][i]);
+    }
+  };
+  if (same) {
+    for (int64_t v = 0; v < same->vectors(); ++v) {
+      __m512 t[9];
+      same->load(xi, v, t);
+      add(t, 16 * v, same->lanes(v));
+    }
+  } else {
+    for (int64_t p = 0; p < P; ++p) {
+      for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+        const __mmask16 m = lane_mask(Q - q0);
+        __m512 t[9];
+#pragma GCC unroll 9
+        for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
+        add(t, p * Q + q0, Q - q0);
       }
     }
   }
@@ -106,13 +189,20 @@ void weight_grad_channels(const G* gy, const float* xi, float* part, int64_t n, 
   }
 }
 
+template <typename G>
+void weight_grad_image(const G* gy, const float* xi, float* part, int64_t H, int64_t W, int64_t K,
+                       const SameTaps* same) {
+  const int64_t PQ = same ? H * W : (H - 2) * (W - 2);
+  int64_t k = 0;
+  for (; k + 2 <= K; k += 2) weight_grad_channels<2, G>(gy + k * PQ, xi, part, H, W, k, same);
+  for (; k < K; ++k) weight_grad_channels<1, G>(gy + k * PQ, xi, part, H, W, k, same);
+}
+
 int64_t conv_c1_part_size(int64_t K) { return K * 10 * 16; }
 
 template <typename G>
 void conv_c1_weight_grad_image(const G* gy, const float* xi, float* part, int64_t H, int64_t W, int64_t K) {
-  int64_t k = 0;
-  for (; k + 2 <= K; k += 2) weight_grad_channels<2, G>(gy, xi, part, 0, H, W, K, k);
-  for (; k < K; ++k) weight_grad_channels<1, G>(gy, xi, part, 0, H, W, K, k);
+  weight_grad_image(gy, xi, part, H, W, K, nullptr);
 }
 template void conv_c1_weight_grad_image<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
 
@@ -128,17 +218,20 @@ void conv_c1_weight_grad_finish(const float* part, float* dw, float* db, int64_t
 
 template <typename G>
 void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int64_t n0, int64_t n1, int64_t H,
-                         int64_t W, int64_t K) {
+                         int64_t W, int64_t K, int64_t pad) {
   // Images outer, so gy and x are read once, in address order.
   std::vector<float> part(static_cast<size_t>(conv_c1_part_size(K)), 0.0f);
-  const int64_t image = K * (H - 2) * (W - 2);
-  for (int64_t n = n0; n < n1; ++n) conv_c1_weight_grad_image(gy + n * image, x + n * H * W, part.data(), H, W, K);
+  const std::optional<SameTaps> same = pad == 1 ? std::optional<SameTaps>(std::in_place, H, W) : std::nullopt;
+  const int64_t image = K * (pad == 1 ? H * W : (H - 2) * (W - 2));
+  for (int64_t n = n0; n < n1; ++n) {
+    weight_grad_image(gy + n * image, x + n * H * W, part.data(), H, W, K, same ? &*same : nullptr);
+  }
   conv_c1_weight_grad_finish(part.data(), dw, db, K);
 }
 template void conv_c1_weight_grad<float>(const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
-                                         int64_t, int64_t);
+                                         int64_t, int64_t, int64_t);
 template void conv_c1_weight_grad<uint16_t>(const uint16_t*, const float*, float*, float*, int64_t, int64_t,
-                                            int64_t, int64_t, int64_t);
+                                            int64_t, int64_t, int64_t, int64_t);
 
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
@@ -149,17 +242,19 @@ void conv_c1_weight_grad_image(const G*, const float*, float*, int64_t, int64_t,
 template void conv_c1_weight_grad_image<float>(const float*, const float*, float*, int64_t, int64_t, int64_t);
 void conv_c1_weight_grad_finish(const float*, float*, float*, int64_t) {}
 template <typename Out>
-void conv_c1_forward(const float*, const float*, const float*, Out*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+void conv_c1_forward(const float*, const float*, const float*, Out*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                     int64_t) {}
 template <typename G>
-void conv_c1_weight_grad(const G*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t) {}
+void conv_c1_weight_grad(const G*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t) {}
 template void conv_c1_forward<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
-                                     int64_t, int64_t);
+                                     int64_t, int64_t, int64_t);
 template void conv_c1_forward<uint16_t>(const float*, const float*, const float*, uint16_t*, int64_t, int64_t,
-                                        int64_t, int64_t, int64_t);
+                                        int64_t, int64_t, int64_t, int64_t);
 template void conv_c1_weight_grad<float>(const float*, const float*, float*, float*, int64_t, int64_t, int64_t,
-                                         int64_t, int64_t);
+                                         int64_t, int64_t, int64_t);
 template void conv_c1_weight_grad<uint16_t>(const uint16_t*, const float*, float*, float*, int64_t, int64_t,
-                                            int64_t, int64_t, int64_t);
+                                            int64_t, int64_t, int64_t, int64_t);
 
 #endif
 

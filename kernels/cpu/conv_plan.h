@@ -24,7 +24,7 @@ struct Geometry {
   int64_t pq() const { return P * Q; }
   // The column matrix is the input itself: 1x1 kernel, stride 1, no padding.
   bool identity_col() const { return R == 1 && S == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
-  // One input channel, 3x3, stride 1, no padding: the direct kernels of conv_c1.h (float32).
+  // One input channel, 3x3, stride 1, padding 0 or 1: the direct kernels of conv_c1.h (float32).
   bool direct_c1() const { return detail::conv_c1_supported(C, R, S, sh, sw, ph, pw); }
   // 3x3, stride 1, padding 1, up to 64 channels: the direct kernels of conv3x3.h (float32).
   bool direct_3x3() const { return detail::conv3x3_supported(C, K, R, S, sh, sw, ph, pw); }

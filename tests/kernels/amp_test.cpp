@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "core/view.h"
 #include "kernel_test_util.h"
@@ -196,16 +197,19 @@ TEST(AmpLowp, Conv2dTakesAFloat32InputAsIfCastFirst) {
       {"lowp_conv2d_forward", "expected the input in bfloat16 (the weight's dtype) or float32, got float16"}));
 }
 
-// Autocast's f32 route: the one-channel conv stores its output in bf16 and reads a bf16 output
-// gradient directly (AVX-512 builds); elsewhere an f32 conv and casts. Either way the bits of the f32
+// Autocast's f32 route: the one-channel conv (padding 0 or 1) stores its output in bf16 and reads a
+// bf16 output gradient directly (AVX-512 builds); elsewhere an f32 conv and casts. Either way the bits of the f32
 // conv followed by a cast, and of widening the gradient first, at any thread count, with row tails.
 TEST(AmpLowp, F32RouteConvMatchesF32ConvAndCastsBitForBit) {
   for (int threads : {1, 2, 3}) {
     ThreadCountGuard guard(threads);
-    for (const Shape& xs : {Shape{5, 1, 13, 11}, Shape{3, 1, 28, 28}, Shape{2, 4, 9, 9}}) {
-      SCOPED_TRACE("threads " + std::to_string(threads) + ", x " + shape_str(xs));
+    for (const auto& [xs, pad] : {std::pair{Shape{5, 1, 13, 11}, 0}, std::pair{Shape{3, 1, 28, 28}, 0},
+                                  std::pair{Shape{2, 4, 9, 9}, 0}, std::pair{Shape{3, 1, 28, 28}, 1},
+                                  std::pair{Shape{4, 1, 7, 5}, 1}}) {
+      SCOPED_TRACE("threads " + std::to_string(threads) + ", x " + shape_str(xs) + ", padding " +
+                   std::to_string(pad));
       Generator gen(23);
-      const kernels::Conv2dArgs args{};
+      const kernels::Conv2dArgs args{1, 1, pad, pad};
       const Tensor x = random_tensor(xs, kFloat32, gen), w = random_tensor({9, xs[1], 3, 3}, kFloat32, gen);
       const Tensor b = random_tensor({9}, kFloat32, gen);
       const Tensor y = kernels::autocast_f32_conv2d_forward(x, w, b, args, kBFloat16);

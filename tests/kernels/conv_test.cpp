@@ -188,6 +188,24 @@ TEST(Conv2d, OneChannelDirectKernels) {
   }
 }
 
+TEST(Conv2d, OneChannelPaddedDirectKernels) {
+  // C = 1, 3x3, stride 1, padding 1 (a ResNet's stem) takes the same kernels in the flat layout, the
+  // border's lanes masked off: 16-position vectors spanning row ends (W = 7 and 5: a vector holds
+  // parts of three or four rows), a last partial vector (H * W = 35, 60), maps of one row or one
+  // column (every tap but the middle row or column masked), a 1x1 image (only the centre tap), the
+  // stem's 28x28 (49 whole vectors), channel counts off the 8- and 2-channel blocks, over threads.
+  for (int threads : {1, 2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadCountGuard guard(threads);
+    check_case({3, 1, 28, 28, 8, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 66);
+    check_case({2, 1, 5, 7, 11, 3, 3, {1, 1, 1, 1}, false}, kFloat32, false, 67);
+    check_case({4, 1, 12, 5, 3, 3, 3, {1, 1, 1, 1}, true}, kFloat32, true, 68);
+    check_case({2, 1, 1, 19, 9, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 69);
+    check_case({2, 1, 17, 1, 2, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 70);
+    check_case({3, 1, 1, 1, 17, 3, 3, {1, 1, 1, 1}, true}, kFloat32, false, 71);
+  }
+}
+
 TEST(Conv2d, PermutedIm2colAndItsFallback) {
   // Stride 1, no padding, float32: the column matrix is built by permutes
   // when 16 consecutive column elements span at most 32 input values (Q = 3,

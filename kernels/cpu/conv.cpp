@@ -4,9 +4,11 @@
 // and padding 0 or 1 use the direct kernels of conv_c1.h (the forward, and the
 // weight and bias gradients when no input gradient is asked for), other 3x3 convs
 // with stride 1 and padding 1 those of conv3x3.h (forward, input and weight
-// gradients), 1x1 and 3x3 convs with stride 2 those of conv_strided.h (the same three); stride-1 geometries build the column matrix
-// with permutes (Im2colPermute; with padding, from a zero-bordered copy of
-// the image) and scatter it back with a gather
+// gradients), 1x1 and 3x3 convs with stride 2 those of conv_strided.h (the same
+// three), the bias gradient beside those two weight gradients in vector lanes
+// (conv_taps.h); stride-1 geometries build the column matrix with permutes
+// (Im2colPermute; with padding, from a zero-bordered copy of the image) and
+// scatter it back with a gather
 // (Col2imGather, the same additions in the same order as col2im), else copy
 // and add rows with masked loads. bench/PERF_NOTES.md has the numbers. Each
 // call is counted in simd_path_count with the level of the rows it ran. Float32 convs with >= 16
@@ -35,6 +37,7 @@
 #include "kernels/cpu/conv3x3.h"
 #include "kernels/cpu/conv_c1.h"
 #include "kernels/cpu/conv_plan.h"
+#include "kernels/cpu/conv_taps.h"
 #include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu {
@@ -335,6 +338,8 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   // Stride 2 (conv_strided.h): the weight gradient from its direct kernel likewise.
   const bool w3 = std::is_same_v<T, float> && need_weight && !need_input && g.direct_3x3();
   const bool ws2 = need_weight && !need_input && strided;
+  // With either, the bias gradient in vector lanes over gy in place (kernels/cpu/conv_taps.h).
+  const bool direct_bias = need_bias && (w3 || ws2);
   const int64_t col_sz = (need_weight && !direct && !c1 && !w3 && !ws2) ? CRS * PQ + kSpill<T> : 0;
   const int64_t dcol_sz = (need_input && !direct) ? CRS * PQ : 0;
   const int64_t img_sz = (need_input && !direct) ? CHW + kSpill<T> : 0;
@@ -380,12 +385,13 @@ Conv2dGrads backward_impl(const Tensor& gy_in, const Tensor& x_in, const Tensor&
       }
       if (w3) detail::conv3x3_weight_grad(gyp, xp, dw, n0, n1, g.C, g.H, g.W, g.K);
       if (ws2) detail::conv_strided_weight_grad(gyp, xp, dw, n0, n1, g.strided());
+      if (direct_bias) detail::bias_grad(gyp, n0, n1, g.K, PQ, db);
     }
     const CMatMap<T> wm(wp, g.K, CRS);
     for (int64_t n = n0; n < n1; ++n) {
       const CMatMap<T> gyn(gyp + n * g.K * PQ, g.K, PQ);
       const T* xn = xp + n * CHW;
-      if (need_bias) {
+      if (need_bias && !direct_bias) {
         for (int64_t k = 0; k < g.K; ++k) db[k] += gyn.row(k).sum();
       }
       if (need_weight && !w3 && !ws2) {

@@ -254,12 +254,48 @@ void projection_transposed(const float* gy, int64_t L, const float* w, int64_t C
   }
 }
 
+// Image rows 2 p and 2 p + 1 (2 W floats, contiguous) from row p of the product (its Q values): the
+// values at the even pixels of row 2 p, 0 everywhere else. Maps at most 32 wide (the ResNet's): a row
+// pair is at most 4 vectors, each one zero-masking permute of the product's row.
+class RowPairScatter {
+ public:
+  // Tables only where the map is at most 32 wide (active()); wider ones interleave row by row.
+  explicit RowPairScatter(const StridedConvShape& g)
+      : W_(g.W), Q_(g.Q), nv_(g.W <= 32 ? int((2 * g.W + 15) / 16) : 0) {
+    for (int u = 0; u < nv_; ++u) {
+      alignas(64) int32_t idx[16] = {};
+      __mmask16 keep = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int64_t i = 16 * u + l, col = i % W_;
+        if (i < W_ && col % 2 == 0) idx[l] = int32_t(col / 2), keep |= __mmask16(1u << l);
+      }
+      idx_[u] = _mm512_load_si512(idx);
+      keep_[u] = keep;
+    }
+  }
+  bool active() const { return nv_ > 0; }
+  // count: the floats of dst to write (2 W, or W for a last even row without an odd one).
+  void run(const float* row, float* dst, int64_t count) const {
+    const __m512 v = simd::load_first(row, Q_);
+    for (int u = 0; u < nv_ && 16 * u < count; ++u) {
+      simd::store_first(dst + 16 * u, _mm512_maskz_permutexvar_ps(keep_[u], idx_[u], v), count - 16 * u);
+    }
+  }
+
+ private:
+  int64_t W_, Q_;
+  int nv_;
+  __m512i idx_[4] = {};
+  __mmask16 keep_[4] = {};
+};
+
 void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
                            const StridedConvShape& g) {
   const int64_t L = g.P * g.Q, ld = round_up(L, 32) + 16, HW = g.H * g.W;
   thread_local std::vector<float> prod_buf, zero_buf;
   float* prod = zeroed(prod_buf, g.C * ld);                 // [C][ld]: slack read by interleave
   const float* zeros = zeroed(zero_buf, g.W / 2 + 32);  // the odd columns
+  const RowPairScatter scatter(g);
   for (int64_t n = n0; n < n1; ++n) {
     const float* gyn = gy + n * g.K * L;
     int64_t c = 0;
@@ -267,6 +303,12 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
     for (; c < g.C; ++c) projection_transposed<1>(gyn, L, w, g.C, g.K, c, prod, ld);
     float* gxn = gx + n * g.C * HW;
     for (int64_t ci = 0; ci < g.C; ++ci) {
+      if (scatter.active()) {
+        for (int64_t p = 0; p < g.P; ++p) {
+          scatter.run(prod + ci * ld + p * g.Q, gxn + ci * HW + 2 * p * g.W, std::min(2 * g.W, HW - 2 * p * g.W));
+        }
+        continue;
+      }
       for (int64_t ih = 0; ih < g.H; ++ih) {
         float* row = gxn + ci * HW + ih * g.W;
         if (ih % 2) {
@@ -277,59 +319,6 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
       }
     }
   }
-}
-
-// part[((k0 + i) * C + c0 + j) * 16 + lane] += sum over the image's positions of gy[k0 + i] * xs[c0 + j],
-// per lane; gy read below L only (xs is 0 from L to ld).
-template <int KB, int CB>
-void projection_weight_block(const float* gy, const float* xs, int64_t L, int64_t ld, int64_t C, int64_t k0,
-                             int64_t c0, float* part) {
-  __m512 acc[KB][CB];
-#pragma GCC unroll 4
-  for (int i = 0; i < KB; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < CB; ++j) acc[i][j] = _mm512_loadu_ps(part + ((k0 + i) * C + c0 + j) * 16);
-  for (int64_t pos = 0; pos < L; pos += 16) {
-    const __mmask16 m = simd::lane_mask(L - pos);
-    __m512 gv[KB];
-#pragma GCC unroll 4
-    for (int i = 0; i < KB; ++i) gv[i] = _mm512_maskz_loadu_ps(m, gy + (k0 + i) * L + pos);
-#pragma GCC unroll 4
-    for (int j = 0; j < CB; ++j) {
-      const __m512 xv = simd::in_register(_mm512_loadu_ps(xs + (c0 + j) * ld + pos));
-#pragma GCC unroll 4
-      for (int i = 0; i < KB; ++i) acc[i][j] = _mm512_fmadd_ps(gv[i], xv, acc[i][j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < KB; ++i)
-#pragma GCC unroll 4
-    for (int j = 0; j < CB; ++j) _mm512_storeu_ps(part + ((k0 + i) * C + c0 + j) * 16, acc[i][j]);
-}
-
-void projection_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
-                            const StridedConvShape& g) {
-  const int64_t L = g.P * g.Q, ld = round_up(L, 16);
-  thread_local std::vector<float> xs_buf, part_buf;
-  float* xs = zeroed(xs_buf, g.C * ld);  // [C][ld], 0 from L to ld
-  float* part = zeroed(part_buf, g.K * g.C * 16);
-  for (int64_t n = n0; n < n1; ++n) {
-    gather_even_pixels(x + n * g.C * g.H * g.W, g, xs, ld);
-    const float* gyn = gy + n * g.K * L;
-    for (int64_t k = 0; k < g.K; k += 4) {
-      for (int64_t c = 0; c < g.C; c += 4) {
-        if (k + 4 <= g.K && c + 4 <= g.C) {
-          projection_weight_block<4, 4>(gyn, xs, L, ld, g.C, k, c, part);
-        } else {
-          for (int64_t i = k; i < std::min(k + 4, g.K); ++i)
-            for (int64_t j = c; j < std::min(c + 4, g.C); ++j) {
-              projection_weight_block<1, 1>(gyn, xs, L, ld, g.C, i, j, part);
-            }
-        }
-      }
-    }
-  }
-  for (int64_t i = 0; i < g.K * g.C; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));
 }
 
 }  // namespace
@@ -435,12 +424,20 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
 
 namespace {
 
+// The output gradient a weight gradient reads: image i's channel k at gy + i * image + k * channel, its
+// positions [0, valid) (vectors past them read as 0: masked loads, so gy may be read in place).
+struct GradRows {
+  const float* gy;
+  int64_t image, channel, valid;
+};
+
 // Weight gradient of output channels [k, k + KB) and input channels [c, c + CB), all T taps, over
-// a group of gn images: gyf [gn][K][Lw] (zeros at q >= Q and past P rows), xp [gn][image] phase
-// planes. part: [K][C][T][16] per lane partial sums, loaded and stored back.
+// a group of gn images, flat positions [0, Lw) (a whole number of vectors): gy as `g` says, xp [gn][image]
+// input planes (tap t of channel c of image i at xp + i * image + c * plane + off[t]). part:
+// [K][C][T][16] per lane partial sums, loaded and stored back.
 template <int KB, int CB, int T>
-void weight_grad_block(const float* gyf, const float* xp, const int64_t* off, float* part, int64_t gn, int64_t Lw,
-                       int64_t image, int64_t plane, int64_t C, int64_t K, int64_t k, int64_t c) {
+void weight_grad_block(const GradRows& g, const float* xp, const int64_t* off, float* part, int64_t gn, int64_t Lw,
+                       int64_t image, int64_t plane, int64_t C, int64_t k, int64_t c) {
   __m512 acc[KB][CB * T];
 #pragma GCC unroll 4
   for (int j = 0; j < KB; ++j) {
@@ -448,12 +445,13 @@ void weight_grad_block(const float* gyf, const float* xp, const int64_t* off, fl
     for (int u = 0; u < CB * T; ++u) acc[j][u] = _mm512_loadu_ps(part + (((k + j) * C + c) * T + u) * 16);
   }
   for (int64_t i = 0; i < gn; ++i) {
-    const float* gi = gyf + (i * K + k) * Lw;
+    const float* gi = g.gy + i * g.image + k * g.channel;
     const float* xi = xp + i * image + c * plane;
     for (int64_t j0 = 0; j0 < Lw; j0 += 16) {
+      const __mmask16 m = simd::lane_mask(g.valid - j0);
       __m512 gv[KB];
 #pragma GCC unroll 4
-      for (int j = 0; j < KB; ++j) gv[j] = _mm512_loadu_ps(gi + j * Lw + j0);
+      for (int j = 0; j < KB; ++j) gv[j] = _mm512_maskz_loadu_ps(m, gi + j * g.channel + j0);
 #pragma GCC unroll 9
       for (int u = 0; u < CB * T; ++u) {
         const __m512 xv = simd::in_register(_mm512_loadu_ps(xi + (u / T) * plane + off[u % T] + j0));
@@ -471,7 +469,7 @@ void weight_grad_block(const float* gyf, const float* xp, const int64_t* off, fl
 
 // Every (k, c) pair of the group: blocks of KB x CB, then the remainders one at a time.
 template <int KB, int CB, int T>
-void weight_grad_group(const float* gyf, const float* xp, const int64_t* off, float* part, int64_t gn, int64_t Lw,
+void weight_grad_group(const GradRows& g, const float* xp, const int64_t* off, float* part, int64_t gn, int64_t Lw,
                        int64_t image, int64_t plane, int64_t C, int64_t K) {
   const int64_t kb_end = K / KB * KB, cb_end = C / CB * CB;
   for (int64_t c = 0; c < C;) {
@@ -479,18 +477,44 @@ void weight_grad_group(const float* gyf, const float* xp, const int64_t* off, fl
     for (int64_t k = 0; k < K;) {
       const bool k_block = k < kb_end;
       if (k_block && c_block) {
-        weight_grad_block<KB, CB, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+        weight_grad_block<KB, CB, T>(g, xp, off, part, gn, Lw, image, plane, C, k, c);
       } else if (k_block) {
-        weight_grad_block<KB, 1, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+        weight_grad_block<KB, 1, T>(g, xp, off, part, gn, Lw, image, plane, C, k, c);
       } else if (c_block) {
-        weight_grad_block<1, CB, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+        weight_grad_block<1, CB, T>(g, xp, off, part, gn, Lw, image, plane, C, k, c);
       } else {
-        weight_grad_block<1, 1, T>(gyf, xp, off, part, gn, Lw, image, plane, C, K, k, c);
+        weight_grad_block<1, 1, T>(g, xp, off, part, gn, Lw, image, plane, C, k, c);
       }
       k += k_block ? KB : 1;
     }
     c += c_block ? CB : 1;
   }
+}
+
+// Images a weight-gradient group: enough that the accumulators' load and store are amortised on
+// small maps (at least 512 positions), few enough that the group's input stays in the L2 cache.
+int64_t group_images(int64_t Lw, int64_t image_floats, int64_t n) {
+  const int64_t by_cache = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, image_floats));
+  return std::clamp<int64_t>(std::max<int64_t>(512 / Lw, 1), 1, std::max<int64_t>(1, std::min(n, by_cache)));
+}
+
+// The projections' weight gradient: the gathered even pixels of a group of images ([gn][C][ld],
+// 0 from L to ld) against gy read in place.
+void projection_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
+                            const StridedConvShape& g) {
+  const int64_t L = g.P * g.Q, ld = round_up(L, 16), image = g.C * ld;
+  const int64_t G = group_images(ld, image, n1 - n0);
+  thread_local std::vector<float> xs_buf, part_buf;
+  float* xs = zeroed(xs_buf, G * image);
+  float* part = zeroed(part_buf, g.K * g.C * 16);
+  const int64_t off[1] = {0};
+  for (int64_t n = n0; n < n1; n += G) {
+    const int64_t gn = std::min(G, n1 - n);
+    for (int64_t i = 0; i < gn; ++i) gather_even_pixels(x + (n + i) * g.C * g.H * g.W, g, xs + i * image, ld);
+    const GradRows rows{gy + n * g.K * L, g.K * L, L, L};
+    weight_grad_group<4, 4, 1>(rows, xs, off, part, gn, ld, image, ld, g.C, g.K);
+  }
+  for (int64_t i = 0; i < g.K * g.C; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));
 }
 
 }  // namespace
@@ -501,7 +525,6 @@ void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_
   const Phases ph(g);
   const int64_t Lw = round_up(ph.L, 16), PQ = g.P * g.Q;
   const int64_t image = ph.image_floats(g) + Lw + 64;  // reads past the planes stay in the image's slack
-  // Images a group: enough that the accumulators' load and store are amortised on small maps.
   const int64_t G = std::clamp<int64_t>(512 / Lw, 1, std::max<int64_t>(1, n1 - n0));
   thread_local std::vector<float> xp_buf, gyf_buf, part_buf;
   float* xp = zeroed(xp_buf, G * image);          // borders and slack stay 0
@@ -514,10 +537,11 @@ void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_
       for (int64_t k = 0; k < g.K; ++k)
         copy_rows(gy + ((n + i) * g.K + k) * PQ, g.P, g.Q, gyf + (i * g.K + k) * Lw, ph.Wf);
     }
+    const GradRows rows{gyf, g.K * Lw, Lw, Lw};
     if (ph.T == 9) {
-      weight_grad_group<3, 1, 9>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
+      weight_grad_group<3, 1, 9>(rows, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
     } else {
-      weight_grad_group<4, 4, 1>(gyf, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
+      weight_grad_group<4, 4, 1>(rows, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
     }
   }
   for (int64_t i = 0; i < g.K * g.C * ph.T; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));

@@ -3,7 +3,8 @@
 // of input channel c at in + c * plane + off[t] + j: KB output channels at 16 NV consecutive
 // positions are KB x NV vector accumulators, each tap of each input channel NV vector loads and KB
 // broadcast weights. AVX-512 only (the callers compile it only there).
-// Also the row copies both use around it (copy_rows).
+// Also the row copies both use around it (copy_rows) and the bias gradient beside their weight
+// gradients (bias_grad, which has a plain loop at other levels for conv.cpp to compile).
 // Guarantees: an output is its bias (or 0) plus the products summed over input channels, then
 // taps, in increasing order; nothing is written at or past position L.
 #pragma once
@@ -51,6 +52,23 @@ void taps_block(const float* in, const int64_t* off, const float* wk, const floa
   }
 }
 
+// db[k] += the sum of gy's channel k over images [n0, n1) (gy [N][K][PQ], read in place, the last
+// vector of each map masked): 4 per-lane partial sums in image and position order, then one
+// horizontal sum a channel, so the result depends only on [n0, n1).
+inline void bias_grad(const float* gy, int64_t n0, int64_t n1, int64_t K, int64_t PQ, float* db) {
+  for (int64_t k = 0; k < K; ++k) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int u = 0;
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* g = gy + (n * K + k) * PQ;
+      for (int64_t j = 0; j < PQ; j += 16, u = (u + 1) & 3) {
+        acc[u] = _mm512_add_ps(acc[u], simd::load_first(g + j, PQ - j));
+      }
+    }
+    db[k] += simd::hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  }
+}
+
 // rows x cols floats from src (row pitch src_pitch, default cols) to dst (pitch dst_pitch): one
 // copy when both pitches are cols (the 1x1 layers' maps), else each row by vectors, its last one
 // masked (rows of 7-28 floats, where a library call per row cost more than the copy).
@@ -68,6 +86,17 @@ inline void copy_rows(const float* src, int64_t rows, int64_t cols, float* dst, 
     float* d = dst + r * dst_pitch;
     for (int64_t c = 0; c < full; c += 16) _mm512_storeu_ps(d + c, _mm512_loadu_ps(s + c));
     if (tail) _mm512_mask_storeu_ps(d + full, tail, _mm512_maskz_loadu_ps(tail, s + full));
+  }
+}
+
+#else  // no direct kernels at this level: the same sums in one chain a channel (never reached by conv.cpp)
+
+inline void bias_grad(const float* gy, int64_t n0, int64_t n1, int64_t K, int64_t PQ, float* db) {
+  for (int64_t k = 0; k < K; ++k) {
+    float acc = 0.0f;
+    for (int64_t n = n0; n < n1; ++n)
+      for (int64_t j = 0; j < PQ; ++j) acc += gy[(n * K + k) * PQ + j];
+    db[k] += acc;
   }
 }
 

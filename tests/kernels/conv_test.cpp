@@ -302,7 +302,8 @@ TEST(Conv2d, StrideTwoDirectKernels) {
   // Stride 2 both ways, 1x1 or 3x3, float32: the forward, the input gradient and the weight
   // gradient take the direct kernels of kernels/cpu/conv_strided.cpp. Even and odd image sides
   // (the last padded row read or not), padding 0, 1 and 2 (every phase's first column and row
-  // shifted), rows of 35 outputs (two vectors, then a tail) and of 1; channels in the forward's
+  // shifted), rows of 35 outputs (two vectors, then a tail) and of 1; 1x1 maps up to 32 wide (the
+  // input gradient's row pairs: 31 and 32 columns, an odd last row) and wider (34: row by row); channels in the forward's
   // blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and 3 x 1 blocks and their
   // remainders (5, 7); 1x1 images; strided inputs; over several threads. More than 64 channels
   // take im2col. The ResNet's own shapes last.
@@ -315,6 +316,8 @@ TEST(Conv2d, StrideTwoDirectKernels) {
     check_case({2, 7, 12, 9, 5, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 93);
     check_case({3, 8, 15, 34, 16, 1, 1, {2, 2, 0, 0}, false}, kFloat32, true, 94);
     check_case({2, 2, 1, 1, 3, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 95);
+    check_case({2, 5, 13, 31, 6, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 102);
+    check_case({3, 3, 6, 32, 5, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 103);
     check_case({2, 3, 2, 3, 9, 3, 3, {2, 2, 1, 2}, true}, kFloat32, false, 96);
   }
   check_case({2, 70, 6, 6, 3, 3, 3, {2, 2, 1, 1}, true}, kFloat32, false, 97);

@@ -153,6 +153,12 @@ struct Phases {
       jo[parity] = (parity + g.pad_w) / 2;
       n[parity] = std::max<int64_t>(0, std::min((g.W - parity + 1) / 2, Wf - jo[parity]));
     }
+    // Rows of at most 32 pixels (the ResNet's): two masked loads, two permutes and two masked stores
+    // a row, the masks made once here rather than in each deinterleave call.
+    const bool narrow = g.W <= 32;
+    const __mmask16 lo_m = simd::lane_mask(g.W), hi_m = simd::lane_mask(g.W - 16);
+    const __mmask16 out_m[2] = {simd::lane_mask(n[0]), simd::lane_mask(n[1])};
+    const __m512i pick[2] = {simd::even_lanes(), simd::odd_lanes()};
     for (int64_t c = 0; c < g.C; ++c) {
       for (int64_t ih = 0; ih < g.H; ++ih) {
         const int64_t a = (ih + g.pad_h) & 1, i = (ih + g.pad_h) / 2;
@@ -162,7 +168,16 @@ struct Phases {
           const int sl = slot[a * 2 + b_of[parity]];
           dst[parity] = sl < 0 ? nullptr : xp + (sl * g.C + c) * plane + i * Wf + jo[parity];
         }
-        if (dst[0] || dst[1]) deinterleave(xn + (c * g.H + ih) * g.W, g.W, dst[0], n[0], dst[1], n[1]);
+        const float* src = xn + (c * g.H + ih) * g.W;
+        if (!narrow) {
+          if (dst[0] || dst[1]) deinterleave(src, g.W, dst[0], n[0], dst[1], n[1]);
+          continue;
+        }
+        const __m512 lo = _mm512_maskz_loadu_ps(lo_m, src), hi = _mm512_maskz_loadu_ps(hi_m, src + 16);
+        for (int parity = 0; parity < 2; ++parity) {
+          if (!dst[parity]) continue;
+          _mm512_mask_storeu_ps(dst[parity], out_m[parity], _mm512_permutex2var_ps(lo, pick[parity], hi));
+        }
       }
     }
   }

@@ -93,6 +93,11 @@ int connect_one(const addrinfo* a, Clock::time_point deadline, std::string& err)
       return -1;
     }
   }
+  if (connected_to_itself(fd)) {
+    err = "the connection reached itself (nothing listened on that port yet)";
+    ::close(fd);
+    return -1;
+  }
   set_nodelay(fd);
   return fd;
 }

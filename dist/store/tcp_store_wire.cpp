@@ -72,6 +72,26 @@ std::string peer_name(int fd) {
   return host_port(host, std::atoi(serv));
 }
 
+bool connected_to_itself(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t ll = sizeof(local), pl = sizeof(peer);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 || local.ss_family != peer.ss_family) {
+    return false;
+  }
+  if (local.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(local);
+    const auto& b = reinterpret_cast<const sockaddr_in&>(peer);
+    return a.sin_port == b.sin_port && a.sin_addr.s_addr == b.sin_addr.s_addr;
+  }
+  if (local.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(local);
+    const auto& b = reinterpret_cast<const sockaddr_in6&>(peer);
+    return a.sin6_port == b.sin6_port && std::memcmp(&a.sin6_addr, &b.sin6_addr, sizeof(a.sin6_addr)) == 0;
+  }
+  return false;
+}
+
 }  // namespace tcp_store_wire
 
 using namespace tcp_store_wire;

@@ -124,5 +124,10 @@ struct AddrInfo {
 int resolve(const std::string& host, int port, bool passive, AddrInfo& out);
 // "ip:port" of a connected socket's peer, or "an unknown address".
 std::string peer_name(int fd);
+// Whether a connected socket's peer is the socket itself: a client connecting on its own host to a
+// port of the ephemeral range where nothing listens yet can be handed that very port as its source,
+// and TCP's simultaneous open then connects it to itself, so that it reads its own requests back as
+// replies. The client drops such a socket and tries again.
+bool connected_to_itself(int fd);
 
 }  // namespace tandem::dist::tcp_store_wire

@@ -28,6 +28,7 @@
 #include "dist/store/file_store.h"
 #include "dist/store/prefix_store.h"
 #include "dist/store/tcp_store.h"
+#include "dist/store/tcp_store_wire.h"
 
 using namespace tandem;
 using namespace tandem::dist;
@@ -354,6 +355,32 @@ TEST(TCPStore, ClientRetriesUntilServerStarts) {
   TCPStore server("127.0.0.1", port, true, opts(kLong));
   EXPECT_EQ(server.get_string("child"), "connected");
   EXPECT_EQ(child.finish(kChildLimit), 0);
+}
+
+// A client whose connect lands on its own source port (TCP's simultaneous open, possible on one host
+// for a port of the ephemeral range where nothing listens yet) would read its own requests back as
+// replies; the client recognises such a socket and retries (dist/store/tcp_store.cpp connect_one).
+// Forced here by binding the socket to the port it connects to; a connection to a real server is not
+// taken for one.
+TEST(TCPStore, ASocketConnectedToItselfIsRecognised) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = 0;
+  ASSERT_EQ(::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr), 1);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << std::strerror(errno);
+  EXPECT_TRUE(dist::tcp_store_wire::connected_to_itself(fd));
+  ::close(fd);
+
+  TCPStore server("127.0.0.1", 0, true, opts(kLong));
+  const int peer = test::raw_connect("127.0.0.1", server.port());
+  ASSERT_GE(peer, 0);
+  EXPECT_FALSE(dist::tcp_store_wire::connected_to_itself(peer));
+  ::close(peer);
 }
 
 TEST(TCPStore, MalformedAndVanishedClientsDoNotStopServer) {

@@ -1,14 +1,19 @@
-// Direct 3x3 convolution, stride 1, padding 1 (kernels/cpu/conv3x3.h). Per image the input is
-// copied into a zero border (one row and column each side, plus slack so that full vector
-// loads stay inside the buffer) and read as one flat row: output (p, q) at p * (W + 2) + q reads
-// tap (r, s) at that position + r * (W + 2) + s, so vectors span row ends (7x7 maps fill 14 of
-// 16 lanes, not 7); the two positions between rows are computed and dropped. Forward: per block
-// of 8 output channels and 32 positions, 16 accumulators take, for every input channel and tap,
-// 2 input vectors and 8 broadcast weights (packed [block][C][9][8] first). Weight gradient: per
-// input channel and three output channels (then a pair, a single), 3 x 9 accumulators over gy laid
-// out the same way with zeros between rows; each of the 9 input vectors is loaded once per step and
-// held in a register for the three (simd::in_register: folded into each multiply-add as a memory
-// operand, the unaligned loads had bound the loop). AVX-512 only; other levels have stubs.
+// Direct 3x3 convolution, stride 1, padding 1 (kernels/cpu/conv3x3.h).
+// Forward (and the input gradient, the forward with the weights transposed and flipped): the flat
+// layout without a border (kernels/cpu/conv_taps.h, SameTaps): output (p, q) is position j = p * W + q
+// of the map and reads tap (r, s) at j + (r - 1) * W + s - 1 of each input channel, the lanes that would
+// read the border masked off (read as 0, the bits a zero border gives), so vectors span row ends (a 7x7
+// map is 4 vectors, 28x28 49 whole ones), the input is read in place and the output stored straight
+// into y. Per block of 8 output channels and 32 positions, 16 accumulators take, for every input channel
+// and tap, 2 input vectors and 8 broadcast weights (packed [block][C][9][8] first).
+// Weight gradient: per image the input is copied into a zero border (one row and column each side, plus
+// slack so that full vector loads stay inside the buffer) and read as one flat row, output (p, q) at
+// p * (W + 2) + q reading tap (r, s) at that position + r * (W + 2) + s; gy is laid out the same way with
+// zeros between rows. Per input channel and three output channels (then a pair, a single), 3 x 9
+// accumulators; each of the 9 input vectors is loaded once per step and held in a register for the
+// three (simd::in_register: folded into each multiply-add as a memory operand, the unaligned loads had
+// bound the loop). Masked loads there (the flat layout's) measured 16% slower: their masks and offsets
+// are loads of their own beside 27 multiply-adds a step. AVX-512 only; other levels have stubs.
 #include "kernels/cpu/conv3x3.h"
 
 #include <algorithm>
@@ -31,21 +36,19 @@ namespace {
 
 constexpr int64_t kBlock = 8;  // output channels per block
 
-// Output channels [k0, k0 + KB) of one image: all flat positions into out, then its rows into y.
+// Output channels [k0, k0 + KB) of one image xn ([C][H W]; packed weights wk [C][9][KB], biases b or
+// null), all positions, stored straight into yk ([KB][H W]): two vectors a block, then one.
 template <int KB>
-void block(const float* xp, const float* wk, const float* b, float* out, float* y, int64_t C, int64_t H, int64_t W) {
-  const int64_t Wp = W + 2, plane = (H + 2) * Wp, L = H * Wp, Lr = (L + 31) / 32 * 32;
-  // Output (p, q) is j = p * (W + 2) + q and reads tap (r, s) at j + r * (W + 2) + s of the
-  // bordered image xp ([C][H + 2][W + 2]); the two positions between rows are computed and dropped.
-  const int64_t off[9] = {0, 1, 2, Wp, Wp + 1, Wp + 2, 2 * Wp, 2 * Wp + 1, 2 * Wp + 2};
-  for (int64_t j0 = 0; j0 < L; j0 += 32) {
-    if (L - j0 > 16) {
-      taps_block<KB, 2, 9>(xp, off, wk, b, out, C, plane, Lr, Lr, j0);
+void forward_channels(const SameTaps& taps, const float* xn, const float* wk, const float* b, float* yk, int64_t C,
+                      int64_t HW) {
+  for (int64_t v0 = 0; v0 < taps.vectors(); v0 += 2) {
+    const auto load = [&](int64_t c, int t, int v) { return taps.load(xn + c * HW, v0 + v, t); };
+    if (v0 + 2 <= taps.vectors()) {
+      taps_block<KB, 2, 9>(load, wk, b, yk, C, HW, HW, 16 * v0);
     } else {
-      taps_block<KB, 1, 9>(xp, off, wk, b, out, C, plane, Lr, Lr, j0);
+      taps_block<KB, 1, 9>(load, wk, b, yk, C, HW, HW, 16 * v0);
     }
   }
-  for (int j = 0; j < KB; ++j) copy_rows(out + j * Lr, H, W, y + j * H * W, W, Wp);
 }
 
 }  // namespace
@@ -62,17 +65,18 @@ void conv3x3_forward(const float* x, const float* w, const float* b, float* y, i
         for (int64_t j = 0; j < kb; ++j) packed[k0 * C * 9 + (c * 9 + t) * kb + j] = w[((k0 + j) * C + c) * 9 + t];
     k0 += kb;
   }
-  const int64_t Wp = W + 2, plane = (H + 2) * Wp, HW = H * W;
-  std::vector<float> xp(static_cast<size_t>(C * plane + 64), 0.0f);  // borders stay 0
-  std::vector<float> out(static_cast<size_t>(kBlock * ((H * Wp + 31) / 32 * 32)));
+  const int64_t HW = H * W;
+  const SameTaps taps(H, W);
   for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t c = 0; c < C; ++c) copy_rows(x + (n * C + c) * H * W, H, W, xp.data() + c * plane + Wp + 1, Wp);
+    const float* xn = x + n * C * HW;
     float* yn = y + n * K * HW;
     int64_t k0 = 0;
-    for (; k0 + kBlock <= K; k0 += kBlock)
-      block<kBlock>(xp.data(), packed.data() + k0 * C * 9, b ? b + k0 : nullptr, out.data(), yn + k0 * HW, C, H, W);
-    for (; k0 < K; ++k0)
-      block<1>(xp.data(), packed.data() + k0 * C * 9, b ? b + k0 : nullptr, out.data(), yn + k0 * HW, C, H, W);
+    for (; k0 + kBlock <= K; k0 += kBlock) {
+      forward_channels<kBlock>(taps, xn, packed.data() + k0 * C * 9, b ? b + k0 : nullptr, yn + k0 * HW, C, HW);
+    }
+    for (; k0 < K; ++k0) {
+      forward_channels<1>(taps, xn, packed.data() + k0 * C * 9, b ? b + k0 : nullptr, yn + k0 * HW, C, HW);
+    }
   }
 }
 

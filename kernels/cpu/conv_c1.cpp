@@ -19,6 +19,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/cpu/conv_taps.h"
 #include "kernels/cpu/simd.h"
 
 namespace tandem::kernels::cpu::detail {
@@ -33,42 +34,6 @@ bool conv_c1_supported(int64_t C, int64_t R, int64_t S, int64_t stride_h, int64_
 using simd::lane_mask;
 
 namespace {
-
-// Padding 1, the flat layout: output j = p * W + q reads tap t = (r, s) at input j + off[t], off[t] =
-// (r - 1) * W + s - 1, in lanes where row p + r - 1 and column q + s - 1 lie in the image.
-// mask(v)[t]: those lanes of vector v (positions 16 v .. 16 v + 15, none at or past H * W).
-class SameTaps {
- public:
-  SameTaps(int64_t H, int64_t W) : HW_(H * W), nvec_((H * W + 15) / 16), masks_(static_cast<size_t>(nvec_ * 9), 0) {
-    for (int t = 0; t < 9; ++t) off_[t] = (t / 3 - 1) * W + t % 3 - 1;
-    for (int64_t j = 0; j < HW_; ++j) {
-      const int64_t p = j / W, q = j % W;
-      for (int t = 0; t < 9; ++t) {
-        const int64_t r = p + t / 3 - 1, c = q + t % 3 - 1;
-        if (r >= 0 && r < H && c >= 0 && c < W) masks_[(j / 16) * 9 + t] |= __mmask16(1u << (j % 16));
-      }
-    }
-  }
-  int64_t vectors() const { return nvec_; }
-  int64_t lanes(int64_t v) const { return std::min<int64_t>(16, HW_ - 16 * v); }
-  // The 9 tap vectors of vector v of image xi: 0 where a tap reads the border. The address of a
-  // masked-off lane may lie outside the image (before its first row, past its last): it is formed
-  // in integers and never read.
-  void load(const float* xi, int64_t v, __m512 (&t)[9]) const {
-    const __mmask16* m = masks_.data() + v * 9;
-    const auto base = reinterpret_cast<uintptr_t>(xi);
-#pragma GCC unroll 9
-    for (int i = 0; i < 9; ++i) {
-      const auto at = base + static_cast<uintptr_t>((16 * v + off_[i]) * int64_t(sizeof(float)));
-      t[i] = _mm512_maskz_loadu_ps(m[i], reinterpret_cast<const float*>(at));
-    }
-  }
-
- private:
-  int64_t HW_, nvec_;
-  int64_t off_[9];
-  std::vector<__mmask16> masks_;
-};
 
 // The 9 tap vectors t (shared by every channel) times w's channels [k, k + KB), plus b, to out
 // (channel stride `plane`): KB independent multiply-add chains.

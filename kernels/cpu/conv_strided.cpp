@@ -82,10 +82,11 @@ void taps_conv(const float* in, const int64_t* off, int T, const float* packed, 
     const float* wk = packed + k0 * Cin * TT;
     const float* bk = b ? b + k0 : nullptr;
     for (int64_t j0 = 0; j0 < L; j0 += 32) {
+      const auto load = [&](int64_t c, int t, int v) { return _mm512_loadu_ps(in + c * plane + off[t] + j0 + 16 * v); };
       if (L - j0 > 16) {
-        taps_block<KB, 2, TT>(in, off, wk, bk, out + k0 * pitch, Cin, plane, pitch, L, j0);
+        taps_block<KB, 2, TT>(load, wk, bk, out + k0 * pitch, Cin, pitch, L, j0);
       } else {
-        taps_block<KB, 1, TT>(in, off, wk, bk, out + k0 * pitch, Cin, plane, pitch, L, j0);
+        taps_block<KB, 1, TT>(load, wk, bk, out + k0 * pitch, Cin, pitch, L, j0);
       }
     }
   };

@@ -60,19 +60,37 @@ inline void forward_all_channels(const __m512 (&t)[9], const float* w, const flo
   for (; k < K; ++k) forward_channels<1>(t, w, b, out, plane, lanes, k);
 }
 
-template <typename Out>
-void same_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
-                  int64_t W, int64_t K) {
-  const int64_t HW = H * W;
-  const SameTaps taps(H, W);
-  for (int64_t n = n0; n < n1; ++n) {
-    for (int64_t v = 0; v < taps.vectors(); ++v) {
+// Calls f(t, o, lanes) for every block of output positions of image xi: t its 9 tap vectors (shared by
+// every channel), o its offset in the output map, lanes its width. Without padding (same null) a
+// block is 16 columns of one output row, the row's tail masked; with padding 1 (same: its masked
+// taps) 16 consecutive positions of the flat map.
+template <typename F>
+inline void for_each_block(const float* xi, int64_t H, int64_t W, const SameTaps* same, F&& f) {
+  if (same) {
+    for (int64_t v = 0; v < same->vectors(); ++v) {
       __m512 t[9];
-      taps.load(x + n * HW, v, t);
-      forward_all_channels(t, w, b, y + n * K * HW + 16 * v, HW, taps.lanes(v), K);
+      same->load(xi, v, t);
+      f(t, 16 * v, same->lanes(v));
+    }
+    return;
+  }
+  const int64_t P = H - 2, Q = W - 2;
+  for (int64_t p = 0; p < P; ++p) {
+    for (int64_t q0 = 0; q0 < Q; q0 += 16) {
+      const __mmask16 m = lane_mask(Q - q0);
+      __m512 t[9];
+#pragma GCC unroll 9
+      for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
+      f(t, p * Q + q0, Q - q0);
     }
   }
 }
+
+// The padding-1 layout for `pad` (none for padding 0), and the output map's size.
+std::optional<SameTaps> same_taps(int64_t pad, int64_t H, int64_t W) {
+  return pad == 1 ? std::optional<SameTaps>(std::in_place, H, W) : std::nullopt;
+}
+int64_t map_size(int64_t pad, int64_t H, int64_t W) { return pad == 1 ? H * W : (H - 2) * (W - 2); }
 
 }  // namespace
 
@@ -80,23 +98,14 @@ void same_forward(const float* x, const float* w, const float* b, Out* y, int64_
 template <typename Out>
 void conv_c1_forward(const float* x, const float* w, const float* b, Out* y, int64_t n0, int64_t n1, int64_t H,
                      int64_t W, int64_t K, int64_t pad) {
-  if (pad == 1) {
-    same_forward(x, w, b, y, n0, n1, H, W, K);
-    return;
-  }
-  const int64_t P = H - 2, Q = W - 2, PQ = P * Q;
+  const std::optional<SameTaps> same = same_taps(pad, H, W);
+  const int64_t PQ = map_size(pad, H, W);
   for (int64_t n = n0; n < n1; ++n) {
-    const float* xi = x + n * H * W;
     Out* yo = y + n * K * PQ;
-    for (int64_t p = 0; p < P; ++p) {
-      for (int64_t q0 = 0; q0 < Q; q0 += 16) {
-        const __mmask16 m = lane_mask(Q - q0);
-        __m512 t[9];
-#pragma GCC unroll 9
-        for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
-        forward_all_channels(t, w, b, yo + p * Q + q0, PQ, Q - q0, K);
-      }
-    }
+    for_each_block(x + n * H * W, H, W, same ? &*same : nullptr,
+                   [&](const __m512(&t)[9], int64_t o, int64_t lanes) __attribute__((always_inline)) {
+                     forward_all_channels(t, w, b, yo + o, PQ, lanes, K);
+                   });
   }
 }
 template void conv_c1_forward<float>(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t,
@@ -113,7 +122,7 @@ template void conv_c1_forward<uint16_t>(const float*, const float*, const float*
 template <int KB, typename G>
 void weight_grad_channels(const G* g, const float* xi, float* part, int64_t H, int64_t W, int64_t k,
                           const SameTaps* same) {
-  const int64_t P = same ? H : H - 2, Q = same ? W : W - 2, PQ = P * Q;
+  const int64_t PQ = map_size(same ? 1 : 0, H, W);
   __m512 acc[KB][10];
 #pragma GCC unroll 2
   for (int j = 0; j < KB; ++j) {
@@ -130,23 +139,7 @@ void weight_grad_channels(const G* g, const float* xi, float* part, int64_t H, i
       for (int i = 0; i < 9; ++i) acc[j][i] = _mm512_fmadd_ps(gv, t[i], acc[j][i]);
     }
   };
-  if (same) {
-    for (int64_t v = 0; v < same->vectors(); ++v) {
-      __m512 t[9];
-      same->load(xi, v, t);
-      add(t, 16 * v, same->lanes(v));
-    }
-  } else {
-    for (int64_t p = 0; p < P; ++p) {
-      for (int64_t q0 = 0; q0 < Q; q0 += 16) {
-        const __mmask16 m = lane_mask(Q - q0);
-        __m512 t[9];
-#pragma GCC unroll 9
-        for (int i = 0; i < 9; ++i) t[i] = _mm512_maskz_loadu_ps(m, xi + (p + i / 3) * W + q0 + i % 3);
-        add(t, p * Q + q0, Q - q0);
-      }
-    }
-  }
+  for_each_block(xi, H, W, same, add);
 #pragma GCC unroll 2
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 10
@@ -157,7 +150,7 @@ void weight_grad_channels(const G* g, const float* xi, float* part, int64_t H, i
 template <typename G>
 void weight_grad_image(const G* gy, const float* xi, float* part, int64_t H, int64_t W, int64_t K,
                        const SameTaps* same) {
-  const int64_t PQ = same ? H * W : (H - 2) * (W - 2);
+  const int64_t PQ = map_size(same ? 1 : 0, H, W);
   int64_t k = 0;
   for (; k + 2 <= K; k += 2) weight_grad_channels<2, G>(gy + k * PQ, xi, part, H, W, k, same);
   for (; k < K; ++k) weight_grad_channels<1, G>(gy + k * PQ, xi, part, H, W, k, same);
@@ -186,8 +179,8 @@ void conv_c1_weight_grad(const G* gy, const float* x, float* dw, float* db, int6
                          int64_t W, int64_t K, int64_t pad) {
   // Images outer, so gy and x are read once, in address order.
   std::vector<float> part(static_cast<size_t>(conv_c1_part_size(K)), 0.0f);
-  const std::optional<SameTaps> same = pad == 1 ? std::optional<SameTaps>(std::in_place, H, W) : std::nullopt;
-  const int64_t image = K * (pad == 1 ? H * W : (H - 2) * (W - 2));
+  const std::optional<SameTaps> same = same_taps(pad, H, W);
+  const int64_t image = K * map_size(pad, H, W);
   for (int64_t n = n0; n < n1; ++n) {
     weight_grad_image(gy + n * image, x + n * H * W, part.data(), H, W, K, same ? &*same : nullptr);
   }

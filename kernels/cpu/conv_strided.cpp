@@ -541,7 +541,7 @@ void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_
   const Phases ph(g);
   const int64_t Lw = round_up(ph.L, 16), PQ = g.P * g.Q;
   const int64_t image = ph.image_floats(g) + Lw + 64;  // reads past the planes stay in the image's slack
-  const int64_t G = std::clamp<int64_t>(512 / Lw, 1, std::max<int64_t>(1, n1 - n0));
+  const int64_t G = group_images(Lw, image + g.K * Lw, n1 - n0);
   thread_local std::vector<float> xp_buf, gyf_buf, part_buf;
   float* xp = zeroed(xp_buf, G * image);          // borders and slack stay 0
   float* gyf = zeroed(gyf_buf, G * g.K * Lw);     // columns q >= Q stay 0

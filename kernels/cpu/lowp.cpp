@@ -44,6 +44,34 @@ Tensor bias_grad(const Tensor& gy) {
   return cpu::cast(sums, gy.dtype());
 }
 
+// A conv's bias gradient alone, the sums of gy [N, K, H, W] (f32 or bf16; others widened) over N, H and W in f32, image
+// after image, as dtype d: a pass over gy, where oneDNN's weight primitive, asked for the bias, would
+// compute the weight gradient too (the whole cost of the weight gradient for a frozen weight).
+Tensor conv_bias_grad(const Tensor& gy_in, DType d) {
+  const bool own = gy_in.dtype() == kFloat32 || gy_in.dtype() == kBFloat16;
+  const Tensor gy = own ? gy_in : cpu::cast(gy_in, kFloat32);
+  const int64_t N = gy.size(0), K = gy.size(1), HW = gy.numel() / std::max<int64_t>(1, N * K);
+  Tensor sums = Tensor::zeros({K}, kFloat32);
+  float* s = sums.data<float>();
+  const bool bf16 = gy.dtype() == kBFloat16;
+  detail::parallel_range(K, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      for (int64_t n = 0; n < N; ++n) {
+        const int64_t at = (n * K + k) * HW;
+        if (!bf16) {
+          s[k] += detail::CArrMap<float>(gy.data<float>() + at, HW).sum();
+          continue;
+        }
+        const uint16_t* row = static_cast<const uint16_t*>(gy.raw_data()) + at;
+        float part = 0;
+        for (int64_t i = 0; i < HW; ++i) part += bf16_to_f32(row[i]);
+        s[k] += part;
+      }
+    }
+  });
+  return d == kFloat32 ? sums : cpu::cast(sums, d);
+}
+
 }  // namespace
 
 bool lowp_linear_native(const Tensor& x) { return lowp_gemm_path(x.dtype()) != GemmPath::fallback; }
@@ -130,12 +158,14 @@ bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
     g.input = Tensor::empty(x.shape(), x.dtype());  // computed in d, widened in oneDNN's output reorder
     input_ok = detail::onednn_conv_backward_data(gy, w, args, kBFloat16, g.input);
   }
-  if (need_weight || need_bias) {
+  if (need_weight) {
     Tensor gw = Tensor::empty(w.shape(), d);
     Tensor gb = need_bias ? Tensor::empty({w.size(0)}, d) : Tensor();
     weight_ok = detail::onednn_conv_backward_weights(gy, x, args, kBFloat16, gw, need_bias ? &gb : nullptr);
-    if (need_weight) g.weight = gw;
+    g.weight = gw;
     if (need_bias) g.bias = gb;
+  } else if (need_bias) {
+    g.bias = conv_bias_grad(gy, d);
   }
   if (!input_ok || !weight_ok) {
     // The part oneDNN has no native kernel for: f32 math on the widened operands, rounded once.
@@ -188,12 +218,14 @@ bool f32_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor& 
     g.input = Tensor::empty(x.shape(), kFloat32);
     if (!detail::onednn_conv_backward_data(gy, w, args, kFloat32, g.input)) return false;
   }
-  if (need_weight || need_bias) {
+  if (need_weight) {
     Tensor gw = Tensor::empty(w.shape(), kFloat32);
     Tensor gb = need_bias ? Tensor::empty({w.size(0)}, kFloat32) : Tensor();
     if (!detail::onednn_conv_backward_weights(gy, x, args, kFloat32, gw, need_bias ? &gb : nullptr)) return false;
-    if (need_weight) g.weight = gw;
+    g.weight = gw;
     if (need_bias) g.bias = gb;
+  } else if (need_bias) {
+    g.bias = conv_bias_grad(gy, kFloat32);
   }
   detail::count_gemm_path(GemmKernel::conv2d_backward, GemmPath::onednn_f32);
   grads = g;

@@ -226,6 +226,39 @@ TEST(DnnlF32, ConvWithSixteenChannelsTakesOneDnnAndMatchesFloat64) {
   }
 }
 
+TEST(DnnlF32, BiasGradientAloneIsTheSumOfTheOutputGradient) {
+  // A bias gradient asked without the weight's (a frozen weight): the sums of gy over images and
+  // pixels, in f32 and under bf16 (rounded once), with or without the input's gradient; no weight.
+  Generator gen(12);
+  for (int threads : {1, 2}) {
+    ThreadCountGuard guard(threads);
+    for (bool input : {false, true}) {
+      const Tensor x = random_tensor({3, 16, 10, 10}, kFloat32, gen), w = random_tensor({32, 16, 3, 3}, kFloat32, gen);
+      const kernels::Conv2dArgs args{2, 2, 1, 1};
+      const Tensor gy = random_tensor({3, 32, 5, 5}, kFloat32, gen);
+      const auto g = kernels::conv2d_backward(gy, x, w, args, input, false, true);
+      const auto r = kernels::conv2d_backward(f64(gy), f64(x), f64(w), args, true, true, true);
+      EXPECT_FALSE(g.weight.defined());
+      EXPECT_EQ(g.input.defined(), input);
+      EXPECT_TRUE(all_close(g.bias, values(r.bias), tol_for(kFloat32)));
+      if (input) {
+        EXPECT_TRUE(all_close(g.input, values(r.input), tol_for(kFloat32)));
+      }
+
+      const Tensor xb = bf16_random(x.shape(), gen), wb = bf16_random(w.shape(), gen), gyb = bf16_random(gy.shape(), gen);
+      const auto gb = kernels::lowp_conv2d_backward(gyb, xb, wb, args, input, false, true);
+      const auto rb = kernels::conv2d_backward(f64(gyb), f64(xb), f64(wb), args, true, true, true);
+      const auto rab = kernels::conv2d_backward(abs64(gyb), abs64(xb), abs64(wb), args, true, true, true);
+      EXPECT_FALSE(gb.weight.defined());
+      EXPECT_EQ(gb.bias.dtype(), kBFloat16);
+      EXPECT_TRUE(within_bf16(gb.bias, rb.bias, rab.bias, 3 * 5 * 5));
+      if (input) {
+        EXPECT_TRUE(within_bf16(gb.input, rb.input, rab.input, 32 * 9));
+      }
+    }
+  }
+}
+
 TEST(DnnlF32, ConvBuffersComeFromTheEnginesCachingAllocator) {
   // oneDNN computes in its blocked layouts: the blocked copies of x and w and the blocked result are
   // buffers of the engine's caching allocator (reused from call to call, no fresh mapping each time),

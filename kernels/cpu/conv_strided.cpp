@@ -1,14 +1,14 @@
-// Direct convolutions with stride 2 (kernels/cpu/conv_strided.h). Layout: the zero-padded input
-// [C][H + 2 ph][W + 2 pw] is split into the phases its taps read, phase (a, b) a plane
-// [Hf][Wf] (Hf = P + (R - 1) / 2, Wf = Q + (S - 1) / 2) holding padded pixel (2 i + a, 2 j + b)
-// at (i, j); output (p, q) is flat position p * Wf + q and reads tap (r, s) at that position plus
-// (r / 2) * Wf + s / 2 in phase (r % 2, s % 2). Splitting a row into its even and odd pixels is
-// one permute of two loads (deinterleave). Forward: per block of 8 output channels and 32
-// positions, 16 accumulators take, for every input channel and tap, 2 input vectors and 8
-// broadcast weights (the stride-1 kernel's inner loop, kernels/cpu/conv3x3.cpp, with a table of
+// Direct convolutions with stride 2 (kernels/cpu/conv_strided.h). Layout (forward and weight
+// gradient): the zero-padded input is split into planes of pitch Q, plane (a, b, d) holding padded
+// pixel (2 i + a, 2 (j + d) + b) at (i, j) for i < Hf = P + (R - 1) / 2 and j < Q; output (p, q) is flat
+// position p * Q + q and reads tap (r, s) at that position plus (r / 2) * Q in plane (r % 2, s % 2,
+// s / 2). With the output's own pitch, y is written and gy read in place (no dead columns between
+// rows). Splitting a source row into its planes is one permute of two loads a plane. Forward: per
+// block of 8 output channels and 32 positions, 16 accumulators take, for every input channel and
+// tap, 2 input vectors and 8 broadcast weights (taps_block, kernels/cpu/conv_taps.h, with a table of
 // tap offsets). Weight gradient: per block of output and input channels (3 x 1 for 3x3, 4 x 4 for 1x1),
-// per lane accumulators over the output gradient laid out the same way with zeros between rows,
-// each input vector held in a register for the block's output channels (simd::in_register). Input gradient: per
+// per lane accumulators over the output gradient (its last vector masked), each input vector held in a
+// register for the block's output channels (simd::in_register). Input gradient: per
 // phase (a, b) of the padded input, the taps of that phase read the output gradient, copied into
 // a zero border of (R - 1) / 2 rows and (S - 1) / 2 columns, at fixed offsets (the same forward
 // kernel with the output and input channels swapped); the phases' rows are then interleaved into
@@ -118,86 +118,92 @@ std::vector<float> pack_weights(int64_t Cin, int64_t Cout, int T, F weight) {
   return packed;
 }
 
-// The phase planes of the input side (forward and weight gradient).
+// The phase planes of the input side (forward and weight gradient), all of pitch Q, so that output
+// (p, q) is flat position p * Q + q in every plane, in y and in gy alike (no dead columns, y written and
+// gy read in place). Plane (a, b, d) holds at (i, j) the padded pixel (2 i + a, 2 (j + d) + b), and tap
+// (r, s) reads plane (r % 2, s % 2, s / 2) at row offset r / 2: the tap's column step is taken in the
+// plane itself, where an offset of one column would wrap into the next row at q = Q - 1. A 3x3 reads
+// six planes (its taps s = 0 and s = 2 of phase column b = 0 two planes one column apart), a 1x1 one.
+constexpr int kMaxSlots = 6;
 struct Phases {
-  int64_t Hf, Wf, plane, L;  // plane = Hf * Wf; L = P * Wf flat output positions
+  int64_t Hf, plane, L;  // plane = Hf * Q; L = P * Q flat output positions
   int slots = 0;
-  std::array<int, 4> slot{-1, -1, -1, -1};  // phase a * 2 + b -> its plane group, or -1 (unread)
+  std::array<int, kMaxSlots> key_a{}, key_b{}, key_d{};  // slot -> its plane (a, b, d)
   int T = 0;
   std::array<int64_t, kMaxTaps> off{};  // tap r * S + s -> offset from c * plane
 
   explicit Phases(const StridedConvShape& g) {
-    Hf = g.P + (g.R - 1) / 2, Wf = g.Q + (g.S - 1) / 2, plane = Hf * Wf, L = g.P * Wf;
+    Hf = g.P + (g.R - 1) / 2, plane = Hf * g.Q, L = g.P * g.Q;
     T = int(g.R * g.S);
     for (int64_t r = 0; r < g.R; ++r)
       for (int64_t s = 0; s < g.S; ++s) {
-        const int ph = int((r % 2) * 2 + s % 2);
-        if (slot[ph] < 0) slot[ph] = slots++;
+        const int a = int(r % 2), b = int(s % 2), d = int(s / 2);
+        int sl = 0;
+        while (sl < slots && !(key_a[sl] == a && key_b[sl] == b && key_d[sl] == d)) ++sl;
+        if (sl == slots) key_a[sl] = a, key_b[sl] = b, key_d[sl] = d, ++slots;
+        off[r * g.S + s] = sl * g.C * plane + (r / 2) * g.Q;
       }
-    for (int64_t r = 0; r < g.R; ++r)
-      for (int64_t s = 0; s < g.S; ++s)
-        off[r * g.S + s] = slot[(r % 2) * 2 + s % 2] * g.C * plane + (r / 2) * Wf + s / 2;
   }
   int64_t image_floats(const StridedConvShape& g) const { return slots * g.C * plane; }
 
-  // Writes image xn's phases into xp (whose other positions are zero and stay so). Source row ih
-  // is padded row ih + pad_h: phase row a = its parity, row (ih + pad_h) / 2; its even columns go
-  // to phase column b = pad_w's parity, its odd ones to the other (padded column iw + pad_w).
+  // Writes image xn's planes into xp (whose other positions are zero and stay so: each image writes the
+  // same positions). Source row ih is padded row ih + pad_h = 2 i + a; source column iw = 2 m + parity is
+  // padded column 2 J + b with b = (parity + pad_w) % 2 and J = J0 + m, J0 = (parity + pad_w) / 2, and
+  // lands in plane (a, b, d) at column J - d where that lies in [0, Q). Only a 3x3 is filled (the 1x1
+  // projections gather their one plane): three planes of each row parity a, (a, 0, 0), (a, 0, 1) and
+  // (a, 1, 0), filled together in a pass over the rows of that parity, everything the loop needs in
+  // locals (a masked store would otherwise order the reloads of the shape behind it).
   void fill(const float* xn, const StridedConvShape& g, float* xp) const {
-    if (slots == 1) {
-      fill_one_phase(xn, g, xp);
-      return;
-    }
-    int64_t b_of[2], jo[2], n[2];  // per source column parity: phase column, first column, count
-    for (int64_t parity = 0; parity < 2; ++parity) {
-      b_of[parity] = (parity + g.pad_w) & 1;
-      jo[parity] = (parity + g.pad_w) / 2;
-      n[parity] = std::max<int64_t>(0, std::min((g.W - parity + 1) / 2, Wf - jo[parity]));
-    }
-    // Rows of at most 32 pixels (the ResNet's): two masked loads, two permutes and two masked stores
-    // a row, the masks made once here rather than in each deinterleave call.
-    const bool narrow = g.W <= 32;
-    const __mmask16 lo_m = simd::lane_mask(g.W), hi_m = simd::lane_mask(g.W - 16);
-    const __mmask16 out_m[2] = {simd::lane_mask(n[0]), simd::lane_mask(n[1])};
-    const __m512i pick[2] = {simd::even_lanes(), simd::odd_lanes()};
-    for (int64_t c = 0; c < g.C; ++c) {
-      for (int64_t ih = 0; ih < g.H; ++ih) {
-        const int64_t a = (ih + g.pad_h) & 1, i = (ih + g.pad_h) / 2;
-        if (i >= Hf) continue;
-        float* dst[2];
-        for (int64_t parity = 0; parity < 2; ++parity) {
-          const int sl = slot[a * 2 + b_of[parity]];
-          dst[parity] = sl < 0 ? nullptr : xp + (sl * g.C + c) * plane + i * Wf + jo[parity];
+    const int64_t C = g.C, H = g.H, W = g.W, Q = g.Q, pad_h = g.pad_h, rows = Hf, pitch = plane;
+    // Rows of at most 32 pixels whose plane rows fit a vector (the ResNet's): two masked loads, then one
+    // permute and one masked store a plane; wider rows split through a buffer.
+    const bool narrow = W <= 32 && Q <= 16;
+    const __mmask16 lo_m = simd::lane_mask(W), hi_m = simd::lane_mask(W - 16);
+    thread_local std::vector<float> split_buf;
+    const int64_t half = W / 2 + 32;
+    if (!narrow) split_buf.resize(static_cast<size_t>(2 * half));
+    for (int a = 0; a < 2; ++a) {
+      // Plane u of this a: its columns [col0, col0 + count) hold source pixels first_m[u] + l of the
+      // column parity parity[u], at dst[u] from the channel's row.
+      int parity[3] = {}, first_m[3] = {};
+      int64_t dst[3] = {}, count[3] = {};
+      __m512i idx[3];
+      __mmask16 mask[3] = {};
+      int n = 0;
+      for (int k = 0; k < slots && n < 3; ++k) {
+        if (key_a[k] != a) continue;
+        parity[n] = int((key_b[k] + g.pad_w) & 1);
+        const int64_t first = (parity[n] + g.pad_w) / 2 - key_d[k], n_src = (W - parity[n] + 1) / 2;
+        const int64_t col0 = std::max<int64_t>(0, first), col1 = std::min(Q, first + n_src);
+        dst[n] = k * C * pitch + col0, count[n] = std::max<int64_t>(0, col1 - col0), first_m[n] = int(col0 - first);
+        alignas(64) int32_t table[16] = {};
+        for (int l = 0; l < 16 && l < count[n]; ++l) {
+          table[l] = int32_t(parity[n] + 2 * (first_m[n] + l));
+          mask[n] |= __mmask16(1u << l);
         }
-        const float* src = xn + (c * g.H + ih) * g.W;
-        if (!narrow) {
-          if (dst[0] || dst[1]) deinterleave(src, g.W, dst[0], n[0], dst[1], n[1]);
-          continue;
-        }
-        const __m512 lo = _mm512_maskz_loadu_ps(lo_m, src), hi = _mm512_maskz_loadu_ps(hi_m, src + 16);
-        for (int parity = 0; parity < 2; ++parity) {
-          if (!dst[parity]) continue;
-          _mm512_mask_storeu_ps(dst[parity], out_m[parity], _mm512_permutex2var_ps(lo, pick[parity], hi));
-        }
+        idx[n++] = _mm512_load_si512(table);
       }
-    }
-  }
-  // The same for a kernel that reads one phase (1x1): its rows only, phase by phase (measured
-  // faster there than the row-by-row split above).
-  void fill_one_phase(const float* xn, const StridedConvShape& g, float* xp) const {
-    for (int ph = 0; ph < 4; ++ph) {
-      if (slot[ph] < 0) continue;
-      const int64_t a = ph / 2, b = ph % 2;
-      const int64_t parity = (b + g.pad_w) & 1;        // the source columns of this phase
-      const int64_t jo = (parity - b + g.pad_w) / 2;   // where the first lands
-      const int64_t n = std::min((g.W - parity + 1) / 2, Wf - jo);
-      if (n <= 0) continue;
-      for (int64_t c = 0; c < g.C; ++c) {
-        float* dst = xp + (slot[ph] * g.C + c) * plane + jo;
-        for (int64_t i = 0; i < Hf; ++i) {
-          const int64_t ih = 2 * i + a - g.pad_h;
-          if (ih < 0 || ih >= g.H) continue;
-          deinterleave(xn + (c * g.H + ih) * g.W + parity, g.W - parity, dst + i * Wf, n, nullptr, 0);
+      // Rows ih = 2 i + a - pad_h in [0, H), i < Hf.
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t ih = ((a - pad_h) % 2 + 2) % 2; ih < H; ih += 2) {
+          const int64_t i = (ih + pad_h) / 2;
+          if (i >= rows) break;
+          const float* src = xn + (c * H + ih) * W;
+          float* row = xp + c * pitch + i * Q;
+          if (narrow) {
+            const __m512 lo = _mm512_maskz_loadu_ps(lo_m, src), hi = _mm512_maskz_loadu_ps(hi_m, src + 16);
+#pragma GCC unroll 3
+            for (int u = 0; u < 3; ++u) {
+              _mm512_mask_storeu_ps(row + dst[u], mask[u], _mm512_permutex2var_ps(lo, idx[u], hi));
+            }
+            continue;
+          }
+          float* split[2] = {split_buf.data(), split_buf.data() + half};
+          deinterleave(src, W, split[0], (W + 1) / 2, split[1], W / 2);
+          for (int u = 0; u < 3; ++u) {
+            const float* from = split[parity[u]] + first_m[u];
+            std::copy(from, from + count[u], row + dst[u]);
+          }
         }
       }
     }
@@ -345,22 +351,16 @@ void conv_strided_forward(const float* x, const float* w, const float* b, float*
   const int64_t Lr = round_up(ph.L, 32), PQ = g.P * g.Q;
   const std::vector<float> packed =
       pack_weights(g.C, g.K, ph.T, [&](int64_t k, int64_t c, int t) { return w[(k * g.C + c) * ph.T + t]; });
-  thread_local std::vector<float> xp_buf, out_buf;
+  thread_local std::vector<float> xp_buf;
   float* xp = zeroed(xp_buf, ph.image_floats(g) + Lr + 64);  // borders stay 0
-  float* out = zeroed(out_buf, g.K * Lr);
   for (int64_t n = n0; n < n1; ++n) {
-    if (plain_projection(g)) {  // its one phase, plane P x Q
+    if (plain_projection(g)) {  // its one plane, P x Q
       gather_even_pixels(x + n * g.C * g.H * g.W, g, xp, ph.plane);
     } else {
       ph.fill(x + n * g.C * g.H * g.W, g, xp);
     }
-    float* yn = y + n * g.K * PQ;
-    if (ph.Wf == g.Q) {  // no columns between rows (1x1): straight into y
-      taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, yn, PQ, g.C, g.K, ph.plane, PQ);
-      continue;
-    }
-    taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, out, Lr, g.C, g.K, ph.plane, ph.L);
-    for (int64_t k = 0; k < g.K; ++k) copy_rows(out + k * Lr, g.P, g.Q, yn + k * PQ, g.Q, ph.Wf);
+    // The planes' pitch is Q: straight into y.
+    taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, y + n * g.K * PQ, PQ, g.C, g.K, ph.plane, PQ);
   }
 }
 
@@ -460,11 +460,13 @@ void weight_grad_block(const GradRows& g, const float* xp, const int64_t* off, f
 #pragma GCC unroll 9
     for (int u = 0; u < CB * T; ++u) acc[j][u] = _mm512_loadu_ps(part + (((k + j) * C + c) * T + u) * 16);
   }
+  // A 3x3's vectors wholly below g.valid with plain loads, the rest masked (a 1x1's block, with a
+  // third of the multiply-adds a step, measured faster with every vector masked).
+  const int64_t full = T > 1 ? std::min(Lw, g.valid / 16 * 16) : 0;
   for (int64_t i = 0; i < gn; ++i) {
     const float* gi = g.gy + i * g.image + k * g.channel;
     const float* xi = xp + i * image + c * plane;
-    for (int64_t j0 = 0; j0 < Lw; j0 += 16) {
-      const __mmask16 m = simd::lane_mask(g.valid - j0);
+    const auto step = [&](int64_t j0, __mmask16 m) {
       __m512 gv[KB];
 #pragma GCC unroll 4
       for (int j = 0; j < KB; ++j) gv[j] = _mm512_maskz_loadu_ps(m, gi + j * g.channel + j0);
@@ -474,7 +476,9 @@ void weight_grad_block(const GradRows& g, const float* xp, const int64_t* off, f
 #pragma GCC unroll 4
         for (int j = 0; j < KB; ++j) acc[j][u] = _mm512_fmadd_ps(gv[j], xv, acc[j][u]);
       }
-    }
+    };
+    for (int64_t j0 = 0; j0 < full; j0 += 16) step(j0, __mmask16(0xFFFF));
+    for (int64_t j0 = full; j0 < Lw; j0 += 16) step(j0, simd::lane_mask(g.valid - j0));
   }
 #pragma GCC unroll 4
   for (int j = 0; j < KB; ++j) {
@@ -538,27 +542,19 @@ void projection_weight_grad(const float* gy, const float* x, float* dw, int64_t 
 void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
                               const StridedConvShape& g) {
   if (plain_projection(g)) return projection_weight_grad(gy, x, dw, n0, n1, g);
+  // A 3x3 (the only other kernel supported): its planes of pitch Q against gy read in place.
   const Phases ph(g);
-  const int64_t Lw = round_up(ph.L, 16), PQ = g.P * g.Q;
+  const int64_t PQ = g.P * g.Q, Lw = round_up(PQ, 16);
   const int64_t image = ph.image_floats(g) + Lw + 64;  // reads past the planes stay in the image's slack
   const int64_t G = group_images(Lw, image + g.K * Lw, n1 - n0);
-  thread_local std::vector<float> xp_buf, gyf_buf, part_buf;
-  float* xp = zeroed(xp_buf, G * image);          // borders and slack stay 0
-  float* gyf = zeroed(gyf_buf, G * g.K * Lw);     // columns q >= Q stay 0
+  thread_local std::vector<float> xp_buf, part_buf;
+  float* xp = zeroed(xp_buf, G * image);  // borders and slack stay 0
   float* part = zeroed(part_buf, g.K * g.C * ph.T * 16);
   for (int64_t n = n0; n < n1; n += G) {
     const int64_t gn = std::min(G, n1 - n);
-    for (int64_t i = 0; i < gn; ++i) {
-      ph.fill(x + (n + i) * g.C * g.H * g.W, g, xp + i * image);
-      for (int64_t k = 0; k < g.K; ++k)
-        copy_rows(gy + ((n + i) * g.K + k) * PQ, g.P, g.Q, gyf + (i * g.K + k) * Lw, ph.Wf);
-    }
-    const GradRows rows{gyf, g.K * Lw, Lw, Lw};
-    if (ph.T == 9) {
-      weight_grad_group<3, 1, 9>(rows, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
-    } else {
-      weight_grad_group<4, 4, 1>(rows, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
-    }
+    for (int64_t i = 0; i < gn; ++i) ph.fill(x + (n + i) * g.C * g.H * g.W, g, xp + i * image);
+    const GradRows rows{gy + n * g.K * PQ, g.K * PQ, PQ, PQ};
+    weight_grad_group<3, 1, 9>(rows, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
   }
   for (int64_t i = 0; i < g.K * g.C * ph.T; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));
 }

@@ -232,14 +232,15 @@ bool plain_projection(const StridedConvShape& g) { return g.R == 1 && g.S == 1 &
 // xs[c * ld + p * Q + q] = xn[c][2 p][2 q]: the pixels a projection reads, channel by channel. Rows of
 // at most 32 pixels (the ResNet's) take one permute each, with masks computed once.
 void gather_even_pixels(const float* xn, const StridedConvShape& g, float* xs, int64_t ld) {
-  const __mmask16 lo_mask = simd::lane_mask(g.W), hi_mask = simd::lane_mask(g.W - 16), q_mask = simd::lane_mask(g.Q);
+  const int64_t C = g.C, H = g.H, W = g.W, P = g.P, Q = g.Q;  // locals: not reloaded after each store
+  const __mmask16 lo_mask = simd::lane_mask(W), hi_mask = simd::lane_mask(W - 16), q_mask = simd::lane_mask(Q);
   const __m512i even = simd::even_lanes();
-  for (int64_t c = 0; c < g.C; ++c) {
-    for (int64_t p = 0; p < g.P; ++p) {
-      const float* src = xn + (c * g.H + 2 * p) * g.W;
-      float* dst = xs + c * ld + p * g.Q;
-      if (g.W > 32) {
-        deinterleave(src, g.W, dst, g.Q, nullptr, 0);
+  for (int64_t c = 0; c < C; ++c) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float* src = xn + (c * H + 2 * p) * W;
+      float* dst = xs + c * ld + p * Q;
+      if (W > 32) {
+        deinterleave(src, W, dst, Q, nullptr, 0);
         continue;
       }
       const __m512 lo = _mm512_maskz_loadu_ps(lo_mask, src), hi = _mm512_maskz_loadu_ps(hi_mask, src + 16);

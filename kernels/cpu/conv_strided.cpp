@@ -297,11 +297,26 @@ class RowPairScatter {
     }
   }
   bool active() const { return nv_ > 0; }
-  // count: the floats of dst to write (2 W, or W for a last even row without an odd one).
-  void run(const float* row, float* dst, int64_t count) const {
-    const __m512 v = simd::load_first(row, Q_);
-    for (int u = 0; u < nv_ && 16 * u < count; ++u) {
-      simd::store_first(dst + 16 * u, _mm512_maskz_permutexvar_ps(keep_[u], idx_[u], v), count - 16 * u);
+  // One channel: the P rows of the product (prod, Q values a row) into the H x W image gxc. The tables
+  // and the shape in locals (a masked store would have the loop reload them).
+  void run(const float* prod, int64_t P, int64_t H, float* gxc) const {
+    const int64_t W = W_, Q = Q_, HW = H * W_;
+    const int nv = nv_;
+    __m512i idx[4];
+    __mmask16 keep[4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u) idx[u] = idx_[u], keep[u] = keep_[u];
+    const __mmask16 q_mask = simd::lane_mask(Q);
+    for (int64_t p = 0; p < P; ++p) {
+      const __m512 v = _mm512_maskz_loadu_ps(q_mask, prod + p * Q);
+      float* dst = gxc + 2 * p * W;
+      const int64_t count = std::min(2 * W, HW - 2 * p * W);  // 2 W, or W for a last even row alone
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        if (u < nv && 16 * u < count) {
+          simd::store_first(dst + 16 * u, _mm512_maskz_permutexvar_ps(keep[u], idx[u], v), count - 16 * u);
+        }
+      }
     }
   }
 
@@ -327,9 +342,7 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
     float* gxn = gx + n * g.C * HW;
     for (int64_t ci = 0; ci < g.C; ++ci) {
       if (scatter.active()) {
-        for (int64_t p = 0; p < g.P; ++p) {
-          scatter.run(prod + ci * ld + p * g.Q, gxn + ci * HW + 2 * p * g.W, std::min(2 * g.W, HW - 2 * p * g.W));
-        }
+        scatter.run(prod + ci * ld, g.P, g.H, gxn + ci * HW);
         continue;
       }
       for (int64_t ih = 0; ih < g.H; ++ih) {

@@ -78,6 +78,16 @@ Tensor cast(const Tensor& x, DType to) {
   if (!fast) return x.to(to);
   Tensor out = Tensor::empty(x.shape(), to, x.device());
   if (from == kFloat32 && to == kBFloat16) {
+#if TANDEM_SIMD == TANDEM_SIMD_AVX512
+    if (x.is_contiguous()) {  // vector lanes (the CPU's own conversion where the build has AVX512_BF16)
+      const float* src = x.data<float>();
+      uint16_t* dst = static_cast<uint16_t*>(out.raw_data());
+      detail::parallel_range(x.numel(), kCastGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; i += 16) simd::store_first(dst + i, simd::load_first(src + i, e - i), e - i);
+      });
+      return out;
+    }
+#endif
     convert<float, uint16_t>(x, out, [](float f) { return f32_to_bf16_bits(f); });
   } else if (from == kBFloat16 && to == kFloat32) {
     convert<uint16_t, float>(x, out, [](uint16_t b) { return bf16_bits_to_f32(b); });

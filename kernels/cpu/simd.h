@@ -170,8 +170,22 @@ inline __m512 load_first(const uint16_t* p, int64_t n) {
   }
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
-// The first n (clamped to 0..16) lanes of v rounded to bf16 and stored at p.
+// The first n (clamped to 0..16) lanes of v rounded to bf16 and stored at p. Where the build has
+// AVX512_BF16, the CPU's own conversion (vcvtneps2bf16): it gives these bits for every float but the
+// denormals, which it flushes to zero (compared over all 2^32 floats on Zen 4), so a vector holding a
+// denormal takes the integer rounding below.
 inline void store_first(uint16_t* p, __m512 v, int64_t n) {
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  if (_mm512_fpclass_ps_mask(v, 0x20) == 0) {  // 0x20: denormal
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);  // NOLINT: the bf16 lanes as integers
+    if (n >= 16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+    } else {
+      _mm256_mask_storeu_epi16(p, lane_mask(n), h);
+    }
+    return;
+  }
+#endif
   const __m512i u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
   const __m512i bias = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(high, _mm512_set1_epi32(1)));
   const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);

@@ -29,6 +29,11 @@ using namespace tandem;
 
 namespace {
 
+#if defined(__AVX512F__)
+// The first min(n, 16) lanes.
+__mmask16 simd_mask(int64_t n) { return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(n, 0)) - 1); }
+#endif
+
 Tensor uniform(const Shape& shape, uint64_t seed, double lo = -1.0, double hi = 1.0) {
   Generator gen(seed);
   Tensor t = Tensor::empty(shape);
@@ -408,6 +413,62 @@ void BM_ConvGradParts(benchmark::State& state) {
   state.SetLabel(std::string(kConvs[state.range(0)].name) + ": " + kPart[part]);
 }
 BENCHMARK(BM_ConvGradParts)
+    ->ArgsProduct({benchmark::CreateDenseRange(0, kConvCount - 1, 1), {0, 1, 2}})
+    ->Unit(benchmark::kMicrosecond);
+// The memory floor of a conv pass: the tensors the pass must read and write, streamed once each with
+// whole-vector loads and stores and no arithmetic, the same tensors as BM_Conv2dForward /
+// BM_ConvGradParts (second Arg: 0 the forward, reading x and writing y; 1 the input gradient, reading gy
+// and writing gx; 2 the weight gradient, reading gy and x). x is read whole even where a stride-2 1x1
+// projection needs only its even rows: streaming every line measured faster here than reading the
+// even rows alone. A pass's time against its floor and against the multiply-add loop's time for its
+// arithmetic says which of the two bounds it.
+void BM_ConvTraffic(benchmark::State& state) {
+  set_num_threads(1);
+  ConvCase c(state.range(0));
+  const int64_t part = state.range(1);
+  const Tensor& read = part == 0 ? c.x : c.gy;
+  const double bytes = 4.0 * double(part == 2 ? c.x.numel() + c.gy.numel() : read.numel() +
+                                                   (part == 0 ? c.gy.numel() : c.x.numel()));
+#if defined(__AVX512F__)
+  // The sum of t's floats in lanes (in registers: it feeds the stores or the sink, so no load can be
+  // left out).
+  const auto read_all = [](const Tensor& t) {
+    const float* p = t.data<float>();
+    const int64_t n = t.numel(), whole = n / 16 * 16;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < whole; i += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(p + i));
+    return _mm512_add_ps(acc, _mm512_maskz_loadu_ps(simd_mask(n - whole), p + whole));
+  };
+  const auto write_all = [](Tensor& t, __m512 v) {
+    float* p = t.data<float>();
+    const int64_t n = t.numel(), whole = n / 16 * 16;
+    for (int64_t i = 0; i < whole; i += 16) _mm512_storeu_ps(p + i, v);
+    _mm512_mask_storeu_ps(p + whole, simd_mask(n - whole), v);
+  };
+  float sink = 0;
+  for (auto _ : state) {
+    if (part == 2) {
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, _mm512_add_ps(read_all(c.gy), read_all(c.x)));
+      sink += lanes[0];
+      continue;
+    }
+    Tensor out = Tensor::empty(part == 0 ? c.gy.shape() : c.x.shape());  // y or gx, as the kernel allocates
+    write_all(out, read_all(read));
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+  benchmark::DoNotOptimize(sink);
+#else
+  for (auto _ : state) {
+  }
+  state.SkipWithError("this build has no AVX-512 loads and stores to time");
+#endif
+  state.counters["bytes/s"] = benchmark::Counter(bytes * double(state.iterations()), benchmark::Counter::kIsRate,
+                                                 benchmark::Counter::OneK::kIs1024);
+  static const char* const kPart[] = {"forward", "input gradient", "weight gradient"};
+  state.SetLabel(std::string(kConvs[state.range(0)].name) + ": memory traffic of the " + kPart[part] + " alone");
+}
+BENCHMARK(BM_ConvTraffic)
     ->ArgsProduct({benchmark::CreateDenseRange(0, kConvCount - 1, 1), {0, 1, 2}})
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForwardBf16)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);

@@ -44,30 +44,18 @@ Tensor bias_grad(const Tensor& gy) {
   return cpu::cast(sums, gy.dtype());
 }
 
-// A conv's bias gradient alone, the sums of gy [N, K, H, W] (f32 or bf16; others widened) over N, H and W in f32, image
-// after image, as dtype d: a pass over gy, where oneDNN's weight primitive, asked for the bias, would
-// compute the weight gradient too (the whole cost of the weight gradient for a frozen weight).
+// A conv's bias gradient alone: the sums of gy [N, K, H, W] over N, H and W in f32 (gy widened first
+// where it is not f32), image after image, as dtype d. A pass over gy, where oneDNN's weight primitive,
+// asked for the bias, would compute the weight gradient too (its whole cost for a frozen weight).
 Tensor conv_bias_grad(const Tensor& gy_in, DType d) {
-  const bool own = gy_in.dtype() == kFloat32 || gy_in.dtype() == kBFloat16;
-  const Tensor gy = own ? gy_in : cpu::cast(gy_in, kFloat32);
+  const Tensor gy = gy_in.dtype() == kFloat32 ? gy_in : cpu::cast(gy_in, kFloat32);
   const int64_t N = gy.size(0), K = gy.size(1), HW = gy.numel() / std::max<int64_t>(1, N * K);
   Tensor sums = Tensor::zeros({K}, kFloat32);
   float* s = sums.data<float>();
-  const bool bf16 = gy.dtype() == kBFloat16;
+  const float* g = gy.data<float>();
   detail::parallel_range(K, 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) {
-      for (int64_t n = 0; n < N; ++n) {
-        const int64_t at = (n * K + k) * HW;
-        if (!bf16) {
-          s[k] += detail::CArrMap<float>(gy.data<float>() + at, HW).sum();
-          continue;
-        }
-        const uint16_t* row = static_cast<const uint16_t*>(gy.raw_data()) + at;
-        float part = 0;
-        for (int64_t i = 0; i < HW; ++i) part += bf16_to_f32(row[i]);
-        s[k] += part;
-      }
-    }
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t n = 0; n < N; ++n) s[k] += detail::CArrMap<float>(g + (n * K + k) * HW, HW).sum();
   });
   return d == kFloat32 ? sums : cpu::cast(sums, d);
 }

@@ -245,7 +245,8 @@ TEST(DnnlF32, BiasGradientAloneIsTheSumOfTheOutputGradient) {
         EXPECT_TRUE(all_close(g.input, values(r.input), tol_for(kFloat32)));
       }
 
-      const Tensor xb = bf16_random(x.shape(), gen), wb = bf16_random(w.shape(), gen), gyb = bf16_random(gy.shape(), gen);
+      const Tensor xb = bf16_random(x.shape(), gen), wb = bf16_random(w.shape(), gen);
+      const Tensor gyb = bf16_random(gy.shape(), gen);
       const auto gb = kernels::lowp_conv2d_backward(gyb, xb, wb, args, input, false, true);
       const auto rb = kernels::conv2d_backward(f64(gyb), f64(xb), f64(wb), args, true, true, true);
       const auto rab = kernels::conv2d_backward(abs64(gyb), abs64(xb), abs64(wb), args, true, true, true);

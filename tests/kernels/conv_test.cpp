@@ -303,10 +303,10 @@ TEST(Conv2d, StrideTwoDirectKernels) {
   // gradient take the direct kernels of kernels/cpu/conv_strided.cpp. Even and odd image sides
   // (the last padded row read or not), padding 0, 1 and 2 (every phase's first column and row
   // shifted), rows of 35 outputs (two vectors, then a tail) and of 1; 1x1 maps up to 32 wide (the
-  // input gradient's row pairs: 31 and 32 columns, an odd last row) and wider (34: row by row); channels in the forward's
-  // blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and 3 x 1 blocks and their
-  // remainders (5, 7); 1x1 images; strided inputs; over several threads. More than 64 channels
-  // take im2col. The ResNet's own shapes last.
+  // input gradient's row pairs: 31 and 32 columns, an odd last row) and wider (34: row by row);
+  // channels in the forward's blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and
+  // 3 x 1 blocks and their remainders (5, 7); the 1x1's flat groups of images; 1x1 images; strided
+  // inputs; over several threads. More than 64 channels take im2col. The ResNet's own shapes last.
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     ThreadCountGuard guard(threads);
@@ -318,6 +318,12 @@ TEST(Conv2d, StrideTwoDirectKernels) {
     check_case({2, 2, 1, 1, 3, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 95);
     check_case({2, 5, 13, 31, 6, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 102);
     check_case({3, 3, 6, 32, 5, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 103);
+    // The 1x1's flat groups (maps whose P Q leaves lanes idle, laid end to end): 49 positions in groups
+    // of 16 images and a short one, 3 x 3 maps with vectors over three images (7 = 4 + 3 output
+    // channels), and 9 x 9 maps whose group the cache bound halves to 8.
+    check_case({17, 16, 14, 14, 32, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 104);
+    check_case({19, 3, 6, 5, 7, 1, 1, {2, 2, 0, 0}, true}, kFloat32, true, 105);
+    check_case({9, 60, 17, 17, 5, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 106);
     check_case({2, 3, 2, 3, 9, 3, 3, {2, 2, 1, 2}, true}, kFloat32, false, 96);
   }
   check_case({2, 70, 6, 6, 3, 3, 3, {2, 2, 1, 1}, true}, kFloat32, false, 97);

@@ -166,13 +166,25 @@ inline void store_across(const FlatOut& o, int64_t k, int64_t i, int64_t pos, __
 template <int KB, int NV>
 void flat_block(const float* in, int64_t ld, const float* wk, const float* b, int64_t C, const FlatOut& o,
                 int64_t F, int64_t k0, int64_t f0, const FlatSpan<NV>& span) {
-  // Each load kept in a register for the block's rows (folded into the multiply-adds, it would be a
-  // load a multiply-add).
-  const auto load = [&](int64_t c, int, int v) {
-    return simd::in_register(_mm512_maskz_loadu_ps(span.mask[v], in + c * ld + f0 + 16 * v));
-  };
   __m512 acc[KB][NV];
-  taps_accumulate<KB, NV, 1>(load, wk, b ? b + k0 : nullptr, C, acc);
+#pragma GCC unroll 8
+  for (int j = 0; j < KB; ++j) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[j][v] = b ? _mm512_set1_ps(b[k0 + j]) : _mm512_setzero_ps();
+  }
+  for (int64_t c = 0; c < C; ++c) {
+    __m512 xv[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      xv[v] = simd::in_register(_mm512_maskz_loadu_ps(span.mask[v], in + c * ld + f0 + 16 * v));
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < KB; ++j) {
+      const __m512 wv = _mm512_set1_ps(wk[c * KB + j]);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(wv, xv[v], acc[j][v]);
+    }
+  }
 #pragma GCC unroll 8
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 8

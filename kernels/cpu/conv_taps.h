@@ -21,15 +21,16 @@ namespace tandem::kernels::cpu::detail {
 
 #if TANDEM_SIMD == TANDEM_SIMD_AVX512
 
-// The accumulators of KB output channels at NV vectors of positions: acc[j][v] = b[j] (or 0) plus, for
-// every input channel c and tap t in increasing order, the packed weight wk[(c T + t) KB + j] times
-// load(c, t, v) (input channel c's tap t for vector v: a plain load at a fixed offset, SameTaps' masked
-// one, or a flat group's).
+// Output channels [k0, k0 + KB) at flat positions [j0, j0 + 16 NV) of out [KB][pitch] (b: their
+// biases, or null); wk: the block's packed weights [Cin][T][KB]; load(c, t, v): input channel c's tap t
+// for the block's vector v (a plain load at a fixed offset, or SameTaps' masked one).
 template <int KB, int NV, int T, typename Load>
-inline void taps_accumulate(Load load, const float* wk, const float* b, int64_t Cin, __m512 (&acc)[KB][NV]) {
+void taps_block(Load load, const float* wk, const float* b, float* out, int64_t Cin, int64_t pitch, int64_t L,
+                int64_t j0) {
+  __m512 acc[KB][NV];
 #pragma GCC unroll 8
   for (int j = 0; j < KB; ++j) {
-#pragma GCC unroll 8
+#pragma GCC unroll 2
     for (int v = 0; v < NV; ++v) acc[j][v] = b ? _mm512_set1_ps(b[j]) : _mm512_setzero_ps();
   }
   for (int64_t c = 0; c < Cin; ++c) {
@@ -37,25 +38,16 @@ inline void taps_accumulate(Load load, const float* wk, const float* b, int64_t 
 #pragma GCC unroll 9
     for (int t = 0; t < T; ++t) {
       __m512 v_in[NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 2
       for (int v = 0; v < NV; ++v) v_in[v] = load(c, t, v);
 #pragma GCC unroll 8
       for (int j = 0; j < KB; ++j) {
         const __m512 wv = _mm512_set1_ps(wc[t * KB + j]);
-#pragma GCC unroll 8
+#pragma GCC unroll 2
         for (int v = 0; v < NV; ++v) acc[j][v] = _mm512_fmadd_ps(wv, v_in[v], acc[j][v]);
       }
     }
   }
-}
-
-// Output channels [k0, k0 + KB) at flat positions [j0, j0 + 16 NV) of out [KB][pitch] (b: their
-// biases, or null); wk: the block's packed weights [Cin][T][KB]; load as taps_accumulate's.
-template <int KB, int NV, int T, typename Load>
-void taps_block(Load load, const float* wk, const float* b, float* out, int64_t Cin, int64_t pitch, int64_t L,
-                int64_t j0) {
-  __m512 acc[KB][NV];
-  taps_accumulate<KB, NV, T>(load, wk, b, Cin, acc);
 #pragma GCC unroll 8
   for (int j = 0; j < KB; ++j) {
 #pragma GCC unroll 2

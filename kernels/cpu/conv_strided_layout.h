@@ -143,8 +143,9 @@ inline bool plain_projection(const StridedConvShape& g) {
 }
 
 // xs[c * ld + p * Q + q] = xn[c][2 p][2 q]: the pixels a projection reads, channel by channel. Rows of
-// at most 32 pixels (the ResNet's) take one permute each, with masks computed once.
-inline void gather_even_pixels(const float* xn, const StridedConvShape& g, float* xs, int64_t ld) {
+// at most 32 pixels (the ResNet's) take one permute each, with masks computed once. Not inlined: inlined
+// into the weight gradient's group loop, the 16->32 projection's weight gradient measured 0.94x.
+[[gnu::noinline]] inline void gather_even_pixels(const float* xn, const StridedConvShape& g, float* xs, int64_t ld) {
   const int64_t C = g.C, H = g.H, W = g.W, P = g.P, Q = g.Q;  // locals: not reloaded after each store
   const __mmask16 lo_mask = simd::lane_mask(W), hi_mask = simd::lane_mask(W - 16), q_mask = simd::lane_mask(Q);
   const __m512i even = simd::even_lanes();

@@ -107,12 +107,6 @@ std::vector<float> pack_weights(int64_t Cin, int64_t Cout, int T, F weight, int6
 
 inline int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
 
-// ---- 1x1 stride-2 projections without padding: the backward read straight from gy ----
-// Output (p, q) reads input pixel (2 p, 2 q) alone, so the input gradient is the product
-// W^T gy [C][P Q] scattered to the even pixels of the even rows (everything else 0), and the
-// weight gradient the products of gy with those pixels. Neither needs the phase planes, gy's
-// bordered copies or the three empty phases of the general path.
-
 // ---- The projections as one small GEMM over a group of images ----
 // Out[k][f] = b[k] + sum_c W[k][c] In[c][f] over flat positions f of G images laid end to end (image i's
 // position pos at f = i * PQ + pos), so that a map whose P Q is not a whole number of vectors (the
@@ -237,6 +231,12 @@ void projection_forward(const float* x, const float* w, const float* b, float* y
     flat_gemm(xs, ld, packed.data(), b, g.C, g.K, FlatOut{y + n * g.K * PQ, g.K * PQ, PQ, PQ}, gn * PQ);
   }
 }
+
+// ---- The projections' input gradient, read straight from gy ----
+// Output (p, q) reads input pixel (2 p, 2 q) alone, so the input gradient is the product
+// W^T gy [C][P Q] scattered to the even pixels of the even rows (everything else 0), and the
+// weight gradient (conv_strided_wgrad.cpp) the products of gy with those pixels. Neither needs the
+// phase planes, gy's bordered copies or the three empty phases of the general path.
 
 // out[(c0 + j) * ld + pos] = sum_k w[k * C + c0 + j] * gy[k * L + pos], j < CB, pos < L (vectors past L
 // written up to ld, which is L rounded up to 32; gy read only below L).

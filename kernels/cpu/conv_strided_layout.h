@@ -166,8 +166,7 @@ inline bool plain_projection(const StridedConvShape& g) {
 // Images a flat group: one where an image's P Q fills its vectors to within an eighth (the 8->16
 // projection's 196 in 13), else enough that G P Q is a whole number of vectors where that takes at
 // most 16 images (16 / gcd(P Q, 16)), fewer where the group's gathered input would pass 256 KiB. No
-// larger than it must be: a group's gather is a burst of cache misses ahead of its multiply-adds (the
-// 8->16 projection in groups of 4 measured 0.9x of one image at a time).
+// larger than it must be: the 8->16 projection in groups of 4 measured 0.9x of one image at a time.
 inline int64_t flat_group(int64_t PQ, int64_t C, int64_t n) {
   if (8 * (round_up(PQ, 16) - PQ) <= round_up(PQ, 16)) return 1;
   int64_t G = 16;

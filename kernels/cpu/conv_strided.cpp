@@ -115,11 +115,11 @@ inline int64_t floor_div2(int64_t v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
 // kFlatRows broadcasts and kFlatRows x NV multiply-adds.
 constexpr int kFlatRows = 4, kFlatVectors = 6;
 
-// Where Out goes: row k of image i at base + i * image + k * row (positions 0 .. PQ - 1 of that map;
-// y: image K P Q, row P Q).
+// Where Out goes: row k of image i at base + i * image + k * PQ, its map's positions 0 .. PQ - 1 (y:
+// image K P Q).
 struct FlatOut {
   float* base;
-  int64_t image, row, PQ;
+  int64_t image, PQ;
 };
 
 // The flat positions [f0, f0 + 16 NV) of a block: vector v's lanes lie in image first[v] from position
@@ -148,7 +148,7 @@ inline void store_across(const FlatOut& o, int64_t k, int64_t i, int64_t pos, __
     const __mmask16 m = simd::lane_mask(done + here) & __mmask16(~simd::lane_mask(done));
     // Lane l lands at the map's position pos - done + l; the masked-off lanes below `done` are not
     // written (their addresses are formed in integers).
-    const auto at = reinterpret_cast<uintptr_t>(o.base + i * o.image + k * o.row + pos) -
+    const auto at = reinterpret_cast<uintptr_t>(o.base + i * o.image + k * o.PQ + pos) -
                     uintptr_t(done * int64_t(sizeof(float)));
     _mm512_mask_storeu_ps(reinterpret_cast<float*>(at), m, u);
     done += here;
@@ -184,7 +184,7 @@ void flat_block(const float* in, int64_t ld, const float* wk, const float* b, in
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
       if (!span.split[v]) {
-        _mm512_storeu_ps(o.base + span.first[v] * o.image + (k0 + j) * o.row + span.pos[v], acc[j][v]);
+        _mm512_storeu_ps(o.base + span.first[v] * o.image + (k0 + j) * o.PQ + span.pos[v], acc[j][v]);
       } else {
         store_across(o, k0 + j, span.first[v], span.pos[v], acc[j][v], std::min<int64_t>(16, F - f0 - 16 * v));
       }
@@ -228,7 +228,7 @@ void projection_forward(const float* x, const float* w, const float* b, float* y
   for (int64_t n = n0; n < n1; n += G) {
     const int64_t gn = std::min(G, n1 - n);
     for (int64_t i = 0; i < gn; ++i) gather_even_pixels(x + (n + i) * g.C * g.H * g.W, g, xs + i * PQ, ld);
-    flat_gemm(xs, ld, packed.data(), b, g.C, g.K, FlatOut{y + n * g.K * PQ, g.K * PQ, PQ, PQ}, gn * PQ);
+    flat_gemm(xs, ld, packed.data(), b, g.C, g.K, FlatOut{y + n * g.K * PQ, g.K * PQ, PQ}, gn * PQ);
   }
 }
 

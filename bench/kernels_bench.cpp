@@ -22,6 +22,7 @@
 #include "kernels/amp.h"
 #include "kernels/conv.h"
 #include "kernels/conv_bn_pool.h"
+#include "kernels/conv_pair.h"
 #include "kernels/linear.h"
 #include "kernels/pool.h"
 
@@ -393,6 +394,48 @@ BENCHMARK(BM_BnReluBf16Forward<true>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(bench
 BENCHMARK(BM_BnReluBf16Backward<true>)->ArgsProduct({{0, 1}, {0, 1}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dForward)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_Conv2dBackward)->DenseRange(0, kConvCount - 1)->Unit(benchmark::kMicrosecond);
+
+// The ResNet's stride-2 blocks' two convs of one input (kernels/conv_pair.h), batch 64, 1 thread: the
+// fused pair (arg 1 = 0) beside the two convs one by one as the model ran them before (arg 1 = 1; their
+// input gradients then added, as autograd adds them). Arg 0: the block, 0 = 8->16 at 28x28, 1 = 16->32
+// at 14x14 (kConvs 6 and 8, 7 and 9); arg 2: 0 the forward, 1 the input gradient, 2 the weight gradients.
+// FLOP/s counts both convs' multiply-adds.
+void BM_Conv2dPair(benchmark::State& state) {
+  set_num_threads(1);
+  const int64_t block = state.range(0);
+  const bool separate = state.range(1) != 0;
+  const int64_t part = state.range(2);
+  ConvCase main(6 + block), proj(8 + block);
+  const Tensor& x = main.x;  // both cases draw x with the same seed and shape
+  for (auto _ : state) {
+    if (part == 0) {
+      if (separate) {
+        Tensor a = kernels::conv2d_forward(x, main.w, Tensor(), main.args);
+        Tensor b = kernels::conv2d_forward(x, proj.w, Tensor(), proj.args);
+        benchmark::DoNotOptimize(b.raw_data());
+      } else {
+        auto y = kernels::conv2d_pair_forward(x, main.w, proj.w);
+        benchmark::DoNotOptimize(y.projection.raw_data());
+      }
+    } else if (separate) {
+      auto a = kernels::conv2d_backward(main.gy, x, main.w, main.args, part == 1, part == 2, false);
+      auto b = kernels::conv2d_backward(proj.gy, x, proj.w, proj.args, part == 1, part == 2, false);
+      if (part == 1) a.input.add_(b.input);
+      benchmark::DoNotOptimize(a);
+    } else {
+      auto g = kernels::conv2d_pair_backward(main.gy, proj.gy, x, main.w, proj.w, part == 1, part == 2, part == 2);
+      benchmark::DoNotOptimize(g);
+    }
+  }
+  const double macs = double(main.gy.numel()) * double(main.w.numel() / main.w.size(0)) +
+                      double(proj.gy.numel()) * double(proj.w.numel() / proj.w.size(0));
+  state.counters["FLOP/s"] = benchmark::Counter(2 * macs * double(state.iterations()), benchmark::Counter::kIsRate,
+                                                benchmark::Counter::OneK::kIs1000);
+  static const char* const kPart[] = {"forward", "input gradient", "weight gradients"};
+  state.SetLabel(std::string(block == 0 ? "ResNet 8->16" : "ResNet 16->32") + " 3x3 + 1x1 stride 2, " +
+                 (separate ? "one by one" : "fused") + ": " + kPart[part]);
+}
+BENCHMARK(BM_Conv2dPair)->ArgsProduct({{0, 1}, {0, 1}, {0, 1, 2}})->Unit(benchmark::kMicrosecond);
 
 // Where a conv's backward spends its time: one gradient asked for at a time (second Arg: 0 the input's,
 // 1 the weight's, 2 the bias's), the same cases as BM_Conv2dBackward, f32, 1 thread.

@@ -25,6 +25,7 @@
 #include "kernels/batch_norm_pool.h"
 #include "kernels/conv.h"
 #include "kernels/conv_bn_pool.h"
+#include "kernels/conv_pair.h"
 #include "kernels/index.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
@@ -174,6 +175,12 @@
                                const Tensor& weight, const Tensor& bias, bool training,                    \
                                bool need_conv_weight, bool need_conv_bias, bool need_weight,               \
                                bool need_bias))                                                            \
+  /* kernels/conv_pair.h: a 3x3 stride-2 conv and the 1x1 stride-2 projection of the same input */       \
+  X(conv2d_pair_forward, Conv2dPair(const Tensor& x, const Tensor& main_weight, const Tensor& projection_weight)) \
+  X(conv2d_pair_backward, Conv2dPairGrads(const Tensor& grad_main, const Tensor& grad_projection,           \
+                                          const Tensor& x, const Tensor& main_weight,                      \
+                                          const Tensor& projection_weight, bool need_input,                \
+                                          bool need_main_weight, bool need_projection_weight))             \
   /* kernels/attention.h: fused scaled dot-product attention (CUDA composes it in nn/attention.cpp) */    \
   X(attention_forward,                                                                                     \
     AttentionForward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool is_causal))     \

@@ -7,6 +7,8 @@
 #include "core/view.h"
 #include "kernels/avg_pool.h"
 #include "kernels/conv.h"
+#include "kernels/conv_pair.h"
+#include "nn/amp.h"
 #include "nn/functional.h"
 
 namespace tandem::nn::functional {
@@ -21,6 +23,18 @@ struct GeneralConv2dBackward final : Node {
     auto r = kernels::conv2d_backward(g[0], x, w, args, needs_input_grad(0), needs_input_grad(1),
                                       has_bias && needs_input_grad(2));
     return {r.input, r.weight, r.bias};
+  }
+};
+
+// The pair's node: two outputs (main, projection), three inputs (x, main_weight, projection_weight).
+struct Conv2dPairBackward final : Node {
+  Tensor x, w3, w1;
+  std::string name() const override { return "Conv2dPairBackward"; }
+  uint32_t num_outputs() const override { return 2; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    auto r = kernels::conv2d_pair_backward(g[0], g[1], x, w3, w1, needs_input_grad(0), needs_input_grad(1),
+                                           needs_input_grad(2));
+    return {r.input, r.main_weight, r.projection_weight};
   }
 };
 
@@ -148,6 +162,22 @@ Tensor adaptive_avg_pool2d(const Tensor& x_in, std::array<int64_t, 2> output_siz
     }
     return y;
   });
+}
+
+ConvPairOutput conv2d_pair(const Tensor& x, const Tensor& main_weight, const Tensor& projection_weight) {
+  if (amp::autocast_enabled() || !kernels::conv2d_pair_applies(x, main_weight, projection_weight)) {
+    return {conv2d(x, main_weight, Tensor(), 2, 1), conv2d(x, projection_weight, Tensor(), 2, 0)};
+  }
+  auto r = kernels::conv2d_pair_forward(x, main_weight, projection_weight);
+  ConvPairOutput y{r.main, r.projection};
+  if (autograd::any_requires_grad({x, main_weight, projection_weight})) {
+    auto n = std::make_shared<Conv2dPairBackward>();
+    n->x = x.detach();
+    n->w3 = main_weight.detach();
+    n->w1 = projection_weight.detach();
+    autograd::record(n, {x, main_weight, projection_weight}, {&y.main, &y.projection});
+  }
+  return y;
 }
 
 }  // namespace tandem::nn::functional

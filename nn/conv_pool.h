@@ -29,6 +29,16 @@ struct Conv2dParams {
 };
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& params);
+
+// {conv2d(x, main_weight, no bias, stride 2, padding 1), conv2d(x, projection_weight, no bias, stride 2,
+// padding 0)}: a ResNet block's 3x3 [K3, C, 3, 3] and its 1x1 shortcut [K1, C, 1, 1], which read the same
+// x. One op with one backward node where kernels::conv2d_pair_applies (CPU, float32 or float64, no
+// autocast; kernels/conv_pair.h: the CPU's fused stride-2 kernels where they apply, x's gradient summed
+// inside the op); else the two F::conv2d calls.
+struct ConvPairOutput {
+  Tensor main, projection;
+};
+ConvPairOutput conv2d_pair(const Tensor& x, const Tensor& main_weight, const Tensor& projection_weight);
 Tensor avg_pool2d(const Tensor& x, int64_t kernel, int64_t stride = -1, int64_t padding = 0, bool ceil_mode = false,
                   bool count_include_pad = true, int64_t divisor_override = 0);
 Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> output_size);

@@ -346,17 +346,16 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
   }
 }
 
-}  // namespace
-
-void conv_strided_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
-                          const StridedConvShape& g) {
-  if (plain_projection(g) && flat_group(g.P * g.Q, g.C, n1 - n0) > 1) {
-    return projection_forward(x, w, b, y, n0, n1, g);
-  }
+// The forward from the phase planes (a 3x3, or a projection of flat_group 1 from its one plane); with w1
+// the pair's projection too (conv_strided_pair_forward), from the plane of the 3x3's tap (1, 1).
+void planes_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
+                    const StridedConvShape& g, const float* w1 = nullptr, float* y1 = nullptr, int64_t K1 = 0) {
   const Phases ph(g);
   const int64_t Lr = round_up(ph.L, 32), PQ = g.P * g.Q;
   const std::vector<float> packed =
       pack_weights(g.C, g.K, ph.T, [&](int64_t k, int64_t c, int t) { return w[(k * g.C + c) * ph.T + t]; });
+  const std::vector<float> packed1 =
+      w1 ? pack_weights(g.C, K1, 1, [&](int64_t k, int64_t c, int) { return w1[k * g.C + c]; }) : std::vector<float>();
   thread_local std::vector<float> xp_buf;
   float* xp = zeroed(xp_buf, ph.image_floats(g) + Lr + 64);  // borders stay 0
   for (int64_t n = n0; n < n1; ++n) {
@@ -367,12 +366,38 @@ void conv_strided_forward(const float* x, const float* w, const float* b, float*
     }
     // The planes' pitch is Q: straight into y.
     taps_conv(xp, ph.off.data(), ph.T, packed.data(), b, y + n * g.K * PQ, PQ, g.C, g.K, ph.plane, PQ);
+    // Tap (1, 1) of a 3x3 with padding 1 reads pixel (2 p, 2 q): the projection's input.
+    if (w1) taps_conv(xp, &ph.off[4], 1, packed1.data(), nullptr, y1 + n * K1 * PQ, PQ, g.C, K1, ph.plane, PQ);
   }
 }
 
-void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
-                             const StridedConvShape& g) {
-  if (plain_projection(g)) return projection_input_grad(gy, w, gx, n0, n1, g);
+}  // namespace
+
+void conv_strided_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
+                          const StridedConvShape& g) {
+  if (plain_projection(g) && flat_group(g.P * g.Q, g.C, n1 - n0) > 1) {
+    return projection_forward(x, w, b, y, n0, n1, g);
+  }
+  planes_forward(x, w, b, y, n0, n1, g);
+}
+
+bool conv_strided_pair_supported(const StridedConvShape& g, int64_t K1) {
+  return g.R == 3 && g.S == 3 && g.pad_h == 1 && g.pad_w == 1 &&
+         conv_strided_supported(g.C, g.K, 3, 3, 2, 2, 1, 1) && conv_strided_supported(g.C, K1, 1, 1, 2, 2, 0, 0);
+}
+
+void conv_strided_pair_forward(const float* x, const float* w3, const float* w1, float* y3, float* y1, int64_t n0,
+                               int64_t n1, const StridedConvShape& g, int64_t K1) {
+  planes_forward(x, w3, nullptr, y3, n0, n1, g, w1, y1, K1);
+}
+
+namespace {
+
+// The input gradient through the four phases of the padded input; with gy1 the pair's projection too
+// (conv_strided_pair_input_grad): its K1 channels of gy after the 3x3's in the bordered copy, read by phase
+// (1, 1), the even pixels, as more inputs of its one tap.
+void phases_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1, const StridedConvShape& g,
+                       const float* gy1 = nullptr, const float* w1 = nullptr, int64_t K1 = 0) {
   // Phase (a, b) of the padded input: rows i with 2 i + a - pad_h in [0, H), from i0[a]; columns
   // likewise from j0[b]. Its value at (i, j) sums tap (r, s) (r % 2 = a, s % 2 = b) times the
   // output gradient at (i - r / 2, j - s / 2).
@@ -390,6 +415,7 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
 
   struct Phase {
     int T = 0;
+    int64_t Cin = 0;  // gy channels read: K, or K + K1 for the pair's phase (1, 1)
     std::array<int64_t, kMaxTaps> off{};
     std::vector<float> packed;
     int64_t L = 0, Lr = 0;
@@ -411,20 +437,25 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
       f.T = 0;
       continue;
     }
-    f.packed = pack_weights(g.K, g.C, f.T, [&](int64_t c, int64_t k, int t) {
-      return w[(k * g.C + c) * g.R * g.S + tap[t]];
+    const bool with_projection = gy1 && a == 1 && b == 1;  // tap (1, 1) alone: pixel (2 p, 2 q)
+    f.Cin = with_projection ? g.K + K1 : g.K;
+    f.packed = pack_weights(f.Cin, g.C, f.T, [&](int64_t c, int64_t k, int t) {
+      return k < g.K ? w[(k * g.C + c) * g.R * g.S + tap[t]] : w1[(k - g.K) * g.C + c];
     });
   }
   int64_t Lr_max = 0;
   for (const Phase& f : phases) Lr_max = std::max(Lr_max, f.Lr);
   thread_local std::vector<float> gyb_buf;
-  float* gyb = zeroed(gyb_buf, g.K * plane + Lr_max + Wg + 64);  // borders stay 0
+  float* gyb = zeroed(gyb_buf, (g.K + K1) * plane + Lr_max + Wg + 64);  // borders stay 0
 
   for (int64_t n = n0; n < n1; ++n) {
     const float* gyn = gy + n * g.K * PQ;
     for (int64_t k = 0; k < g.K; ++k) copy_rows(gyn + k * PQ, g.P, g.Q, gyb + k * plane + tr * Wg + ts, Wg);
+    for (int64_t k = 0; k < K1; ++k) {
+      copy_rows(gy1 + (n * K1 + k) * PQ, g.P, g.Q, gyb + (g.K + k) * plane + tr * Wg + ts, Wg);
+    }
     for (Phase& f : phases) {
-      if (f.T > 0) taps_conv(gyb, f.off.data(), f.T, f.packed.data(), nullptr, f.out.data(), f.Lr, g.K, g.C, plane,
+      if (f.T > 0) taps_conv(gyb, f.off.data(), f.T, f.packed.data(), nullptr, f.out.data(), f.Lr, f.Cin, g.C, plane,
                              f.L);
     }
     // Pixel (ih, iw): padded (ih + pad_h, iw + pad_w) is phase a = its row's parity, row (ih +
@@ -444,12 +475,30 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
   }
 }
 
+}  // namespace
+
+void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                             const StridedConvShape& g) {
+  if (plain_projection(g)) return projection_input_grad(gy, w, gx, n0, n1, g);
+  phases_input_grad(gy, w, gx, n0, n1, g);
+}
+
+void conv_strided_pair_input_grad(const float* gy3, const float* gy1, const float* w3, const float* w1, float* gx,
+                                  int64_t n0, int64_t n1, const StridedConvShape& g, int64_t K1) {
+  phases_input_grad(gy3, w3, gx, n0, n1, g, gy1, w1, K1);
+}
+
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
 bool conv_strided_supported(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t) { return false; }
 void conv_strided_forward(const float*, const float*, const float*, float*, int64_t, int64_t,
                           const StridedConvShape&) {}
 void conv_strided_input_grad(const float*, const float*, float*, int64_t, int64_t, const StridedConvShape&) {}
+bool conv_strided_pair_supported(const StridedConvShape&, int64_t) { return false; }
+void conv_strided_pair_forward(const float*, const float*, const float*, float*, float*, int64_t, int64_t,
+                               const StridedConvShape&, int64_t) {}
+void conv_strided_pair_input_grad(const float*, const float*, const float*, const float*, float*, int64_t, int64_t,
+                                  const StridedConvShape&, int64_t) {}
 
 #endif
 

@@ -51,4 +51,18 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
 void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
                               const StridedConvShape& g);
 
+// A 3x3 stride-2 padding-1 convolution (shape g) and a 1x1 stride-2 projection of the same input to K1
+// channels (w1 [K1][C], y1 and gy1 [N][K1][P][Q]; a ResNet block's first conv and its shortcut) in one
+// pass: the projection reads the conv's phase plane of the even pixels, its input gradient is one more
+// input of that plane's phase (so gx holds the sum of both input gradients), and its weight gradient reads
+// the conv's planes. No biases. True for the shapes these take (conv_strided_pair_supported).
+bool conv_strided_pair_supported(const StridedConvShape& g, int64_t K1);
+void conv_strided_pair_forward(const float* x, const float* w3, const float* w1, float* y3, float* y1, int64_t n0,
+                               int64_t n1, const StridedConvShape& g, int64_t K1);
+void conv_strided_pair_input_grad(const float* gy3, const float* gy1, const float* w3, const float* w1, float* gx,
+                                  int64_t n0, int64_t n1, const StridedConvShape& g, int64_t K1);
+// dw3 and dw1 accumulated into (callers zero them).
+void conv_strided_pair_weight_grad(const float* gy3, const float* gy1, const float* x, float* dw3, float* dw1,
+                                   int64_t n0, int64_t n1, const StridedConvShape& g, int64_t K1);
+
 }  // namespace tandem::kernels::cpu::detail

@@ -135,29 +135,52 @@ void projection_weight_grad(const float* gy, const float* x, float* dw, int64_t 
 
 }  // namespace
 
-void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
-                              const StridedConvShape& g) {
-  if (plain_projection(g)) return projection_weight_grad(gy, x, dw, n0, n1, g);
-  // A 3x3 (the only other kernel supported): its planes of pitch Q against gy read in place.
+namespace {
+
+// A 3x3's weight gradient from its planes of pitch Q against gy read in place; with gy1 the pair's
+// projection's too (conv_strided_pair_weight_grad), from the plane of the 3x3's tap (1, 1).
+void planes_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1, const StridedConvShape& g,
+                        const float* gy1 = nullptr, float* dw1 = nullptr, int64_t K1 = 0) {
   const Phases ph(g);
   const int64_t PQ = g.P * g.Q, Lw = round_up(PQ, 16);
   const int64_t image = ph.image_floats(g) + Lw + 64;  // reads past the planes stay in the image's slack
-  const int64_t G = group_images(Lw, image + g.K * Lw, n1 - n0);
-  thread_local std::vector<float> xp_buf, part_buf;
+  const int64_t G = group_images(Lw, image + (g.K + K1) * Lw, n1 - n0);
+  thread_local std::vector<float> xp_buf, part_buf, part1_buf;
   float* xp = zeroed(xp_buf, G * image);  // borders and slack stay 0
   float* part = zeroed(part_buf, g.K * g.C * ph.T * 16);
+  float* part1 = gy1 ? zeroed(part1_buf, K1 * g.C * 16) : nullptr;
   for (int64_t n = n0; n < n1; n += G) {
     const int64_t gn = std::min(G, n1 - n);
     for (int64_t i = 0; i < gn; ++i) ph.fill(x + (n + i) * g.C * g.H * g.W, g, xp + i * image);
     const GradRows rows{gy + n * g.K * PQ, g.K * PQ, PQ, PQ};
     weight_grad_group<3, 1, 9>(rows, xp, ph.off.data(), part, gn, Lw, image, ph.plane, g.C, g.K);
+    if (gy1) {
+      const GradRows rows1{gy1 + n * K1 * PQ, K1 * PQ, PQ, PQ};
+      weight_grad_group<4, 4, 1>(rows1, xp, &ph.off[4], part1, gn, Lw, image, ph.plane, g.C, K1);
+    }
   }
   for (int64_t i = 0; i < g.K * g.C * ph.T; ++i) dw[i] += simd::hsum(_mm512_loadu_ps(part + i * 16));
+  for (int64_t i = 0; gy1 && i < K1 * g.C; ++i) dw1[i] += simd::hsum(_mm512_loadu_ps(part1 + i * 16));
+}
+
+}  // namespace
+
+void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
+                              const StridedConvShape& g) {
+  if (plain_projection(g)) return projection_weight_grad(gy, x, dw, n0, n1, g);
+  planes_weight_grad(gy, x, dw, n0, n1, g);  // a 3x3, the only other kernel supported
+}
+
+void conv_strided_pair_weight_grad(const float* gy3, const float* gy1, const float* x, float* dw3, float* dw1,
+                                   int64_t n0, int64_t n1, const StridedConvShape& g, int64_t K1) {
+  planes_weight_grad(gy3, x, dw3, n0, n1, g, gy1, dw1, K1);
 }
 
 #else  // no AVX-512: the im2col + GEMM path is used instead
 
 void conv_strided_weight_grad(const float*, const float*, float*, int64_t, int64_t, const StridedConvShape&) {}
+void conv_strided_pair_weight_grad(const float*, const float*, const float*, float*, float*, int64_t, int64_t,
+                                   const StridedConvShape&, int64_t) {}
 
 #endif
 

@@ -7,7 +7,7 @@
 namespace tandem::kernels::cpu {
 namespace {
 
-static_assert(static_cast<int>(SimdKernel::attention_backward) + 1 == kSimdKernels, "kSimdKernels: one per kernel");
+static_assert(static_cast<int>(SimdKernel::conv2d_pair_backward) + 1 == kSimdKernels, "kSimdKernels: one per kernel");
 static_assert(static_cast<int>(SimdLevel::avx512) + 1 == kSimdLevels, "kSimdLevels: one per level");
 
 std::atomic<uint64_t> g_paths[kSimdKernels][kSimdLevels];

@@ -70,8 +70,10 @@ enum class SimdKernel : int {
   linear_backward,       // linear_backward on the small GEMM (AVX-512)
   attention_forward,     // attention_forward (kernels/attention.h), any shape (AVX-512 rows)
   attention_backward,    // attention_backward, any shape (AVX-512 rows)
+  conv2d_pair_forward,   // conv2d_pair_forward (kernels/conv_pair.h), fused where fused_here (AVX-512 rows)
+  conv2d_pair_backward,  // conv2d_pair_backward, likewise (AVX-512 rows)
 };
-inline constexpr int kSimdKernels = 11;
+inline constexpr int kSimdKernels = 13;
 
 // How many calls of `kernel` took the path of `level` in this process so far.
 uint64_t simd_path_count(SimdKernel kernel, SimdLevel level);

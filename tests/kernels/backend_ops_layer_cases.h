@@ -256,6 +256,65 @@ inline void add_conv_cases(CaseTable& t) {
   }
 }
 
+// A 3x3 stride-2 conv and the 1x1 stride-2 projection of the same input (kernels/conv_pair.h): operands
+// x, main weight, projection weight. The ResNet's 8->16 block (the fused kernel where AVX-512 is built),
+// odd sides and channel counts off the kernels' blocks, one-pixel images, 16->32 (oneDNN's size), a
+// transposed input; the backward with each set of gradients asked for, and with one output's gradient
+// undefined.
+inline void add_conv_pair_cases(CaseTable& t) {
+  namespace K = kernels;
+  struct Geometry {
+    std::string name;
+    Shape x;
+    int64_t K3, K1;
+    bool transpose_x = false;  // x as a transposed (non-contiguous) view of [N, C, W, H]
+  };
+  const std::vector<Geometry> geometries = {{"resnet_8_16", {2, 8, 28, 28}, 16, 16},
+                                            {"odd", {3, 5, 9, 11}, 11, 7},
+                                            {"one_pixel", {2, 3, 1, 1}, 2, 3},
+                                            {"even_short_rows", {2, 9, 6, 34}, 4, 9},
+                                            {"wide_channels", {2, 16, 14, 14}, 32, 32},
+                                            {"transposed_input", {2, 4, 7, 6}, 5, 6, true}};
+  uint64_t seed = 421;
+  for (const Geometry& g : geometries) {
+    const int64_t C = g.x[1];
+    Shape xs = g.x;
+    if (g.transpose_x) std::swap(xs[2], xs[3]);
+    const Inputs in = {uniform(xs, seed), uniform({g.K3, C, 3, 3}, seed + 1), uniform({g.K1, C, 1, 1}, seed + 2)};
+    seed += 3;
+    const auto input = [g](const Tensor& x) { return g.transpose_x ? x.transpose(2, 3) : x; };
+    const double mag = double(C * 9);
+    t["conv2d_pair_forward"].push_back({g.name, in,
+                                        [input](const Inputs& v) {
+                                          auto y = K::conv2d_pair_forward(input(v[0]), v[1], v[2]);
+                                          return Inputs{y.main, y.projection};
+                                        },
+                                        8, mag});
+    // mask bits: the input's, the main weight's, the projection weight's gradient; 8: grad_projection
+    // undefined, 16: grad_main undefined.
+    for (int mask : {1, 2, 3, 4, 5, 6, 7, 8 + 7, 16 + 7, 16 + 1}) {
+      const bool ni = mask & 1, n3 = mask & 2, n1 = mask & 4, no_gp = mask & 8, no_gm = mask & 16;
+      t["conv2d_pair_backward"].push_back(
+          {g.name + "/need_" + std::to_string(mask), in,
+           [input, ni, n3, n1, no_gp, no_gm](const Inputs& v) {
+             const Tensor x = input(v[0]);
+             auto y = K::conv2d_pair_forward(x, v[1], v[2]);
+             // Gradients that vary in sign and size: relu(y) and -y / 2.
+             const Tensor gm = no_gm ? Tensor() : K::relu_forward(y.main);
+             const Tensor gp =
+                 no_gp ? Tensor() : K::binary(K::BinaryOp::Mul, Tensor::full(y.projection.shape(), -0.5,
+                                                                              x.dtype(), x.device()), y.projection);
+             auto r = K::conv2d_pair_backward(gm, gp, x, v[1], v[2], ni, n3, n1);
+             Inputs out;
+             for (const Tensor* d : {&r.input, &r.main_weight, &r.projection_weight})
+               if (d->defined()) out.push_back(*d);
+             return out;
+           },
+           16, 32 * mag});
+    }
+  }
+}
+
 inline void add_attention_cases(CaseTable& t) {
   namespace K = kernels;
   struct Geometry {
@@ -301,6 +360,7 @@ inline void add_layer_cases(CaseTable& t) {
   add_batch_norm_pool_cases(t);
   add_conv_batch_norm_pool_cases(t);
   add_conv_cases(t);
+  add_conv_pair_cases(t);
   add_attention_cases(t);
 }
 

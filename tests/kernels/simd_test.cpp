@@ -150,6 +150,23 @@ TEST(Simd, BatchNormReluMaxPoolCountsItsPath) {
       });
 }
 
+TEST(Simd, Conv2dPairCountsItsPath) {
+  // The ResNet's 8->16 block shape at a smaller side: the fused stride-2 kernels (float32, AVX-512).
+  auto tensors = [](DType dtype) {
+    Generator gen(11);
+    return std::vector<Tensor>{random_tensor({2, 8, 13, 12}, dtype, gen), random_tensor({16, 8, 3, 3}, dtype, gen),
+                               random_tensor({16, 8, 1, 1}, dtype, gen), random_tensor({2, 16, 7, 6}, dtype, gen)};
+  };
+  expect_paths(SimdKernel::conv2d_pair_forward, Rows::avx512, [&](DType dtype) {
+    const auto t = tensors(dtype);
+    kernels::conv2d_pair_forward(t[0], t[1], t[2]);
+  });
+  expect_paths(SimdKernel::conv2d_pair_backward, Rows::avx512, [&](DType dtype) {
+    const auto t = tensors(dtype);
+    kernels::conv2d_pair_backward(t[3], t[3], t[0], t[1], t[2], true, true, true);
+  });
+}
+
 TEST(Simd, Conv2dCountsItsPath) {
   // cin 3 (the column matrix) and cin 1 (the direct one-channel 3x3 kernels), stride 1.
   for (int64_t cin : {3, 1}) {

@@ -3,7 +3,8 @@
 // three stages of `blocks_per_stage` basic blocks (two 3x3 convolutions with padding 1, BatchNorm,
 // ReLU, an identity shortcut) at widths w, 2w, 4w, the first block of stages 2 and 3 downsampling
 // with stride 2 through a 1x1 projection shortcut (convolution + BatchNorm, torchvision's
-// "downsample"), global average pooling and a linear classifier: 6 * blocks + 2 weighted layers.
+// "downsample"), global average pooling and a linear classifier: 6 * blocks + 2 weighted layers. A
+// downsampling block computes its first conv and the projection as one op (F::conv2d_pair, nn/conv_pool.h).
 // 28x28 -> 28x28 (stage 1) -> 14x14 (stage 2) -> 7x7 (stage 3) -> 1x1.
 // Names follow torchvision's resnet ("conv1", "bn1", "layer1.0.conv1", "layer2.0.downsample.0",
 // "fc.weight"), so a state_dict moves to an equally built PyTorch model. forward returns
@@ -16,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "nn/conv_pool.h"
 #include "nn/functional.h"
 #include "nn/layers.h"
 #include "nn/layers_general.h"
@@ -40,22 +42,35 @@ class BasicBlock : public nn::Module {
     conv2_ = register_module("conv2", conv3x3(out, out, 1));
     bn2_ = register_module("bn2", std::make_shared<nn::BatchNorm2d>(out));
     if (stride != 1 || in != out) {
-      downsample_ = register_module(
-          "downsample", std::make_shared<nn::Sequential>(std::initializer_list<std::shared_ptr<nn::Module>>{
-                            std::make_shared<nn::Conv2d>(nn::Conv2dOptions{in, out, 1, stride, 0, false}),
-                            std::make_shared<nn::BatchNorm2d>(out)}));
+      ds_conv_ = std::make_shared<nn::Conv2d>(nn::Conv2dOptions{in, out, 1, stride, 0, false});
+      ds_bn_ = std::make_shared<nn::BatchNorm2d>(out);
+      downsample_ = register_module("downsample", std::make_shared<nn::Sequential>(
+                                                      std::initializer_list<std::shared_ptr<nn::Module>>{ds_conv_, ds_bn_}));
     }
+    paired_ = stride == 2 && downsample_;
   }
   Tensor forward(const Tensor& x) override {
-    Tensor h = bn1_->forward_relu(conv1_->forward(x));  // BN + ReLU in one kernel
+    Tensor h, shortcut;
+    if (paired_) {
+      // conv1 (3x3, stride 2, padding 1) and the 1x1 stride-2 shortcut read the same x: one op
+      // (F::conv2d_pair), the same values as the two convs.
+      auto y = F::conv2d_pair(x, conv1_->weight, ds_conv_->weight);
+      h = y.main;
+      shortcut = ds_bn_->forward(y.projection);
+    } else {
+      h = conv1_->forward(x);
+      shortcut = downsample_ ? downsample_->forward(x) : x;
+    }
+    h = bn1_->forward_relu(h);  // BN + ReLU in one kernel
     h = bn2_->forward(conv2_->forward(h));
-    return F::relu(F::add(h, downsample_ ? downsample_->forward(x) : x));
+    return F::relu(F::add(h, shortcut));
   }
 
  private:
-  std::shared_ptr<nn::Conv2d> conv1_, conv2_;
-  std::shared_ptr<nn::BatchNorm2d> bn1_, bn2_;
+  std::shared_ptr<nn::Conv2d> conv1_, conv2_, ds_conv_;
+  std::shared_ptr<nn::BatchNorm2d> bn1_, bn2_, ds_bn_;
   std::shared_ptr<nn::Sequential> downsample_;
+  bool paired_ = false;
 };
 
 class ResNet : public nn::Module {

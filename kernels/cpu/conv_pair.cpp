@@ -10,7 +10,9 @@
 // into fewer chunks); x's gradient sums both convs' contributions to an even pixel in one accumulator,
 // so it differs from their sum by rounding.
 // Elsewhere (float64, builds without AVX-512, oneDNN's sizes): cpu::conv2d_forward and
-// cpu::conv2d_backward twice, the input gradients added.
+// cpu::conv2d_backward twice, the input gradients added; in float32 where oneDNN took the 3x3, the
+// projection's input gradient is added into the 3x3's in place (only its even pixels read and written,
+// the same values as the addition but for a zero's sign).
 #include <algorithm>
 #include <vector>
 
@@ -34,6 +36,13 @@ bool fused_here(const Tensor& x, const Tensor& w3, const Tensor& w1) {
   if (x.dtype() != kFloat32) return false;
   const bool onednn_takes_main = onednn_built() && x.size(1) >= 16 && w3.size(0) >= 16;  // lowp.cpp's rule
   return !onednn_takes_main && detail::conv_strided_pair_supported(pair_shape(x, w3), w1.size(0));
+}
+
+// Where the 3x3 is not fused (oneDNN's sizes), the projection's input gradient can still go into the 3x3's
+// in place: float32 and the stride-2 direct kernel's 1x1.
+bool adds_in_place(const Tensor& x, const Tensor& w1) {
+  return x.dtype() == kFloat32 && w1.dtype() == kFloat32 &&
+         detail::conv_strided_projection(x.size(1), w1.size(0), 1, 1, 2, 2, 0, 0);
 }
 
 // Chunks of whole images, each about 2^18 multiply-adds or more (kernels/cpu/conv.cpp's grain).
@@ -77,10 +86,23 @@ Conv2dPairGrads conv2d_pair_backward(const Tensor& grad_main, const Tensor& grad
   const Tensor gm = or_zeros(grad_main, {N, g.K, g.P, g.Q}, x_in.dtype());
   const Tensor gp = or_zeros(grad_projection, {N, K1, g.P, g.Q}, x_in.dtype());
   if (!fused_here(x_in, w3_in, w1_in)) {
-    detail::count_simd_path(SimdKernel::conv2d_pair_backward, SimdLevel::portable);
     Conv2dGrads a = cpu::conv2d_backward(gm, x_in, w3_in, kMain, need_input, need_main_weight, false);
-    Conv2dGrads b = cpu::conv2d_backward(gp, x_in, w1_in, kProjection, need_input, need_projection_weight, false);
-    if (need_input) out.input = a.input.add_(b.input);
+    const bool add_in_place = need_input && adds_in_place(x_in, w1_in);
+    detail::count_simd_path(SimdKernel::conv2d_pair_backward, add_in_place ? kSimdLevel : SimdLevel::portable);
+    Conv2dGrads b = cpu::conv2d_backward(gp, x_in, w1_in, kProjection, need_input && !add_in_place,
+                                         need_projection_weight, false);
+    if (add_in_place) {
+      // The projection's input gradient straight into the 3x3's (its even pixels), no full-size pass.
+      const detail::StridedConvShape g1{g.C, g.H, g.W, K1, 1, 1, 0, 0, g.P, g.Q};
+      const Tensor w1 = w1_in.contiguous();
+      detail::for_each_chunk(N, pair_chunks(g, N, K1), [&](int64_t, int64_t n0, int64_t n1) {
+        detail::conv_strided_projection_input_grad_add(gp.data<float>(), w1.data<float>(), a.input.data<float>(), n0,
+                                                       n1, g1);
+      });
+    } else if (need_input) {
+      a.input.add_(b.input);
+    }
+    out.input = a.input;
     out.main_weight = a.weight;
     out.projection_weight = b.weight;
     return out;

@@ -266,6 +266,14 @@ void projection_transposed(const float* gy, int64_t L, const float* w, int64_t C
   }
 }
 
+// prod[c * ld + pos] = sum_k w[k][c] gy[k][pos], every input channel c of one image's W^T gy (gyn).
+void projection_product(const float* gyn, const float* w, const StridedConvShape& g, float* prod, int64_t ld) {
+  const int64_t L = g.P * g.Q;
+  int64_t c = 0;
+  for (; c + kBlock <= g.C; c += kBlock) projection_transposed<kBlock>(gyn, L, w, g.C, g.K, c, prod, ld);
+  for (; c < g.C; ++c) projection_transposed<1>(gyn, L, w, g.C, g.K, c, prod, ld);
+}
+
 // Image rows 2 p and 2 p + 1 (2 W floats, contiguous) from row p of the product (its Q values): the
 // values at the even pixels of row 2 p, 0 everywhere else. Maps at most 32 wide (the ResNet's): a row
 // pair is at most 4 vectors, each one zero-masking permute of the product's row.
@@ -325,9 +333,7 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
   const RowPairScatter scatter(g);
   for (int64_t n = n0; n < n1; ++n) {
     const float* gyn = gy + n * g.K * L;
-    int64_t c = 0;
-    for (; c + kBlock <= g.C; c += kBlock) projection_transposed<kBlock>(gyn, L, w, g.C, g.K, c, prod, ld);
-    for (; c < g.C; ++c) projection_transposed<1>(gyn, L, w, g.C, g.K, c, prod, ld);
+    projection_product(gyn, w, g, prod, ld);
     float* gxn = gx + n * g.C * HW;
     for (int64_t ci = 0; ci < g.C; ++ci) {
       if (scatter.active()) {
@@ -340,6 +346,48 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
           std::fill(row, row + g.W, 0.0f);
         } else {
           interleave(prod + ci * ld + (ih / 2) * g.Q, zeros, g.W, row);
+        }
+      }
+    }
+  }
+}
+
+// gx += the projection's input gradient: the product W^T gy added to the even pixels of the even rows in
+// place (a row at most 32 wide: its even columns' values expanded by one zero-masking permute a vector and
+// added to the row's vectors; wider, element by element), nothing else read or written.
+void projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                               const StridedConvShape& g) {
+  const int64_t L = g.P * g.Q, ld = round_up(L, 32) + 16, HW = g.H * g.W, W = g.W;
+  thread_local std::vector<float> prod_buf;
+  float* prod = zeroed(prod_buf, g.C * ld);  // [C][ld]: slack read by the expanding loads
+  const bool narrow = W <= 32;
+  __m512i idx[2] = {};
+  __mmask16 keep[2] = {};
+  for (int u = 0; u < 2; ++u) {
+    alignas(64) int32_t t[16] = {};
+    for (int l = 0; l < 16; ++l) {
+      const int64_t col = 16 * u + l;
+      if (col < W && col % 2 == 0) t[l] = int32_t(col / 2), keep[u] |= __mmask16(1u << l);
+    }
+    idx[u] = _mm512_load_si512(t);
+  }
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* gyn = gy + n * g.K * L;
+    projection_product(gyn, w, g, prod, ld);
+    float* gxn = gx + n * g.C * HW;
+    for (int64_t ci = 0; ci < g.C; ++ci) {
+      for (int64_t p = 0; p < g.P; ++p) {
+        const float* v = prod + ci * ld + p * g.Q;
+        float* row = gxn + ci * HW + 2 * p * W;
+        if (!narrow) {
+          for (int64_t q = 0; q < g.Q; ++q) row[2 * q] += v[q];
+          continue;
+        }
+        const __m512 pv = _mm512_loadu_ps(v);  // Q <= 16 values (the slack past them unused)
+        for (int u = 0; u < 2 && 16 * u < W; ++u) {
+          const __mmask16 m = simd::lane_mask(W - 16 * u);
+          const __m512 r = _mm512_maskz_loadu_ps(m, row + 16 * u);
+          _mm512_mask_storeu_ps(row + 16 * u, m, _mm512_add_ps(r, _mm512_maskz_permutexvar_ps(keep[u], idx[u], pv)));
         }
       }
     }
@@ -483,6 +531,11 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
   phases_input_grad(gy, w, gx, n0, n1, g);
 }
 
+void conv_strided_projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                                            const StridedConvShape& g) {
+  projection_input_grad_add(gy, w, gx, n0, n1, g);
+}
+
 void conv_strided_pair_input_grad(const float* gy3, const float* gy1, const float* w3, const float* w1, float* gx,
                                   int64_t n0, int64_t n1, const StridedConvShape& g, int64_t K1) {
   phases_input_grad(gy3, w3, gx, n0, n1, g, gy1, w1, K1);
@@ -495,6 +548,8 @@ void conv_strided_forward(const float*, const float*, const float*, float*, int6
                           const StridedConvShape&) {}
 void conv_strided_input_grad(const float*, const float*, float*, int64_t, int64_t, const StridedConvShape&) {}
 bool conv_strided_pair_supported(const StridedConvShape&, int64_t) { return false; }
+void conv_strided_projection_input_grad_add(const float*, const float*, float*, int64_t, int64_t,
+                                            const StridedConvShape&) {}
 void conv_strided_pair_forward(const float*, const float*, const float*, float*, float*, int64_t, int64_t,
                                const StridedConvShape&, int64_t) {}
 void conv_strided_pair_input_grad(const float*, const float*, const float*, const float*, float*, int64_t, int64_t,

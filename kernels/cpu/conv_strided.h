@@ -51,6 +51,12 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
 void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
                               const StridedConvShape& g);
 
+// gx += the input gradient of a 1x1 stride-2 projection without padding (g): its values added to the even
+// pixels of the even rows in place, nothing else touched (the pair's input gradient where oneDNN took the
+// 3x3's). conv_strided_projection(...) must hold.
+void conv_strided_projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                                            const StridedConvShape& g);
+
 // A 3x3 stride-2 padding-1 convolution (shape g) and a 1x1 stride-2 projection of the same input to K1
 // channels (w1 [K1][C], y1 and gy1 [N][K1][P][Q]; a ResNet block's first conv and its shortcut) in one
 // pass: the projection reads the conv's phase plane of the even pixels, its input gradient is one more

@@ -44,8 +44,8 @@ class BasicBlock : public nn::Module {
     if (stride != 1 || in != out) {
       ds_conv_ = std::make_shared<nn::Conv2d>(nn::Conv2dOptions{in, out, 1, stride, 0, false});
       ds_bn_ = std::make_shared<nn::BatchNorm2d>(out);
-      downsample_ = register_module("downsample", std::make_shared<nn::Sequential>(
-                                                      std::initializer_list<std::shared_ptr<nn::Module>>{ds_conv_, ds_bn_}));
+      using Modules = std::initializer_list<std::shared_ptr<nn::Module>>;
+      downsample_ = register_module("downsample", std::make_shared<nn::Sequential>(Modules{ds_conv_, ds_bn_}));
     }
     paired_ = stride == 2 && downsample_;
   }

@@ -190,6 +190,11 @@ def kernel_rows(data, fp32, bf16):
                 share = f" ({100 * v / peak[(d, 1)]:.0f}%)" if (d, 1) in peak else ""
                 rows.append((f"{word} {label}: {direction.lower()} {d}, 1 thread, GFLOP/s (% of {d} peak)",
                              f"{fmt(v / 1e9)}{share}", "-", "-"))
+    # A downsampling block's two convs as one op beside the two one by one (BM_Conv2dPair/block/separate/pass).
+    for key in sorted(k for k in figures if k[0] == "Conv2dPair"):
+        label, v = figures[key]
+        share = f" ({100 * v / peak[('f32', 1)]:.0f}%)" if ("f32", 1) in peak else ""
+        rows.append((f"conv pair {label}, f32, 1 thread, GFLOP/s (% of f32 peak)", f"{fmt(v / 1e9)}{share}", "-", "-"))
     return rows
 
 

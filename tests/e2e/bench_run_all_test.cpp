@@ -64,7 +64,9 @@ void expect_shares_of_the_peak(const std::string& table) {
     EXPECT_NEAR(std::stod((*it)[5]), share, 0.01 * share + 1) << (*it)[0];
     ++kernels;
   }
-  EXPECT_EQ(kernels, 48) << "10 convs and 2 linears, forward and backward, f32 and bf16:\n" << table;
+  EXPECT_EQ(kernels, 60) << "10 convs and 2 linears, forward and backward, f32 and bf16, and the 2 blocks' conv pairs, "
+                            "fused and one by one, 3 passes each:\n"
+                         << table;
   const double per_s = table_value(table, "MNIST trainer, 1 thread, samples/s"),
                share = table_value(
                    table, "MNIST trainer, 1 thread, % of its GEMM-bound limit (f32 peak / 15.4 MFLOP per sample)");
@@ -99,7 +101,8 @@ TEST(BenchScripts, RunAllQuickWritesOneTableWithEveryHeadlineRowAndTheCpu) {
                           "MNIST DDP, 2 ranks", "MLP DDP step, 2 ranks, bucket cap 25 MiB",
                           "MLP all-reduce of all gradients", "all-reduce 4 MiB", "GEMM peak 512^3, bf16, 2 threads",
                           "MNIST trainer, bf16 autocast, 2 threads, % of its GEMM-bound limit",
-                          "conv ResNet 8->16 3x3 stride 2, 28x28: backward bf16", "linear 64x1600x128"})
+                          "conv ResNet 8->16 3x3 stride 2, 28x28: backward bf16", "linear 64x1600x128",
+                          "conv pair ResNet 8->16 3x3 + 1x1 stride 2, fused: input gradient"})
     EXPECT_NE(table.find(row), std::string::npos) << row << " missing from:\n" << table;
   // Every row with a ratio: the ratio is Tandem / PyTorch as printed (to the printed precision).
   const std::regex line(R"(\| ([^|]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|)");

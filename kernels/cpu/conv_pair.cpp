@@ -2,7 +2,7 @@
 // Assumes: arguments validated by kernels/conv.cpp (x [N, C, H, W], main_weight [K3, C, 3, 3],
 // projection_weight [K1, C, 1, 1], the gradients of the outputs' shapes or undefined).
 // Guarantees: float32 where fused_here (the stride-2 direct kernels take both convs and oneDNN does not
-// take the 3x3, kernels/cpu/lowp.cpp): one pass over each image's phase planes
+// take the 3x3, f32_conv_pays): one pass over each image's phase planes
 // (kernels/cpu/conv_strided.h's conv_strided_pair_*), the batch cut into chunks of whole images, the
 // weight gradients summed per chunk and added in chunk order (deterministic for a thread count). The
 // outputs and the 3x3's weight gradient are bitwise the two convs' one by one, and so is the
@@ -34,8 +34,7 @@ detail::StridedConvShape pair_shape(const Tensor& x, const Tensor& w3) {
 
 bool fused_here(const Tensor& x, const Tensor& w3, const Tensor& w1) {
   if (x.dtype() != kFloat32) return false;
-  const bool onednn_takes_main = onednn_built() && x.size(1) >= 16 && w3.size(0) >= 16;  // lowp.cpp's rule
-  return !onednn_takes_main && detail::conv_strided_pair_supported(pair_shape(x, w3), w1.size(0));
+  return !f32_conv_pays(x, w3, kMain) && detail::conv_strided_pair_supported(pair_shape(x, w3), w1.size(0));
 }
 
 // Where the 3x3 is not fused (oneDNN's sizes), the projection's input gradient can still go into the 3x3's

@@ -355,8 +355,10 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
 // gx += the projection's input gradient: the product W^T gy added to the even pixels of the even rows in
 // place (a row at most 32 wide: its even columns' values expanded by one zero-masking permute a vector and
 // added to the row's vectors; wider, element by element), nothing else read or written.
-void projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
-                               const StridedConvShape& g) {
+}  // namespace
+
+void conv_strided_projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
+                                            const StridedConvShape& g) {
   const int64_t L = g.P * g.Q, ld = round_up(L, 32) + 16, HW = g.H * g.W, W = g.W;
   thread_local std::vector<float> prod_buf;
   float* prod = zeroed(prod_buf, g.C * ld);  // [C][ld]: slack read by the expanding loads
@@ -393,6 +395,8 @@ void projection_input_grad_add(const float* gy, const float* w, float* gx, int64
     }
   }
 }
+
+namespace {
 
 // The forward from the phase planes (a 3x3, or a projection of flat_group 1 from its one plane); with w1
 // the pair's projection too (conv_strided_pair_forward), from the plane of the 3x3's tap (1, 1).
@@ -529,11 +533,6 @@ void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t
                              const StridedConvShape& g) {
   if (plain_projection(g)) return projection_input_grad(gy, w, gx, n0, n1, g);
   phases_input_grad(gy, w, gx, n0, n1, g);
-}
-
-void conv_strided_projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
-                                            const StridedConvShape& g) {
-  projection_input_grad_add(gy, w, gx, n0, n1, g);
 }
 
 void conv_strided_pair_input_grad(const float* gy3, const float* gy1, const float* w3, const float* w1, float* gx,

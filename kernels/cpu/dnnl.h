@@ -125,6 +125,9 @@ bool onednn_conv_backward_weights(const Tensor& gy, const Tensor& x, const Conv2
 bool f32_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dArgs& args, Tensor& y);
 bool f32_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, const Conv2dArgs& args,
                          bool need_input, bool need_weight, bool need_bias, Conv2dGrads& grads);
+// Whether those two take a float32 conv of x and w (oneDNN built, the sizes above; kernels/cpu/conv_pair.cpp
+// asks it of a pair's 3x3).
+bool f32_conv_pays(const Tensor& x, const Tensor& w, const Conv2dArgs& a);
 }  // namespace tandem::kernels::cpu
 
 // ---- low-precision (bf16) linear and conv2d on oneDNN (kernels/cpu/lowp.cpp) ----

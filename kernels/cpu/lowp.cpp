@@ -169,7 +169,6 @@ bool lowp_conv2d_backward(const Tensor& gy_in, const Tensor& x_in, const Tensor&
   return true;
 }
 
-namespace {
 // Not the stride-2 1x1 projections the engine's direct kernel takes (kernels/cpu/conv_strided.h):
 // it runs them faster than oneDNN with its reorders (bench/PERF_NOTES.md section 18).
 bool f32_conv_pays(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
@@ -179,7 +178,6 @@ bool f32_conv_pays(const Tensor& x, const Tensor& w, const Conv2dArgs& a) {
   return !detail::conv_strided_projection(x.size(1), w.size(0), w.size(2), w.size(3), a.stride_h, a.stride_w,
                                           a.pad_h, a.pad_w);
 }
-}  // namespace
 
 bool f32_conv2d_forward(const Tensor& x_in, const Tensor& w_in, const Tensor& b_in, const Conv2dArgs& args,
                         Tensor& y) {

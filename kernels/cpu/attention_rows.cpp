@@ -21,6 +21,7 @@
 namespace tandem::kernels::cpu::attention {
 namespace {
 
+using simd::axpy_tile;
 using simd::lane_mask;
 using simd::load_first;
 
@@ -98,41 +99,6 @@ void abt_tile(const float* a, int64_t lda, const float* bt, int64_t K, float* c)
   for (int i = 0; i < R; ++i)
     #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(c + i * kLd + 16 * v, acc[i][v]);
-}
-
-// c[i * ldc + 16 v ...] += sum_{t0 <= t < t1} a[t * at + i * ai] * b[t * ldb + 16 v ...], i < R, over n
-// columns (16 (NV - 1) < n <= 16 NV): ab's tile with (at, ai) = (1, kLd), atb's with (kLd, 1).
-template <int R, int NV>
-void axpy_tile(const float* a, int64_t at, int64_t ai, int64_t t0, int64_t t1, const float* b, int64_t ldb, int64_t n,
-               float* c, int64_t ldc) {
-  const __mmask16 last = lane_mask(n - 16 * (NV - 1));
-  __m512 acc[R][NV];
-  #pragma GCC unroll 16
-  for (auto& row : acc)
-    #pragma GCC unroll 16
-    for (auto& x : row) x = _mm512_setzero_ps();
-  for (int64_t t = t0; t < t1; ++t) {
-    __m512 bv[NV];
-    #pragma GCC unroll 16
-    for (int v = 0; v + 1 < NV; ++v) bv[v] = _mm512_loadu_ps(b + t * ldb + 16 * v);
-    bv[NV - 1] = _mm512_maskz_loadu_ps(last, b + t * ldb + 16 * (NV - 1));
-    #pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) {
-      const __m512 x = _mm512_set1_ps(a[t * at + i * ai]);
-      #pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(x, bv[v], acc[i][v]);
-    }
-  }
-  #pragma GCC unroll 16
-  for (int i = 0; i < R; ++i) {
-    #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) {
-      const __m512 sum = acc[i][v];
-      float* p = c + i * ldc + 16 * v;
-      const __mmask16 m = v + 1 < NV ? __mmask16(0xFFFF) : last;
-      _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), sum));
-    }
-  }
 }
 
 // c = a b^T over the visible vectors of each group of rows: a [rows][lda], bt as transpose_block's.

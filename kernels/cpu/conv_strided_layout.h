@@ -163,6 +163,49 @@ inline bool plain_projection(const StridedConvShape& g) {
   }
 }
 
+// The even pixels channels last, where a projection has 16 CG input channels and its maps are at most 16
+// wide (the 16->32 projection's 14 x 14): xt[(p Q + q) C + c] = xn[c][2 p][2 q]. Per output row and group of
+// 16 channels: a permute of two channels' rows gives their even columns side by side (lanes 8 h + q hold
+// channel 2 i + h of vector i), three stages of eight two-source permutes transpose the 16 x 8 (each stage
+// moves one channel bit into the lanes and one column bit out, with the same two tables), and Q stores write
+// one vector of 16 channels a pixel.
+inline bool even_pixels_channels_last(const StridedConvShape& g) {
+  return plain_projection(g) && g.C % 16 == 0 && g.C <= 32 && g.W <= 16;
+}
+
+[[gnu::noinline]] inline void gather_even_pixels_channels_last(const float* xn, const StridedConvShape& g, float* xt) {
+  const int64_t C = g.C, HW = g.H * g.W, W = g.W, P = g.P, Q = g.Q;
+  const __mmask16 row = simd::lane_mask(W);
+  const __m512i even = simd::even_lanes();
+  alignas(64) int32_t low[16], high[16];
+  for (int l = 0; l < 16; ++l) low[l] = (l >> 3) * 16 + (l & 7) * 2, high[l] = low[l] + 1;
+  const __m512i lo_idx = _mm512_load_si512(low), hi_idx = _mm512_load_si512(high);
+  for (int64_t cg = 0; cg < C; cg += 16) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float* r = xn + cg * HW + 2 * p * W;
+      __m512 v[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        v[i] = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(row, r + 2 * i * HW), even,
+                                      _mm512_maskz_loadu_ps(row, r + (2 * i + 1) * HW));
+      }
+#pragma GCC unroll 3
+      for (int s = 0; s < 3; ++s) {
+        __m512 u[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) {
+          if (i & (1 << s)) continue;
+          u[i] = _mm512_permutex2var_ps(v[i], lo_idx, v[i | (1 << s)]);
+          u[i | (1 << s)] = _mm512_permutex2var_ps(v[i], hi_idx, v[i | (1 << s)]);
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) v[i] = u[i];
+      }
+      for (int64_t q = 0; q < Q; ++q) _mm512_storeu_ps(xt + (p * Q + q) * C + cg, v[q]);
+    }
+  }
+}
+
 // Images a flat group: one where an image's P Q fills its vectors to within an eighth (the 8->16
 // projection's 196 in 13), else enough that G P Q is a whole number of vectors where that takes at
 // most 16 images (16 / gcd(P Q, 16)), fewer where the group's gathered input would pass 256 KiB. No

@@ -3,7 +3,9 @@
 // gradient (its last vector masked), each input vector held in a register for the block's output
 // channels (simd::in_register), over groups of images whose input planes (conv_strided_layout.h) stay
 // in the L2 cache. The 1x1 projections read their gathered even pixels; where a map's P Q leaves lanes
-// idle (7 x 7), a group of images end to end with a copy of gy.
+// idle, a group of images end to end with a copy of gy. Projections of 16 or 32 input channels on maps
+// at most 16 wide (the 16->32 projection's 14 x 14) instead lay their even pixels channels last: an
+// accumulator per output channel, its lanes the input channels, each gy value broadcast from gy in place.
 #include <algorithm>
 #include <vector>
 
@@ -96,6 +98,40 @@ int64_t group_images(int64_t Lw, int64_t image_floats, int64_t n) {
   return std::clamp<int64_t>(std::max<int64_t>(512 / Lw, 1), 1, std::max<int64_t>(1, std::min(n, by_cache)));
 }
 
+// The weight gradient of the projections whose even pixels go channels last (even_pixels_channels_last,
+// conv_strided_layout.h: 16 or 32 input channels, maps at most 16 wide), one image: dw[k][c] += sum over
+// positions of gy[k][pos] xt[pos][c], blocks of 16 / CV output channels, each an accumulator per 16 input
+// channels (its lanes the channels, so no per lane partial sums to add up), a step one vector of x a group
+// of 16 channels and each output channel's gy value broadcast, gy read in place (simd::axpy_tile).
+template <int CV>
+void channels_last_image(const float* gyn, const float* xt, int64_t L, int64_t K, float* part) {
+  constexpr int KB = 16 / CV;
+  constexpr int64_t C = 16 * CV;
+  int64_t k = 0;
+  for (; k + KB <= K; k += KB) simd::axpy_tile<KB, CV>(gyn + k * L, 1, L, 0, L, xt, C, C, part + k * C, C);
+  for (; k < K; ++k) simd::axpy_tile<1, CV>(gyn + k * L, 1, L, 0, L, xt, C, C, part + k * C, C);
+}
+
+// Image by image: its channels-last even pixels (a few KiB, in the L1 cache with gy's rows), then its
+// products.
+void projection_weight_grad_channels_last(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
+                                          const StridedConvShape& g) {
+  const int64_t L = g.P * g.Q;
+  thread_local std::vector<float> xt_buf, part_buf;
+  if (xt_buf.size() < static_cast<size_t>(L * g.C)) xt_buf.resize(static_cast<size_t>(L * g.C));
+  float* xt = xt_buf.data();
+  float* part = zeroed(part_buf, g.K * g.C);
+  for (int64_t n = n0; n < n1; ++n) {
+    gather_even_pixels_channels_last(x + n * g.C * g.H * g.W, g, xt);
+    if (g.C == 16) {
+      channels_last_image<1>(gy + n * g.K * L, xt, L, g.K, part);
+    } else {
+      channels_last_image<2>(gy + n * g.K * L, xt, L, g.K, part);
+    }
+  }
+  for (int64_t i = 0; i < g.K * g.C; ++i) dw[i] += part[i];
+}
+
 // The projections' weight gradient: the gathered even pixels against gy. Maps whose P Q fills its
 // vectors (flat_group 1): a group of images ([gn][C][ld], 0 from L to ld) against gy read in place.
 // Others (the 16->32 projection's 49 positions, 64 lanes): flat_group's images end to end, x gathered
@@ -167,6 +203,7 @@ void planes_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, 
 
 void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
                               const StridedConvShape& g) {
+  if (even_pixels_channels_last(g)) return projection_weight_grad_channels_last(gy, x, dw, n0, n1, g);
   if (plain_projection(g)) return projection_weight_grad(gy, x, dw, n0, n1, g);
   planes_weight_grad(gy, x, dw, n0, n1, g);  // a 3x3, the only other kernel supported
 }

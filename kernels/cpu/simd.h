@@ -224,6 +224,42 @@ inline __mmask16 greater_or_nan(__m512 v, __m512 best) {
 }
 
 
+// c[i * ldc + 16 v ...] += sum_{t0 <= t < t1} a[t * at + i * ai] * b[t * ldb + 16 v ...], i < R, over n
+// columns (16 (NV - 1) < n <= 16 NV): a register tile of R x NV accumulators, each step NV loads of b and R
+// broadcasts of a (the attention rows' products, the 1x1 projections' channels-last weight gradient).
+template <int R, int NV>
+inline void axpy_tile(const float* a, int64_t at, int64_t ai, int64_t t0, int64_t t1, const float* b, int64_t ldb,
+                      int64_t n, float* c, int64_t ldc) {
+  const __mmask16 last = lane_mask(n - 16 * (NV - 1));
+  __m512 acc[R][NV];
+#pragma GCC unroll 16
+  for (auto& row : acc)
+#pragma GCC unroll 16
+    for (auto& x : row) x = _mm512_setzero_ps();
+  for (int64_t t = t0; t < t1; ++t) {
+    __m512 bv[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v + 1 < NV; ++v) bv[v] = _mm512_loadu_ps(b + t * ldb + 16 * v);
+    bv[NV - 1] = _mm512_maskz_loadu_ps(last, b + t * ldb + 16 * (NV - 1));
+#pragma GCC unroll 16
+    for (int i = 0; i < R; ++i) {
+      const __m512 x = _mm512_set1_ps(a[t * at + i * ai]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(x, bv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < R; ++i) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      const __m512 sum = acc[i][v];
+      float* p = c + i * ldc + 16 * v;
+      const __mmask16 m = v + 1 < NV ? __mmask16(0xFFFF) : last;
+      _mm512_mask_storeu_ps(p, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, p), sum));
+    }
+  }
+}
+
 #elif TANDEM_SIMD == TANDEM_SIMD_AVX2
 
 inline constexpr int64_t kFloatLanes = 8;

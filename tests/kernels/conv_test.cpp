@@ -305,7 +305,8 @@ TEST(Conv2d, StrideTwoDirectKernels) {
   // shifted), rows of 35 outputs (two vectors, then a tail) and of 1; 1x1 maps up to 32 wide (the
   // input gradient's row pairs: 31 and 32 columns, an odd last row) and wider (34: row by row);
   // channels in the forward's blocks of 8 and singles (11 = 8 + 3), the weight gradient's 4 x 4 and
-  // 3 x 1 blocks and their remainders (5, 7); the 1x1's flat groups of images; 1x1 images; strided
+  // 3 x 1 blocks and their remainders (5, 7); the 1x1's flat groups of images and its channels-last weight
+  // gradient; 1x1 images; strided
   // inputs; over several threads. More than 64 channels take im2col. The ResNet's own shapes last.
   for (int threads : {1, 2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
@@ -324,6 +325,14 @@ TEST(Conv2d, StrideTwoDirectKernels) {
     check_case({17, 16, 14, 14, 32, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 104);
     check_case({19, 3, 6, 5, 7, 1, 1, {2, 2, 0, 0}, true}, kFloat32, true, 105);
     check_case({9, 60, 17, 17, 5, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 106);
+    // The weight gradient with the even pixels channels last (16 or 32 input channels, maps at most 16
+    // wide): 16 wide (8 columns, every transposed vector stored), odd sides (13: 7 columns), 32 channels
+    // (two lane groups, blocks of 8), output channels past the blocks (20 = 16 + 4, 11 = 8 + 3), one
+    // column.
+    check_case({7, 16, 16, 16, 20, 1, 1, {2, 2, 0, 0}, true}, kFloat32, true, 107);
+    check_case({3, 16, 13, 13, 32, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 108);
+    check_case({5, 32, 10, 9, 11, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 109);
+    check_case({2, 16, 5, 1, 3, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 110);
     check_case({2, 3, 2, 3, 9, 3, 3, {2, 2, 1, 2}, true}, kFloat32, false, 96);
   }
   check_case({2, 70, 6, 6, 3, 3, 3, {2, 2, 1, 1}, true}, kFloat32, false, 97);

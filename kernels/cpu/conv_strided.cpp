@@ -17,7 +17,9 @@
 // the even pixels of the even rows (one permute a row), and the input gradient is W^T gy scattered to
 // those pixels, gy read in place. Where a map's P Q leaves lanes idle (the 16->32 projection's 7 x 7), the
 // forward and the weight gradient lay a group of images end to end (flat_gemm, and a copy of gy for the
-// weight gradient).
+// weight gradient). Projections whose channels fit one or two vectors take channels in the lanes instead
+// (kernels/cpu/conv_projection_lanes.h: the ResNet's forwards and the 16->32 input gradient; the weight
+// gradient of 16 or 32 input channels: conv_strided_wgrad.cpp).
 #include "kernels/cpu/conv_strided.h"
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "kernels/cpu/conv3x3.h"
+#include "kernels/cpu/conv_projection_lanes.h"
 #include "kernels/cpu/conv_strided_layout.h"
 #include "kernels/cpu/conv_taps.h"
 #include "kernels/cpu/simd.h"
@@ -359,6 +362,7 @@ void projection_input_grad(const float* gy, const float* w, float* gx, int64_t n
 
 void conv_strided_projection_input_grad_add(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
                                             const StridedConvShape& g) {
+  if (projection_lanes_input_grad_supported(g)) return projection_lanes_input_grad(gy, w, gx, n0, n1, g, true);
   const int64_t L = g.P * g.Q, ld = round_up(L, 32) + 16, HW = g.H * g.W, W = g.W;
   thread_local std::vector<float> prod_buf;
   float* prod = zeroed(prod_buf, g.C * ld);  // [C][ld]: slack read by the expanding loads
@@ -427,6 +431,7 @@ void planes_forward(const float* x, const float* w, const float* b, float* y, in
 
 void conv_strided_forward(const float* x, const float* w, const float* b, float* y, int64_t n0, int64_t n1,
                           const StridedConvShape& g) {
+  if (projection_lanes_forward_supported(g)) return projection_lanes_forward(x, w, b, y, n0, n1, g);
   if (plain_projection(g) && flat_group(g.P * g.Q, g.C, n1 - n0) > 1) {
     return projection_forward(x, w, b, y, n0, n1, g);
   }
@@ -531,6 +536,7 @@ void phases_input_grad(const float* gy, const float* w, float* gx, int64_t n0, i
 
 void conv_strided_input_grad(const float* gy, const float* w, float* gx, int64_t n0, int64_t n1,
                              const StridedConvShape& g) {
+  if (projection_lanes_input_grad_supported(g)) return projection_lanes_input_grad(gy, w, gx, n0, n1, g, false);
   if (plain_projection(g)) return projection_input_grad(gy, w, gx, n0, n1, g);
   phases_input_grad(gy, w, gx, n0, n1, g);
 }

@@ -163,12 +163,47 @@ inline bool plain_projection(const StridedConvShape& g) {
   }
 }
 
+// Eight vectors as 128 floats indexed by (vector i, lane l), 16 channels by 8 positions either way round:
+// to_channels takes vector i = channels 2 i (lanes 0-7) and 2 i + 1 (lanes 8-15) over positions 0-7 to
+// vector q = the 16 channels of position q; the other direction takes them back. Three stages, each pairing
+// the vectors whose index differs in one bit and trading that bit for one lane bit through two two-source
+// permutes (the same two tables every stage).
+class PairTranspose {
+ public:
+  explicit PairTranspose(bool to_channels) : to_channels_(to_channels) {
+    alignas(64) int32_t a[16], b[16];
+    for (int l = 0; l < 16; ++l) {
+      a[l] = to_channels ? (l >> 3) * 16 + (l & 7) * 2 : (l & 1) * 16 + (l >> 1);
+      b[l] = a[l] + (to_channels ? 1 : 8);
+    }
+    a_ = _mm512_load_si512(a), b_ = _mm512_load_si512(b);
+  }
+  void operator()(__m512 v[8]) const {
+#pragma GCC unroll 3
+    for (int t = 0; t < 3; ++t) {
+      const int bit = 1 << (to_channels_ ? t : 2 - t);
+      __m512 u[8];
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        if (i & bit) continue;
+        u[i] = _mm512_permutex2var_ps(v[i], a_, v[i | bit]);
+        u[i | bit] = _mm512_permutex2var_ps(v[i], b_, v[i | bit]);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) v[i] = u[i];
+    }
+  }
+
+ private:
+  bool to_channels_;
+  __m512i a_, b_;
+};
+
 // The even pixels channels last, where a projection has 16 CG input channels and its maps are at most 16
 // wide (the 16->32 projection's 14 x 14): xt[(p Q + q) C + c] = xn[c][2 p][2 q]. Per output row and group of
 // 16 channels: a permute of two channels' rows gives their even columns side by side (lanes 8 h + q hold
-// channel 2 i + h of vector i), three stages of eight two-source permutes transpose the 16 x 8 (each stage
-// moves one channel bit into the lanes and one column bit out, with the same two tables), and Q stores write
-// one vector of 16 channels a pixel.
+// channel 2 i + h of vector i), PairTranspose turns them into one vector of 16 channels a pixel, and Q
+// stores write them.
 inline bool even_pixels_channels_last(const StridedConvShape& g) {
   return plain_projection(g) && g.C % 16 == 0 && g.C <= 32 && g.W <= 16;
 }
@@ -177,9 +212,7 @@ inline bool even_pixels_channels_last(const StridedConvShape& g) {
   const int64_t C = g.C, HW = g.H * g.W, W = g.W, P = g.P, Q = g.Q;
   const __mmask16 row = simd::lane_mask(W);
   const __m512i even = simd::even_lanes();
-  alignas(64) int32_t low[16], high[16];
-  for (int l = 0; l < 16; ++l) low[l] = (l >> 3) * 16 + (l & 7) * 2, high[l] = low[l] + 1;
-  const __m512i lo_idx = _mm512_load_si512(low), hi_idx = _mm512_load_si512(high);
+  const PairTranspose to_channels(true);
   for (int64_t cg = 0; cg < C; cg += 16) {
     for (int64_t p = 0; p < P; ++p) {
       const float* r = xn + cg * HW + 2 * p * W;
@@ -189,18 +222,7 @@ inline bool even_pixels_channels_last(const StridedConvShape& g) {
         v[i] = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(row, r + 2 * i * HW), even,
                                       _mm512_maskz_loadu_ps(row, r + (2 * i + 1) * HW));
       }
-#pragma GCC unroll 3
-      for (int s = 0; s < 3; ++s) {
-        __m512 u[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-          if (i & (1 << s)) continue;
-          u[i] = _mm512_permutex2var_ps(v[i], lo_idx, v[i | (1 << s)]);
-          u[i | (1 << s)] = _mm512_permutex2var_ps(v[i], hi_idx, v[i | (1 << s)]);
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) v[i] = u[i];
-      }
+      to_channels(v);
       for (int64_t q = 0; q < Q; ++q) _mm512_storeu_ps(xt + (p * Q + q) * C + cg, v[q]);
     }
   }

@@ -333,6 +333,11 @@ TEST(Conv2d, StrideTwoDirectKernels) {
     check_case({3, 16, 13, 13, 32, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 108);
     check_case({5, 32, 10, 9, 11, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 109);
     check_case({2, 16, 5, 1, 3, 1, 1, {2, 2, 0, 0}, false}, kFloat32, false, 110);
+    // The 1x1's channels in the lanes (projection_lanes_*): two vectors of 20 input channels, the forward's
+    // two vectors of 27 output channels, 16 positions of one vector of output channels.
+    check_case({3, 20, 12, 11, 9, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 111);
+    check_case({2, 5, 9, 15, 27, 1, 1, {2, 2, 0, 0}, true}, kFloat32, true, 112);
+    check_case({2, 9, 5, 31, 13, 1, 1, {2, 2, 0, 0}, true}, kFloat32, false, 113);
     check_case({2, 3, 2, 3, 9, 3, 3, {2, 2, 1, 2}, true}, kFloat32, false, 96);
   }
   check_case({2, 70, 6, 6, 3, 3, 3, {2, 2, 1, 1}, true}, kFloat32, false, 97);

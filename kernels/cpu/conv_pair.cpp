@@ -5,9 +5,10 @@
 // take the 3x3, f32_conv_pays): one pass over each image's phase planes
 // (kernels/cpu/conv_strided.h's conv_strided_pair_*), the batch cut into chunks of whole images, the
 // weight gradients summed per chunk and added in chunk order (deterministic for a thread count). The
-// outputs and the 3x3's weight gradient are bitwise the two convs' one by one, and so is the
-// projection's where the batch is cut alike (one thread; on more, conv2d cuts the 1x1's smaller work
-// into fewer chunks); x's gradient sums both convs' contributions to an even pixel in one accumulator,
+// outputs and the 3x3's weight gradient are bitwise the two convs' one by one; the projection's weight
+// gradient sums the same products in another grouping (per lane over the phase plane, where the 1x1 alone
+// takes pairs of positions, and on more threads conv2d cuts the 1x1's smaller work into fewer chunks), so
+// it agrees to rounding; x's gradient sums both convs' contributions to an even pixel in one accumulator,
 // so it differs from their sum by rounding.
 // Elsewhere (float64, builds without AVX-512, oneDNN's sizes): cpu::conv2d_forward and
 // cpu::conv2d_backward twice, the input gradients added; in float32 where oneDNN took the 3x3, the

@@ -25,7 +25,7 @@ void forward_image(const float* xn, const float* wt, const float* bias, float* y
   constexpr int64_t KP = 16 * KV;  // the packed weights' and biases' pitch
   const int64_t C = g.C, HW = g.H * g.W, W = g.W, K = g.K, P = g.P, Q = g.Q, L = P * Q;
   const __mmask16 row = simd::lane_mask(Q);
-  const PairTranspose to_pairs(false);
+  const PairTranspose to_pairs(PairTranspose::kFromChannels);
   for (int64_t p = 0; p < P; ++p) {
     __m512 acc[NQ][KV];
 #pragma GCC unroll 16
@@ -86,7 +86,7 @@ void input_grad_image(const float* gyn, const float* wp, float* gxn, const Strid
   constexpr int64_t CP = 16 * CV;
   const int64_t C = g.C, H = g.H, W = g.W, HW = H * W, K = g.K, P = g.P, Q = g.Q, L = P * Q;
   const __mmask16 cols = simd::lane_mask(W);
-  const PairTranspose to_pairs(false);
+  const PairTranspose to_pairs(PairTranspose::kFromChannels);
   const auto put = [&](float* row, __m512 v, int h) {
     const __m512 e = _mm512_maskz_permutexvar_ps(keep[h], expand[h], v);
     if constexpr (kAdd) {

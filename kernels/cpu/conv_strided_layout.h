@@ -163,25 +163,26 @@ inline bool plain_projection(const StridedConvShape& g) {
   }
 }
 
-// Eight vectors as 128 floats indexed by (vector i, lane l), 16 channels by 8 positions either way round:
-// to_channels takes vector i = channels 2 i (lanes 0-7) and 2 i + 1 (lanes 8-15) over positions 0-7 to
-// vector q = the 16 channels of position q; the other direction takes them back. Three stages, each pairing
-// the vectors whose index differs in one bit and trading that bit for one lane bit through two two-source
-// permutes (the same two tables every stage).
+// Eight vectors as 128 floats indexed by (vector i, lane l), traded between layouts in registers: three
+// stages, each pairing the vectors whose index differs in one bit and trading that bit for one lane bit
+// through two two-source permutes (the same two tables every stage).
+// kToChannels: vector i = channels 2 i (lanes 0-7) and 2 i + 1 (lanes 8-15) over 8 positions -> vector
+// q = the 16 channels of position q; kFromChannels the other way.
 class PairTranspose {
  public:
-  explicit PairTranspose(bool to_channels) : to_channels_(to_channels) {
+  enum Kind { kToChannels, kFromChannels };
+  explicit PairTranspose(Kind kind) : ascending_(kind == kToChannels) {
     alignas(64) int32_t a[16], b[16];
     for (int l = 0; l < 16; ++l) {
-      a[l] = to_channels ? (l >> 3) * 16 + (l & 7) * 2 : (l & 1) * 16 + (l >> 1);
-      b[l] = a[l] + (to_channels ? 1 : 8);
+      a[l] = ascending_ ? (l >> 3) * 16 + (l & 7) * 2 : (l & 1) * 16 + (l >> 1);
+      b[l] = a[l] + (ascending_ ? 1 : 8);
     }
     a_ = _mm512_load_si512(a), b_ = _mm512_load_si512(b);
   }
   void operator()(__m512 v[8]) const {
 #pragma GCC unroll 3
     for (int t = 0; t < 3; ++t) {
-      const int bit = 1 << (to_channels_ ? t : 2 - t);
+      const int bit = 1 << (ascending_ ? t : 2 - t);
       __m512 u[8];
 #pragma GCC unroll 8
       for (int i = 0; i < 8; ++i) {
@@ -195,7 +196,7 @@ class PairTranspose {
   }
 
  private:
-  bool to_channels_;
+  bool ascending_;
   __m512i a_, b_;
 };
 
@@ -212,7 +213,7 @@ inline bool even_pixels_channels_last(const StridedConvShape& g) {
   const int64_t C = g.C, HW = g.H * g.W, W = g.W, P = g.P, Q = g.Q;
   const __mmask16 row = simd::lane_mask(W);
   const __m512i even = simd::even_lanes();
-  const PairTranspose to_channels(true);
+  const PairTranspose to_channels(PairTranspose::kToChannels);
   for (int64_t cg = 0; cg < C; cg += 16) {
     for (int64_t p = 0; p < P; ++p) {
       const float* r = xn + cg * HW + 2 * p * W;
@@ -225,6 +226,31 @@ inline bool even_pixels_channels_last(const StridedConvShape& g) {
       to_channels(v);
       for (int64_t q = 0; q < Q; ++q) _mm512_storeu_ps(xt + (p * Q + q) * C + cg, v[q]);
     }
+  }
+}
+
+// The even pixels of a projection of at most 8 input channels with an even Q (maps at most 32 wide: the
+// 8->16 projection's 28 x 28) in pairs of positions: xt[(f / 2) 16 + 2 c + f % 2] = xn[c][2 p][2 q] at flat
+// position f = p Q + q. Per output row: each channel's even columns by one permute of its row's two
+// vectors, then an 8x8 transpose of the float pairs (simd::transpose8x8_64); the channels past C are zeros.
+inline bool even_pixel_pairs(const StridedConvShape& g) {
+  return plain_projection(g) && g.C <= 8 && g.Q % 2 == 0 && g.W <= 32;
+}
+
+[[gnu::noinline]] inline void gather_even_pixel_pairs(const float* xn, const StridedConvShape& g, float* xt) {
+  const int64_t C = g.C, HW = g.H * g.W, W = g.W, P = g.P, Q = g.Q;
+  const __mmask16 lo = simd::lane_mask(W), hi = simd::lane_mask(W - 16);
+  const __m512i even = simd::even_lanes();
+  for (int64_t p = 0; p < P; ++p) {
+    __m512 v[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const float* r = xn + c * HW + 2 * p * W;
+      v[c] = c < C ? _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(lo, r), even, _mm512_maskz_loadu_ps(hi, r + 16))
+                   : _mm512_setzero_ps();
+    }
+    simd::transpose8x8_64(v);
+    for (int64_t j = 0; j < Q / 2; ++j) _mm512_storeu_ps(xt + (p * Q / 2 + j) * 16, v[j]);
   }
 }
 

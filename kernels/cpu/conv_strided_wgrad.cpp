@@ -7,6 +7,7 @@
 // at most 16 wide (the 16->32 projection's 14 x 14) instead lay their even pixels channels last: an
 // accumulator per output channel, its lanes the input channels, each gy value broadcast from gy in place.
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/conv_strided.h"
@@ -132,6 +133,34 @@ void projection_weight_grad_channels_last(const float* gy, const float* x, float
   for (int64_t i = 0; i < g.K * g.C; ++i) dw[i] += part[i];
 }
 
+// Projections of at most 8 input channels with an even Q (even_pixel_pairs, conv_strided_layout.h: the
+// 8->16 projection): the even pixels in pairs of positions, an accumulator per output channel whose lanes
+// are (input channel, position parity), each of gy's pairs one 64-bit broadcast (simd::axpy_tile's
+// pairs), image by image; dw[k][c] then adds the two lanes of c.
+void projection_weight_grad_pairs(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
+                                  const StridedConvShape& g) {
+  const int64_t L = g.P * g.Q, pairs = L / 2;
+  thread_local std::vector<float> xt_buf, part_buf;
+  if (xt_buf.size() < static_cast<size_t>(pairs * 16)) xt_buf.resize(static_cast<size_t>(pairs * 16));
+  float* xt = xt_buf.data();
+  float* part = zeroed(part_buf, g.K * 16);
+  for (int64_t n = n0; n < n1; ++n) {
+    gather_even_pixel_pairs(x + n * g.C * g.H * g.W, g, xt);
+    const float* gyn = gy + n * g.K * L;
+    // Output channels k .. k + R - 1 over every pair.
+    const auto rows = [&](auto r, int64_t k) {
+      simd::axpy_tile<decltype(r)::value, 1, true>(gyn + k * L, 2, L, 0, pairs, xt, 16, 16, part + k * 16, 16);
+    };
+    int64_t k = 0;
+    for (; k + 16 <= g.K; k += 16) rows(std::integral_constant<int, 16>{}, k);
+    for (; k + 4 <= g.K; k += 4) rows(std::integral_constant<int, 4>{}, k);
+    for (; k < g.K; ++k) rows(std::integral_constant<int, 1>{}, k);
+  }
+  for (int64_t k = 0; k < g.K; ++k) {
+    for (int64_t c = 0; c < g.C; ++c) dw[k * g.C + c] += part[k * 16 + 2 * c] + part[k * 16 + 2 * c + 1];
+  }
+}
+
 // The projections' weight gradient: the gathered even pixels against gy. Maps whose P Q fills its
 // vectors (flat_group 1): a group of images ([gn][C][ld], 0 from L to ld) against gy read in place.
 // Others (the 16->32 projection's 49 positions, 64 lanes): flat_group's images end to end, x gathered
@@ -204,6 +233,7 @@ void planes_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, 
 void conv_strided_weight_grad(const float* gy, const float* x, float* dw, int64_t n0, int64_t n1,
                               const StridedConvShape& g) {
   if (even_pixels_channels_last(g)) return projection_weight_grad_channels_last(gy, x, dw, n0, n1, g);
+  if (even_pixel_pairs(g)) return projection_weight_grad_pairs(gy, x, dw, n0, n1, g);
   if (plain_projection(g)) return projection_weight_grad(gy, x, dw, n0, n1, g);
   planes_weight_grad(gy, x, dw, n0, n1, g);  // a 3x3, the only other kernel supported
 }

@@ -30,6 +30,7 @@
 #pragma GCC diagnostic pop
 #endif
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #define TANDEM_SIMD_PORTABLE 0
@@ -151,6 +152,25 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+// v[i] holds row i of an 8x8 tile of 64-bit elements (float pairs); on return v[j] holds column j.
+inline void transpose8x8_64(__m512 v[8]) {
+  __m512d t[8], u[8];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: a_k b_k (k even, odd)
+    t[2 * i] = _mm512_unpacklo_pd(_mm512_castps_pd(v[2 * i]), _mm512_castps_pd(v[2 * i + 1]));
+    t[2 * i + 1] = _mm512_unpackhi_pd(_mm512_castps_pd(v[2 * i]), _mm512_castps_pd(v[2 * i + 1]));
+  }
+  for (int i = 0; i < 2; ++i) {  // 128-bit blocks 0 and 2, 1 and 3, of rows 4 i .. 4 i + 3
+    for (int k = 0; k < 2; ++k) {
+      u[4 * i + k] = _mm512_shuffle_f64x2(t[4 * i + k], t[4 * i + 2 + k], 0x88);
+      u[4 * i + 2 + k] = _mm512_shuffle_f64x2(t[4 * i + k], t[4 * i + 2 + k], 0xDD);
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    v[(k & 1) + 2 * (k >> 1)] = _mm512_castpd_ps(_mm512_shuffle_f64x2(u[k], u[4 + k], 0x88));
+    v[(k & 1) + 2 * (k >> 1) + 4] = _mm512_castpd_ps(_mm512_shuffle_f64x2(u[k], u[4 + k], 0xDD));
+  }
+}
+
 // bfloat16 lanes (the upper 16 bits of a float32; uint16_t storage). Widening is exact; narrowing
 // rounds to nearest even and keeps a NaN a quiet NaN, bit for bit as kernels/cpu/bf16.h's scalar
 // conversion (integer arithmetic, not vcvtneps2bf16, so that every CPU gives the same bits). The
@@ -226,8 +246,10 @@ inline __mmask16 greater_or_nan(__m512 v, __m512 best) {
 
 // c[i * ldc + 16 v ...] += sum_{t0 <= t < t1} a[t * at + i * ai] * b[t * ldb + 16 v ...], i < R, over n
 // columns (16 (NV - 1) < n <= 16 NV): a register tile of R x NV accumulators, each step NV loads of b and R
-// broadcasts of a (the attention rows' products, the 1x1 projections' channels-last weight gradient).
-template <int R, int NV>
+// broadcasts of a (the attention rows' products, the 1x1 projections' channels-last weight gradient). With
+// kPairs, a's values go in pairs: a[t * at + i * ai] in the even lanes and the value after it in the odd ones
+// (one 64-bit broadcast; the 1x1 projections' position pairs).
+template <int R, int NV, bool kPairs = false>
 inline void axpy_tile(const float* a, int64_t at, int64_t ai, int64_t t0, int64_t t1, const float* b, int64_t ldb,
                       int64_t n, float* c, int64_t ldc) {
   const __mmask16 last = lane_mask(n - 16 * (NV - 1));
@@ -243,7 +265,14 @@ inline void axpy_tile(const float* a, int64_t at, int64_t ai, int64_t t0, int64_
     bv[NV - 1] = _mm512_maskz_loadu_ps(last, b + t * ldb + 16 * (NV - 1));
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
-      const __m512 x = _mm512_set1_ps(a[t * at + i * ai]);
+      __m512 x;
+      if constexpr (kPairs) {
+        double pair;
+        std::memcpy(&pair, a + t * at + i * ai, sizeof pair);
+        x = _mm512_castpd_ps(_mm512_set1_pd(pair));
+      } else {
+        x = _mm512_set1_ps(a[t * at + i * ai]);
+      }
 #pragma GCC unroll 16
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(x, bv[v], acc[i][v]);
     }

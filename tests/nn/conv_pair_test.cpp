@@ -91,10 +91,11 @@ void expect_pair_matches(const Shape4& s, DType dtype, int threads) {
   EXPECT_TRUE(same_bits(got.main, want.main));
   EXPECT_TRUE(same_bits(got.projection, want.projection));
   EXPECT_TRUE(same_bits(got.gw3, want.gw3));
-  // The projection's weight gradient: bitwise where both cut the batch alike (one thread); on more, the
-  // pair cuts it by the two convs' work together, the 1x1 alone by its own, so the per-chunk sums of
-  // N P Q products of |x| <= 1 and |r| <= 1 are added in another grouping.
-  if (threads == 1 || fused == 0) {
+  // The projection's weight gradient: the fused pass sums per lane over positions, the 1x1 alone by pairs
+  // of positions or with its channels in the lanes (kernels/cpu/conv_strided_wgrad.cpp), and on more threads
+  // the pair cuts the batch by the two convs' work together, so the sums of N P Q products of |x| <= 1 and
+  // |r| <= 1 are added in another grouping; bitwise where the op runs the two convs.
+  if (fused == 0) {
     EXPECT_TRUE(same_bits(got.gw1, want.gw1));
   } else {
     EXPECT_LE(largest_difference(got.gw1, want.gw1), double(s.x[0] * P * Q) * 0x1p-23 * 4);

@@ -5,7 +5,8 @@
 // in the L2 cache. The 1x1 projections read their gathered even pixels; where a map's P Q leaves lanes
 // idle, a group of images end to end with a copy of gy. Projections of 16 or 32 input channels on maps
 // at most 16 wide (the 16->32 projection's 14 x 14) instead lay their even pixels channels last: an
-// accumulator per output channel, its lanes the input channels, each gy value broadcast from gy in place.
+// accumulator per output channel, its lanes the input channels, each gy value broadcast from gy in place;
+// those of at most 8 input channels with an even Q (8->16) the same over pairs of positions.
 #include <algorithm>
 #include <type_traits>
 #include <vector>
